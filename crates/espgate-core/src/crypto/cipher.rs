@@ -1,0 +1,322 @@
+//! The keyed ESP transform: encryption plus integrity, or a combined mode.
+
+use super::mac::Mac;
+use super::suite::{Enc, Suite, SuiteError};
+use super::AuthCtx;
+use crate::error::{Drop, PResult};
+use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
+#[allow(deprecated)]
+use aws_lc_rs::cipher::{
+    DecryptingKey, DecryptionContext, EncryptingKey, EncryptionContext, UnboundCipherKey, AES_128,
+    AES_192, AES_256, DES_EDE3_FOR_LEGACY_USE_ONLY, DES_FOR_LEGACY_USE_ONLY,
+};
+use aws_lc_rs::iv::FixedLength;
+use zeroize::Zeroizing;
+
+enum Cipher {
+    Null,
+    Cbc {
+        enc: EncryptingKey,
+        dec: DecryptingKey,
+    },
+    Aead {
+        key: LessSafeKey,
+        salt: Zeroizing<[u8; 4]>,
+    },
+    Gmac {
+        key: LessSafeKey,
+        salt: Zeroizing<[u8; 4]>,
+    },
+}
+
+/// A suite with its keys: seals and opens ESP packets in place.
+///
+/// Keys live inside aws-lc-rs objects, which cleanse them when dropped; the
+/// few bytes we hold ourselves (salts, XCBC subkeys) are `Zeroizing`.
+pub struct Transform {
+    suite: Suite,
+    cipher: Cipher,
+    mac: Option<Mac>,
+}
+
+impl std::fmt::Debug for Transform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print keys.
+        f.debug_struct("Transform")
+            .field("suite", &self.suite.name())
+            .finish_non_exhaustive()
+    }
+}
+
+fn key_len_check(which: &'static str, expected: usize, key: &[u8]) -> Result<(), SuiteError> {
+    if key.len() == expected {
+        Ok(())
+    } else {
+        Err(SuiteError::KeyLength {
+            which,
+            expected,
+            got: key.len(),
+        })
+    }
+}
+
+impl Transform {
+    /// Keys `suite`. For combined modes `enc_key` ends with the 4-byte salt.
+    pub fn new(suite: Suite, enc_key: &[u8], integ_key: &[u8]) -> Result<Transform, SuiteError> {
+        let enc = suite.enc.unwrap_or(Enc::Null);
+        key_len_check("encryption", enc.key_len(), enc_key)?;
+        key_len_check("integrity", suite.integ_key_len(), integ_key)?;
+        let cipher = match enc {
+            Enc::Null => Cipher::Null,
+            Enc::AesCbc(bits) => {
+                let alg = match bits {
+                    128 => &AES_128,
+                    192 => &AES_192,
+                    _ => &AES_256,
+                };
+                cbc(alg, enc_key, "AES-CBC")?
+            }
+            #[allow(deprecated)]
+            Enc::TripleDes => cbc(
+                &DES_EDE3_FOR_LEGACY_USE_ONLY,
+                enc_key,
+                "3DES (weak or degenerate key)",
+            )?,
+            #[allow(deprecated)]
+            Enc::Des => cbc(&DES_FOR_LEGACY_USE_ONLY, enc_key, "DES (weak key)")?,
+            Enc::AesGcm16(bits) | Enc::AesGmac(bits) => {
+                let alg = if bits == 128 {
+                    &aead::AES_128_GCM
+                } else {
+                    &aead::AES_256_GCM
+                };
+                let (key, salt) = aead_key(alg, enc_key)?;
+                if matches!(enc, Enc::AesGmac(_)) {
+                    Cipher::Gmac { key, salt }
+                } else {
+                    Cipher::Aead { key, salt }
+                }
+            }
+            Enc::ChaCha20Poly1305 => {
+                let (key, salt) = aead_key(&aead::CHACHA20_POLY1305, enc_key)?;
+                Cipher::Aead { key, salt }
+            }
+        };
+        let mac = suite.integ.map(|i| Mac::new(i, integ_key)).transpose()?;
+        Ok(Transform { suite, cipher, mac })
+    }
+
+    /// The suite.
+    pub fn suite(&self) -> Suite {
+        self.suite
+    }
+
+    /// Explicit IV length.
+    pub fn iv_len(&self) -> usize {
+        self.suite.iv_len()
+    }
+
+    /// ICV length.
+    pub fn icv_len(&self) -> usize {
+        self.suite.icv_len()
+    }
+
+    /// Padding alignment.
+    pub fn block_len(&self) -> usize {
+        self.suite.block_len()
+    }
+
+    /// Combined mode (the AAD of [`AuthCtx`] is used, not the MAC fields).
+    pub fn is_combined(&self) -> bool {
+        matches!(self.cipher, Cipher::Aead { .. } | Cipher::Gmac { .. })
+    }
+
+    /// The integrity algorithm of a non-combined suite (AH uses it directly).
+    pub fn mac(&self) -> Option<&Mac> {
+        self.mac.as_ref()
+    }
+
+    /// Writes the IV for the packet with sequence number `seq`: the sequence
+    /// number itself for counter-based modes (unique per SA because sequence
+    /// numbers never repeat), CSPRNG output for CBC (RFC 3602 §3).
+    pub fn fill_iv(&self, iv: &mut [u8], seq: u64) -> PResult<()> {
+        match self.cipher {
+            Cipher::Null => Ok(()),
+            Cipher::Aead { .. } | Cipher::Gmac { .. } => {
+                iv.copy_from_slice(&seq.to_be_bytes());
+                Ok(())
+            }
+            Cipher::Cbc { .. } => aws_lc_rs::rand::fill(iv).map_err(|_| Drop::Crypto),
+        }
+    }
+
+    /// Seals `pkt` = `[header (hdr_len) | IV | body | ICV]` in place: the
+    /// IV must already be written, the body is plaintext (payload, padding,
+    /// trailer) and becomes ciphertext; the ICV field is filled.
+    pub fn seal(&self, pkt: &mut [u8], hdr_len: usize, auth: &AuthCtx<'_>) -> PResult<()> {
+        let (iv_end, icv_start) = self.layout(pkt.len(), hdr_len)?;
+        match &self.cipher {
+            Cipher::Null => {}
+            Cipher::Cbc { enc, .. } => {
+                let body = &mut pkt[hdr_len..icv_start];
+                let (iv, body) = body.split_at_mut(iv_end - hdr_len);
+                enc.less_safe_encrypt(body, enc_context(iv)?)
+                    .map_err(|_| Drop::Crypto)?;
+            }
+            Cipher::Aead { key, salt } => {
+                let n = nonce(salt, &pkt[hdr_len..iv_end])?;
+                let tag = key
+                    .seal_in_place_separate_tag(n, Aad::from(auth.aad), &mut pkt[iv_end..icv_start])
+                    .map_err(|_| Drop::Crypto)?;
+                pkt[icv_start..].copy_from_slice(tag.as_ref());
+                return Ok(());
+            }
+            Cipher::Gmac { key, salt } => {
+                let n = nonce(salt, &pkt[hdr_len..iv_end])?;
+                let tag = gmac_tag(key, n, auth.aad, &pkt[..icv_start], hdr_len)?;
+                pkt[icv_start..].copy_from_slice(tag.as_ref());
+                return Ok(());
+            }
+        }
+        if let Some(mac) = &self.mac {
+            let (data, icv) = pkt.split_at_mut(icv_start);
+            mac.compute(&[auth.mac_prefix, data, auth.mac_suffix], icv);
+        }
+        Ok(())
+    }
+
+    /// Verifies and opens `pkt` in place (same layout as [`Transform::seal`]).
+    /// The ICV is checked in constant time before anything is decrypted; on
+    /// success the body holds the plaintext.
+    pub fn open(&self, pkt: &mut [u8], hdr_len: usize, auth: &AuthCtx<'_>) -> PResult<()> {
+        let (iv_end, icv_start) = self.layout(pkt.len(), hdr_len)?;
+        match &self.cipher {
+            Cipher::Aead { key, salt } => {
+                let n = nonce(salt, &pkt[hdr_len..iv_end])?;
+                key.open_in_place(n, Aad::from(auth.aad), &mut pkt[iv_end..])
+                    .map_err(|_| Drop::Integrity)?;
+                return Ok(());
+            }
+            Cipher::Gmac { key, salt } => {
+                let n = nonce(salt, &pkt[hdr_len..iv_end])?;
+                let tag = gmac_tag(key, n, auth.aad, &pkt[..icv_start], hdr_len)?;
+                return aws_lc_rs::constant_time::verify_slices_are_equal(
+                    tag.as_ref(),
+                    &pkt[icv_start..],
+                )
+                .map_err(|_| Drop::Integrity);
+            }
+            Cipher::Null | Cipher::Cbc { .. } => {}
+        }
+        if let Some(mac) = &self.mac {
+            let (data, icv) = pkt.split_at(icv_start);
+            if !mac.verify(&[auth.mac_prefix, data, auth.mac_suffix], icv) {
+                return Err(Drop::Integrity);
+            }
+        }
+        if let Cipher::Cbc { dec, .. } = &self.cipher {
+            let (iv, body) = pkt[hdr_len..icv_start].split_at_mut(iv_end - hdr_len);
+            dec.decrypt(body, dec_context(iv)?)
+                .map_err(|_| Drop::Crypto)?;
+        }
+        Ok(())
+    }
+
+    /// Checks lengths and returns (end of IV, start of ICV).
+    fn layout(&self, len: usize, hdr_len: usize) -> PResult<(usize, usize)> {
+        let iv_end = hdr_len + self.iv_len();
+        let icv_start = len.checked_sub(self.icv_len()).ok_or(Drop::BadLength)?;
+        if icv_start < iv_end {
+            return Err(Drop::BadLength);
+        }
+        if (icv_start - iv_end) % self.block_len().max(1) != 0
+            && matches!(self.cipher, Cipher::Cbc { .. })
+        {
+            return Err(Drop::BadCiphertextLength);
+        }
+        Ok((iv_end, icv_start))
+    }
+}
+
+fn cbc(
+    alg: &'static aws_lc_rs::cipher::Algorithm,
+    key: &[u8],
+    what: &'static str,
+) -> Result<Cipher, SuiteError> {
+    let bad = |_| SuiteError::BadKey(what);
+    Ok(Cipher::Cbc {
+        enc: EncryptingKey::cbc(UnboundCipherKey::new(alg, key).map_err(bad)?).map_err(bad)?,
+        dec: DecryptingKey::cbc(UnboundCipherKey::new(alg, key).map_err(bad)?).map_err(bad)?,
+    })
+}
+
+fn aead_key(
+    alg: &'static aead::Algorithm,
+    key: &[u8],
+) -> Result<(LessSafeKey, Zeroizing<[u8; 4]>), SuiteError> {
+    let (k, s) = key.split_at(key.len() - 4);
+    let key = UnboundKey::new(alg, k).map_err(|_| SuiteError::BadKey("AEAD"))?;
+    let mut salt = Zeroizing::new([0u8; 4]);
+    salt.copy_from_slice(s);
+    Ok((LessSafeKey::new(key), salt))
+}
+
+/// RFC 4106 §4 / RFC 7634 §2: nonce = salt (4) || explicit IV (8).
+fn nonce(salt: &[u8; 4], iv: &[u8]) -> PResult<Nonce> {
+    let mut n = [0u8; 12];
+    n[..4].copy_from_slice(salt);
+    n.get_mut(4..)
+        .filter(|d| d.len() == iv.len())
+        .ok_or(Drop::BadLength)?
+        .copy_from_slice(iv);
+    Ok(Nonce::assume_unique_for_key(n))
+}
+
+/// RFC 4543 §3.2: GMAC authenticates AAD || IV || payload with nothing to
+/// encrypt. `data` is the packet up to the ICV. When the AAD is just the
+/// header as it appears in the packet (no ESN), the packet is used directly;
+/// with ESN the AAD differs from the wire bytes and is assembled in a buffer.
+fn gmac_tag(
+    key: &LessSafeKey,
+    n: Nonce,
+    aad: &[u8],
+    data: &[u8],
+    hdr_len: usize,
+) -> PResult<aead::Tag> {
+    let seal = |a: &[u8]| {
+        key.seal_in_place_separate_tag(n, Aad::from(a), &mut [])
+            .map_err(|_| Drop::Crypto)
+    };
+    if data.get(..hdr_len) == Some(aad) {
+        seal(data)
+    } else {
+        let mut buf = Vec::with_capacity(aad.len() + data.len() - hdr_len);
+        buf.extend_from_slice(aad);
+        buf.extend_from_slice(&data[hdr_len..]);
+        seal(&buf)
+    }
+}
+
+fn enc_context(iv: &[u8]) -> PResult<EncryptionContext> {
+    match iv.len() {
+        16 => Ok(EncryptionContext::Iv128(FixedLength::from(
+            <[u8; 16]>::try_from(iv).map_err(|_| Drop::BadLength)?,
+        ))),
+        8 => Ok(EncryptionContext::Iv64(FixedLength::from(
+            <[u8; 8]>::try_from(iv).map_err(|_| Drop::BadLength)?,
+        ))),
+        _ => Err(Drop::BadLength),
+    }
+}
+
+fn dec_context(iv: &[u8]) -> PResult<DecryptionContext> {
+    match iv.len() {
+        16 => Ok(DecryptionContext::Iv128(FixedLength::from(
+            <[u8; 16]>::try_from(iv).map_err(|_| Drop::BadLength)?,
+        ))),
+        8 => Ok(DecryptionContext::Iv64(FixedLength::from(
+            <[u8; 8]>::try_from(iv).map_err(|_| Drop::BadLength)?,
+        ))),
+        _ => Err(Drop::BadLength),
+    }
+}

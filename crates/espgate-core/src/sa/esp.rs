@@ -1,0 +1,194 @@
+//! ESP outbound and inbound processing (RFC 4303 §3.3, §3.4).
+
+use super::{finish_tunnel_inner, fix_transport_header, Decapsulated, Encap, Inbound, Mode, Sa};
+use crate::buf::PacketBuf;
+use crate::crypto::AuthCtx;
+use crate::error::{Drop, PResult};
+use crate::wire::ip::IpInfo;
+use crate::wire::{checksum, esp, ipv6, proto, put16, udp};
+use std::time::Duration;
+
+/// AEAD additional data (RFC 4106 §5): SPI || [Seq high] || Seq low.
+fn aead_aad(spi: u32, seq: u64, esn: bool, out: &mut [u8; 12]) -> usize {
+    out[..4].copy_from_slice(&spi.to_be_bytes());
+    if esn {
+        out[4..8].copy_from_slice(&((seq >> 32) as u32).to_be_bytes());
+        out[8..12].copy_from_slice(&(seq as u32).to_be_bytes());
+        12
+    } else {
+        out[4..8].copy_from_slice(&(seq as u32).to_be_bytes());
+        8
+    }
+}
+
+impl Sa {
+    /// `buf` holds exactly one IP packet described by `info`.
+    pub(super) fn esp_out(&mut self, buf: &mut PacketBuf, info: &IpInfo, seq: u64) -> PResult<()> {
+        let udp_len = if matches!(self.cfg.encap, Encap::Udp { .. }) {
+            udp::HEADER_LEN
+        } else {
+            0
+        };
+        match self.cfg.mode {
+            Mode::Tunnel => {
+                let nh = if info.version == 4 {
+                    proto::IPV4
+                } else {
+                    proto::IPV6
+                };
+                let tfc = self
+                    .cfg
+                    .tfc_pad_to
+                    .map_or(0, |t| usize::from(t).saturating_sub(buf.len()));
+                self.esp_wrap(buf, 0, nh, seq, udp_len, tfc)?;
+                let outer_proto = if udp_len > 0 { proto::UDP } else { proto::ESP };
+                self.push_outer(buf, info, outer_proto)?;
+                let hdr_len = if self.cfg.tunnel_dst.is_some_and(|d| d.is_ipv6()) {
+                    ipv6::HEADER_LEN
+                } else {
+                    crate::wire::ipv4::MIN_HEADER_LEN
+                };
+                if udp_len > 0 {
+                    self.finish_udp(buf.as_mut_slice(), hdr_len, hdr_len == ipv6::HEADER_LEN);
+                }
+                Ok(())
+            }
+            Mode::Transport => {
+                if info.fragment {
+                    // Transport mode protects whole datagrams only (RFC 4301 §7).
+                    return Err(Drop::Fragment);
+                }
+                let (keep, nh_field) = if info.version == 4 {
+                    (info.payload_offset, info.nh_field)
+                } else {
+                    let w = ipv6::walk_ext(buf.as_slice())?;
+                    (w.insert_offset, w.insert_nh_field)
+                };
+                let nh = buf.as_slice()[nh_field];
+                self.esp_wrap(buf, keep, nh, seq, udp_len, 0)?;
+                let outer_proto = if udp_len > 0 { proto::UDP } else { proto::ESP };
+                fix_transport_header(buf.as_mut_slice(), info.version, nh_field, outer_proto)?;
+                if udp_len > 0 {
+                    self.finish_udp(buf.as_mut_slice(), keep, info.version == 6);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Fills in the UDP header at `off` (length, ports; checksum for IPv6,
+    /// zero for IPv4 as RFC 3948 §2.1 recommends).
+    fn finish_udp(&self, pkt: &mut [u8], off: usize, ipv6_outer: bool) {
+        let Encap::Udp { src_port, dst_port } = self.cfg.encap else {
+            return;
+        };
+        let len = pkt.len() - off;
+        // Lengths were bounded when the IP header was written.
+        let _ = udp::emit(&mut pkt[off..], src_port, dst_port, len - udp::HEADER_LEN);
+        if ipv6_outer && pkt[0] >> 4 == 6 {
+            if let Ok(h) = ipv6::Ipv6::new_checked(&pkt[..]) {
+                let ph =
+                    checksum::pseudo_header(h.src().into(), h.dst().into(), proto::UDP, len as u32);
+                let mut c = checksum::finish(checksum::sum(ph, &pkt[off..]));
+                if c == 0 {
+                    c = 0xffff;
+                }
+                put16(pkt, off + 6, c);
+            }
+        }
+    }
+
+    /// `buf` = `[keep | payload]` becomes
+    /// `[keep | UDP? | SPI | Seq | IV | E(payload | TFC | pad | pad len | nh) | ICV]`.
+    fn esp_wrap(
+        &mut self,
+        buf: &mut PacketBuf,
+        keep: usize,
+        nh: u8,
+        seq: u64,
+        udp_len: usize,
+        tfc: usize,
+    ) -> PResult<()> {
+        let t = &self.transform;
+        let (iv_len, icv_len) = (t.iv_len(), t.icv_len());
+        let len0 = buf.len();
+        let payload_len = len0.checked_sub(keep).ok_or(Drop::BadLength)?;
+        let pad = esp::pad_len(payload_len + tfc, t.block_len());
+        let p = buf.push_back(tfc + pad + esp::TRAILER_LEN + icv_len);
+        p[len0..len0 + tfc].fill(0);
+        esp::emit_trailer(&mut p[len0 + tfc..len0 + tfc + pad + esp::TRAILER_LEN], nh);
+        let pre = udp_len + esp::HEADER_LEN + iv_len;
+        let p = buf.push_front(pre);
+        p.copy_within(pre..pre + keep, 0);
+        let esp_off = keep + udp_len;
+        let e = &mut p[esp_off..];
+        esp::emit_header(e, self.cfg.spi, seq);
+        t.fill_iv(&mut e[esp::HEADER_LEN..esp::HEADER_LEN + iv_len], seq)?;
+        let mut aad = [0u8; 12];
+        let n = aead_aad(self.cfg.spi, seq, self.cfg.esn, &mut aad);
+        let hi = self.esn_hi(seq);
+        let auth = AuthCtx {
+            aad: &aad[..n],
+            mac_prefix: &[],
+            mac_suffix: hi.as_ref().map_or(&[][..], |h| &h[..]),
+        };
+        t.seal(e, esp::HEADER_LEN, &auth)
+    }
+
+    pub(super) fn esp_in(
+        &mut self,
+        buf: &mut PacketBuf,
+        inb: &Inbound,
+        now: Duration,
+    ) -> PResult<Decapsulated> {
+        if self.life.is_hard_expired() {
+            return Err(Drop::SaExpired);
+        }
+        let end = inb.outer.packet_len;
+        let (iv_len, icv_len) = (self.transform.iv_len(), self.transform.icv_len());
+        let pkt = buf.as_mut_slice();
+        let e = pkt.get_mut(inb.offset..end).ok_or(Drop::BadLength)?;
+        if e.len() < esp::HEADER_LEN + iv_len + esp::TRAILER_LEN + icv_len {
+            return Err(Drop::BadLength);
+        }
+        let hdr = esp::Esp::new_checked(e)?;
+        let seq = self.replay.full_seq(hdr.seq()).ok_or(Drop::Replay)?;
+        self.replay.check(seq)?;
+        let mut aad = [0u8; 12];
+        let n = aead_aad(hdr.spi(), seq, self.cfg.esn, &mut aad);
+        let hi = self.esn_hi(seq);
+        let auth = AuthCtx {
+            aad: &aad[..n],
+            mac_prefix: &[],
+            mac_suffix: hi.as_ref().map_or(&[][..], |h| &h[..]),
+        };
+        self.transform.open(e, esp::HEADER_LEN, &auth)?;
+        self.replay.update(seq)?;
+        let body_start = esp::HEADER_LEN + iv_len;
+        let (plen, nh) = esp::parse_trailer(&e[body_start..e.len() - icv_len])?;
+        if nh == proto::NO_NEXT {
+            self.stats.dummies += 1;
+            return Ok(Decapsulated::Dummy);
+        }
+        let payload_at = inb.offset + body_start;
+        match self.cfg.mode {
+            Mode::Tunnel => finish_tunnel_inner(buf, payload_at, plen, nh, inb.outer.tos)?,
+            Mode::Transport => {
+                let keep = inb.udp_offset.unwrap_or(inb.offset);
+                let pkt = buf.as_mut_slice();
+                pkt.copy_within(0..keep, payload_at - keep);
+                buf.trim_front(payload_at - keep);
+                buf.truncate(keep + plen);
+                fix_transport_header(
+                    buf.as_mut_slice(),
+                    inb.outer.version,
+                    inb.outer.nh_field,
+                    nh,
+                )?;
+            }
+        }
+        self.check_selectors(buf.as_slice())?;
+        self.account(plen, now);
+        Ok(Decapsulated::Packet)
+    }
+}

@@ -1,0 +1,660 @@
+//! Security associations: configuration, per-SA state, and ESP/AH
+//! processing in tunnel and transport mode (RFC 4301, 4302, 4303, 3948).
+
+mod ah;
+mod esp;
+pub mod lifetime;
+pub mod replay;
+pub mod spec;
+
+use crate::buf::PacketBuf;
+use crate::crypto::{Suite, SuiteError, Transform};
+use crate::error::{Drop, PResult};
+use crate::selector::TrafficSelector;
+use crate::wire::flow;
+use crate::wire::ip::{self, IpInfo};
+use crate::wire::{ipv4, ipv6, proto, udp};
+pub use lifetime::{Lifetime, LifetimeState, SaEvent};
+use replay::ReplayWindow;
+use std::net::IpAddr;
+use std::time::Duration;
+use zeroize::Zeroizing;
+
+/// IPsec protocol of an SA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    /// Encapsulating Security Payload (RFC 4303).
+    Esp,
+    /// Authentication Header (RFC 4302).
+    Ah,
+}
+
+impl Protocol {
+    /// IP protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Esp => proto::ESP,
+            Protocol::Ah => proto::AH,
+        }
+    }
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Esp => "esp",
+            Protocol::Ah => "ah",
+        }
+    }
+}
+
+/// Tunnel or transport mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The whole inner packet is protected behind a new outer header.
+    Tunnel,
+    /// The packet's own header stays; its payload is protected.
+    Transport,
+}
+
+/// How ESP travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encap {
+    /// Raw ESP/AH over IP (protocol 50/51).
+    None,
+    /// ESP in UDP (RFC 3948).
+    Udp {
+        /// Source port of outbound packets.
+        src_port: u16,
+        /// Destination port of outbound packets.
+        dst_port: u16,
+    },
+}
+
+impl Encap {
+    /// RFC 3948 on port 4500 both ways.
+    pub const NAT_T: Encap = Encap::Udp {
+        src_port: udp::NAT_T_PORT,
+        dst_port: udp::NAT_T_PORT,
+    };
+}
+
+/// Everything needed to install an SA.
+#[derive(Clone)]
+pub struct SaConfig {
+    /// Security Parameters Index.
+    pub spi: u32,
+    /// ESP or AH.
+    pub protocol: Protocol,
+    /// Algorithms.
+    pub suite: Suite,
+    /// Encryption key (with the 4-byte salt for combined modes).
+    pub enc_key: Zeroizing<Vec<u8>>,
+    /// Integrity key.
+    pub integ_key: Zeroizing<Vec<u8>>,
+    /// Tunnel or transport.
+    pub mode: Mode,
+    /// UDP encapsulation.
+    pub encap: Encap,
+    /// Outer source address of packets on this SA (tunnel mode).
+    pub tunnel_src: Option<IpAddr>,
+    /// Outer destination address of packets on this SA (tunnel mode).
+    pub tunnel_dst: Option<IpAddr>,
+    /// 64-bit extended sequence numbers.
+    pub esn: bool,
+    /// Replay window in packets (0 disables the check).
+    pub replay_window: u32,
+    /// First sequence number to send; inbound, the window starts just below it.
+    pub initial_seq: u64,
+    /// Lifetime limits.
+    pub lifetime: Lifetime,
+    /// Selectors that inbound inner packets must match (empty: any).
+    pub selectors: Vec<TrafficSelector>,
+    /// Accept legacy suites (DES, 3DES, MD5, encryption without integrity).
+    pub allow_insecure: bool,
+    /// Tunnel-mode TFC padding: pad inner packets up to this many bytes.
+    pub tfc_pad_to: Option<u16>,
+    /// TTL / hop limit of outer headers.
+    pub ttl: u8,
+    /// Copy DSCP from inner to outer header (ECN always follows RFC 6040).
+    pub copy_dscp: bool,
+}
+
+impl std::fmt::Debug for SaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SaConfig")
+            .field("spi", &format_args!("{:#010x}", self.spi))
+            .field("protocol", &self.protocol)
+            .field("suite", &self.suite.name())
+            .field("mode", &self.mode)
+            .field("encap", &self.encap)
+            .field("esn", &self.esn)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SaConfig {
+    /// A config with defaults: tunnel mode, raw ESP, 32-bit sequence
+    /// numbers, a 1024-packet window, first sequence number 1, no limits.
+    pub fn new(
+        spi: u32,
+        protocol: Protocol,
+        suite: Suite,
+        enc_key: &[u8],
+        integ_key: &[u8],
+    ) -> SaConfig {
+        SaConfig {
+            spi,
+            protocol,
+            suite,
+            enc_key: Zeroizing::new(enc_key.to_vec()),
+            integ_key: Zeroizing::new(integ_key.to_vec()),
+            mode: Mode::Tunnel,
+            encap: Encap::None,
+            tunnel_src: None,
+            tunnel_dst: None,
+            esn: false,
+            replay_window: 1024,
+            initial_seq: 1,
+            lifetime: Lifetime::default(),
+            selectors: Vec::new(),
+            allow_insecure: false,
+            tfc_pad_to: None,
+            ttl: 64,
+            copy_dscp: true,
+        }
+    }
+
+    /// Checks that what is needed to *send* on this SA is present.
+    pub fn validate_outbound(&self) -> Result<(), SaError> {
+        if self.mode == Mode::Tunnel {
+            match (self.tunnel_src, self.tunnel_dst) {
+                (Some(s), Some(d)) if s.is_ipv4() == d.is_ipv4() => {}
+                (Some(_), Some(_)) => {
+                    return Err(SaError::Config(
+                        "tunnel src and dst must be of the same IP family".into(),
+                    ))
+                }
+                _ => {
+                    return Err(SaError::Config(
+                        "tunnel mode needs outer src and dst addresses".into(),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why an SA could not be installed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SaError {
+    /// Suite or key problem.
+    Suite(SuiteError),
+    /// Inconsistent configuration.
+    Config(String),
+}
+
+impl std::fmt::Display for SaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SaError::Suite(e) => e.fmt(f),
+            SaError::Config(s) => f.write_str(s),
+        }
+    }
+}
+
+impl std::error::Error for SaError {}
+
+impl From<SuiteError> for SaError {
+    fn from(e: SuiteError) -> Self {
+        SaError::Suite(e)
+    }
+}
+
+/// Per-SA counters.
+#[derive(Debug, Clone, Default)]
+pub struct SaStats {
+    /// Packets processed successfully.
+    pub packets: u64,
+    /// Payload bytes processed successfully.
+    pub bytes: u64,
+    /// Dummy (next header 59) packets received and discarded.
+    pub dummies: u64,
+    /// Drops by reason, indexed by [`Drop::index`].
+    pub drops: [u64; Drop::ALL.len()],
+}
+
+impl SaStats {
+    /// Drops for one reason.
+    pub fn drops_for(&self, d: Drop) -> u64 {
+        self.drops[d.index()]
+    }
+}
+
+/// Where a classified inbound IPsec packet's parts are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Inbound {
+    /// The outer IP header.
+    pub outer: IpInfo,
+    /// ESP or AH.
+    pub protocol: Protocol,
+    /// SPI from the header.
+    pub spi: u32,
+    /// Offset of the ESP/AH header.
+    pub offset: usize,
+    /// Offset of the UDP header for ESP-in-UDP.
+    pub udp_offset: Option<usize>,
+}
+
+/// What an inbound packet is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Classified {
+    /// ESP or AH to process.
+    Ipsec(Inbound),
+    /// IKE behind the non-ESP marker on the NAT-T port.
+    Ike,
+    /// RFC 3948 NAT keepalive.
+    Keepalive,
+}
+
+/// Classifies an IP packet: raw ESP/AH, or UDP to/from `nat_t_port`.
+pub fn classify(pkt: &[u8], nat_t_port: u16) -> PResult<Classified> {
+    let outer = ip::parse(pkt)?;
+    if outer.fragment {
+        return Err(Drop::Fragment);
+    }
+    let end = outer.packet_len;
+    let l4 = pkt.get(outer.payload_offset..end).ok_or(Drop::BadLength)?;
+    let (protocol, offset, udp_offset) = match outer.protocol {
+        proto::ESP => (Protocol::Esp, outer.payload_offset, None),
+        proto::AH => (Protocol::Ah, outer.payload_offset, None),
+        proto::UDP => {
+            let u = udp::Udp::new_checked(l4)?;
+            if u.dst_port() != nat_t_port && u.src_port() != nat_t_port {
+                return Err(Drop::NotIpsec);
+            }
+            match udp::classify(u.payload())? {
+                udp::EncapKind::Ike => return Ok(Classified::Ike),
+                udp::EncapKind::Keepalive => return Ok(Classified::Keepalive),
+                udp::EncapKind::Esp => {}
+            }
+            (
+                Protocol::Esp,
+                outer.payload_offset + udp::HEADER_LEN,
+                Some(outer.payload_offset),
+            )
+        }
+        _ => return Err(Drop::NotIpsec),
+    };
+    let hdr = pkt.get(offset..end).ok_or(Drop::BadLength)?;
+    let spi = match protocol {
+        Protocol::Esp => crate::wire::esp::Esp::new_checked(hdr)?.spi(),
+        Protocol::Ah => crate::wire::ah::Ah::new_checked(hdr)?.spi(),
+    };
+    Ok(Classified::Ipsec(Inbound {
+        outer,
+        protocol,
+        spi,
+        offset,
+        udp_offset,
+    }))
+}
+
+/// Result of inbound processing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decapsulated {
+    /// The buffer now holds the inner IP packet (tunnel) or the restored packet (transport).
+    Packet,
+    /// A dummy packet (next header 59, RFC 4303 §2.6): discard silently.
+    Dummy,
+}
+
+/// An installed SA.
+pub struct Sa {
+    cfg: SaConfig,
+    transform: Transform,
+    next_seq: u64,
+    ip_id: u16,
+    replay: ReplayWindow,
+    life: LifetimeState,
+    stats: SaStats,
+    events: [Option<SaEvent>; 3],
+    seq_exhausted_raised: bool,
+}
+
+impl std::fmt::Debug for Sa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sa")
+            .field("cfg", &self.cfg)
+            .field("next_seq", &self.next_seq)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sa {
+    /// Validates the config, keys the transform and starts the SA at `now`.
+    pub fn new(cfg: SaConfig, now: Duration) -> Result<Sa, SaError> {
+        cfg.suite.check_policy(cfg.allow_insecure)?;
+        match cfg.protocol {
+            Protocol::Esp if cfg.suite.enc.is_none() => {
+                return Err(SaError::Config(format!(
+                    "ESP needs an encryption algorithm; for integrity only use null-{}",
+                    cfg.suite.name()
+                )))
+            }
+            Protocol::Ah if cfg.suite.enc.is_some() => {
+                return Err(SaError::Config(format!(
+                    "AH takes an integrity algorithm only (sha1, sha256, sha384, sha512, aesxcbc, md5), not {}",
+                    cfg.suite.name()
+                )))
+            }
+            Protocol::Ah if cfg.encap != Encap::None => {
+                return Err(SaError::Config("AH cannot be UDP-encapsulated (RFC 3948 covers ESP only)".into()))
+            }
+            _ => {}
+        }
+        if cfg.spi < 256 {
+            return Err(SaError::Config(format!(
+                "SPI {:#x} is reserved (RFC 4301 §4.1: 1..255 reserved, 0 invalid)",
+                cfg.spi
+            )));
+        }
+        if cfg.initial_seq == 0 {
+            return Err(SaError::Config("sequence numbers start at 1".into()));
+        }
+        if !cfg.esn && cfg.initial_seq > u64::from(u32::MAX) {
+            return Err(SaError::Config(
+                "a sequence number above 2^32-1 needs esn".into(),
+            ));
+        }
+        let transform = Transform::new(cfg.suite, &cfg.enc_key, &cfg.integ_key)?;
+        let replay = ReplayWindow::new(cfg.replay_window, cfg.esn, cfg.initial_seq - 1);
+        Ok(Sa {
+            next_seq: cfg.initial_seq,
+            ip_id: (cfg.spi as u16) ^ 0x5a5a,
+            replay,
+            life: LifetimeState::new(cfg.lifetime, now),
+            stats: SaStats::default(),
+            events: [None; 3],
+            seq_exhausted_raised: false,
+            transform,
+            cfg,
+        })
+    }
+
+    /// Configuration (keys included; never log it with keys).
+    pub fn config(&self) -> &SaConfig {
+        &self.cfg
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &SaStats {
+        &self.stats
+    }
+
+    /// Lifetime counters and limits.
+    pub fn lifetime(&self) -> &LifetimeState {
+        &self.life
+    }
+
+    /// Next outbound sequence number.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Highest inbound sequence number authenticated.
+    pub fn replay_top(&self) -> u64 {
+        self.replay.top()
+    }
+
+    /// Largest number of bytes outbound processing adds to a packet, for MTU
+    /// and buffer sizing: outer header, UDP, ESP header, IV, worst-case
+    /// padding, trailer, ICV (or the AH header).
+    pub fn overhead(&self) -> usize {
+        let outer = match (self.cfg.mode, self.cfg.tunnel_dst) {
+            (Mode::Tunnel, Some(IpAddr::V6(_))) => ipv6::HEADER_LEN,
+            (Mode::Tunnel, _) => ipv4::MIN_HEADER_LEN,
+            (Mode::Transport, _) => 0,
+        };
+        let udp = if matches!(self.cfg.encap, Encap::Udp { .. }) {
+            udp::HEADER_LEN
+        } else {
+            0
+        };
+        match self.cfg.protocol {
+            Protocol::Esp => {
+                outer
+                    + udp
+                    + crate::wire::esp::HEADER_LEN
+                    + self.transform.iv_len()
+                    + (self.transform.block_len().max(4) - 1)
+                    + crate::wire::esp::TRAILER_LEN
+                    + self.transform.icv_len()
+            }
+            Protocol::Ah => outer + crate::wire::ah::header_len(self.transform.icv_len(), true),
+        }
+    }
+
+    /// Next pending event, if any.
+    pub fn poll_event(&mut self) -> Option<SaEvent> {
+        let i = self.events.iter().position(Option::is_some)?;
+        self.events[i].take()
+    }
+
+    fn raise(&mut self, e: SaEvent) {
+        if let Some(slot) = self.events.iter_mut().find(|s| s.is_none()) {
+            *slot = Some(e);
+        }
+    }
+
+    /// Advances time-based lifetimes; call from a timer.
+    pub fn tick(&mut self, now: Duration) {
+        if let Some(e) = self.life.poll(now) {
+            self.raise(e);
+        }
+    }
+
+    fn account(&mut self, bytes: usize, now: Duration) {
+        self.stats.packets += 1;
+        self.stats.bytes += bytes as u64;
+        if let Some(e) = self.life.account(bytes, now) {
+            self.raise(e);
+        }
+    }
+
+    fn count_drop<T>(&mut self, r: PResult<T>) -> PResult<T> {
+        if let Err(d) = &r {
+            self.stats.drops[d.index()] += 1;
+        }
+        r
+    }
+
+    /// Reserves the next outbound sequence number, refusing to wrap.
+    fn take_seq(&mut self, now: Duration) -> PResult<u64> {
+        self.tick(now);
+        if self.life.is_hard_expired() {
+            return Err(Drop::SaExpired);
+        }
+        let max = if self.cfg.esn {
+            u64::MAX
+        } else {
+            u64::from(u32::MAX)
+        };
+        let seq = self.next_seq;
+        if seq > max || seq == 0 {
+            if !self.seq_exhausted_raised {
+                self.seq_exhausted_raised = true;
+                self.raise(SaEvent::SeqExhausted);
+            }
+            return Err(Drop::SeqExhausted);
+        }
+        // After u64::MAX, 0 marks exhaustion (checked above).
+        self.next_seq = seq.wrapping_add(1);
+        if self.next_seq > max || self.next_seq == 0 {
+            // That was the last number: ask for a replacement now.
+            if !self.seq_exhausted_raised {
+                self.seq_exhausted_raised = true;
+                self.raise(SaEvent::SeqExhausted);
+            }
+        }
+        Ok(seq)
+    }
+
+    /// Protects the IP packet in `buf` in place; `buf` then holds the packet to send.
+    pub fn encapsulate(&mut self, buf: &mut PacketBuf, now: Duration) -> PResult<()> {
+        let r = self.encapsulate_inner(buf, now);
+        self.count_drop(r)
+    }
+
+    fn encapsulate_inner(&mut self, buf: &mut PacketBuf, now: Duration) -> PResult<()> {
+        let info = ip::parse(buf.as_slice())?;
+        buf.truncate(info.packet_len);
+        let len = info.packet_len;
+        let seq = self.take_seq(now)?;
+        match self.cfg.protocol {
+            Protocol::Esp => self.esp_out(buf, &info, seq)?,
+            Protocol::Ah => self.ah_out(buf, &info, seq)?,
+        }
+        self.account(len, now);
+        Ok(())
+    }
+
+    /// Verifies and removes this SA's ESP/AH layer (`inb` from [`classify`]).
+    pub fn decapsulate(
+        &mut self,
+        buf: &mut PacketBuf,
+        inb: &Inbound,
+        now: Duration,
+    ) -> PResult<Decapsulated> {
+        let r = match inb.protocol {
+            Protocol::Esp => self.esp_in(buf, inb, now),
+            Protocol::Ah => self.ah_in(buf, inb, now),
+        };
+        self.count_drop(r)
+    }
+
+    fn esn_hi(&self, seq: u64) -> Option<[u8; 4]> {
+        self.cfg.esn.then(|| ((seq >> 32) as u32).to_be_bytes())
+    }
+
+    /// Checks the restored inner packet against the SA's selectors.
+    fn check_selectors(&self, pkt: &[u8]) -> PResult<()> {
+        if self.cfg.selectors.is_empty() {
+            return Ok(());
+        }
+        let f = flow::of_packet(pkt)?;
+        if self.cfg.selectors.iter().any(|s| s.matches_inbound(&f)) {
+            Ok(())
+        } else {
+            Err(Drop::SelectorMismatch)
+        }
+    }
+
+    /// Writes the outer header for tunnel mode in front of `buf`.
+    fn push_outer(&mut self, buf: &mut PacketBuf, inner: &IpInfo, protocol: u8) -> PResult<()> {
+        let (Some(src), Some(dst)) = (self.cfg.tunnel_src, self.cfg.tunnel_dst) else {
+            return Err(Drop::Unsupported);
+        };
+        let tos = if self.cfg.copy_dscp {
+            inner.tos
+        } else {
+            inner.tos & 0x03
+        };
+        let payload_len = buf.len();
+        match (src, dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                self.ip_id = self.ip_id.wrapping_add(1);
+                let r = ipv4::Ipv4Repr {
+                    src: s,
+                    dst: d,
+                    protocol,
+                    tos,
+                    ident: self.ip_id,
+                    dont_frag: inner.dont_frag,
+                    ttl: self.cfg.ttl,
+                    payload_len,
+                };
+                r.emit(buf.push_front(ipv4::MIN_HEADER_LEN))
+            }
+            (IpAddr::V6(s), IpAddr::V6(d)) => {
+                let r = ipv6::Ipv6Repr {
+                    src: s,
+                    dst: d,
+                    next_header: protocol,
+                    traffic_class: tos,
+                    flow_label: 0,
+                    hop_limit: self.cfg.ttl,
+                    payload_len,
+                };
+                r.emit(buf.push_front(ipv6::HEADER_LEN))
+            }
+            _ => Err(Drop::Unsupported),
+        }
+    }
+}
+
+/// Inner-packet checks common to tunnel-mode decapsulation: the next header
+/// must name an IP version that matches the packet, the packet is trimmed to
+/// its own length (dropping TFC padding), and ECN is merged (RFC 6040 §4.2).
+fn finish_tunnel_inner(
+    buf: &mut PacketBuf,
+    start: usize,
+    len: usize,
+    nh: u8,
+    outer_tos: u8,
+) -> PResult<()> {
+    let want = match nh {
+        proto::IPV4 => 4,
+        proto::IPV6 => 6,
+        _ => return Err(Drop::BadNextHeader),
+    };
+    buf.trim_front(start);
+    buf.truncate(len);
+    let info = ip::parse(buf.as_slice()).map_err(|_| Drop::BadNextHeader)?;
+    if info.version != want {
+        return Err(Drop::BadNextHeader);
+    }
+    buf.truncate(info.packet_len);
+    let outer_ecn = outer_tos & 0x03;
+    let inner_ecn = info.tos & 0x03;
+    if outer_ecn == 0x03 && inner_ecn != 0x03 {
+        if inner_ecn == 0 {
+            // Not-ECT inner with CE outer: the congestion mark cannot be carried.
+            return Err(Drop::EcnDrop);
+        }
+        set_tos(buf.as_mut_slice(), info.version, info.tos | 0x03);
+    }
+    Ok(())
+}
+
+/// Rewrites the DS byte of an IP header (IPv4 checksum updated).
+fn set_tos(pkt: &mut [u8], version: u8, tos: u8) {
+    if version == 4 {
+        if let Ok(mut h) = ipv4::Ipv4::new_checked(&mut pkt[..]) {
+            h.set_tos(tos);
+            h.fill_checksum();
+        }
+    } else {
+        ipv6::set_traffic_class(pkt, tos);
+    }
+}
+
+/// After a header was inserted or removed behind the IP header (transport
+/// mode), fixes the next-header byte at `nh_field`, the length field, and the
+/// IPv4 checksum.
+fn fix_transport_header(pkt: &mut [u8], version: u8, nh_field: usize, nh: u8) -> PResult<()> {
+    let total = pkt.len();
+    pkt[nh_field] = nh;
+    if version == 4 {
+        let total = u16::try_from(total).map_err(|_| Drop::TooBig)?;
+        let mut h = ipv4::Ipv4::new_header_checked(pkt)?;
+        h.set_packet_len(total);
+        h.fill_checksum();
+    } else {
+        let plen = u16::try_from(total - ipv6::HEADER_LEN).map_err(|_| Drop::TooBig)?;
+        ipv6::set_payload_len(pkt, plen);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,194 @@
+//! The one-line SA description used by `espgate pcap` and `espgate sa add`:
+//!
+//! `spi=0x…,suite=aes128gcm16,enc=HEX[,integ=HEX][,mode=tunnel|transport]`
+//! `[,encap=udp|none][,src=IP,dst=IP][,esn=yes][,seq=N][,proto=esp|ah]`
+//! `[,window=N][,sport=N][,dport=N][,tfc=N][,allow_insecure=yes]`
+
+use super::{Encap, Mode, Protocol, SaConfig};
+use crate::crypto::Suite;
+use crate::wire::udp::NAT_T_PORT;
+use std::net::IpAddr;
+
+fn parse_u64(key: &str, v: &str) -> Result<u64, String> {
+    let r = match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => v.parse(),
+    };
+    r.map_err(|_| format!("{key}: '{v}' is not a number"))
+}
+
+fn parse_bool(key: &str, v: &str) -> Result<bool, String> {
+    match v {
+        "yes" | "true" | "1" | "on" => Ok(true),
+        "no" | "false" | "0" | "off" => Ok(false),
+        _ => Err(format!("{key}: expected yes or no, got '{v}'")),
+    }
+}
+
+fn parse_hex(key: &str, v: &str) -> Result<Vec<u8>, String> {
+    let v = v.strip_prefix("0x").unwrap_or(v);
+    let v: String = v.chars().filter(|c| *c != ':').collect();
+    if v.len() % 2 != 0 {
+        return Err(format!("{key}: odd number of hex digits"));
+    }
+    (0..v.len())
+        .step_by(2)
+        .map(|i| {
+            u8::from_str_radix(&v[i..i + 2], 16).map_err(|_| format!("{key}: '{v}' is not hex"))
+        })
+        .collect()
+}
+
+/// Parses an SA spec. Errors name the offending key.
+pub fn parse(spec: &str) -> Result<SaConfig, String> {
+    let mut spi = None;
+    let mut suite: Option<Suite> = None;
+    let mut enc = Vec::new();
+    let mut integ = Vec::new();
+    let mut mode = Mode::Tunnel;
+    let mut udp = false;
+    let mut src = None;
+    let mut dst = None;
+    let mut esn = false;
+    let mut seq = 1u64;
+    let mut protocol = Protocol::Esp;
+    let mut window = 1024u32;
+    let mut sport = NAT_T_PORT;
+    let mut dport = NAT_T_PORT;
+    let mut tfc = None;
+    let mut insecure = false;
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| format!("'{item}' is not key=value"))?;
+        let (k, v) = (k.trim(), v.trim());
+        match k {
+            "spi" => {
+                let n = parse_u64(k, v)?;
+                spi = Some(u32::try_from(n).map_err(|_| format!("spi: {v} does not fit 32 bits"))?);
+            }
+            "suite" => suite = Some(v.parse().map_err(|e| format!("suite: {e}"))?),
+            "enc" => enc = parse_hex(k, v)?,
+            "integ" | "auth" => integ = parse_hex(k, v)?,
+            "mode" => {
+                mode = match v {
+                    "tunnel" => Mode::Tunnel,
+                    "transport" => Mode::Transport,
+                    _ => return Err(format!("mode: expected tunnel or transport, got '{v}'")),
+                }
+            }
+            "encap" => {
+                udp = match v {
+                    "udp" => true,
+                    "none" | "no" => false,
+                    _ => return Err(format!("encap: expected udp or none, got '{v}'")),
+                }
+            }
+            "src" => {
+                src = Some(
+                    v.parse::<IpAddr>()
+                        .map_err(|_| format!("src: '{v}' is not an IP address"))?,
+                )
+            }
+            "dst" => {
+                dst = Some(
+                    v.parse::<IpAddr>()
+                        .map_err(|_| format!("dst: '{v}' is not an IP address"))?,
+                )
+            }
+            "esn" => esn = parse_bool(k, v)?,
+            "seq" => seq = parse_u64(k, v)?,
+            "proto" => {
+                protocol = match v {
+                    "esp" => Protocol::Esp,
+                    "ah" => Protocol::Ah,
+                    _ => return Err(format!("proto: expected esp or ah, got '{v}'")),
+                }
+            }
+            "window" => {
+                window =
+                    u32::try_from(parse_u64(k, v)?).map_err(|_| "window: too large".to_string())?;
+                if window > super::replay::MAX_WINDOW {
+                    return Err(format!("window: at most {}", super::replay::MAX_WINDOW));
+                }
+            }
+            "sport" => {
+                sport =
+                    u16::try_from(parse_u64(k, v)?).map_err(|_| "sport: not a port".to_string())?
+            }
+            "dport" => {
+                dport =
+                    u16::try_from(parse_u64(k, v)?).map_err(|_| "dport: not a port".to_string())?
+            }
+            "tfc" => {
+                tfc = Some(
+                    u16::try_from(parse_u64(k, v)?).map_err(|_| "tfc: too large".to_string())?,
+                )
+            }
+            "allow_insecure" => insecure = parse_bool(k, v)?,
+            _ => return Err(format!("unknown key '{k}'")),
+        }
+    }
+    let spi = spi.ok_or("spi is required")?;
+    let suite = suite.ok_or("suite is required")?;
+    if src.is_some() != dst.is_some() {
+        return Err("src and dst go together".into());
+    }
+    let mut cfg = SaConfig::new(spi, protocol, suite, &enc, &integ);
+    cfg.mode = mode;
+    cfg.encap = if udp {
+        Encap::Udp {
+            src_port: sport,
+            dst_port: dport,
+        }
+    } else {
+        Encap::None
+    };
+    cfg.tunnel_src = src;
+    cfg.tunnel_dst = dst;
+    cfg.esn = esn;
+    cfg.initial_seq = seq;
+    cfg.replay_window = window;
+    cfg.tfc_pad_to = tfc;
+    cfg.allow_insecure = insecure;
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_spec() {
+        let c = parse("spi=0x1000,suite=aes128gcm16,enc=000102030405060708090a0b0c0d0e0f10111213,mode=transport,encap=udp,src=10.0.0.1,dst=10.0.0.2,esn=yes,seq=0x100000000").unwrap();
+        assert_eq!(c.spi, 0x1000);
+        assert_eq!(c.enc_key.len(), 20);
+        assert_eq!(c.mode, Mode::Transport);
+        assert_eq!(c.encap, Encap::NAT_T);
+        assert!(c.esn);
+        assert_eq!(c.initial_seq, 1 << 32);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        assert!(parse("suite=aes128gcm16").unwrap_err().contains("spi"));
+        assert!(parse("spi=0x1000,suite=foo")
+            .unwrap_err()
+            .starts_with("suite:"));
+        assert!(parse("spi=0x1000,suite=aes128gcm16,enc=zz")
+            .unwrap_err()
+            .starts_with("enc:"));
+        assert!(parse("spi=0x1000,suite=aes128gcm16,mode=x")
+            .unwrap_err()
+            .starts_with("mode:"));
+        assert!(parse("spi=0x1000,suite=aes128gcm16,colour=red")
+            .unwrap_err()
+            .contains("colour"));
+        assert!(parse("spi=0x1000,suite=aes128gcm16,src=1.2.3.4")
+            .unwrap_err()
+            .contains("together"));
+        assert!(parse("spi=0x100000000,suite=aes128gcm16")
+            .unwrap_err()
+            .starts_with("spi:"));
+    }
+}

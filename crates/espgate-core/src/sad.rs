@@ -1,0 +1,181 @@
+//! The Security Association Database (RFC 4301 §4.4.2): SAs in a slab,
+//! found by (protocol, SPI) in O(1).
+
+use crate::buf::PacketBuf;
+use crate::error::{Drop, PResult};
+use crate::sa::{classify, Classified, Decapsulated, Mode, Protocol, Sa};
+use rustc_hash::FxHashMap;
+use std::time::Duration;
+
+/// Handle to an SA in the SAD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SaId(pub u32);
+
+/// Most IPsec layers one packet may carry (e.g. AH over ESP over ESP).
+pub const MAX_LAYERS: usize = 3;
+
+/// The outcome of inbound processing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InboundResult {
+    /// The buffer holds the decapsulated packet; SAs applied outermost first.
+    Packet(Vec<SaId>),
+    /// A dummy packet was discarded by this SA.
+    Dummy(SaId),
+    /// IKE on the NAT-T port: hand it to the key manager.
+    Ike,
+    /// NAT keepalive: nothing to do.
+    Keepalive,
+}
+
+/// An inbound failure, with the SA it happened on if one was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InboundError {
+    /// Why.
+    pub reason: Drop,
+    /// SA, when the SPI was known.
+    pub sa: Option<SaId>,
+    /// SPI seen, when the header could be parsed.
+    pub spi: Option<u32>,
+}
+
+/// SAs by id and by (protocol, SPI).
+#[derive(Debug, Default)]
+pub struct Sad {
+    slots: Vec<Option<Sa>>,
+    by_spi: FxHashMap<(Protocol, u32), SaId>,
+    free: Vec<u32>,
+}
+
+impl Sad {
+    /// An empty SAD.
+    pub fn new() -> Sad {
+        Sad::default()
+    }
+
+    /// Installs an SA. An SA with the same protocol and SPI is an error.
+    pub fn insert(&mut self, sa: Sa) -> Result<SaId, String> {
+        let key = (sa.config().protocol, sa.config().spi);
+        if self.by_spi.contains_key(&key) {
+            return Err(format!(
+                "an {} SA with SPI {:#010x} is already installed",
+                key.0.name(),
+                key.1
+            ));
+        }
+        let id = match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = Some(sa);
+                SaId(i)
+            }
+            None => {
+                self.slots.push(Some(sa));
+                SaId((self.slots.len() - 1) as u32)
+            }
+        };
+        self.by_spi.insert(key, id);
+        Ok(id)
+    }
+
+    /// Removes an SA.
+    pub fn remove(&mut self, id: SaId) -> Option<Sa> {
+        let sa = self.slots.get_mut(id.0 as usize)?.take()?;
+        self.by_spi.remove(&(sa.config().protocol, sa.config().spi));
+        self.free.push(id.0);
+        Some(sa)
+    }
+
+    /// Finds an SA by protocol and SPI.
+    pub fn lookup(&self, protocol: Protocol, spi: u32) -> Option<SaId> {
+        self.by_spi.get(&(protocol, spi)).copied()
+    }
+
+    /// The SA with this id.
+    pub fn get(&self, id: SaId) -> Option<&Sa> {
+        self.slots.get(id.0 as usize)?.as_ref()
+    }
+
+    /// The SA with this id, mutable.
+    pub fn get_mut(&mut self, id: SaId) -> Option<&mut Sa> {
+        self.slots.get_mut(id.0 as usize)?.as_mut()
+    }
+
+    /// All installed SAs.
+    pub fn iter(&self) -> impl Iterator<Item = (SaId, &Sa)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|s| (SaId(i as u32), s)))
+    }
+
+    /// Number of SAs.
+    pub fn len(&self) -> usize {
+        self.by_spi.len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.by_spi.is_empty()
+    }
+
+    /// Removes every IPsec layer whose SA is installed, outermost first.
+    /// After a transport-mode layer, a following ESP/AH header is processed
+    /// too (ESP inside AH); a tunnel-mode layer ends processing.
+    pub fn decapsulate(
+        &mut self,
+        buf: &mut PacketBuf,
+        nat_t_port: u16,
+        now: Duration,
+    ) -> Result<InboundResult, InboundError> {
+        let mut applied = Vec::new();
+        for layer in 0..MAX_LAYERS {
+            let c = classify(buf.as_slice(), nat_t_port);
+            let inb = match c {
+                Ok(Classified::Ipsec(inb)) => inb,
+                Ok(Classified::Ike) if layer == 0 => return Ok(InboundResult::Ike),
+                Ok(Classified::Keepalive) if layer == 0 => return Ok(InboundResult::Keepalive),
+                Err(Drop::NotIpsec) if layer > 0 => break,
+                Ok(_) => break,
+                Err(reason) => {
+                    return Err(InboundError {
+                        reason,
+                        sa: applied.last().copied(),
+                        spi: None,
+                    })
+                }
+            };
+            let err = |reason, sa| InboundError {
+                reason,
+                sa,
+                spi: Some(inb.spi),
+            };
+            let id = self
+                .lookup(inb.protocol, inb.spi)
+                .ok_or_else(|| err(Drop::UnknownSpi, None))?;
+            let sa = self
+                .get_mut(id)
+                .ok_or_else(|| err(Drop::UnknownSpi, None))?;
+            let mode = sa.config().mode;
+            match sa
+                .decapsulate(buf, &inb, now)
+                .map_err(|d| err(d, Some(id)))?
+            {
+                Decapsulated::Dummy => return Ok(InboundResult::Dummy(id)),
+                Decapsulated::Packet => applied.push(id),
+            }
+            if mode == Mode::Tunnel {
+                break;
+            }
+        }
+        Ok(InboundResult::Packet(applied))
+    }
+
+    /// Applies a bundle outbound: `ids[0]` first (innermost), e.g. ESP then AH.
+    pub fn encapsulate(&mut self, ids: &[SaId], buf: &mut PacketBuf, now: Duration) -> PResult<()> {
+        for id in ids {
+            self.get_mut(*id)
+                .ok_or(Drop::UnknownSpi)?
+                .encapsulate(buf, now)?;
+        }
+        Ok(())
+    }
+}
