@@ -598,7 +598,8 @@ fn read_block<R: Read>(reader: &mut R, order: &mut ByteOrder) -> io::Result<Bloc
     }
     let kind = order.u32([t0, t1, t2, t3]);
     let len = order.u32([l0, l1, l2, l3]);
-    if len < 12 || len & 3 != 0 || len > MAX_BLOCK_LEN {
+    let min_len = if kind == BLOCK_SHB { 28 } else { 12 };
+    if len < min_len || len & 3 != 0 || len > MAX_BLOCK_LEN {
         return Err(corrupt(format!(
             "invalid block length {len} (block type {kind:#010x})"
         )));
@@ -719,11 +720,13 @@ fn read_pcapng<R: Read>(mut reader: R, name: &Path) -> Result<CaptureReport> {
         offset += u64::from(len);
         match kind {
             BLOCK_SHB => {
+                // Body: byte-order magic, major and minor version, section length.
                 let major = Fields::new(body.get(4..).unwrap_or(&[]), order).u16();
                 if major != Some(1) {
                     bail!(
-                        "{}: unsupported pcapng version {major:?} at byte offset {block_offset}",
-                        name.display()
+                        "{}: unsupported pcapng major version {} at byte offset {block_offset}",
+                        name.display(),
+                        major.map_or_else(|| "(missing)".to_owned(), |v| v.to_string())
                     );
                 }
                 interfaces.clear();
@@ -852,9 +855,13 @@ impl RawIpWriter {
             orig_len: len,
             data: Cow::Borrowed(ip),
         };
-        self.writer
-            .write_raw_packet(&record)
-            .map_err(|e| anyhow!("cannot write packet: {}", pcap_error(&e)))?;
+        self.writer.write_raw_packet(&record).map_err(|e| {
+            anyhow!(
+                "{}: cannot write packet: {}",
+                self.path.display(),
+                pcap_error(&e)
+            )
+        })?;
         Ok(())
     }
 
@@ -864,13 +871,18 @@ impl RawIpWriter {
     ///
     /// Fails if the buffered data cannot be written.
     pub fn finish(self) -> Result<()> {
-        let file = self
-            .writer
+        let path = self.path;
+        self.writer
             .into_writer()
             .into_inner()
-            .map_err(|e| anyhow!("cannot flush capture file: {}", e.error()))?;
-        drop(file);
-        Ok(())
+            .map(drop)
+            .map_err(|e| {
+                anyhow!(
+                    "{}: cannot flush capture file: {}",
+                    path.display(),
+                    e.error()
+                )
+            })
     }
 }
 
