@@ -1,0 +1,32 @@
+# The two commands the README promises:
+#   make demo   set up and run the main job
+#   make test   set up and run every test (what .ci/run calls)
+
+CARGO ?= cargo
+PY := .venv/bin/python
+
+.PHONY: test demo setup lint unit e2e bench build
+
+setup:
+	./scripts/setup.sh
+
+build: setup
+	$(CARGO) build --release -p espgate
+
+lint: setup
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+unit: setup
+	$(CARGO) test --workspace
+
+e2e: build
+	ESPGATE=$(CURDIR)/target/release/espgate $(PY) -m pytest tests/python -q
+
+test: lint unit e2e
+
+demo: build
+	./scripts/demo.sh
+
+bench: setup
+	$(CARGO) bench -p espgate-core --bench esp

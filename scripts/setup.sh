@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what the tests and the demo need on a fresh Debian machine (as
+# root). Idempotent: it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
+command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    echo "setup: installing ${need_apt[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "setup: cargo (Rust >= 1.85) is required; install it with rustup and re-run" >&2
+    exit 1
+fi
+rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt clippy
+
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import scapy, cryptography, pytest' 2>/dev/null; then
+    echo "setup: creating .venv with Scapy, cryptography and pytest"
+    python3 -m venv .venv
+    .venv/bin/pip install -q --upgrade pip
+    .venv/bin/pip install -q -r tests/requirements.txt
+fi
