@@ -8,6 +8,7 @@ use core::fmt;
 /// Why a packet was not processed. Each variant is a counter key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
+#[repr(u8)]
 pub enum Drop {
     /// A header is shorter than its fixed part, or a length field points past the end.
     BadLength,
@@ -96,7 +97,7 @@ impl Drop {
 
     /// Index into a counter array of length `Drop::ALL.len()`.
     pub fn index(self) -> usize {
-        Drop::ALL.iter().position(|d| *d == self).unwrap_or(0)
+        self as usize
     }
 }
 
@@ -110,3 +111,19 @@ impl std::error::Error for Drop {}
 
 /// Result of packet processing.
 pub type PResult<T> = Result<T, Drop>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_is_in_discriminant_order_and_names_are_unique() {
+        for (i, d) in Drop::ALL.iter().enumerate() {
+            assert_eq!(d.index(), i);
+        }
+        let mut names: Vec<_> = Drop::ALL.iter().map(|d| d.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Drop::ALL.len());
+    }
+}

@@ -44,10 +44,13 @@ pub enum Direction {
     Inbound,
 }
 
+/// Masked remote address bits -> policy indices, ascending.
+type Bucket = FxHashMap<u128, Vec<u32>>;
+
 #[derive(Debug, Default)]
 struct Table {
-    /// (is_v6, prefix length) -> masked address bits -> policy indices ascending.
-    buckets: Vec<((bool, u8), FxHashMap<u128, Vec<u32>>)>,
+    /// One bucket per (is_v6, prefix length).
+    buckets: Vec<((bool, u8), Bucket)>,
 }
 
 fn bits(a: IpAddr) -> (bool, u128) {
@@ -66,7 +69,7 @@ impl Table {
             None => {
                 self.buckets.push((key, FxHashMap::default()));
                 // Longer prefixes first: they tend to hold the specific policies.
-                self.buckets.sort_by(|a, b| b.0 .1.cmp(&a.0 .1));
+                self.buckets.sort_by_key(|b| std::cmp::Reverse(b.0 .1));
                 self.buckets
                     .iter()
                     .position(|(k, _)| *k == key)

@@ -15,10 +15,8 @@ use zeroize::Zeroizing;
 
 enum Cipher {
     Null,
-    Cbc {
-        enc: EncryptingKey,
-        dec: DecryptingKey,
-    },
+    /// Boxed: two AES key schedules would make every `Cipher` large.
+    Cbc(Box<CbcKeys>),
     Aead {
         key: LessSafeKey,
         salt: Zeroizing<[u8; 4]>,
@@ -27,6 +25,11 @@ enum Cipher {
         key: LessSafeKey,
         salt: Zeroizing<[u8; 4]>,
     },
+}
+
+struct CbcKeys {
+    enc: EncryptingKey,
+    dec: DecryptingKey,
 }
 
 /// A suite with its keys: seals and opens ESP packets in place.
@@ -146,7 +149,7 @@ impl Transform {
                 iv.copy_from_slice(&seq.to_be_bytes());
                 Ok(())
             }
-            Cipher::Cbc { .. } => aws_lc_rs::rand::fill(iv).map_err(|_| Drop::Crypto),
+            Cipher::Cbc(_) => aws_lc_rs::rand::fill(iv).map_err(|_| Drop::Crypto),
         }
     }
 
@@ -157,10 +160,11 @@ impl Transform {
         let (iv_end, icv_start) = self.layout(pkt.len(), hdr_len)?;
         match &self.cipher {
             Cipher::Null => {}
-            Cipher::Cbc { enc, .. } => {
+            Cipher::Cbc(k) => {
                 let body = &mut pkt[hdr_len..icv_start];
                 let (iv, body) = body.split_at_mut(iv_end - hdr_len);
-                enc.less_safe_encrypt(body, enc_context(iv)?)
+                k.enc
+                    .less_safe_encrypt(body, enc_context(iv)?)
                     .map_err(|_| Drop::Crypto)?;
             }
             Cipher::Aead { key, salt } => {
@@ -206,7 +210,7 @@ impl Transform {
                 )
                 .map_err(|_| Drop::Integrity);
             }
-            Cipher::Null | Cipher::Cbc { .. } => {}
+            Cipher::Null | Cipher::Cbc(_) => {}
         }
         if let Some(mac) = &self.mac {
             let (data, icv) = pkt.split_at(icv_start);
@@ -214,9 +218,10 @@ impl Transform {
                 return Err(Drop::Integrity);
             }
         }
-        if let Cipher::Cbc { dec, .. } = &self.cipher {
+        if let Cipher::Cbc(k) = &self.cipher {
             let (iv, body) = pkt[hdr_len..icv_start].split_at_mut(iv_end - hdr_len);
-            dec.decrypt(body, dec_context(iv)?)
+            k.dec
+                .decrypt(body, dec_context(iv)?)
                 .map_err(|_| Drop::Crypto)?;
         }
         Ok(())
@@ -229,8 +234,8 @@ impl Transform {
         if icv_start < iv_end {
             return Err(Drop::BadLength);
         }
-        if (icv_start - iv_end) % self.block_len().max(1) != 0
-            && matches!(self.cipher, Cipher::Cbc { .. })
+        if !(icv_start - iv_end).is_multiple_of(self.block_len().max(1))
+            && matches!(self.cipher, Cipher::Cbc(_))
         {
             return Err(Drop::BadCiphertextLength);
         }
@@ -244,10 +249,10 @@ fn cbc(
     what: &'static str,
 ) -> Result<Cipher, SuiteError> {
     let bad = |_| SuiteError::BadKey(what);
-    Ok(Cipher::Cbc {
+    Ok(Cipher::Cbc(Box::new(CbcKeys {
         enc: EncryptingKey::cbc(UnboundCipherKey::new(alg, key).map_err(bad)?).map_err(bad)?,
         dec: DecryptingKey::cbc(UnboundCipherKey::new(alg, key).map_err(bad)?).map_err(bad)?,
-    })
+    })))
 }
 
 fn aead_key(

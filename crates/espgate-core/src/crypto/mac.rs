@@ -16,7 +16,7 @@ pub struct Mac {
 }
 
 enum MacKind {
-    Hmac(hmac::Key),
+    Hmac(Box<hmac::Key>),
     Md5(Box<HmacMd5>),
     Xcbc(Box<Xcbc>),
 }
@@ -42,10 +42,13 @@ impl Mac {
             });
         }
         let kind = match integ {
-            Integ::Sha1 => MacKind::Hmac(hmac::Key::new(hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY, key)),
-            Integ::Sha256 => MacKind::Hmac(hmac::Key::new(hmac::HMAC_SHA256, key)),
-            Integ::Sha384 => MacKind::Hmac(hmac::Key::new(hmac::HMAC_SHA384, key)),
-            Integ::Sha512 => MacKind::Hmac(hmac::Key::new(hmac::HMAC_SHA512, key)),
+            Integ::Sha1 => MacKind::Hmac(Box::new(hmac::Key::new(
+                hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY,
+                key,
+            ))),
+            Integ::Sha256 => MacKind::Hmac(Box::new(hmac::Key::new(hmac::HMAC_SHA256, key))),
+            Integ::Sha384 => MacKind::Hmac(Box::new(hmac::Key::new(hmac::HMAC_SHA384, key))),
+            Integ::Sha512 => MacKind::Hmac(Box::new(hmac::Key::new(hmac::HMAC_SHA512, key))),
             Integ::Md5 => MacKind::Md5(Box::new(
                 HmacMd5::new_from_slice(key).map_err(|_| SuiteError::BadKey("HMAC-MD5"))?,
             )),

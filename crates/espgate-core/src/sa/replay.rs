@@ -26,7 +26,7 @@ impl ReplayWindow {
     /// `n - 1` to start accepting at `n`).
     pub fn new(size: u32, esn: bool, top: u64) -> ReplayWindow {
         let size = size.min(MAX_WINDOW);
-        let nblocks = ((u64::from(size) + 63) / 64 + 1).next_power_of_two() as usize;
+        let nblocks = (u64::from(size).div_ceil(64) + 1).next_power_of_two() as usize;
         ReplayWindow {
             size: u64::from(size),
             blocks: vec![0; nblocks],

@@ -28,7 +28,7 @@ fn parse_bool(key: &str, v: &str) -> Result<bool, String> {
 fn parse_hex(key: &str, v: &str) -> Result<Vec<u8>, String> {
     let v = v.strip_prefix("0x").unwrap_or(v);
     let v: String = v.chars().filter(|c| *c != ':').collect();
-    if v.len() % 2 != 0 {
+    if !v.len().is_multiple_of(2) {
         return Err(format!("{key}: odd number of hex digits"));
     }
     (0..v.len())

@@ -65,7 +65,7 @@ pub fn header_len(icv_len: usize, ipv6: bool) -> usize {
 /// Writes an AH header with a zeroed ICV field; `out.len()` is the AH length.
 pub fn emit(out: &mut [u8], next_header: u8, spi: u32, seq: u64) -> PResult<()> {
     let words = out.len() / 4;
-    if out.len() % 4 != 0 || words < 3 || words - 2 > 255 {
+    if !out.len().is_multiple_of(4) || words < 3 || words - 2 > 255 {
         return Err(Drop::BadLength);
     }
     out[0] = next_header;
