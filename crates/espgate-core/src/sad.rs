@@ -38,6 +38,15 @@ pub struct InboundError {
     pub spi: Option<u32>,
 }
 
+/// True when the packet does not parse as IP, or its next protocol is raw
+/// ESP or AH: a failure to classify it then drops it.
+fn ipsec_or_malformed(pkt: &[u8]) -> bool {
+    match crate::wire::ip::parse(pkt) {
+        Ok(i) => matches!(i.protocol, crate::wire::proto::ESP | crate::wire::proto::AH),
+        Err(_) => true,
+    }
+}
+
 /// SAs by id and by (protocol, SPI).
 #[derive(Debug, Default)]
 pub struct Sad {
@@ -133,15 +142,17 @@ impl Sad {
                 Ok(Classified::Ipsec(inb)) => inb,
                 Ok(Classified::Ike) if layer == 0 => return Ok(InboundResult::Ike),
                 Ok(Classified::Keepalive) if layer == 0 => return Ok(InboundResult::Keepalive),
-                Err(Drop::NotIpsec) if layer > 0 => break,
-                Ok(_) => break,
-                Err(reason) => {
+                Err(reason) if layer == 0 || ipsec_or_malformed(buf.as_slice()) => {
                     return Err(InboundError {
                         reason,
                         sa: applied.last().copied(),
                         spi: None,
                     })
                 }
+                // Below a transport-mode layer, a well-formed packet that is
+                // not another IPsec layer (raw ESP/AH, or ESP on the NAT-T
+                // port) is the payload.
+                _ => break,
             };
             let err = |reason, sa| InboundError {
                 reason,

@@ -92,6 +92,15 @@ pub fn read_capture(path: &Path) -> Result<CaptureReport> {
     read_from(BufReader::new(file), path)
 }
 
+/// Like [`read_capture`], from bytes in memory (used by the fuzz target).
+///
+/// # Errors
+///
+/// As [`read_capture`], with `<memory>` as the file name.
+pub fn read_capture_bytes(data: &[u8]) -> Result<CaptureReport> {
+    read_from(Cursor::new(data), Path::new("<memory>"))
+}
+
 /// Format detection and dispatch; `name` is only used in error messages.
 fn read_from<R: Read>(mut reader: R, name: &Path) -> Result<CaptureReport> {
     let mut magic = [0u8; 4];

@@ -205,7 +205,7 @@ impl Sa {
         if self.life.is_hard_expired() {
             return Err(Drop::SaExpired);
         }
-        let end = inb.outer.packet_len;
+        let end = inb.end;
         let pkt = buf.as_slice();
         let a = ah::Ah::new_checked(pkt.get(inb.offset..end).ok_or(Drop::BadLength)?)?;
         let (ah_len, nh) = (a.len(), a.next_header());

@@ -65,6 +65,11 @@ impl Sa {
                     (w.insert_offset, w.insert_nh_field)
                 };
                 let nh = buf.as_slice()[nh_field];
+                if nh == proto::NO_NEXT {
+                    // ESP reads next header 59 as a dummy packet (RFC 4303
+                    // §2.6); the receiver would discard it silently.
+                    return Err(Drop::BadNextHeader);
+                }
                 self.esp_wrap(buf, keep, nh, seq, udp_len, 0)?;
                 let outer_proto = if udp_len > 0 { proto::UDP } else { proto::ESP };
                 fix_transport_header(buf.as_mut_slice(), info.version, nh_field, outer_proto)?;
@@ -144,7 +149,7 @@ impl Sa {
         if self.life.is_hard_expired() {
             return Err(Drop::SaExpired);
         }
-        let end = inb.outer.packet_len;
+        let end = inb.end;
         let (iv_len, icv_len) = (self.transform.iv_len(), self.transform.icv_len());
         let pkt = buf.as_mut_slice();
         let e = pkt.get_mut(inb.offset..end).ok_or(Drop::BadLength)?;

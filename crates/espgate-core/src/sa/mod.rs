@@ -243,6 +243,9 @@ pub struct Inbound {
     pub offset: usize,
     /// Offset of the UDP header for ESP-in-UDP.
     pub udp_offset: Option<usize>,
+    /// End of the ESP/AH data: the end of the UDP datagram for ESP-in-UDP,
+    /// else the end of the IP packet.
+    pub end: usize,
 }
 
 /// What an inbound packet is.
@@ -264,9 +267,9 @@ pub fn classify(pkt: &[u8], nat_t_port: u16) -> PResult<Classified> {
     }
     let end = outer.packet_len;
     let l4 = pkt.get(outer.payload_offset..end).ok_or(Drop::BadLength)?;
-    let (protocol, offset, udp_offset) = match outer.protocol {
-        proto::ESP => (Protocol::Esp, outer.payload_offset, None),
-        proto::AH => (Protocol::Ah, outer.payload_offset, None),
+    let (protocol, offset, udp_offset, end) = match outer.protocol {
+        proto::ESP => (Protocol::Esp, outer.payload_offset, None, end),
+        proto::AH => (Protocol::Ah, outer.payload_offset, None, end),
         proto::UDP => {
             let u = udp::Udp::new_checked(l4)?;
             if u.dst_port() != nat_t_port && u.src_port() != nat_t_port {
@@ -281,6 +284,7 @@ pub fn classify(pkt: &[u8], nat_t_port: u16) -> PResult<Classified> {
                 Protocol::Esp,
                 outer.payload_offset + udp::HEADER_LEN,
                 Some(outer.payload_offset),
+                outer.payload_offset + u.len(),
             )
         }
         _ => return Err(Drop::NotIpsec),
@@ -296,6 +300,7 @@ pub fn classify(pkt: &[u8], nat_t_port: u16) -> PResult<Classified> {
         spi,
         offset,
         udp_offset,
+        end,
     }))
 }
 

@@ -86,7 +86,9 @@ impl ReplayWindow {
         if self.size == 0 || seq > self.top {
             return Ok(());
         }
-        if seq + self.size <= self.top {
+        // Here seq <= top, so the subtraction cannot underflow (and, unlike
+        // seq + size, cannot overflow near 2^64).
+        if self.top - seq >= self.size {
             return Err(Drop::Replay);
         }
         let (b, bit) = self.slot(seq);
@@ -202,6 +204,18 @@ mod tests {
         // Without ESN the wire number is the number.
         let w = ReplayWindow::new(64, false, 10);
         assert_eq!(w.full_seq(7), Some(7));
+    }
+
+    #[test]
+    fn window_near_2_64_does_not_overflow() {
+        // Found by fuzzing: seq + size overflowed for tops near u64::MAX.
+        let mut w = ReplayWindow::new(64, true, u64::MAX - 1);
+        assert!(w.check(u64::MAX - 3).is_ok());
+        w.update(u64::MAX - 3).unwrap();
+        assert_eq!(w.check(u64::MAX - 3), Err(Drop::Replay));
+        assert_eq!(w.check(u64::MAX - 70), Err(Drop::Replay));
+        w.update(u64::MAX).unwrap();
+        assert_eq!(w.check(u64::MAX), Err(Drop::Replay));
     }
 
     #[test]

@@ -28,6 +28,9 @@ fn parse_bool(key: &str, v: &str) -> Result<bool, String> {
 fn parse_hex(key: &str, v: &str) -> Result<Vec<u8>, String> {
     let v = v.strip_prefix("0x").unwrap_or(v);
     let v: String = v.chars().filter(|c| *c != ':').collect();
+    if !v.is_ascii() {
+        return Err(format!("{key}: '{v}' is not hex"));
+    }
     if !v.len().is_multiple_of(2) {
         return Err(format!("{key}: odd number of hex digits"));
     }
@@ -190,5 +193,12 @@ mod tests {
         assert!(parse("spi=0x100000000,suite=aes128gcm16")
             .unwrap_err()
             .starts_with("spi:"));
+    }
+
+    #[test]
+    fn non_ascii_hex_is_an_error_not_a_panic() {
+        // Found by fuzzing: a multi-byte character used to split a char.
+        let e = parse("spi=0x1000,suite=aes128gcm16,enc=0\u{e9}0").unwrap_err();
+        assert!(e.starts_with("enc:"), "{e}");
     }
 }
