@@ -10,6 +10,7 @@ command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+command -v tcpdump >/dev/null 2>&1 || need_apt+=(tcpdump)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: installing ${need_apt[*]}"
     export DEBIAN_FRONTEND=noninteractive
