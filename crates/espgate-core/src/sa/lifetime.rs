@@ -43,6 +43,10 @@ pub struct LifetimeState {
     pub packets: u64,
     soft: bool,
     hard: bool,
+    /// Any limit configured (cached so the per-packet path can skip work).
+    any_limit: bool,
+    /// Any hard limit configured.
+    any_hard: bool,
 }
 
 impl LifetimeState {
@@ -55,6 +59,10 @@ impl LifetimeState {
             packets: 0,
             soft: false,
             hard: false,
+            any_limit: limits != Lifetime::default(),
+            any_hard: limits.hard_bytes.is_some()
+                || limits.hard_packets.is_some()
+                || limits.hard_time.is_some(),
         }
     }
 
@@ -87,8 +95,18 @@ impl LifetimeState {
         self.poll(now)
     }
 
+    /// True when a time limit may still fire (callers skip clock work otherwise).
+    pub fn has_pending_time_limit(&self) -> bool {
+        (!self.soft && self.limits.soft_time.is_some())
+            || (!self.hard && self.limits.hard_time.is_some())
+    }
+
     /// Checks limits without traffic (timers). Returns the most severe new event.
     pub fn poll(&mut self, now: Duration) -> Option<SaEvent> {
+        if self.hard || (self.soft && !self.any_hard) || !self.any_limit {
+            // Nothing left that could fire.
+            return None;
+        }
         let age = now.saturating_sub(self.created);
         let over = |b: Option<u64>, p: Option<u64>, t: Option<Duration>| {
             b.is_some_and(|b| self.bytes >= b)

@@ -475,7 +475,9 @@ impl Sa {
 
     /// Reserves the next outbound sequence number, refusing to wrap.
     fn take_seq(&mut self, now: Duration) -> PResult<u64> {
-        self.tick(now);
+        if self.life.has_pending_time_limit() {
+            self.tick(now);
+        }
         if self.life.is_hard_expired() {
             return Err(Drop::SaExpired);
         }
