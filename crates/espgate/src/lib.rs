@@ -5,4 +5,5 @@
 //! own module, depending on the core and never the other way round.
 
 pub mod capture;
+pub mod netdev;
 pub mod pcap_cmd;
