@@ -5,5 +5,6 @@
 //! own module, depending on the core and never the other way round.
 
 pub mod capture;
+pub mod config;
 pub mod netdev;
 pub mod pcap_cmd;
