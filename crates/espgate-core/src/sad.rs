@@ -27,6 +27,20 @@ pub enum InboundResult {
     Keepalive,
 }
 
+/// The outcome of [`Sad::decapsulate_into`]: [`InboundResult`] with the
+/// applied SAs left in the caller's vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InboundOutcome {
+    /// The buffer holds the decapsulated packet.
+    Packet,
+    /// A dummy packet was discarded by this SA.
+    Dummy(SaId),
+    /// IKE on the NAT-T port.
+    Ike,
+    /// NAT keepalive.
+    Keepalive,
+}
+
 /// An inbound failure, with the SA it happened on if one was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InboundError {
@@ -136,12 +150,33 @@ impl Sad {
         now: Duration,
     ) -> Result<InboundResult, InboundError> {
         let mut applied = Vec::new();
+        Ok(
+            match self.decapsulate_into(buf, nat_t_port, now, &mut applied)? {
+                InboundOutcome::Packet => InboundResult::Packet(applied),
+                InboundOutcome::Dummy(id) => InboundResult::Dummy(id),
+                InboundOutcome::Ike => InboundResult::Ike,
+                InboundOutcome::Keepalive => InboundResult::Keepalive,
+            },
+        )
+    }
+
+    /// [`Sad::decapsulate`] without allocating: the SAs applied (outermost
+    /// first) are left in `applied`, which is cleared first and whose
+    /// capacity is reused from packet to packet.
+    pub fn decapsulate_into(
+        &mut self,
+        buf: &mut PacketBuf,
+        nat_t_port: u16,
+        now: Duration,
+        applied: &mut Vec<SaId>,
+    ) -> Result<InboundOutcome, InboundError> {
+        applied.clear();
         for layer in 0..MAX_LAYERS {
             let c = classify(buf.as_slice(), nat_t_port);
             let inb = match c {
                 Ok(Classified::Ipsec(inb)) => inb,
-                Ok(Classified::Ike) if layer == 0 => return Ok(InboundResult::Ike),
-                Ok(Classified::Keepalive) if layer == 0 => return Ok(InboundResult::Keepalive),
+                Ok(Classified::Ike) if layer == 0 => return Ok(InboundOutcome::Ike),
+                Ok(Classified::Keepalive) if layer == 0 => return Ok(InboundOutcome::Keepalive),
                 Err(reason) if layer == 0 || ipsec_or_malformed(buf.as_slice()) => {
                     return Err(InboundError {
                         reason,
@@ -170,14 +205,14 @@ impl Sad {
                 .decapsulate(buf, &inb, now)
                 .map_err(|d| err(d, Some(id)))?
             {
-                Decapsulated::Dummy => return Ok(InboundResult::Dummy(id)),
+                Decapsulated::Dummy => return Ok(InboundOutcome::Dummy(id)),
                 Decapsulated::Packet => applied.push(id),
             }
             if mode == Mode::Tunnel {
                 break;
             }
         }
-        Ok(InboundResult::Packet(applied))
+        Ok(InboundOutcome::Packet)
     }
 
     /// Applies a bundle outbound: `ids[0]` first (innermost), e.g. ESP then AH.

@@ -228,6 +228,53 @@ fn esp_inside_ah_bundle() {
 }
 
 #[test]
+fn decapsulate_into_reuses_the_callers_vector() {
+    use crate::sad::InboundOutcome;
+    let esp = config("aes128gcm16", Protocol::Esp, Mode::Tunnel, false, false);
+    let mut tx = Sad::new();
+    let tx_id = tx.insert(Sa::new(esp.clone(), T0).unwrap()).unwrap();
+    let mut rx = Sad::new();
+    let rx_id = rx.insert(Sa::new(esp, T0).unwrap()).unwrap();
+    let pkt = udp_packet(false, 100, 0);
+    let mut applied = Vec::with_capacity(crate::sad::MAX_LAYERS);
+    let cap = applied.capacity();
+    for _ in 0..3 {
+        let mut b = PacketBuf::from_packet(&pkt);
+        tx.encapsulate(&[tx_id], &mut b, T0).unwrap();
+        let r = rx.decapsulate_into(&mut b, 4500, T0, &mut applied);
+        assert_eq!(r, Ok(InboundOutcome::Packet));
+        assert_eq!(applied, [rx_id]);
+        assert_eq!(applied.capacity(), cap, "no reallocation");
+        assert_eq!(b.as_slice(), &pkt[..]);
+    }
+    // A failure clears what a previous packet left.
+    let mut b = PacketBuf::from_packet(&[0x45, 0, 0]);
+    assert!(rx.decapsulate_into(&mut b, 4500, T0, &mut applied).is_err());
+    assert!(applied.is_empty());
+    // Keepalives and IKE on the NAT-T port, as with decapsulate().
+    let mut ka = vec![0u8; 29];
+    ipv4::Ipv4Repr {
+        src: Ipv4Addr::new(192, 0, 2, 2),
+        dst: Ipv4Addr::new(192, 0, 2, 1),
+        protocol: proto::UDP,
+        tos: 0,
+        ident: 0,
+        dont_frag: false,
+        ttl: 64,
+        payload_len: 9,
+    }
+    .emit(&mut ka)
+    .unwrap();
+    udp::emit(&mut ka[20..], 4500, 4500, 1).unwrap();
+    ka[28] = 0xff;
+    let mut b = PacketBuf::from_packet(&ka);
+    assert_eq!(
+        rx.decapsulate_into(&mut b, 4500, T0, &mut applied),
+        Ok(InboundOutcome::Keepalive)
+    );
+}
+
+#[test]
 fn replay_tamper_unknown_spi_and_truncation_are_typed() {
     let c = config("aes128gcm16", Protocol::Esp, Mode::Tunnel, true, false);
     let mut tx = Sa::new(c.clone(), T0).unwrap();
