@@ -11,6 +11,8 @@ command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v tcpdump >/dev/null 2>&1 || need_apt+=(tcpdump)
+command -v ping >/dev/null 2>&1 || need_apt+=(iputils-ping)
+command -v iperf3 >/dev/null 2>&1 || need_apt+=(iperf3)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: installing ${need_apt[*]}"
     export DEBIAN_FRONTEND=noninteractive

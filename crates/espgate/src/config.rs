@@ -74,8 +74,12 @@ pub struct Gateway {
     pub metrics: Option<SocketAddr>,
     /// Log level.
     pub log: LogLevel,
-    /// Firewall mark put on outer packets.
+    /// Firewall mark put on outer packets; also the routing table the
+    /// daemon's routes go into when set.
     pub fwmark: Option<u32>,
+    /// Directory for state kept across restarts (the reserved outbound
+    /// sequence numbers), made absolute against the config file's directory.
+    pub state_dir: PathBuf,
 }
 
 impl Gateway {
@@ -807,6 +811,7 @@ struct RawGateway {
     metrics: Option<String>,
     log: Option<LogLevel>,
     fwmark: Option<i64>,
+    state_dir: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -1363,6 +1368,16 @@ impl Validator<'_> {
                 None
             }
             Some(n) => match u32::try_from(n) {
+                Ok(m @ 252..=255) => {
+                    self.err(
+                        at(&base, &["fwmark"]),
+                        format!(
+                            "{m} is also the routing table for the daemon's routes, and tables \
+                             252-255 are reserved (compat, default, main, local); pick another mark"
+                        ),
+                    );
+                    None
+                }
                 Ok(m) => Some(Some(m)),
                 Err(_) => {
                     self.err(
@@ -1372,6 +1387,29 @@ impl Validator<'_> {
                     None
                 }
             },
+        };
+        let state_dir = match g.state_dir.as_deref().map(str::trim) {
+            None => Some(PathBuf::from("/var/lib/espgate")),
+            Some("") => {
+                self.err(
+                    at(&base, &["state_dir"]),
+                    "an empty path: omit state_dir for the default /var/lib/espgate",
+                );
+                None
+            }
+            Some(d) => {
+                let dir = self.base_dir.join(d);
+                match std::fs::metadata(&dir) {
+                    Ok(m) if !m.is_dir() => {
+                        self.err(
+                            at(&base, &["state_dir"]),
+                            format!("{} exists and is not a directory", dir.display()),
+                        );
+                        None
+                    }
+                    _ => Some(dir),
+                }
+            }
         };
         if self.issues.len() != before {
             return None;
@@ -1387,6 +1425,7 @@ impl Validator<'_> {
             metrics: metrics?,
             log: g.log.unwrap_or(LogLevel::Info),
             fwmark: fwmark?,
+            state_dir: state_dir?,
         })
     }
 
@@ -2303,6 +2342,7 @@ suite = "aes128gcm16"
         assert_eq!(g.encap, Encapsulation::Udp);
         assert_eq!((g.workers, g.mtu, g.log), (1, 1500, LogLevel::Info));
         assert_eq!(g.control_socket, Path::new("/run/espgate/espgate.sock"));
+        assert_eq!(g.state_dir, Path::new("/var/lib/espgate"));
         assert_eq!((g.metrics, g.fwmark), (None, None));
         let b = c.connection("b").unwrap();
         assert_eq!(b.remote_port, 4500);
@@ -3188,6 +3228,20 @@ integ_out = "{K20B}"
         );
         assert_has(&err(&g("fwmark = 0")), &["gateway.fwmark", "omit fwmark"]);
         assert_has(
+            &err(&g("fwmark = 254")),
+            &["gateway.fwmark", "tables 252-255 are reserved"],
+        );
+        assert_has(
+            &err(&g("state_dir = \"\"")),
+            &["gateway.state_dir", "empty path"],
+        );
+        let not_dir = temp_dir().join("file");
+        std::fs::write(&not_dir, "x").unwrap();
+        assert_has(
+            &err(&g(&format!("state_dir = \"{}\"", not_dir.display()))),
+            &["gateway.state_dir", "is not a directory"],
+        );
+        assert_has(
             &err(&g("metrics = \"localhost\"")),
             &["gateway.metrics", "not an address:port"],
         );
@@ -3198,7 +3252,7 @@ integ_out = "{K20B}"
         let c = parse_str(&g(
             "tun = \"wg.0_a-b\"\ntun_address = [\"10.1.0.1/24\", \"2001:db8::1\"]\nlisten = \"[::]:4600\"\n\
              workers = 4\nmtu = 9000\ncontrol_socket = \"run/x.sock\"\nmetrics = \"[::1]:9184\"\n\
-             log = \"debug\"\nfwmark = 0x4500",
+             log = \"debug\"\nfwmark = 0x4500\nstate_dir = \"state\"",
         ))
         .unwrap_or_else(|e| panic!("{e}"));
         let gw = &c.gateway;
@@ -3206,6 +3260,7 @@ integ_out = "{K20B}"
         assert_eq!(gw.tun_address[0].network().to_string(), "10.1.0.0/24");
         assert_eq!(gw.tun_address[1].prefix_len, 128);
         assert_eq!(gw.control_socket, Path::new("/nonexistent/run/x.sock"));
+        assert_eq!(gw.state_dir, Path::new("/nonexistent/state"));
         assert_eq!(
             (gw.workers, gw.mtu, gw.log, gw.fwmark),
             (4, 9000, LogLevel::Debug, Some(0x4500))

@@ -1,0 +1,191 @@
+//! The gateway daemon, `espgate up -c FILE`: static SAs from the
+//! configuration, clear traffic on a TUN device, ESP/AH on a UDP socket
+//! (RFC 3948) or raw IP sockets, a control socket for `espgate status`
+//! and `espgate sa list`.
+//!
+//! - [`engine`]: SAD + SPD from the configuration, the outbound and
+//!   inbound packet paths, counters, status documents (no I/O but the
+//!   sequence-number state files);
+//! - [`dataplane`]: the single `poll(2)` loop that moves packets between
+//!   the TUN and the sockets;
+//! - [`setup`]: TUN MTU, addresses, routes and policy rules, through the
+//!   undo journal [`crate::netdev::NetChanges`];
+//! - [`sockets`] / [`sys`]: the outer sockets and the synthetic outer
+//!   headers inbound packets get for the core;
+//! - [`seqstate`]: outbound sequence numbers reserved on disk, so that a
+//!   restart never reuses a nonce; [`mss`]: TCP MSS clamping;
+//! - [`control`] / [`status`]: the control socket protocol and the
+//!   `status` / `sa list` views; [`ratelimit`]: per-reason log limiting;
+//!   [`signals`]: SIGINT/SIGTERM/SIGHUP as a descriptor.
+//!
+//! Not built yet (and said so in the log when configured): more than one
+//! data-plane thread, `fragment_inner = false`, the metrics endpoint, IKE. ICMP "fragmentation needed" / "packet too big"
+//! for inner packets larger than the tunnel comes from the kernel, since
+//! the TUN MTU is the outer MTU minus the SA overhead.
+
+pub mod control;
+pub mod dataplane;
+pub mod engine;
+pub mod mss;
+pub mod ratelimit;
+pub mod seqstate;
+pub mod setup;
+pub mod signals;
+pub mod sockets;
+pub mod status;
+pub mod sys;
+
+use crate::config::{Encapsulation, LoadedConfig};
+use crate::netdev::{NetChanges, Tun};
+use anyhow::{Context, Result};
+use dataplane::{Dataplane, Info, Sockets};
+use espgate_core::wire::proto;
+use std::time::{Duration, Instant};
+
+/// Logs what the configuration asks for that this version does not do.
+fn log_not_built(cfg: &LoadedConfig) {
+    let g = &cfg.gateway;
+    if g.worker_threads() != 1 {
+        tracing::info!(
+            "gateway.workers asks for {} data-plane threads; this version runs one",
+            g.worker_threads()
+        );
+    }
+    if let Some(m) = g.metrics {
+        tracing::warn!("gateway.metrics = {m}: the metrics endpoint is not built yet; ignored");
+    }
+    for c in &cfg.connections {
+        if !c.fragment_inner {
+            tracing::warn!(
+                "connection \"{}\": fragment_inner = false is not honoured yet: the kernel \
+                 fragments inner packets without DF to the TUN MTU",
+                c.name
+            );
+        }
+    }
+}
+
+/// Opens the outer sockets the connections need.
+fn open_sockets(cfg: &LoadedConfig) -> Result<Sockets> {
+    let g = &cfg.gateway;
+    let mut s = Sockets::default();
+    if cfg
+        .connections
+        .iter()
+        .any(|c| c.encap == Encapsulation::Udp)
+    {
+        s.udp = Some(
+            sockets::UdpSock::open(g.listen, g.fwmark)
+                .with_context(|| format!("opening UDP socket on {}", g.listen))?,
+        );
+    }
+    let mut rx: Vec<(bool, u8)> = Vec::new();
+    for c in cfg
+        .connections
+        .iter()
+        .filter(|c| c.encap == Encapsulation::None)
+    {
+        let v6 = c.local.is_ipv6();
+        // The outermost header: AH for "ah" and "esp+ah".
+        let p = if c.protocol.has_ah() {
+            proto::AH
+        } else {
+            proto::ESP
+        };
+        if !rx.contains(&(v6, p)) {
+            rx.push((v6, p));
+        }
+        let tx = if v6 { &mut s.raw_tx6 } else { &mut s.raw_tx4 };
+        if tx.is_none() {
+            *tx =
+                Some(sockets::RawTx::open(v6, g.fwmark).with_context(|| {
+                    format!("opening raw IPv{} socket", if v6 { 6 } else { 4 })
+                })?);
+        }
+    }
+    for (v6, p) in rx {
+        s.raw_rx.push(sockets::RawRx::open(v6, p).with_context(|| {
+            format!(
+                "opening raw IPv{} socket for protocol {p}",
+                if v6 { 6 } else { 4 }
+            )
+        })?);
+    }
+    Ok(s)
+}
+
+/// Runs the gateway in the foreground until SIGINT, SIGTERM or SIGHUP,
+/// then undoes every network change, removes the control socket and
+/// records the exact outbound sequence numbers.
+pub fn run(cfg: LoadedConfig) -> Result<()> {
+    let start = Instant::now();
+    let signals = signals::Signals::block().context("blocking SIGINT/SIGTERM/SIGHUP")?;
+    for w in &cfg.warnings {
+        tracing::warn!("{w}");
+    }
+    log_not_built(&cfg);
+    let g = &cfg.gateway;
+    // Refuse early, before touching the network, if a daemon runs.
+    control::check_not_running(&g.control_socket)?;
+    let store = seqstate::SeqStore::open(&g.state_dir)?;
+    let mut engine = engine::Engine::new(&cfg, Some(&store), Duration::ZERO)?;
+    let plan = setup::plan(&cfg, engine.max_overhead())?;
+    // Dropped in reverse order on any error below: control socket removed,
+    // sockets closed, network changes undone, then the TUN deleted.
+    let tun = Tun::builder(&g.tun)
+        .nonblocking(true)
+        .open()
+        .context("opening the TUN device")?;
+    let mut net = NetChanges::new()?;
+    setup::apply(&plan, &mut net)?;
+    if let Some(w) = setup::rp_filter_warning(&cfg) {
+        tracing::warn!("{w}");
+    }
+    let sockets = open_sockets(&cfg)?;
+    let mut control = control::ControlServer::bind(&g.control_socket)?;
+    tracing::info!(
+        "espgate {} up: TUN {} mtu {}, {} connection(s), {} SA(s), control socket {}",
+        env!("CARGO_PKG_VERSION"),
+        tun.name(),
+        plan.mtu,
+        engine.conns().len(),
+        engine.sad().len(),
+        control.path().display()
+    );
+    for d in net.describe() {
+        tracing::debug!("{d}");
+    }
+    let info = Info {
+        config: cfg.source.clone(),
+        tun: status::TunStatus {
+            name: tun.name().to_string(),
+            mtu: plan.mtu,
+        },
+        encap: g.encap.name().to_string(),
+        listen: sockets.udp.as_ref().map(|u| u.local),
+        fwmark: g.fwmark,
+        state_dir: store.dir().display().to_string(),
+    };
+    let result = Dataplane {
+        engine: &mut engine,
+        tun: &tun,
+        sockets: &sockets,
+        control: &mut control,
+        signals: &signals,
+        start,
+        info,
+    }
+    .run();
+    engine.release_reservations();
+    drop(control);
+    drop(sockets);
+    let undone = net.undo();
+    drop(tun);
+    if let Err(e) = &undone {
+        tracing::error!("{e}");
+    }
+    result?;
+    undone?;
+    tracing::info!("stopped; network changes undone");
+    Ok(())
+}

@@ -1,0 +1,302 @@
+//! What the daemon changes in the network namespace, planned from the
+//! configuration ([`plan`], pure) and applied through the undo journal
+//! [`NetChanges`] ([`apply`]):
+//!
+//! - the TUN's MTU: `gateway.mtu` minus the largest outbound bundle
+//!   overhead, so the kernel fragments inner packets without DF and
+//!   answers oversized DF packets with ICMP "fragmentation needed" /
+//!   "packet too big" itself;
+//! - `gateway.tun_address`, then the link up;
+//! - for each connection with `routes = true`, a route per `remote_ts`
+//!   prefix through the TUN (transport mode: with `src` = the connection's
+//!   `local`, the address the SAs protect; tunnel mode: with a TUN address
+//!   inside `local_ts` as `src` when there is one);
+//! - with `gateway.fwmark`: the routes go into table `fwmark`, the outer
+//!   sockets are marked, and one rule per family, `not fwmark M lookup M`,
+//!   sends everything else through that table. The rule comes before the
+//!   main table so that a route to the peer's own address (host-to-host)
+//!   wins over the main table's on-link route, while the daemon's marked
+//!   packets skip it; destinations without a route in table M fall through
+//!   to the main table. (wg-quick's second rule, `lookup main
+//!   suppress_prefixlength 0`, exists for a default route in the tunnel
+//!   table and would let the on-link route win here, so it is not added.)
+
+use crate::config::{Connection, LoadedConfig};
+use crate::netdev::{Family, IfAddr, NetChanges, RouteSpec, RuleSpec};
+use anyhow::{bail, Context, Result};
+use espgate_core::sa::Mode;
+use std::collections::HashSet;
+
+/// Priority of the fwmark rule: before the main table's rule (32766), and
+/// distinct from wg-quick's (32764, 32765).
+pub const RULE_PRIORITY: u32 = 32760;
+
+/// Everything to configure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetPlan {
+    /// TUN device name.
+    pub tun: String,
+    /// Its MTU.
+    pub mtu: u32,
+    /// Addresses to add.
+    pub addresses: Vec<IfAddr>,
+    /// Routes to add, in order, without duplicates.
+    pub routes: Vec<RouteSpec>,
+    /// Rules to add.
+    pub rules: Vec<RuleSpec>,
+}
+
+/// Source address for the routes of connection `c`.
+fn route_source(cfg: &LoadedConfig, c: &Connection, v6: bool) -> Option<std::net::IpAddr> {
+    match c.mode {
+        Mode::Transport => (c.local.is_ipv6() == v6).then_some(c.local),
+        Mode::Tunnel => cfg
+            .gateway
+            .tun_address
+            .iter()
+            .map(|a| a.addr)
+            .find(|a| a.is_ipv6() == v6 && c.local_ts.iter().any(|p| p.contains(*a))),
+    }
+}
+
+/// Plans the changes for `cfg` given the largest bundle overhead.
+pub fn plan(cfg: &LoadedConfig, overhead: usize) -> Result<NetPlan> {
+    let g = &cfg.gateway;
+    let mtu = i64::from(g.mtu) - overhead as i64;
+    if mtu < 576 {
+        bail!(
+            "gateway.mtu {} minus the largest SA overhead ({overhead} bytes) leaves a TUN MTU of \
+             {mtu}, below 576; raise gateway.mtu",
+            g.mtu
+        );
+    }
+    let mtu = mtu as u32;
+    if mtu < 1280 && g.tun_address.iter().any(|a| a.addr.is_ipv6()) {
+        tracing::warn!(
+            "TUN MTU {mtu} is below 1280: the kernel disables IPv6 on {}; raise gateway.mtu",
+            g.tun
+        );
+    }
+    let mut addresses = Vec::new();
+    for a in &g.tun_address {
+        addresses.push(IfAddr::new(&g.tun, a.addr, a.prefix_len)?);
+    }
+    let mut routes = Vec::new();
+    let mut seen = HashSet::new();
+    for c in cfg.connections.iter().filter(|c| c.routes) {
+        for p in &c.remote_ts {
+            let v6 = p.addr().is_ipv6();
+            if !seen.insert((*p, g.fwmark)) {
+                continue;
+            }
+            let mut r = RouteSpec::new(*p, &g.tun);
+            if let Some(m) = g.fwmark {
+                r = r.table(m);
+            }
+            if let Some(src) = route_source(cfg, c, v6) {
+                r = r.source(src);
+            }
+            routes.push(r);
+        }
+    }
+    let mut rules = Vec::new();
+    if let Some(m) = g.fwmark {
+        for fam in [Family::V4, Family::V6] {
+            if routes.iter().any(|r| Family::of(r.dest.addr()) == fam) {
+                rules.push(RuleSpec::not_fwmark_lookup(fam, m, m).priority(RULE_PRIORITY));
+            }
+        }
+    }
+    Ok(NetPlan {
+        tun: g.tun.clone(),
+        mtu,
+        addresses,
+        routes,
+        rules,
+    })
+}
+
+/// Applies `plan` (the TUN must exist). On error, what was done stays in
+/// `net`'s journal for the caller to undo.
+pub fn apply(plan: &NetPlan, net: &mut NetChanges) -> Result<()> {
+    net.set_mtu(&plan.tun, plan.mtu)?;
+    for a in &plan.addresses {
+        net.add_address(a)
+            .with_context(|| format!("adding address {a}"))?;
+    }
+    net.set_up(&plan.tun)?;
+    for r in &plan.routes {
+        net.add_route(r)
+            .with_context(|| format!("adding route {r}"))?;
+    }
+    for r in &plan.rules {
+        match net.add_rule(r) {
+            Ok(()) => {}
+            Err(e) if e.is_exists() => {
+                // The same rule, left by a daemon that was killed.
+                tracing::warn!("replacing rule {r}, left over by a previous run");
+                net.netlink()
+                    .del_rule(r)
+                    .with_context(|| format!("removing stale rule {r}"))?;
+                net.add_rule(r)
+                    .with_context(|| format!("adding rule {r}"))?;
+            }
+            Err(e) => return Err(e).with_context(|| format!("adding rule {r}")),
+        }
+    }
+    Ok(())
+}
+
+/// The name of the interface holding IPv4 address `addr`, if any.
+fn ipv4_interface_of(addr: std::net::Ipv4Addr) -> Option<String> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs allocates a list it hands to us; we walk it
+    // read-only, checking each `ifa_addr` for NULL and its family before
+    // reading it as a sockaddr_in, and free it once with freeifaddrs.
+    unsafe {
+        if libc::getifaddrs(&mut head) != 0 {
+            return None;
+        }
+        let mut found = None;
+        let mut p = head;
+        while !p.is_null() {
+            let ifa = &*p;
+            if !ifa.ifa_addr.is_null()
+                && libc::c_int::from((*ifa.ifa_addr).sa_family) == libc::AF_INET
+            {
+                let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                if std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()) == addr {
+                    found = Some(
+                        std::ffi::CStr::from_ptr(ifa.ifa_name)
+                            .to_string_lossy()
+                            .into_owned(),
+                    );
+                    break;
+                }
+            }
+            p = ifa.ifa_next;
+        }
+        libc::freeifaddrs(head);
+        found
+    }
+}
+
+fn rp_filter(dev: &str) -> u8 {
+    std::fs::read_to_string(format!("/proc/sys/net/ipv4/conf/{dev}/rp_filter"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Strict reverse-path filtering on the outer interface drops the peer's
+/// packets when the route to the peer's own address goes into the TUN
+/// (host-to-host): the kernel's reverse lookup (unmarked) finds the TUN,
+/// not the interface they came in on. Returns the warning to log.
+pub fn rp_filter_warning(cfg: &LoadedConfig) -> Option<String> {
+    cfg.gateway.fwmark?;
+    for c in cfg.connections.iter().filter(|c| c.routes) {
+        let (std::net::IpAddr::V4(local), std::net::IpAddr::V4(_)) = (c.local, c.remote) else {
+            continue;
+        };
+        if !c.remote_ts.iter().any(|p| p.contains(c.remote)) {
+            continue;
+        }
+        let Some(dev) = ipv4_interface_of(local) else {
+            continue;
+        };
+        // The kernel uses the larger of "all" and the device's value.
+        if rp_filter("all").max(rp_filter(&dev)) == 1 {
+            return Some(format!(
+                "connection \"{}\": strict reverse-path filtering on {dev} \
+                 (net.ipv4.conf.{{all,{dev}}}.rp_filter = 1) will drop the packets from {} \
+                 because its address is routed into the TUN; set it to 2 (loose): \
+                 sysctl -w net.ipv4.conf.all.rp_filter=2 net.ipv4.conf.{dev}.rp_filter=2",
+                c.name, c.remote
+            ));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn cfg(gateway: &str, conn: &str) -> LoadedConfig {
+        let text = format!(
+            "[gateway]\ntun = \"t0\"\n{gateway}\n[[connection]]\nname = \"c\"\n{conn}\n\
+             [connection.esp]\nsuite = \"aes128gcm16\"\nspi_in = 0x1001\nspi_out = 0x1002\n\
+             enc_in = \"000102030405060708090a0b0c0d0e0f10111213\"\n\
+             enc_out = \"101112131415161718191a1b1c1d1e1f20212223\"\n"
+        );
+        crate::config::parse(&text, Path::new("/nonexistent"), "t.toml")
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn site_to_site_routes_in_main_with_tun_source() {
+        let c = cfg(
+            "tun_address = [\"10.1.0.1/24\", \"2001:db8:1::1/64\"]",
+            "local = \"192.0.2.1\"\nremote = \"192.0.2.2\"\n\
+             local_ts = [\"10.1.0.0/24\", \"2001:db8:1::/64\"]\n\
+             remote_ts = [\"10.2.0.0/24\", \"2001:db8:2::/64\"]",
+        );
+        let p = plan(&c, 73).unwrap();
+        assert_eq!(p.mtu, 1500 - 73);
+        assert_eq!(p.addresses.len(), 2);
+        let routes: Vec<String> = p.routes.iter().map(|r| r.to_string()).collect();
+        assert_eq!(
+            routes,
+            [
+                "10.2.0.0/24 via t0 src 10.1.0.1",
+                "2001:db8:2::/64 via t0 src 2001:db8:1::1"
+            ]
+        );
+        assert!(p.rules.is_empty());
+    }
+
+    #[test]
+    fn host_to_host_uses_a_table_and_one_rule_per_family() {
+        let c = cfg(
+            "fwmark = 0x4500\nencap = \"none\"",
+            "local = \"192.0.2.1\"\nremote = \"192.0.2.2\"\nmode = \"transport\"",
+        );
+        let p = plan(&c, 60).unwrap();
+        let routes: Vec<String> = p.routes.iter().map(|r| r.to_string()).collect();
+        assert_eq!(routes, ["192.0.2.2/32 via t0 table 17664 src 192.0.2.1"]);
+        let rules: Vec<String> = p.rules.iter().map(|r| r.to_string()).collect();
+        assert_eq!(
+            rules,
+            ["pref 32760 not from all fwmark 0x4500 lookup 17664 (IPv4)"]
+        );
+    }
+
+    #[test]
+    fn interface_lookup() {
+        // Loopback holds 127.0.0.1 wherever the tests run.
+        assert_eq!(
+            ipv4_interface_of(std::net::Ipv4Addr::LOCALHOST).as_deref(),
+            Some("lo")
+        );
+        assert_eq!(ipv4_interface_of("192.0.2.77".parse().unwrap()), None);
+        let c = cfg(
+            "fwmark = 0x4500",
+            "local = \"192.0.2.77\"\nremote = \"192.0.2.2\"\nmode = \"transport\"",
+        );
+        assert_eq!(rp_filter_warning(&c), None, "no such local address here");
+    }
+
+    #[test]
+    fn routes_false_and_tiny_mtu() {
+        let c = cfg(
+            "mtu = 600",
+            "local = \"192.0.2.1\"\nremote = \"192.0.2.2\"\nroutes = false\n\
+             local_ts = [\"10.1.0.0/24\"]\nremote_ts = [\"10.2.0.0/24\"]",
+        );
+        let p = plan(&c, 20).unwrap();
+        assert!(p.routes.is_empty() && p.rules.is_empty());
+        let e = plan(&c, 100).unwrap_err().to_string();
+        assert!(e.contains("below 576"), "{e}");
+    }
+}

@@ -1,0 +1,430 @@
+//! The outer-side sockets and the inbound header synthesis.
+//!
+//! - [`UdpSock`]: ESP-in-UDP (RFC 3948) on `gateway.listen`. The kernel
+//!   strips the outer IP and UDP headers, so for the core, which classifies
+//!   whole IP packets, [`push_udp_outer`] writes a synthetic outer IP + UDP
+//!   header into the buffer's headroom: source = the sender's address and
+//!   port, destination = the address the packet was sent to
+//!   (`IP_PKTINFO` / `IPV6_PKTINFO`), protocol UDP, and the received TOS /
+//!   traffic class (`IP_RECVTOS` / `IPV6_RECVTCLASS`), which RFC 6040 ECN
+//!   decapsulation needs.
+//! - [`RawRx`]: raw ESP or AH (`encap = "none"`). An IPv4 raw socket
+//!   delivers the whole IPv4 packet; an IPv6 raw socket delivers only what
+//!   follows the IPv6 header and its extension headers, so
+//!   [`push_ipv6_outer`] rebuilds a minimal IPv6 header. AH over IPv6
+//!   authenticates the extension headers, which are lost: AH over IPv6
+//!   with extension headers before it is not supported through raw sockets
+//!   (the ICV check fails).
+//! - [`RawTx`]: sends complete outer packets built by the core with
+//!   `IPPROTO_RAW` (header included: IPv4 implies `IP_HDRINCL`, IPv6 sets
+//!   `IPV6_HDRINCL`, Linux 4.5+), so AH's ICV over the outer header stays
+//!   valid.
+
+use super::sys;
+use espgate_core::wire::{ipv4, ipv6, proto, udp};
+use espgate_core::{Drop, PResult, PacketBuf};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+/// Socket buffer size asked for on every outer socket.
+const SOCK_BUF: i32 = 4 << 20;
+
+/// TTL / hop limit written into synthetic headers (not checked by the core).
+const SYNTH_TTL: u8 = 64;
+
+/// The UDP socket for ESP-in-UDP.
+#[derive(Debug)]
+pub struct UdpSock {
+    fd: OwnedFd,
+    v6: bool,
+    /// The address bound.
+    pub local: SocketAddr,
+}
+
+impl UdpSock {
+    /// Binds `listen`; an unspecified IPv6 address also receives IPv4
+    /// (`IPV6_V6ONLY` cleared). Marks outgoing packets with `mark`.
+    pub fn open(listen: SocketAddr, mark: Option<u32>) -> io::Result<UdpSock> {
+        let v6 = listen.is_ipv6();
+        let dom = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+        let fd = sys::socket(dom, libc::SOCK_DGRAM, 0)?;
+        let b = fd.as_fd();
+        if v6 {
+            sys::set_int(b, libc::SOL_IPV6, libc::IPV6_V6ONLY, 0)?;
+            sys::set_int(b, libc::SOL_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
+            sys::set_int(b, libc::SOL_IPV6, libc::IPV6_RECVTCLASS, 1)?;
+        }
+        // On an IPv6 socket these apply to the IPv4 packets it receives.
+        sys::set_int(b, libc::SOL_IP, libc::IP_PKTINFO, 1)?;
+        sys::set_int(b, libc::SOL_IP, libc::IP_RECVTOS, 1)?;
+        sys::set_buffers(b, SOCK_BUF);
+        if let Some(m) = mark {
+            crate::netdev::set_socket_mark(&fd, m)?;
+        }
+        sys::bind(b, listen)?;
+        Ok(UdpSock {
+            fd,
+            v6,
+            local: listen,
+        })
+    }
+
+    /// Receives one datagram (without blocking) into `buf`.
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, sys::RecvMeta)> {
+        sys::recv_meta(self.fd.as_fd(), buf, libc::MSG_DONTWAIT)
+    }
+
+    /// Sends `payload` (what follows the UDP header) to `dst` with DS byte
+    /// `tos`. Blocks while the socket buffer is full (back-pressure).
+    pub fn send(&self, payload: &[u8], dst: SocketAddr, tos: u8) -> io::Result<usize> {
+        sys::send_to(self.fd.as_fd(), payload, dst, Some(tos), self.v6)
+    }
+}
+
+impl AsFd for UdpSock {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// A raw socket receiving ESP or AH of one address family.
+#[derive(Debug)]
+pub struct RawRx {
+    fd: OwnedFd,
+    /// IPv6 (payload only) or IPv4 (whole packet).
+    pub v6: bool,
+    /// `proto::ESP` or `proto::AH`.
+    pub proto: u8,
+}
+
+impl RawRx {
+    /// Opens the socket (needs `CAP_NET_RAW`).
+    pub fn open(v6: bool, proto: u8) -> io::Result<RawRx> {
+        let dom = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+        let fd = sys::socket(dom, libc::SOCK_RAW, libc::c_int::from(proto))?;
+        if v6 {
+            sys::set_int(fd.as_fd(), libc::SOL_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
+            sys::set_int(fd.as_fd(), libc::SOL_IPV6, libc::IPV6_RECVTCLASS, 1)?;
+        }
+        sys::set_buffers(fd.as_fd(), SOCK_BUF);
+        Ok(RawRx { fd, v6, proto })
+    }
+
+    /// Receives one packet (without blocking) into `buf`.
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, sys::RecvMeta)> {
+        sys::recv_meta(self.fd.as_fd(), buf, libc::MSG_DONTWAIT)
+    }
+}
+
+impl AsFd for RawRx {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// A header-included raw socket sending complete outer packets.
+#[derive(Debug)]
+pub struct RawTx {
+    fd: OwnedFd,
+    v6: bool,
+}
+
+impl RawTx {
+    /// Opens the socket for one family, marking packets with `mark`.
+    pub fn open(v6: bool, mark: Option<u32>) -> io::Result<RawTx> {
+        let dom = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+        let fd = sys::socket(dom, libc::SOCK_RAW, libc::IPPROTO_RAW)?;
+        if v6 {
+            // IPPROTO_RAW implies it on current kernels; say so anyway.
+            sys::set_int(fd.as_fd(), libc::SOL_IPV6, libc::IPV6_HDRINCL, 1)?;
+        }
+        sys::set_buffers(fd.as_fd(), SOCK_BUF);
+        if let Some(m) = mark {
+            crate::netdev::set_socket_mark(&fd, m)?;
+        }
+        Ok(RawTx { fd, v6 })
+    }
+
+    /// Sends the IP packet `pkt` (its own header included) to `dst`.
+    pub fn send(&self, pkt: &[u8], dst: IpAddr) -> io::Result<usize> {
+        debug_assert_eq!(dst.is_ipv6(), self.v6);
+        sys::send_to(self.fd.as_fd(), pkt, SocketAddr::new(dst, 0), None, false)
+    }
+}
+
+fn v4(a: IpAddr) -> Option<Ipv4Addr> {
+    match a {
+        IpAddr::V4(v) => Some(v),
+        IpAddr::V6(v) => v.to_ipv4_mapped(),
+    }
+}
+
+fn v6(a: IpAddr) -> Ipv6Addr {
+    match a {
+        IpAddr::V4(v) => v.to_ipv6_mapped(),
+        IpAddr::V6(v) => v,
+    }
+}
+
+/// Puts a synthetic outer IP + UDP header in front of the UDP payload in
+/// `buf`: from `src` to `dst`, with DS byte `tos`. IPv4 when both
+/// addresses are IPv4 (or IPv4-mapped), else IPv6. The UDP checksum is
+/// left zero (the kernel verified the real one).
+pub fn push_udp_outer(
+    buf: &mut PacketBuf,
+    src: SocketAddr,
+    dst: SocketAddr,
+    tos: u8,
+) -> PResult<()> {
+    let payload_len = buf.len();
+    let udp_len = payload_len + udp::HEADER_LEN;
+    match (v4(src.ip()), v4(dst.ip())) {
+        (Some(s), Some(d)) => {
+            if ipv4::MIN_HEADER_LEN + udp_len > usize::from(u16::MAX) {
+                return Err(Drop::TooBig);
+            }
+            let p = buf.push_front(ipv4::MIN_HEADER_LEN + udp::HEADER_LEN);
+            ipv4::Ipv4Repr {
+                src: s,
+                dst: d,
+                protocol: proto::UDP,
+                tos,
+                ident: 0,
+                dont_frag: false,
+                ttl: SYNTH_TTL,
+                payload_len: udp_len,
+            }
+            .emit(p)?;
+            udp::emit(
+                &mut p[ipv4::MIN_HEADER_LEN..],
+                src.port(),
+                dst.port(),
+                payload_len,
+            )
+        }
+        _ => {
+            if udp_len > usize::from(u16::MAX) {
+                return Err(Drop::TooBig);
+            }
+            let p = buf.push_front(ipv6::HEADER_LEN + udp::HEADER_LEN);
+            ipv6::Ipv6Repr {
+                src: v6(src.ip()),
+                dst: v6(dst.ip()),
+                next_header: proto::UDP,
+                traffic_class: tos,
+                flow_label: 0,
+                hop_limit: SYNTH_TTL,
+                payload_len: udp_len,
+            }
+            .emit(p)?;
+            udp::emit(
+                &mut p[ipv6::HEADER_LEN..],
+                src.port(),
+                dst.port(),
+                payload_len,
+            )
+        }
+    }
+}
+
+/// Puts a minimal IPv6 header (no extension headers) in front of what an
+/// IPv6 raw socket delivered for protocol `next_header`.
+pub fn push_ipv6_outer(
+    buf: &mut PacketBuf,
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    next_header: u8,
+    tclass: u8,
+) -> PResult<()> {
+    let payload_len = buf.len();
+    if payload_len > usize::from(u16::MAX) {
+        return Err(Drop::TooBig);
+    }
+    let p = buf.push_front(ipv6::HEADER_LEN);
+    ipv6::Ipv6Repr {
+        src,
+        dst,
+        next_header,
+        traffic_class: tclass,
+        flow_label: 0,
+        hop_limit: SYNTH_TTL,
+        payload_len,
+    }
+    .emit(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use espgate_core::sa::{classify, Classified};
+    use espgate_core::wire::ip;
+
+    fn esp_payload() -> Vec<u8> {
+        let mut p = vec![0u8; 40];
+        p[..4].copy_from_slice(&0x1234_5678u32.to_be_bytes());
+        p[7] = 1;
+        p
+    }
+
+    #[test]
+    fn ipv4_udp_header_is_what_the_core_classifies() {
+        let mut b = PacketBuf::from_packet(&esp_payload());
+        push_udp_outer(
+            &mut b,
+            "192.0.2.2:4501".parse().unwrap(),
+            "192.0.2.1:4500".parse().unwrap(),
+            0x02,
+        )
+        .unwrap();
+        assert_eq!(b.len(), 20 + 8 + 40);
+        let info = ip::parse(b.as_slice()).unwrap();
+        assert_eq!(info.version, 4);
+        assert_eq!(info.src, "192.0.2.2".parse::<IpAddr>().unwrap());
+        assert_eq!(info.dst, "192.0.2.1".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            (info.protocol, info.tos, info.packet_len),
+            (proto::UDP, 0x02, 68)
+        );
+        assert!(ipv4::Ipv4::new_checked(b.as_slice()).unwrap().checksum_ok());
+        let u = udp::Udp::new_checked(&b.as_slice()[20..]).unwrap();
+        assert_eq!((u.src_port(), u.dst_port(), u.len()), (4501, 4500, 48));
+        match classify(b.as_slice(), 4500).unwrap() {
+            Classified::Ipsec(inb) => {
+                assert_eq!(inb.spi, 0x1234_5678);
+                assert_eq!((inb.offset, inb.udp_offset, inb.end), (28, Some(20), 68));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn mapped_addresses_give_ipv4_and_real_ipv6_gives_ipv6() {
+        let mut b = PacketBuf::from_packet(&esp_payload());
+        push_udp_outer(
+            &mut b,
+            "[::ffff:192.0.2.2]:4500".parse().unwrap(),
+            "192.0.2.1:4500".parse().unwrap(),
+            0,
+        )
+        .unwrap();
+        assert_eq!(ip::parse(b.as_slice()).unwrap().version, 4);
+
+        let mut b = PacketBuf::from_packet(&esp_payload());
+        push_udp_outer(
+            &mut b,
+            "[2001:db8::2]:4500".parse().unwrap(),
+            "[2001:db8::1]:4500".parse().unwrap(),
+            0xb9,
+        )
+        .unwrap();
+        let info = ip::parse(b.as_slice()).unwrap();
+        assert_eq!(info.version, 6);
+        assert_eq!(
+            (info.protocol, info.tos, info.packet_len),
+            (proto::UDP, 0xb9, 88)
+        );
+        assert_eq!(info.src, "2001:db8::2".parse::<IpAddr>().unwrap());
+        assert!(matches!(
+            classify(b.as_slice(), 4500).unwrap(),
+            Classified::Ipsec(_)
+        ));
+        // Keepalives and IKE keep their meaning behind the synthetic header.
+        let mut b = PacketBuf::from_packet(&[0xff]);
+        push_udp_outer(
+            &mut b,
+            "192.0.2.2:4500".parse().unwrap(),
+            "192.0.2.1:4500".parse().unwrap(),
+            0,
+        )
+        .unwrap();
+        assert_eq!(classify(b.as_slice(), 4500).unwrap(), Classified::Keepalive);
+    }
+
+    #[test]
+    fn oversized_payloads_are_refused() {
+        let mut b = PacketBuf::from_packet(&vec![0u8; 65_510]);
+        let r = push_udp_outer(
+            &mut b,
+            "192.0.2.2:4500".parse().unwrap(),
+            "192.0.2.1:4500".parse().unwrap(),
+            0,
+        );
+        assert_eq!(r, Err(Drop::TooBig));
+    }
+
+    /// `[::]` receives IPv4 too: the sender and destination come back as
+    /// plain IPv4 addresses with the TOS, and replies go out as IPv4 with
+    /// their TOS.
+    #[test]
+    fn dual_stack_udp_socket() {
+        let Ok(u) = UdpSock::open("[::]:0".parse().unwrap(), None) else {
+            eprintln!("skipping: no IPv6");
+            return;
+        };
+        // The port the kernel chose.
+        // SAFETY: getsockname writes at most `len` bytes into `ss`.
+        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        let rc = unsafe {
+            libc::getsockname(
+                std::os::fd::AsRawFd::as_raw_fd(&u.as_fd()),
+                (&mut ss as *mut libc::sockaddr_storage).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0);
+        let port = sys::from_sockaddr(&ss, len).unwrap().port();
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        sys::set_int(peer.as_fd(), libc::SOL_IP, libc::IP_RECVTOS, 1).unwrap();
+        peer.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let to: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        sys::send_to(peer.as_fd(), b"esp!", to, Some(0x2e), false).unwrap();
+        let mut buf = [0u8; 16];
+        let mut got = None;
+        for _ in 0..100 {
+            match u.recv(&mut buf) {
+                Ok(x) => {
+                    got = Some(x);
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(std::time::Duration::from_millis(10))
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let (n, meta) = got.expect("datagram within 1 s");
+        assert_eq!(&buf[..n], b"esp!");
+        assert_eq!(meta.src, Some(peer.local_addr().unwrap()));
+        assert_eq!(meta.dst, Some(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        assert_eq!(meta.tos, Some(0x2e));
+        u.send(b"back", meta.src.unwrap(), 0xb8).unwrap();
+        let (n, meta) = sys::recv_meta(peer.as_fd(), &mut buf, 0).unwrap();
+        assert_eq!(&buf[..n], b"back");
+        assert_eq!(meta.tos, Some(0xb8));
+    }
+
+    #[test]
+    fn ipv6_raw_header() {
+        let mut b = PacketBuf::from_packet(&esp_payload());
+        push_ipv6_outer(
+            &mut b,
+            "2001:db8::2".parse().unwrap(),
+            "2001:db8::1".parse().unwrap(),
+            proto::ESP,
+            0x01,
+        )
+        .unwrap();
+        let info = ip::parse(b.as_slice()).unwrap();
+        assert_eq!(
+            (info.protocol, info.tos, info.packet_len),
+            (proto::ESP, 0x01, 80)
+        );
+        match classify(b.as_slice(), 4500).unwrap() {
+            Classified::Ipsec(inb) => assert_eq!((inb.offset, inb.end), (40, 80)),
+            other => panic!("{other:?}"),
+        }
+    }
+}

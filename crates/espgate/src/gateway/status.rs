@@ -1,0 +1,478 @@
+//! What `espgate status` and `espgate sa list` show: the JSON documents
+//! the daemon answers with on its control socket, and their rendering as
+//! text tables.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// The daemon's state (`{"cmd":"status"}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// espgate version.
+    pub version: String,
+    /// Daemon process id.
+    pub pid: u32,
+    /// Seconds since the daemon started.
+    pub uptime_secs: u64,
+    /// The configuration file.
+    pub config: String,
+    /// The TUN device.
+    pub tun: TunStatus,
+    /// `gateway.encap` (connections may override it).
+    pub encap: String,
+    /// The UDP address ESP-in-UDP is received on, when a connection uses it.
+    pub listen: Option<String>,
+    /// Firewall mark on outer packets (also the routing table), if any.
+    pub fwmark: Option<u32>,
+    /// Data-plane threads running.
+    pub workers: usize,
+    /// Where the outbound sequence reservations are kept.
+    pub state_dir: String,
+    /// Per connection, in configuration order.
+    pub connections: Vec<ConnectionStatus>,
+    /// Packets dropped, by reason, over all SAs and both directions
+    /// (non-zero counts only). Core reasons (`replay`, `icv_failure`, …)
+    /// and the daemon's own (`no_policy`, `send_error`, …).
+    pub drops: BTreeMap<String, u64>,
+    /// Other counters: packets read from / written to the TUN and the
+    /// network, NAT keepalives and IKE packets ignored, …
+    pub counters: BTreeMap<String, u64>,
+}
+
+/// The TUN device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TunStatus {
+    /// Interface name.
+    pub name: String,
+    /// Its MTU: `gateway.mtu` minus the largest SA overhead.
+    pub mtu: u32,
+}
+
+/// One `[[connection]]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConnectionStatus {
+    /// Name.
+    pub name: String,
+    /// `tunnel` or `transport`.
+    pub mode: String,
+    /// `esp`, `ah` or `esp+ah`.
+    pub protocol: String,
+    /// `udp` or `none`.
+    pub encap: String,
+    /// Our outer address.
+    pub local: String,
+    /// The peer's outer address (with the port for UDP).
+    pub remote: String,
+    /// Our selectors.
+    pub local_ts: Vec<String>,
+    /// The peer's selectors.
+    pub remote_ts: Vec<String>,
+    /// Its SAs: inbound then outbound, each in bundle order.
+    pub sas: Vec<SaStatus>,
+}
+
+/// One SA.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SaStatus {
+    /// The connection it belongs to.
+    pub connection: String,
+    /// `in` or `out`.
+    pub direction: String,
+    /// SPI in hex (`0x0000c0de`).
+    pub spi: String,
+    /// `esp` or `ah`.
+    pub protocol: String,
+    /// strongSwan keyword.
+    pub suite: String,
+    /// `tunnel` or `transport`.
+    pub mode: String,
+    /// `udp` or `none`.
+    pub encap: String,
+    /// 64-bit sequence numbers.
+    pub esn: bool,
+    /// Packets processed.
+    pub packets: u64,
+    /// Payload bytes processed.
+    pub bytes: u64,
+    /// Dummy packets received and discarded.
+    pub dummies: u64,
+    /// Drops by reason (non-zero only).
+    pub drops: BTreeMap<String, u64>,
+    /// Outbound: the next sequence number to send.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_seq: Option<u64>,
+    /// Outbound: numbers below this are reserved on disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq_reserved: Option<u64>,
+    /// Inbound: the highest sequence number authenticated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub highest_seq: Option<u64>,
+    /// Lifetime state and what is left.
+    pub lifetime: LifetimeStatus,
+}
+
+/// Lifetime of an SA.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct LifetimeStatus {
+    /// `ok`, `soft_expired` or `hard_expired`.
+    pub state: String,
+    /// What is left before the soft limits (configured ones only).
+    pub soft_left: Left,
+    /// What is left before the hard limits (configured ones only).
+    pub hard_left: Left,
+}
+
+/// Remaining bytes, packets, seconds; `None` where no limit is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Left {
+    /// Bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    /// Packets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packets: Option<u64>,
+    /// Seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secs: Option<u64>,
+}
+
+impl Left {
+    fn is_empty(&self) -> bool {
+        self.bytes.is_none() && self.packets.is_none() && self.secs.is_none()
+    }
+
+    fn render(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(s) = self.secs {
+            parts.push(duration(s));
+        }
+        if let Some(b) = self.bytes {
+            parts.push(format!("{}B", si(b)));
+        }
+        if let Some(p) = self.packets {
+            parts.push(format!("{}pkt", si(p)));
+        }
+        parts.join("/")
+    }
+}
+
+/// `12s`, `5m3s`, `2h10m`, `3d4h`.
+pub fn duration(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    if d > 0 {
+        format!("{d}d{h}h")
+    } else if h > 0 {
+        format!("{h}h{m}m")
+    } else if m > 0 {
+        format!("{m}m{s}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// 1024-based with K/M/G/T, one decimal below 10.
+pub fn si(n: u64) -> String {
+    const UNITS: [&str; 5] = ["", "K", "M", "G", "T"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        n.to_string()
+    } else if v < 10.0 {
+        format!("{v:.1}{}", UNITS[u])
+    } else {
+        format!("{v:.0}{}", UNITS[u])
+    }
+}
+
+fn counts(m: &BTreeMap<String, u64>) -> String {
+    if m.is_empty() {
+        return "-".into();
+    }
+    m.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn lifetime_cell(l: &LifetimeStatus) -> String {
+    match l.state.as_str() {
+        "hard_expired" => "EXPIRED".into(),
+        state => {
+            let left = if !l.hard_left.is_empty() {
+                l.hard_left.render()
+            } else if !l.soft_left.is_empty() && state != "soft_expired" {
+                format!("soft {}", l.soft_left.render())
+            } else {
+                String::new()
+            };
+            match (state, left.is_empty()) {
+                ("soft_expired", true) => "soft-expired".into(),
+                ("soft_expired", false) => format!("soft-expired, {left}"),
+                (_, true) => "-".into(),
+                (_, false) => left,
+            }
+        }
+    }
+}
+
+fn seq_cell(s: &SaStatus) -> String {
+    match (s.next_seq, s.highest_seq) {
+        (Some(n), _) => n.to_string(),
+        (None, Some(h)) => h.to_string(),
+        _ => "-".into(),
+    }
+}
+
+/// Left-aligned columns separated by two spaces; no trailing blanks.
+fn table(rows: &[Vec<String>], indent: &str) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let mut width = vec![0; cols];
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            width[i] = width[i].max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in rows {
+        let mut line = indent.to_string();
+        for (i, c) in r.iter().enumerate() {
+            if i + 1 == r.len() {
+                line.push_str(c);
+            } else {
+                let _ = write!(line, "{c:<w$}  ", w = width[i]);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+const SA_HEADER: [&str; 10] = [
+    "DIR", "SPI", "PROTO", "SUITE", "MODE", "PACKETS", "BYTES", "SEQ", "LIFETIME", "DROPS",
+];
+
+fn sa_row(s: &SaStatus, with_conn: bool) -> Vec<String> {
+    let mut r = Vec::new();
+    if with_conn {
+        r.push(s.connection.clone());
+    }
+    r.extend([
+        s.direction.clone(),
+        s.spi.clone(),
+        s.protocol.clone(),
+        s.suite.clone(),
+        format!("{}/{}", s.mode, s.encap),
+        s.packets.to_string(),
+        si(s.bytes),
+        seq_cell(s),
+        lifetime_cell(&s.lifetime),
+        counts(&s.drops),
+    ]);
+    r
+}
+
+/// The text of `espgate status`.
+pub fn render_status(s: &Status) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "espgate {} (pid {}), up {}, config {}",
+        s.version,
+        s.pid,
+        duration(s.uptime_secs),
+        s.config
+    );
+    let _ = write!(
+        out,
+        "TUN {} mtu {}, encap {}",
+        s.tun.name, s.tun.mtu, s.encap
+    );
+    if let Some(l) = &s.listen {
+        let _ = write!(out, ", listen {l}");
+    }
+    if let Some(m) = s.fwmark {
+        let _ = write!(out, ", fwmark {m:#x}");
+    }
+    let _ = writeln!(out, ", {} worker thread(s)", s.workers);
+    for c in &s.connections {
+        let _ = writeln!(
+            out,
+            "\nconnection {}: {} {} over {}, {} -> {}",
+            c.name, c.mode, c.protocol, c.encap, c.local, c.remote
+        );
+        let _ = writeln!(
+            out,
+            "  {} <-> {}",
+            c.local_ts.join(","),
+            c.remote_ts.join(",")
+        );
+        let mut rows = vec![SA_HEADER.iter().map(|h| h.to_string()).collect()];
+        rows.extend(c.sas.iter().map(|sa| sa_row(sa, false)));
+        out.push_str(&table(&rows, "  "));
+    }
+    let _ = writeln!(out, "\ndrops: {}", counts(&s.drops).replace(',', ", "));
+    let _ = writeln!(out, "counters: {}", counts(&s.counters).replace(',', ", "));
+    out
+}
+
+/// The text of `espgate sa list`.
+pub fn render_sa_list(sas: &[SaStatus]) -> String {
+    if sas.is_empty() {
+        return "no SAs installed\n".into();
+    }
+    let mut rows = vec![std::iter::once("CONNECTION")
+        .chain(SA_HEADER.iter().copied())
+        .map(str::to_string)
+        .collect::<Vec<_>>()];
+    rows.extend(sas.iter().map(|sa| sa_row(sa, true)));
+    table(&rows, "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample() -> Status {
+        let sa = |dir: &str, spi: &str, drops: &[(&str, u64)]| SaStatus {
+            connection: "site-b".into(),
+            direction: dir.into(),
+            spi: spi.into(),
+            protocol: "esp".into(),
+            suite: "aes128gcm16".into(),
+            mode: "tunnel".into(),
+            encap: "udp".into(),
+            esn: false,
+            packets: 3,
+            bytes: 3 * 84,
+            dummies: 0,
+            drops: drops.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            next_seq: (dir == "out").then_some(4),
+            seq_reserved: (dir == "out").then_some(1_048_580),
+            highest_seq: (dir == "in").then_some(3),
+            lifetime: LifetimeStatus {
+                state: "ok".into(),
+                ..Default::default()
+            },
+        };
+        let mut inbound = sa("in", "0x00001001", &[("replay", 2)]);
+        inbound.lifetime.hard_left = Left {
+            bytes: None,
+            packets: None,
+            secs: Some(3540),
+        };
+        Status {
+            version: "0.1.0".into(),
+            pid: 42,
+            uptime_secs: 75,
+            config: "/etc/espgate/gw.toml".into(),
+            tun: TunStatus {
+                name: "espgate0".into(),
+                mtu: 1438,
+            },
+            encap: "udp".into(),
+            listen: Some("0.0.0.0:4500".into()),
+            fwmark: None,
+            workers: 1,
+            state_dir: "/var/lib/espgate".into(),
+            connections: vec![ConnectionStatus {
+                name: "site-b".into(),
+                mode: "tunnel".into(),
+                protocol: "esp".into(),
+                encap: "udp".into(),
+                local: "192.0.2.1".into(),
+                remote: "192.0.2.2:4500".into(),
+                local_ts: vec!["10.1.0.0/24".into()],
+                remote_ts: vec!["10.2.0.0/24".into()],
+                sas: vec![inbound, sa("out", "0x00001002", &[])],
+            }],
+            drops: [("replay".to_string(), 2), ("unknown_spi".to_string(), 1)]
+                .into_iter()
+                .collect(),
+            counters: [("keepalives".to_string(), 0), ("tun_rx".to_string(), 3)]
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn status_text() {
+        let text = render_status(&sample());
+        let want = "\
+espgate 0.1.0 (pid 42), up 1m15s, config /etc/espgate/gw.toml
+TUN espgate0 mtu 1438, encap udp, listen 0.0.0.0:4500, 1 worker thread(s)
+
+connection site-b: tunnel esp over udp, 192.0.2.1 -> 192.0.2.2:4500
+  10.1.0.0/24 <-> 10.2.0.0/24
+  DIR  SPI         PROTO  SUITE        MODE        PACKETS  BYTES  SEQ  LIFETIME  DROPS
+  in   0x00001001  esp    aes128gcm16  tunnel/udp  3        252    3    59m0s     replay=2
+  out  0x00001002  esp    aes128gcm16  tunnel/udp  3        252    4    -         -
+
+drops: replay=2, unknown_spi=1
+counters: keepalives=0, tun_rx=3
+";
+        assert_eq!(text, want, "\n{text}");
+    }
+
+    #[test]
+    fn sa_list_text() {
+        let s = sample();
+        let text = render_sa_list(&s.connections[0].sas);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[0].starts_with("CONNECTION  DIR  SPI"), "{text}");
+        assert!(
+            lines[1].starts_with("site-b      in   0x00001001"),
+            "{text}"
+        );
+        assert!(lines[2].ends_with(" -"), "{text}");
+        assert_eq!(render_sa_list(&[]), "no SAs installed\n");
+    }
+
+    #[test]
+    fn json_round_trip_omits_absent_fields() {
+        let s = sample();
+        let j = serde_json::to_value(&s).unwrap();
+        let out = &j["connections"][0]["sas"][1];
+        assert_eq!(out["next_seq"], 4);
+        assert!(out.get("highest_seq").is_none());
+        assert_eq!(
+            j["connections"][0]["sas"][0]["lifetime"]["hard_left"]["secs"],
+            3540
+        );
+        let back: Status = serde_json::from_value(j).unwrap();
+        assert_eq!(back, s);
+    }
+
+    #[test]
+    fn cells() {
+        assert_eq!(duration(0), "0s");
+        assert_eq!(duration(3600 * 26 + 5), "1d2h");
+        assert_eq!(si(1023), "1023");
+        assert_eq!(si(1536), "1.5K");
+        assert_eq!(si(50 << 20), "50M");
+        let mut l = LifetimeStatus {
+            state: "soft_expired".into(),
+            ..Default::default()
+        };
+        assert_eq!(lifetime_cell(&l), "soft-expired");
+        l.hard_left.bytes = Some(2048);
+        assert_eq!(lifetime_cell(&l), "soft-expired, 2.0KB");
+        l.state = "hard_expired".into();
+        assert_eq!(lifetime_cell(&l), "EXPIRED");
+        let l = LifetimeStatus {
+            state: "ok".into(),
+            soft_left: Left {
+                packets: Some(10),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(lifetime_cell(&l), "soft 10pkt");
+    }
+}
