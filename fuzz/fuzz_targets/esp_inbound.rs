@@ -391,7 +391,7 @@ fn crafted(c: &mut Cursor<'_>) {
 
     let (pkt, expect) = match cfg.protocol {
         Protocol::Esp => {
-            let t = Transform::new(cfg.suite, &cfg.enc_key, &cfg.integ_key).unwrap();
+            let mut t = Transform::new(cfg.suite, &cfg.enc_key, &cfg.integ_key).unwrap();
             let cbc = matches!(
                 cfg.suite.enc,
                 Some(Enc::AesCbc(_) | Enc::TripleDes | Enc::Des)

@@ -30,6 +30,44 @@ enum Cipher {
 struct CbcKeys {
     enc: EncryptingKey,
     dec: DecryptingKey,
+    ivs: IvPool,
+}
+
+/// CSPRNG output drawn in blocks: one `rand::fill` call per
+/// [`IV_POOL`] bytes instead of one per packet (a call costs about as much
+/// as encrypting a small packet). Each byte is handed out once; the pool is
+/// wiped when dropped. RFC 3602 §3 only asks that CBC IVs be unpredictable.
+struct IvPool {
+    bytes: Zeroizing<[u8; IV_POOL]>,
+    /// Bytes from here on are unused.
+    pos: usize,
+}
+
+const IV_POOL: usize = 4096;
+
+impl IvPool {
+    fn new() -> IvPool {
+        IvPool {
+            bytes: Zeroizing::new([0; IV_POOL]),
+            pos: IV_POOL,
+        }
+    }
+
+    fn take(&mut self, out: &mut [u8]) -> PResult<()> {
+        if out.len() > IV_POOL {
+            return aws_lc_rs::rand::fill(out).map_err(|_| Drop::Crypto);
+        }
+        if IV_POOL - self.pos < out.len() {
+            aws_lc_rs::rand::fill(&mut self.bytes[..]).map_err(|_| Drop::Crypto)?;
+            self.pos = 0;
+        }
+        let end = self.pos + out.len();
+        out.copy_from_slice(&self.bytes[self.pos..end]);
+        // Never hand the same bytes out twice, even if they stay in memory.
+        self.bytes[self.pos..end].fill(0);
+        self.pos = end;
+        Ok(())
+    }
 }
 
 /// A suite with its keys: seals and opens ESP packets in place.
@@ -141,15 +179,16 @@ impl Transform {
 
     /// Writes the IV for the packet with sequence number `seq`: the sequence
     /// number itself for counter-based modes (unique per SA because sequence
-    /// numbers never repeat), CSPRNG output for CBC (RFC 3602 §3).
-    pub fn fill_iv(&self, iv: &mut [u8], seq: u64) -> PResult<()> {
-        match self.cipher {
+    /// numbers never repeat), CSPRNG output for CBC (RFC 3602 §3), drawn
+    /// from a per-SA pool refilled 4 KiB at a time.
+    pub fn fill_iv(&mut self, iv: &mut [u8], seq: u64) -> PResult<()> {
+        match &mut self.cipher {
             Cipher::Null => Ok(()),
             Cipher::Aead { .. } | Cipher::Gmac { .. } => {
                 iv.copy_from_slice(&seq.to_be_bytes());
                 Ok(())
             }
-            Cipher::Cbc(_) => aws_lc_rs::rand::fill(iv).map_err(|_| Drop::Crypto),
+            Cipher::Cbc(k) => k.ivs.take(iv),
         }
     }
 
@@ -252,6 +291,7 @@ fn cbc(
     Ok(Cipher::Cbc(Box::new(CbcKeys {
         enc: EncryptingKey::cbc(UnboundCipherKey::new(alg, key).map_err(bad)?).map_err(bad)?,
         dec: DecryptingKey::cbc(UnboundCipherKey::new(alg, key).map_err(bad)?).map_err(bad)?,
+        ivs: IvPool::new(),
     })))
 }
 
@@ -323,5 +363,29 @@ fn dec_context(iv: &[u8]) -> PResult<DecryptionContext> {
             <[u8; 8]>::try_from(iv).map_err(|_| Drop::BadLength)?,
         ))),
         _ => Err(Drop::BadLength),
+    }
+}
+
+#[cfg(test)]
+mod iv_tests {
+    use super::*;
+
+    #[test]
+    fn the_iv_pool_never_repeats_and_refills() {
+        let mut p = IvPool::new();
+        let mut seen = std::collections::HashSet::new();
+        // Three refills' worth of 16-byte IVs, and an odd size across a refill.
+        for _ in 0..3 * IV_POOL / 16 {
+            let mut iv = [0u8; 16];
+            p.take(&mut iv).unwrap();
+            assert!(seen.insert(iv), "an IV came out twice");
+        }
+        let mut odd = [0u8; 13];
+        for _ in 0..400 {
+            p.take(&mut odd).unwrap();
+        }
+        let mut big = vec![0u8; IV_POOL + 1];
+        p.take(&mut big).unwrap();
+        assert!(big.iter().any(|&b| b != 0));
     }
 }

@@ -114,7 +114,8 @@ impl Sa {
         udp_len: usize,
         tfc: usize,
     ) -> PResult<()> {
-        let t = &self.transform;
+        let hi = self.esn_hi(seq);
+        let t = &mut self.transform;
         let (iv_len, icv_len) = (t.iv_len(), t.icv_len());
         let len0 = buf.len();
         let payload_len = len0.checked_sub(keep).ok_or(Drop::BadLength)?;
@@ -131,7 +132,6 @@ impl Sa {
         t.fill_iv(&mut e[esp::HEADER_LEN..esp::HEADER_LEN + iv_len], seq)?;
         let mut aad = [0u8; 12];
         let n = aead_aad(self.cfg.spi, seq, self.cfg.esn, &mut aad);
-        let hi = self.esn_hi(seq);
         let auth = AuthCtx {
             aad: &aad[..n],
             mac_prefix: &[],
