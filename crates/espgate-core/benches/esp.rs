@@ -18,7 +18,7 @@ use espgate_core::sa::{classify, Classified, Protocol, Sa, SaConfig};
 use espgate_core::selector::{PortRange, Prefix, TrafficSelector};
 use espgate_core::spd::{Action, Direction, Policy, Spd};
 use espgate_core::wire::flow::Flow;
-use espgate_core::wire::{ipv4::Ipv4Repr, udp};
+use espgate_core::wire::udp;
 use espgate_core::PacketBuf;
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
@@ -36,22 +36,12 @@ const SUITES: [&str; 7] = [
 ];
 
 fn packet(total: usize) -> Vec<u8> {
-    let payload = total - 28;
-    let mut p = vec![0u8; total];
-    Ipv4Repr {
-        src: Ipv4Addr::new(10, 1, 0, 1),
-        dst: Ipv4Addr::new(10, 2, 0, 1),
-        protocol: 17,
-        tos: 0,
-        ident: 1,
-        dont_frag: true,
-        ttl: 64,
-        payload_len: payload + 8,
-    }
-    .emit(&mut p)
-    .unwrap();
-    udp::emit(&mut p[20..], 1000, 2000, payload).unwrap();
-    p
+    udp::ipv4_packet(
+        Ipv4Addr::new(10, 1, 0, 1),
+        Ipv4Addr::new(10, 2, 0, 1),
+        total,
+    )
+    .unwrap()
 }
 
 fn sa(suite: &str, window: u32) -> Sa {

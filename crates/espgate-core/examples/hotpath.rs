@@ -12,7 +12,7 @@ use aws_lc_rs::aead::{
 };
 use espgate_core::crypto::Suite;
 use espgate_core::sa::{classify, Classified, Protocol, Sa, SaConfig};
-use espgate_core::wire::{ipv4::Ipv4Repr, udp};
+use espgate_core::wire::udp;
 use espgate_core::PacketBuf;
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -27,20 +27,8 @@ fn main() {
     let size: usize = args.get(2).map_or(64, |s| s.parse().expect("size"));
     let n: u64 = args.get(3).map_or(100_000, |s| s.parse().expect("count"));
     let what = args.get(4).map_or("both", |s| s.as_str());
-    let mut clear = vec![0u8; size];
-    Ipv4Repr {
-        src: Ipv4Addr::new(10, 1, 0, 1),
-        dst: Ipv4Addr::new(10, 2, 0, 1),
-        protocol: 17,
-        tos: 0,
-        ident: 1,
-        dont_frag: true,
-        ttl: 64,
-        payload_len: size - 20,
-    }
-    .emit(&mut clear)
-    .expect("header");
-    udp::emit(&mut clear[20..], 1, 2, size - 28).expect("udp");
+    let clear = udp::ipv4_packet(Ipv4Addr::new(10, 1, 0, 1), Ipv4Addr::new(10, 2, 0, 1), size)
+        .expect("size 28..=65535");
     let mut cfg = SaConfig::new(
         0x1000,
         Protocol::Esp,

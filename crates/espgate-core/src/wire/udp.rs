@@ -62,6 +62,34 @@ pub fn emit(out: &mut [u8], src_port: u16, dst_port: u16, payload_len: usize) ->
     Ok(())
 }
 
+/// A whole IPv4/UDP packet of `total` bytes (28 to 65535) from `src:1000`
+/// to `dst:2000`, DF set, UDP checksum zero, the payload a counting
+/// pattern: the clear packet of benchmarks and examples.
+pub fn ipv4_packet(
+    src: std::net::Ipv4Addr,
+    dst: std::net::Ipv4Addr,
+    total: usize,
+) -> PResult<Vec<u8>> {
+    let payload = total.checked_sub(28).ok_or(Drop::BadLength)?;
+    let mut p = vec![0u8; total];
+    super::ipv4::Ipv4Repr {
+        src,
+        dst,
+        protocol: super::proto::UDP,
+        tos: 0,
+        ident: 1,
+        dont_frag: true,
+        ttl: 64,
+        payload_len: payload + HEADER_LEN,
+    }
+    .emit(&mut p)?;
+    emit(&mut p[20..], 1000, 2000, payload)?;
+    for (i, b) in p[28..].iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    Ok(p)
+}
+
 /// What a datagram on the NAT-T port carries (RFC 3948 §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EncapKind {
