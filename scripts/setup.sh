@@ -13,9 +13,13 @@ command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v tcpdump >/dev/null 2>&1 || need_apt+=(tcpdump)
 command -v ping >/dev/null 2>&1 || need_apt+=(iputils-ping)
 command -v iperf3 >/dev/null 2>&1 || need_apt+=(iperf3)
+command -v strace >/dev/null 2>&1 || need_apt+=(strace)
+command -v tshark >/dev/null 2>&1 || need_apt+=(tshark)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: installing ${need_apt[*]}"
     export DEBIAN_FRONTEND=noninteractive
+    # tshark's package would otherwise ask whether non-root users may capture.
+    echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
     apt-get update -qq
     apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi

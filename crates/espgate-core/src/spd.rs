@@ -122,6 +122,19 @@ impl Spd {
         }
     }
 
+    /// Replaces the action of the policy at `pos` (e.g. the SAs of a
+    /// PROTECT policy after a rekey). The selector, and so the index, stay.
+    /// `false` when there is no such policy.
+    pub fn set_action(&mut self, pos: usize, action: Action) -> bool {
+        match self.policies.get_mut(pos) {
+            Some(p) => {
+                p.action = action;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Policies in priority order.
     pub fn policies(&self) -> &[Policy] {
         &self.policies
@@ -208,6 +221,30 @@ mod tests {
             },
             action,
         }
+    }
+
+    #[test]
+    fn set_action_keeps_the_selector_and_index() {
+        let mut spd = Spd::new();
+        spd.push(policy(
+            (0, 0),
+            (0x0a02_0000, 16),
+            None,
+            None,
+            Action::Protect(vec![SaId(0)]),
+        ));
+        assert!(spd.set_action(0, Action::Protect(vec![SaId(3), SaId(4)])));
+        assert!(!spd.set_action(1, Action::Discard));
+        let f = Flow {
+            src: v4(0x0a01_0001),
+            dst: v4(0x0a02_0009),
+            proto: 17,
+            sport: None,
+            dport: None,
+        };
+        let (i, p) = spd.lookup(&f, Direction::Outbound).unwrap();
+        assert_eq!(i, 0);
+        assert_eq!(p.action, Action::Protect(vec![SaId(3), SaId(4)]));
     }
 
     #[test]

@@ -28,11 +28,13 @@ enum Cmd {
     },
     /// List the cipher suites espgate implements (strongSwan keywords).
     Suites,
-    /// Run the gateway in the foreground (static SAs from the config file).
+    /// Run the gateway (static SAs from the config file), in the
+    /// foreground unless --daemon.
     ///
     /// Stops cleanly on SIGINT, SIGTERM or SIGHUP: the TUN device, routes,
-    /// rules and the control socket are removed. Not built yet: --daemon,
-    /// several data-plane threads, the metrics endpoint, IKE.
+    /// rules, the control socket and the pid file are removed. Under
+    /// systemd (Type=notify) it reports READY=1 once up. Not built yet:
+    /// several data-plane threads, IKE.
     Up {
         /// Configuration file (docs/CONFIG.md).
         #[arg(short, long, value_name = "FILE")]
@@ -41,16 +43,47 @@ enum Cmd {
         /// this and gateway.log.
         #[arg(short, long, action = clap::ArgAction::Count)]
         verbose: u8,
+        /// Run in the background: exits 0 once the gateway is fully up
+        /// (TUN, routes, sockets, control socket), or 1 with its error
+        /// after undoing everything.
+        #[arg(short, long)]
+        daemon: bool,
+        /// Write the daemon's process id here while it runs [default with
+        /// --daemon: the control socket's path with extension .pid, e.g.
+        /// /run/espgate/espgate.pid].
+        #[arg(long, value_name = "PATH")]
+        pid_file: Option<PathBuf>,
+        /// Where a --daemon's log goes [default: /var/log/espgate/NAME.log
+        /// for the configuration file NAME.toml].
+        #[arg(long, value_name = "PATH", requires = "daemon")]
+        log_file: Option<PathBuf>,
     },
     /// Show the running gateway: TUN, connections, SAs, counters, drops.
     Status {
         #[command(flatten)]
         target: ControlArgs,
     },
-    /// Manually keyed SAs of the running gateway.
+    /// Manually keyed SAs of the running gateway: list, add, del.
     Sa {
         #[command(subcommand)]
         cmd: SaCmd,
+    },
+    /// Print the running gateway's ESP keys for Wireshark: its esp_sa file
+    /// (default) or tshark arguments (--tshark).
+    ///
+    /// The file goes into a Wireshark profile (profiles/NAME/esp_sa; also
+    /// set esp.enable_encryption_decode: TRUE there). The tshark form is
+    /// one shell-quoted line: eval "tshark -r esp.pcap $(espgate
+    /// wireshark-keys --tshark)". Wireshark 4.0 format; SAs it cannot
+    /// decrypt (ChaCha20-Poly1305, AES-GMAC) and AH SAs (nothing to
+    /// decrypt) are comment lines in the file and notes on stderr with
+    /// --tshark. The output holds live keys: keep it private.
+    WiresharkKeys {
+        /// Print tshark arguments instead of the esp_sa file.
+        #[arg(long)]
+        tshark: bool,
+        #[command(flatten)]
+        target: ControlArgs,
     },
     /// Two sites in network namespaces, over plain routing and through two
     /// espgate gateways: ping, iperf3 and gateway CPU in a table. Needs
@@ -64,20 +97,165 @@ enum Cmd {
         #[arg(long, hide = true)]
         prefix: Option<String>,
     },
-    /// Benchmarks (not built yet; use `cargo bench -p espgate-core` today).
-    Bench,
+    /// Benchmarks you can run on your own hardware (docs/PERFORMANCE.md).
+    Bench {
+        #[command(subcommand)]
+        what: BenchCmd,
+    },
     /// Reproduce the seed papers' experiments (not built yet).
     Lab,
 }
 
 #[derive(Subcommand)]
+enum BenchCmd {
+    /// Each suite's cipher and MAC alone (aws-lc-rs), seal and open, by size.
+    Crypto {
+        #[command(flatten)]
+        args: BenchArgs,
+    },
+    /// The in-memory ESP pipeline per suite and size, outbound and inbound,
+    /// against the raw cipher and the `null` skeleton measured in the same
+    /// run (so the report says what share of the cost is cryptography).
+    Esp {
+        #[command(flatten)]
+        args: BenchArgs,
+        /// out, in or both.
+        #[arg(long, default_value = "both")]
+        direction: String,
+    },
+    /// iperf3 through espgate, plain routing and other VPNs (not built yet).
+    Tunnel,
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// Suites (strongSwan keywords), repeatable or comma-separated
+    /// [default: aes128gcm16, aes256gcm16, chacha20poly1305, aes128gmac,
+    /// aes128-sha256, aes256-sha1, null-sha256].
+    #[arg(long, value_delimiter = ',')]
+    suite: Vec<String>,
+    /// Inner packet sizes in bytes, repeatable or comma-separated
+    /// [default: 64, 512, 1400, 8192].
+    #[arg(long, value_delimiter = ',')]
+    size: Vec<usize>,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 0.1)]
+    seconds: f64,
+    /// Repetitions per measurement (interleaved; the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// One JSON list of rows instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn run_bench(what: BenchCmd) -> Result<ExitCode> {
+    use espgate::bench;
+    let (args, direction, is_esp) = match what {
+        BenchCmd::Crypto { args } => (args, "both".to_string(), false),
+        BenchCmd::Esp { args, direction } => (args, direction, true),
+        BenchCmd::Tunnel => return Ok(not_built("bench tunnel", 4)),
+    };
+    let p = bench::Params::new(
+        &args.suite,
+        &args.size,
+        args.seconds,
+        args.repeat,
+        &direction,
+    )?;
+    let quiet = args.json || !std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let progress = |s: &str| {
+        if !quiet {
+            eprint!("\r\x1b[K{s}");
+        }
+    };
+    let rows = if is_esp {
+        bench::esp(&p, progress)?
+    } else {
+        bench::crypto(&p, progress)?
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        if !quiet {
+            eprint!("\r\x1b[K");
+        }
+        print!("{}", bench::table(&rows));
+        if is_esp {
+            println!(
+                "vs raw: pipeline throughput / the suite's raw seal (outbound) or open (inbound), \
+                 as `bench crypto` measures them, in this run; \
+                 crypto: share of the time that is cryptography (1 - null skeleton / suite)"
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Subcommand)]
 enum SaCmd {
     /// One line per SA: SPI, suite, counters, sequence numbers, lifetime.
-    /// (`sa add` / `sa del` are not built yet.)
+    /// SAs added with `sa add` are marked with a +.
     List {
         #[command(flatten)]
         target: ControlArgs,
     },
+    /// Install an SA on a connection of the running gateway (manual
+    /// rekeying, like setkey). Run-time only: lost when the daemon
+    /// restarts; the configuration file is not changed.
+    ///
+    /// --dir in: the SA is accepted next to the connection's other inbound
+    /// SAs, so the peer can switch to it when it likes (make before
+    /// break). --dir out: it replaces the connection's outbound SA of its
+    /// protocol for the next packet, starting at the sequence number
+    /// reserved on disk for its key (gateway.state_dir). Rekey inbound on
+    /// both gateways first, then outbound, then `sa del` the old SAs.
+    /// Mode, encapsulation, addresses and ports come from the connection;
+    /// spec keys contradicting it are refused.
+    Add {
+        /// The connection (its name in the configuration).
+        #[arg(long, value_name = "NAME")]
+        conn: String,
+        /// in: an SA the peer sends on; out: the SA this gateway sends on.
+        #[arg(long, value_parser = ["in", "out"])]
+        dir: String,
+        /// The keys, as the SA spec of `espgate pcap`:
+        /// spi=0x…,suite=…,enc=HEX[,integ=HEX][,proto=esp|ah][,esn=yes]
+        /// [,window=N][,tfc=N][,allow_insecure=yes] (inbound also [,seq=N]).
+        /// `-` reads it from standard input, which keeps the keys out of
+        /// the process list and shell history.
+        #[arg(value_name = "SPEC")]
+        spec: String,
+        #[command(flatten)]
+        target: ControlArgs,
+    },
+    /// Remove an SA (configured or added) from the running gateway.
+    /// Run-time only, like `sa add`. A connection left without an outbound
+    /// SA sends nothing: its packets are dropped and counted as no_sa.
+    Del {
+        /// SPI, hex (0x…) or decimal.
+        #[arg(long, value_parser = parse_spi)]
+        spi: u32,
+        /// esp or ah; needed only when an ESP and an AH SA share the SPI.
+        #[arg(long, value_parser = ["esp", "ah"])]
+        proto: Option<String>,
+        /// Refuse unless the SA is of this direction.
+        #[arg(long, value_parser = ["in", "out"])]
+        dir: Option<String>,
+        /// Refuse unless the SA belongs to this connection.
+        #[arg(long, value_name = "NAME")]
+        conn: Option<String>,
+        #[command(flatten)]
+        target: ControlArgs,
+    },
+}
+
+fn parse_spi(s: &str) -> Result<u32, String> {
+    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u32::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.map_err(|_| format!("'{s}' is not a 32-bit SPI (0x… or decimal)"))
 }
 
 /// Which daemon to ask.
@@ -176,8 +354,34 @@ fn init_logging(level: config::LogLevel, verbose: u8) {
         .init();
 }
 
-fn run_up(path: &Path, verbose: u8) -> ExitCode {
-    let cfg = match config::load(path) {
+/// `espgate up`'s options.
+struct UpOpts {
+    config: PathBuf,
+    verbose: u8,
+    daemon: bool,
+    pid_file: Option<PathBuf>,
+    log_file: Option<PathBuf>,
+}
+
+/// `path` made absolute (a daemon moves to `/`).
+fn absolute(path: &Path) -> std::io::Result<PathBuf> {
+    std::path::absolute(path)
+}
+
+fn run_up(opts: UpOpts) -> ExitCode {
+    use espgate::gateway::daemon::{self, Outcome, PidFile, Role};
+    let path = if opts.daemon {
+        match absolute(&opts.config) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("espgate: {}: {e}", opts.config.display());
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        opts.config.clone()
+    };
+    let cfg = match config::load(&path) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");
@@ -185,28 +389,206 @@ fn run_up(path: &Path, verbose: u8) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(cfg.gateway.log, verbose);
-    match espgate::gateway::run(cfg) {
+    let pid_file = match &opts.pid_file {
+        Some(p) => Some(p.clone()),
+        None if opts.daemon => Some(daemon::default_pid_file(&cfg.gateway.control_socket)),
+        None => None,
+    };
+    let pid_file = match pid_file.as_deref().map(absolute).transpose() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("espgate: pid file: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if let Some(p) = &pid_file {
+        if let Err(e) = PidFile::check(p) {
+            eprintln!("espgate: {e:#}");
+            return ExitCode::from(1);
+        }
+    }
+    let mut reporter = None;
+    if opts.daemon {
+        let log = opts
+            .log_file
+            .clone()
+            .unwrap_or_else(|| daemon::default_log_file(&path));
+        let log = match absolute(&log) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("espgate: log file {}: {e}", log.display());
+                return ExitCode::from(1);
+            }
+        };
+        match daemon::detach(&log) {
+            Err(e) => {
+                eprintln!("espgate: {e:#}");
+                return ExitCode::from(1);
+            }
+            Ok(Role::Parent(Outcome::Ready { pid })) => {
+                let pf = pid_file
+                    .as_deref()
+                    .map(|p| format!(", pid file {}", p.display()))
+                    .unwrap_or_default();
+                println!(
+                    "espgate: running in the background, pid {pid}{pf}, log {}",
+                    log.display()
+                );
+                return ExitCode::SUCCESS;
+            }
+            Ok(Role::Parent(Outcome::Failed { message })) => {
+                eprintln!("espgate: {message}");
+                eprintln!(
+                    "espgate: the gateway did not start (log: {})",
+                    log.display()
+                );
+                return ExitCode::from(1);
+            }
+            Ok(Role::Daemon(r)) => reporter = Some(r),
+        }
+    }
+    init_logging(cfg.gateway.log, opts.verbose);
+    let mut pid_guard = None;
+    let result = {
+        let mut on_ready = || -> Result<()> {
+            if let Some(p) = &pid_file {
+                pid_guard = Some(PidFile::create(p)?);
+            }
+            match daemon::sd_notify(&format!("READY=1\nMAINPID={}", std::process::id())) {
+                Ok(_) => {}
+                Err(e) => tracing::warn!("telling systemd we are up (NOTIFY_SOCKET): {e}"),
+            }
+            if let Some(r) = reporter.as_mut() {
+                r.ready();
+            }
+            Ok(())
+        };
+        espgate::gateway::run_with(cfg, &mut on_ready)
+    };
+    // Removed last: once it is gone, everything else is undone.
+    drop(pid_guard);
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("espgate: {e:#}");
+            match reporter.as_mut().filter(|r| r.pending()) {
+                Some(r) => {
+                    tracing::error!("{e:#}");
+                    r.failed(&format!("{e:#}"));
+                }
+                None => eprintln!("espgate: {e:#}"),
+            }
             ExitCode::from(1)
         }
     }
 }
 
-/// Asks the daemon; prints the JSON document or renders it.
-fn run_query(target: &ControlArgs, cmd: &str) -> ExitCode {
-    let path = match (&target.socket, &target.config) {
+/// The control socket `target` names.
+fn socket_path(target: &ControlArgs) -> Result<PathBuf, ExitCode> {
+    Ok(match (&target.socket, &target.config) {
         (Some(s), _) => s.clone(),
         (None, Some(c)) => match config::load(c) {
             Ok(cfg) => cfg.gateway.control_socket,
             Err(e) => {
                 eprintln!("{e}");
-                return ExitCode::from(2);
+                return Err(ExitCode::from(2));
             }
         },
         (None, None) => PathBuf::from("/run/espgate/espgate.sock"),
+    })
+}
+
+/// Sends `req` to the daemon `target` names; the error is printed.
+fn ask(target: &ControlArgs, req: &serde_json::Value) -> Result<serde_json::Value, ExitCode> {
+    let path = socket_path(target)?;
+    control::request_json(&path, req, Duration::from_secs(10)).map_err(|e| {
+        eprintln!("espgate: {e}");
+        ExitCode::from(1)
+    })
+}
+
+/// `sa add` / `sa del`: prints what changed (stdout) and warnings (stderr).
+fn run_sa_change(target: &ControlArgs, req: &serde_json::Value) -> ExitCode {
+    let v = match ask(target, req) {
+        Ok(v) => v,
+        Err(c) => return c,
+    };
+    if target.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).unwrap_or_else(|_| v.to_string())
+        );
+    } else {
+        println!("{}", v["message"].as_str().unwrap_or("done"));
+    }
+    for w in v["warnings"].as_array().into_iter().flatten() {
+        eprintln!("espgate: warning: {}", w.as_str().unwrap_or_default());
+    }
+    ExitCode::SUCCESS
+}
+
+fn run_sa_add(conn: String, dir: String, spec: String, target: &ControlArgs) -> ExitCode {
+    let spec = zeroize::Zeroizing::new(if spec == "-" {
+        let mut line = String::new();
+        if let Err(e) = std::io::stdin().read_line(&mut line) {
+            eprintln!("espgate: reading the SA spec from standard input: {e}");
+            return ExitCode::from(1);
+        }
+        let s = line.trim().to_string();
+        zeroize::Zeroize::zeroize(&mut line);
+        s
+    } else {
+        spec
+    });
+    if spec.is_empty() {
+        eprintln!("espgate: the SA spec is empty");
+        return ExitCode::from(1);
+    }
+    let req = serde_json::json!({"cmd": "sa_add", "conn": conn, "dir": dir, "spec": spec.as_str()});
+    run_sa_change(target, &req)
+}
+
+fn run_wireshark_keys(tshark: bool, target: &ControlArgs) -> ExitCode {
+    use espgate::gateway::wireshark;
+    let v = match ask(target, &serde_json::json!({"cmd": "wireshark_keys"})) {
+        Ok(v) => v,
+        Err(c) => return c,
+    };
+    if target.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).unwrap_or_else(|_| v.to_string())
+        );
+        return ExitCode::SUCCESS;
+    }
+    let keys: Vec<wireshark::SaKeys> = match serde_json::from_value(v["sas"].clone()) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!(
+                "espgate: the daemon's answer does not parse ({e}); is it another version? \
+                 --json shows it as is"
+            );
+            return ExitCode::from(1);
+        }
+    };
+    if tshark {
+        let (args, notes) = wireshark::tshark_args(&keys);
+        for n in notes {
+            eprintln!("espgate: {n}");
+        }
+        let line: Vec<String> = args.iter().map(|a| wireshark::shell_quote(a)).collect();
+        println!("{}", line.join(" "));
+    } else {
+        let source = socket_path(target).map_or_else(|_| "?".into(), |p| p.display().to_string());
+        print!("{}", wireshark::render_file(&keys, &source));
+    }
+    ExitCode::SUCCESS
+}
+
+/// Asks the daemon; prints the JSON document or renders it.
+fn run_query(target: &ControlArgs, cmd: &str) -> ExitCode {
+    let path = match socket_path(target) {
+        Ok(p) => p,
+        Err(c) => return c,
     };
     let v = match control::request(&path, cmd, Duration::from_secs(10)) {
         Ok(v) => v,
@@ -275,7 +657,8 @@ fn run_demo(short: bool, prefix: Option<String>) -> ExitCode {
 fn not_built(what: &str, issue: u32) -> ExitCode {
     eprintln!(
         "espgate {what} is not built yet (tracked in issue {issue}). \
-         Available today: espgate up, status, sa list, demo, pcap encrypt|decrypt, suites."
+         Available today: espgate up, status, sa list|add|del, wireshark-keys, demo, \
+         pcap encrypt|decrypt, suites, bench crypto|esp."
     );
     ExitCode::from(2)
 }
@@ -296,13 +679,43 @@ fn main() -> ExitCode {
             println!("AH: sha1 sha256 sha384 sha512 aesxcbc md5");
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Up { config, verbose } => Ok(run_up(&config, verbose)),
+        Cmd::Up {
+            config,
+            verbose,
+            daemon,
+            pid_file,
+            log_file,
+        } => Ok(run_up(UpOpts {
+            config,
+            verbose,
+            daemon,
+            pid_file,
+            log_file,
+        })),
         Cmd::Status { target } => Ok(run_query(&target, "status")),
-        Cmd::Sa {
-            cmd: SaCmd::List { target },
-        } => Ok(run_query(&target, "sa_list")),
+        Cmd::Sa { cmd } => Ok(match cmd {
+            SaCmd::List { target } => run_query(&target, "sa_list"),
+            SaCmd::Add {
+                conn,
+                dir,
+                spec,
+                target,
+            } => run_sa_add(conn, dir, spec, &target),
+            SaCmd::Del {
+                spi,
+                proto,
+                dir,
+                conn,
+                target,
+            } => run_sa_change(
+                &target,
+                &serde_json::json!({"cmd": "sa_del", "spi": spi, "proto": proto, "dir": dir,
+                                    "conn": conn}),
+            ),
+        }),
+        Cmd::WiresharkKeys { tshark, target } => Ok(run_wireshark_keys(tshark, &target)),
         Cmd::Demo { short, prefix } => Ok(run_demo(short, prefix)),
-        Cmd::Bench => Ok(not_built("bench", 4)),
+        Cmd::Bench { what } => run_bench(what),
         Cmd::Lab => Ok(not_built("lab", 4)),
     };
     match r {

@@ -5,8 +5,20 @@
 //! ```text
 //! {"cmd":"status"}   -> {"ok":true,"status":{...}}     (see status::Status)
 //! {"cmd":"sa_list"}  -> {"ok":true,"sas":[{...},...]}  (see status::SaStatus)
+//! {"cmd":"sa_add","conn":"NAME","dir":"in"|"out","spec":"spi=0x…,suite=…,enc=…"}
+//!                    -> {"ok":true,"message":"...","warnings":[...]}
+//! {"cmd":"sa_del","spi":4097[,"proto":"esp"|"ah"][,"dir":"in"|"out"][,"conn":"NAME"]}
+//!                    -> {"ok":true,"message":"...","warnings":[...]}
+//! {"cmd":"wireshark_keys"} -> {"ok":true,"sas":[{...,"enc_key":"hex",...}]}
+//!                                                      (see wireshark::SaKeys)
 //! anything else      -> {"ok":false,"error":"..."}
 //! ```
+//!
+//! `sa_add` / `sa_del` change the daemon's SAs until it stops (never the
+//! configuration file); see `Engine::add_sa`. `wireshark_keys` is the only
+//! command that answers with key material; the socket is mode 0600 in a
+//! root-owned directory, and request lines (which carry keys for `sa_add`)
+//! are wiped from memory once parsed.
 //!
 //! The server side is non-blocking and driven by the data-plane loop's
 //! `poll`; a client that does not finish a request within
@@ -21,6 +33,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use zeroize::{Zeroize, Zeroizing};
 
 /// Longest request line accepted.
 const MAX_REQUEST: usize = 4096;
@@ -30,10 +43,60 @@ pub const MAX_CLIENTS: usize = 16;
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A request.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 pub struct Request {
-    /// `status` or `sa_list`.
+    /// `status`, `sa_list`, `sa_add`, `sa_del` or `wireshark_keys`.
     pub cmd: String,
+    /// `sa_add`, `sa_del`: the connection's name.
+    #[serde(default)]
+    pub conn: Option<String>,
+    /// `sa_add`, `sa_del`: `in` or `out`.
+    #[serde(default)]
+    pub dir: Option<String>,
+    /// `sa_add`: the SA spec (with its keys; wiped on drop).
+    #[serde(default)]
+    pub spec: Option<String>,
+    /// `sa_del`: the SPI.
+    #[serde(default)]
+    pub spi: Option<u32>,
+    /// `sa_del`: `esp` or `ah`.
+    #[serde(default)]
+    pub proto: Option<String>,
+}
+
+impl Request {
+    /// A request with only a command.
+    pub fn new(cmd: &str) -> Request {
+        Request {
+            cmd: cmd.to_string(),
+            conn: None,
+            dir: None,
+            spec: None,
+            spi: None,
+            proto: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("cmd", &self.cmd)
+            .field("conn", &self.conn)
+            .field("dir", &self.dir)
+            .field("spec", &self.spec.as_ref().map(|_| "(not shown: keys)"))
+            .field("spi", &self.spi)
+            .field("proto", &self.proto)
+            .finish()
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        if let Some(s) = &mut self.spec {
+            s.zeroize();
+        }
+    }
 }
 
 /// Parses one request line; the error is the message to send back.
@@ -215,8 +278,9 @@ impl ControlServer {
                         break;
                     }
                 }
+                chunk.zeroize();
                 while let Some(pos) = c.input.iter().position(|&b| b == b'\n') {
-                    let line: Vec<u8> = c.input.drain(..=pos).collect();
+                    let line: Zeroizing<Vec<u8>> = Zeroizing::new(c.input.drain(..=pos).collect());
                     let line = line.trim_ascii();
                     if line.is_empty() {
                         continue;
@@ -234,12 +298,12 @@ impl ControlServer {
                             .as_bytes(),
                     );
                     c.output.push(b'\n');
-                    c.input.clear();
+                    c.input.zeroize();
                     c.eof = true;
                 }
                 if c.eof && !c.input.trim_ascii().is_empty() {
                     // A last request without its newline.
-                    let line = std::mem::take(&mut c.input);
+                    let line = Zeroizing::new(std::mem::take(&mut c.input));
                     let resp = match parse_request(line.trim_ascii()) {
                         Ok(r) => answer(&r),
                         Err(e) => error_response(&e),
@@ -307,6 +371,15 @@ pub fn request(
     cmd: &str,
     timeout: Duration,
 ) -> Result<serde_json::Value, ClientError> {
+    request_json(path, &serde_json::json!({ "cmd": cmd }), timeout)
+}
+
+/// [`request`] with a whole request object (`{"cmd":…, …}`).
+pub fn request_json(
+    path: &Path,
+    req: &serde_json::Value,
+    timeout: Duration,
+) -> Result<serde_json::Value, ClientError> {
     let mut s = UnixStream::connect(path).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
             ClientError::NotRunning(path.to_path_buf(), e)
@@ -321,7 +394,7 @@ pub fn request(
     s.set_read_timeout(Some(timeout))
         .and_then(|_| s.set_write_timeout(Some(timeout)))
         .map_err(|e| other(e, "configuring"))?;
-    let req = serde_json::json!({ "cmd": cmd }).to_string() + "\n";
+    let req = Zeroizing::new(req.to_string() + "\n");
     s.write_all(req.as_bytes())
         .map_err(|e| other(e, "writing to"))?;
     let mut line = String::new();

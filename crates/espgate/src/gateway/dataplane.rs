@@ -5,6 +5,7 @@
 
 use super::control::{error_response, ControlServer, Request};
 use super::engine::{Engine, GwDrop};
+use super::metrics::MetricsServer;
 use super::signals::{self, Signals};
 use super::sockets::{push_ipv6_outer, push_udp_outer, RawRx, RawTx, UdpSock};
 use super::status::{Status, TunStatus};
@@ -68,6 +69,8 @@ pub struct Dataplane<'a> {
     pub sockets: &'a Sockets,
     /// Control socket.
     pub control: &'a mut ControlServer,
+    /// The Prometheus endpoint (`gateway.metrics`), when configured.
+    pub metrics: Option<&'a mut MetricsServer>,
     /// Stop signals.
     pub signals: &'a Signals,
     /// When the daemon started (the core's clock is the time since).
@@ -106,6 +109,10 @@ impl Dataplane<'_> {
             }
             let ctl_at = fds.len();
             self.control.poll_fds(&mut fds);
+            let met_at = fds.len();
+            if let Some(m) = &self.metrics {
+                m.poll_fds(&mut fds);
+            }
             let wait = next_tick.saturating_duration_since(Instant::now());
             let wait_ms = i32::try_from(wait.as_millis()).unwrap_or(1000) + 1;
             sys::poll(&mut fds, wait_ms).context("poll")?;
@@ -128,11 +135,11 @@ impl Dataplane<'_> {
                     self.on_raw(r, &mut in_buf);
                 }
             }
-            let ctl = &fds[ctl_at..];
+            let ctl = &fds[ctl_at..met_at];
             let now_i = Instant::now();
             let tick = now_i >= next_tick;
             if tick || ctl.iter().any(|p| p.revents != 0) {
-                let engine = &*self.engine;
+                let engine = &mut *self.engine;
                 let info = &self.info;
                 let now = self.start.elapsed();
                 self.control.service(
@@ -143,6 +150,16 @@ impl Dataplane<'_> {
                     },
                     |r| answer(engine, info, now, r),
                 );
+            }
+            let met = &fds[met_at..];
+            if let Some(m) = self.metrics.as_deref_mut() {
+                if tick || met.iter().any(|p| p.revents != 0) {
+                    let (engine, info) = (&*self.engine, &self.info);
+                    let now = self.start.elapsed();
+                    m.service(met, || {
+                        super::metrics::render(&status_doc(engine, info, now))
+                    });
+                }
             }
             if tick {
                 self.engine.tick(self.now());
@@ -294,30 +311,38 @@ impl Dataplane<'_> {
     }
 }
 
+/// The `status` document (`espgate status`, and the metrics endpoint's
+/// source).
+pub fn status_doc(engine: &Engine, info: &Info, now: Duration) -> Status {
+    Status {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        pid: std::process::id(),
+        uptime_secs: now.as_secs(),
+        config: info.config.clone(),
+        tun: info.tun.clone(),
+        encap: info.encap.clone(),
+        listen: info.listen.map(|l| l.to_string()),
+        fwmark: info.fwmark,
+        workers: 1,
+        state_dir: info.state_dir.clone(),
+        connections: engine.connection_status(now),
+        drops: engine.drops(),
+        counters: engine.counter_map(),
+    }
+}
+
 /// The answer to one control request.
-pub fn answer(engine: &Engine, info: &Info, now: Duration, req: &Request) -> String {
+pub fn answer(engine: &mut Engine, info: &Info, now: Duration, req: &Request) -> String {
     match req.cmd.as_str() {
         "status" => {
-            let s = Status {
-                version: env!("CARGO_PKG_VERSION").to_string(),
-                pid: std::process::id(),
-                uptime_secs: now.as_secs(),
-                config: info.config.clone(),
-                tun: info.tun.clone(),
-                encap: info.encap.clone(),
-                listen: info.listen.map(|l| l.to_string()),
-                fwmark: info.fwmark,
-                workers: 1,
-                state_dir: info.state_dir.clone(),
-                connections: engine.connection_status(now),
-                drops: engine.drops(),
-                counters: engine.counter_map(),
-            };
+            let s = status_doc(engine, info, now);
             serde_json::json!({"ok": true, "status": s}).to_string()
         }
         "sa_list" => serde_json::json!({"ok": true, "sas": engine.sa_list(now)}).to_string(),
+        "sa_add" | "sa_del" | "wireshark_keys" => super::engine::admin_answer(engine, now, req),
         other => error_response(&format!(
-            "unknown command {other:?}; the commands are status and sa_list"
+            "unknown command {other:?}; the commands are status, sa_list, sa_add, sa_del and \
+             wireshark_keys"
         )),
     }
 }

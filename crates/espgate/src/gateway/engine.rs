@@ -3,19 +3,22 @@
 //! SA bundle → outer packet, with sequence numbers reserved on disk first),
 //! the inbound path (outer packet → SAD → inner packet, bundle checked
 //! against the connection), counters, rate-limited drop logging, timers,
-//! and the status documents.
+//! the status documents, and the run-time SA changes of `espgate sa add` /
+//! `sa del` (see [`Engine::add_sa`]).
 //!
 //! The I/O loop in [`super::dataplane`] reads packets into a [`PacketBuf`],
 //! calls [`Engine::outbound`] or [`Engine::inbound`] and sends or writes
 //! what they leave in the buffer. Unit tests run two engines back to back.
 
+use super::control::{error_response, Request};
 use super::mss::{self, MssLimit};
 use super::ratelimit::{suppressed_note, RateLimiter};
-use super::seqstate::{Reservation, SeqStore};
+use super::seqstate::{self, Reservation, SeqStore};
 use super::status::{ConnectionStatus, Left, LifetimeStatus, SaStatus};
-use crate::config::{Connection, Encapsulation, LoadedConfig, MssClamp};
+use super::wireshark::SaKeys;
+use crate::config::{Connection, Encapsulation, LoadedConfig, MssClamp, Protocols};
 use anyhow::{anyhow, Context, Result};
-use espgate_core::sa::{Encap, Mode, SaEvent};
+use espgate_core::sa::{Encap, Mode, Protocol, SaEvent};
 use espgate_core::sad::{InboundOutcome, SaId, Sad};
 use espgate_core::spd::{Action, Direction, Policy, Spd};
 use espgate_core::wire::flow::{self, Flow};
@@ -42,17 +45,21 @@ pub enum GwDrop {
     /// A packet was received from an address family or socket no
     /// connection uses, or an internal inconsistency.
     Internal,
+    /// An outbound packet matched a connection that has no outbound SA
+    /// for one of its layers (removed by `espgate sa del`).
+    NoSa,
 }
 
 impl GwDrop {
     /// All reasons, in index order.
-    pub const ALL: [GwDrop; 6] = [
+    pub const ALL: [GwDrop; 7] = [
         GwDrop::NoPolicy,
         GwDrop::PolicyMismatch,
         GwDrop::SeqReserve,
         GwDrop::SendError,
         GwDrop::TunWrite,
         GwDrop::Internal,
+        GwDrop::NoSa,
     ];
 
     /// Counter name.
@@ -64,6 +71,7 @@ impl GwDrop {
             GwDrop::SendError => "send_error",
             GwDrop::TunWrite => "tun_write_error",
             GwDrop::Internal => "internal_error",
+            GwDrop::NoSa => "no_sa",
         }
     }
 }
@@ -101,18 +109,52 @@ pub struct Counters {
 pub struct ConnState {
     /// Its configuration.
     pub conn: Connection,
-    /// Outbound SAs in bundle order (ESP first, AH outermost).
+    /// Outbound SAs in bundle order (ESP first, AH outermost), at most one
+    /// per layer. A layer whose SA was removed (`espgate sa del`) is
+    /// missing: the connection then sends nothing (drops counted as
+    /// `no_sa`) until `espgate sa add` installs one.
     pub out_ids: Vec<SaId>,
-    /// Inbound SAs in configuration order (ESP first, then AH).
+    /// Inbound SAs: the configured ones (ESP first, then AH), then those
+    /// added at run time. Any of a layer's SAs is accepted.
     pub in_ids: Vec<SaId>,
     /// MSS clamping of TCP SYNs both ways, from `mss_clamp`.
     pub mss: Option<MssLimit>,
+}
+
+impl ConnState {
+    /// True when every layer has its outbound SA.
+    pub fn can_send(&self) -> bool {
+        self.out_ids.len() == layers(self.conn.protocol).len()
+    }
+}
+
+/// A connection's IPsec layers in bundle order: ESP first, AH outermost.
+pub fn layers(p: Protocols) -> &'static [Protocol] {
+    match p {
+        Protocols::Esp => &[Protocol::Esp],
+        Protocols::Ah => &[Protocol::Ah],
+        Protocols::EspAh => &[Protocol::Esp, Protocol::Ah],
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
 struct SaMeta {
     conn: usize,
     outbound: bool,
+    protocol: Protocol,
+    /// Installed by `espgate sa add` (not from the configuration).
+    added: bool,
+}
+
+/// What `espgate sa add` / `sa del` changed: the answer to the client
+/// (and the info log line). Never holds key material.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SaChange {
+    /// One line saying what changed.
+    pub message: String,
+    /// What the operator should know: a connection left without an SA,
+    /// a bundle larger than the TUN MTU allows for.
+    pub warnings: Vec<String>,
 }
 
 /// The packet logic; see the module documentation.
@@ -126,6 +168,10 @@ pub struct Engine {
     meta: Vec<Option<SaMeta>>,
     /// Outbound sequence reservations, by `SaId.0`.
     reservations: Vec<Option<Reservation>>,
+    /// Where outbound SAs added at run time reserve their sequence numbers.
+    store: Option<SeqStore>,
+    /// The bundle overhead the TUN MTU was sized for at start.
+    sized_overhead: usize,
     applied: Vec<SaId>,
     nat_t_port: u16,
     /// Counters.
@@ -162,6 +208,10 @@ pub fn is_unicast(f: &Flow) -> bool {
     ok(f.src, false) && ok(f.dst, true)
 }
 
+fn sa_protocol(sad: &Sad, id: SaId) -> Protocol {
+    sad.get(id).map_or(Protocol::Esp, |sa| sa.config().protocol)
+}
+
 fn encap_name(e: Encap) -> &'static str {
     match e {
         Encap::None => "none",
@@ -176,6 +226,163 @@ fn mode_name(m: Mode) -> &'static str {
     }
 }
 
+fn parse_dir(d: Option<&str>) -> Result<Option<bool>, String> {
+    match d {
+        None => Ok(None),
+        Some("in") => Ok(Some(false)),
+        Some("out") => Ok(Some(true)),
+        Some(other) => Err(format!("dir: expected in or out, got {other:?}")),
+    }
+}
+
+fn parse_proto(p: Option<&str>) -> Result<Option<Protocol>, String> {
+    match p {
+        None => Ok(None),
+        Some("esp") => Ok(Some(Protocol::Esp)),
+        Some("ah") => Ok(Some(Protocol::Ah)),
+        Some(other) => Err(format!("proto: expected esp or ah, got {other:?}")),
+    }
+}
+
+/// Answers the control commands that change SAs or read their keys:
+/// `sa_add`, `sa_del` and `wireshark_keys` (see [`super::control`]).
+pub fn admin_answer(engine: &mut Engine, now: Duration, req: &Request) -> String {
+    let need = |what: &str| format!("{} needs \"{what}\"", req.cmd);
+    let changed = match req.cmd.as_str() {
+        "sa_add" => (|| {
+            let conn = req.conn.as_deref().ok_or_else(|| need("conn"))?;
+            let out = parse_dir(req.dir.as_deref())?.ok_or_else(|| need("dir"))?;
+            let spec = req.spec.as_deref().ok_or_else(|| need("spec"))?;
+            engine.add_sa(conn, out, spec, now)
+        })(),
+        "sa_del" => (|| {
+            let spi = req.spi.ok_or_else(|| need("spi"))?;
+            let proto = parse_proto(req.proto.as_deref())?;
+            let dir = parse_dir(req.dir.as_deref())?;
+            engine.del_sa(spi, proto, dir, req.conn.as_deref())
+        })(),
+        "wireshark_keys" => {
+            #[derive(serde::Serialize)]
+            struct Keys<'a> {
+                ok: bool,
+                sas: &'a [SaKeys],
+            }
+            let sas = engine.sa_keys();
+            tracing::info!(
+                "wireshark_keys: {} SA keys handed out on the control socket",
+                sas.len()
+            );
+            return serde_json::to_string(&Keys {
+                ok: true,
+                sas: &sas,
+            })
+            .unwrap_or_else(|e| error_response(&format!("encoding the keys: {e}")));
+        }
+        other => Err(format!("unknown command {other:?}")),
+    };
+    match changed {
+        Ok(c) => serde_json::json!({"ok": true, "message": c.message, "warnings": c.warnings})
+            .to_string(),
+        Err(e) => error_response(&e),
+    }
+}
+
+/// The keys of an SA spec with their raw values, in order (the spec
+/// parsed already, so every item is `key=value`).
+fn spec_keys(spec: &str) -> Vec<(&str, &str)> {
+    spec.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .filter_map(|item| item.split_once('='))
+        .map(|(k, v)| (k.trim(), v.trim()))
+        .collect()
+}
+
+fn parse_port(key: &str, v: &str) -> Result<u16, String> {
+    let n = match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+        Some(h) => u16::from_str_radix(h, 16).ok(),
+        None => v.parse().ok(),
+    };
+    n.ok_or_else(|| format!("{key}: '{v}' is not a port"))
+}
+
+/// Refuses spec keys of an added SA that contradict its connection: mode,
+/// encapsulation, addresses and ports come from the connection (a key
+/// equal to the connection's value is accepted), and an outbound SA's
+/// first sequence number comes from its reservation on disk.
+fn check_spec_against(
+    c: &Connection,
+    outbound: bool,
+    protocol: Protocol,
+    given: &[(&str, &str)],
+    parsed: &espgate_core::SaConfig,
+) -> Result<(), String> {
+    let dir = if outbound { "outbound" } else { "inbound" };
+    let (src, dst) = if outbound {
+        (c.local, c.remote)
+    } else {
+        (c.remote, c.local)
+    };
+    let (sport, dport) = if outbound {
+        (c.local_port, c.remote_port)
+    } else {
+        (c.remote_port, c.local_port)
+    };
+    let from_conn = "the mode, encapsulation, addresses and ports of an added SA come from its \
+                     connection: leave the key out";
+    let name = &c.name;
+    for (k, v) in given {
+        let conflict = match *k {
+            "mode" => (parsed.mode != c.mode)
+                .then(|| format!("connection \"{name}\" is in {} mode", mode_name(c.mode))),
+            "encap" => (matches!(parsed.encap, Encap::Udp { .. })
+                != (c.encap == Encapsulation::Udp))
+                .then(|| format!("connection \"{name}\" uses encap {}", c.encap.name())),
+            "src" | "dst" => {
+                let want = if *k == "src" { src } else { dst };
+                let got = if *k == "src" {
+                    parsed.tunnel_src
+                } else {
+                    parsed.tunnel_dst
+                };
+                (got != Some(want)).then(|| {
+                    format!("the {dir} SAs of connection \"{name}\" go from {src} to {dst}")
+                })
+            }
+            "sport" | "dport" => {
+                if c.encap != Encapsulation::Udp {
+                    Some(format!(
+                        "connection \"{name}\" sends raw {}, without UDP ports",
+                        protocol.name().to_uppercase()
+                    ))
+                } else {
+                    let want = if *k == "sport" { sport } else { dport };
+                    (parse_port(k, v)? != want).then(|| {
+                        format!(
+                            "the {dir} SAs of connection \"{name}\" use UDP ports {sport} -> \
+                             {dport}"
+                        )
+                    })
+                }
+            }
+            "seq" if outbound => {
+                return Err(format!(
+                    "seq={v}: an outbound SA starts at the sequence number reserved on disk for \
+                     its key (gateway.state_dir), so that no nonce is ever reused: leave seq out"
+                ))
+            }
+            "tfc" if protocol == Protocol::Ah => {
+                return Err(format!("tfc={v}: TFC padding is for ESP, not AH"))
+            }
+            _ => None,
+        };
+        if let Some(why) = conflict {
+            return Err(format!("{k}={v}: {why}; {from_conn}"));
+        }
+    }
+    Ok(())
+}
+
 impl Engine {
     /// Installs every connection's SAs and policies. Outbound SAs start at
     /// the sequence number `store` has reserved for their key (1 without a
@@ -188,6 +395,8 @@ impl Engine {
             conns: Vec::new(),
             meta: Vec::new(),
             reservations: Vec::new(),
+            store: store.cloned(),
+            sized_overhead: 0,
             applied: Vec::with_capacity(espgate_core::sad::MAX_LAYERS),
             nat_t_port: cfg.gateway.listen.port(),
             counters: Counters::default(),
@@ -211,6 +420,8 @@ impl Engine {
                 *slot(&mut e.meta, id) = Some(SaMeta {
                     conn: ci,
                     outbound: false,
+                    protocol: sa_protocol(&e.sad, id),
+                    added: false,
                 });
                 in_ids.push(id);
             }
@@ -230,6 +441,8 @@ impl Engine {
                 *slot(&mut e.meta, id) = Some(SaMeta {
                     conn: ci,
                     outbound: true,
+                    protocol: sa_protocol(&e.sad, id),
+                    added: false,
                 });
                 *slot(&mut e.reservations, id) = res;
                 out_ids.push(id);
@@ -248,6 +461,7 @@ impl Engine {
                 mss: None,
             });
         }
+        e.sized_overhead = e.max_overhead();
         let tun_mtu = e.tun_mtu(cfg.gateway.mtu);
         for c in &mut e.conns {
             c.mss = match c.conn.mss_clamp {
@@ -337,6 +551,30 @@ impl Engine {
             return None;
         };
         let conn = self.policy_conn[pi];
+        if !self.conns[conn].can_send() {
+            let c = &self.conns[conn].conn;
+            let missing: Vec<&str> = layers(c.protocol)
+                .iter()
+                .filter(|p| {
+                    !self.conns[conn]
+                        .out_ids
+                        .iter()
+                        .any(|id| self.meta_of(*id).is_some_and(|m| m.protocol == **p))
+                })
+                .map(|p| p.name())
+                .collect();
+            let msg = format!(
+                "{} -> {} on connection \"{}\": no outbound {} SA (removed by `espgate sa del`; \
+                 `espgate sa add --conn {} --dir out` installs one)",
+                f.src,
+                f.dst,
+                c.name,
+                missing.join("+").to_uppercase(),
+                c.name
+            );
+            self.gw_drop(GwDrop::NoSa, now, || msg);
+            return None;
+        }
         if let Some(limit) = self.conns[conn].mss {
             if mss::clamp(buf.as_mut_slice(), limit) {
                 self.counters.mss_clamped += 1;
@@ -422,14 +660,14 @@ impl Engine {
             .decapsulate_into(buf, self.nat_t_port, now, &mut self.applied)
         {
             Ok(InboundOutcome::Packet) => {
-                // The layers must be exactly one connection's inbound bundle.
+                // The layers must be one connection's inbound bundle: per
+                // layer, any of its inbound SAs of that protocol.
                 let conn = self
                     .applied
                     .first()
-                    .and_then(|id| self.meta.get(id.0 as usize).copied().flatten())
+                    .and_then(|id| self.meta_of(*id))
                     .map(|m| m.conn);
-                let ok =
-                    conn.is_some_and(|c| self.applied.iter().eq(self.conns[c].in_ids.iter().rev()));
+                let ok = conn.is_some_and(|c| self.is_inbound_bundle(c));
                 if let Some(limit) = conn.and_then(|c| self.conns[c].mss).filter(|_| ok) {
                     if mss::clamp(buf.as_mut_slice(), limit) {
                         self.counters.mss_clamped += 1;
@@ -540,6 +778,446 @@ impl Engine {
         }
     }
 
+    fn meta_of(&self, id: SaId) -> Option<SaMeta> {
+        self.meta.get(id.0 as usize).copied().flatten()
+    }
+
+    /// True when the SAs just applied (outermost first) are connection
+    /// `c`'s inbound bundle: one of its inbound SAs per layer, AH outside.
+    fn is_inbound_bundle(&self, c: usize) -> bool {
+        let want = layers(self.conns[c].conn.protocol);
+        self.applied.len() == want.len()
+            && self.applied.iter().zip(want.iter().rev()).all(|(id, p)| {
+                self.meta_of(*id)
+                    .is_some_and(|m| m.conn == c && !m.outbound && m.protocol == *p)
+            })
+    }
+
+    /// Points connection `ci`'s policies at its current outbound bundle,
+    /// or DISCARD while a layer has no SA (counted as `no_sa`).
+    fn refresh_policies(&mut self, ci: usize) {
+        let action = if self.conns[ci].can_send() {
+            Action::Protect(self.conns[ci].out_ids.clone())
+        } else {
+            Action::Discard
+        };
+        for (pi, c) in self.policy_conn.iter().enumerate() {
+            if *c == ci {
+                self.spd.set_action(pi, action.clone());
+            }
+        }
+    }
+
+    /// "ESP SA 0x00001001".
+    fn sa_name(&self, id: SaId) -> String {
+        match self.sad.get(id) {
+            Some(sa) => format!(
+                "{} SA {:#010x}",
+                sa.config().protocol.name().to_uppercase(),
+                sa.config().spi
+            ),
+            None => format!("SA #{}", id.0),
+        }
+    }
+
+    /// Removes SA `id` from the SAD and its connection; an outbound SA's
+    /// exact next sequence number is written to its state file first.
+    fn remove_sa(&mut self, id: SaId) -> Option<SaMeta> {
+        let m = self.meta.get_mut(id.0 as usize)?.take()?;
+        if let Some(mut r) = self
+            .reservations
+            .get_mut(id.0 as usize)
+            .and_then(Option::take)
+        {
+            let next = self.sad.get(id).map_or(1, Sa::next_seq);
+            if let Err(e) = r.release(next) {
+                tracing::warn!("writing {}: {e}", r.path().display());
+            }
+        }
+        self.sad.remove(id);
+        let c = &mut self.conns[m.conn];
+        c.in_ids.retain(|x| *x != id);
+        c.out_ids.retain(|x| *x != id);
+        if m.outbound {
+            self.refresh_policies(m.conn);
+        }
+        Some(m)
+    }
+
+    fn conn_index(&self, name: &str) -> Result<usize, String> {
+        self.conns
+            .iter()
+            .position(|c| c.conn.name == name)
+            .ok_or_else(|| {
+                let names: Vec<String> = self
+                    .conns
+                    .iter()
+                    .map(|c| format!("\"{}\"", c.conn.name))
+                    .collect();
+                format!(
+                    "no connection named \"{name}\" (this gateway has {})",
+                    names.join(", ")
+                )
+            })
+    }
+
+    /// `espgate sa add --conn NAME --dir in|out SPEC`: installs an SA on a
+    /// connection at run time (lost on restart). `spec` is the one-line SA
+    /// spec for the keying parts (`spi`, `suite`, `enc`, `integ`, `proto`,
+    /// `esn`, `window`, `tfc`, `allow_insecure`, inbound `seq`); mode,
+    /// encapsulation, addresses, ports, lifetimes and selectors come from
+    /// the connection, and spec keys that contradict it are refused.
+    ///
+    /// An inbound SA is added next to the connection's others (all are
+    /// accepted: make-before-break). An outbound SA replaces the
+    /// connection's outbound SA of its protocol for the next packet; it
+    /// starts at the sequence number reserved on disk for its key, like a
+    /// configured SA. Errors are messages for the operator (no keys).
+    pub fn add_sa(
+        &mut self,
+        conn: &str,
+        outbound: bool,
+        spec: &str,
+        now: Duration,
+    ) -> Result<SaChange, String> {
+        let ci = self.conn_index(conn)?;
+        let parsed =
+            espgate_core::sa::spec::parse(spec).map_err(|e| format!("bad SA spec: {e}"))?;
+        let given = spec_keys(spec);
+        let has = |k: &str| given.iter().any(|(g, _)| *g == k);
+        let c = &self.conns[ci].conn;
+        let dir = if outbound { "outbound" } else { "inbound" };
+        let protocol = if has("proto") {
+            parsed.protocol
+        } else {
+            match c.protocol {
+                Protocols::Esp => Protocol::Esp,
+                Protocols::Ah => Protocol::Ah,
+                Protocols::EspAh => {
+                    return Err(format!(
+                        "connection \"{}\" is esp+ah: say proto=esp or proto=ah in the spec",
+                        c.name
+                    ))
+                }
+            }
+        };
+        if !layers(c.protocol).contains(&protocol) {
+            return Err(format!(
+                "proto={}: connection \"{}\" uses {}, not {}",
+                protocol.name(),
+                c.name,
+                c.protocol.name(),
+                protocol.name()
+            ));
+        }
+        check_spec_against(c, outbound, protocol, &given, &parsed)?;
+        let sas = c.sa_configs();
+        let mut sc = if outbound { sas.outbound } else { sas.inbound }
+            .into_iter()
+            .find(|t| t.protocol == protocol)
+            .ok_or_else(|| {
+                format!(
+                    "connection \"{}\" has no {dir} {} layer",
+                    c.name,
+                    protocol.name()
+                )
+            })?;
+        sc.spi = parsed.spi;
+        sc.suite = parsed.suite;
+        sc.enc_key = parsed.enc_key.clone();
+        sc.integ_key = parsed.integ_key.clone();
+        if has("esn") {
+            sc.esn = parsed.esn;
+        }
+        if has("window") {
+            sc.replay_window = parsed.replay_window;
+        }
+        if has("tfc") {
+            sc.tfc_pad_to = parsed.tfc_pad_to;
+        }
+        if has("allow_insecure") {
+            sc.allow_insecure = parsed.allow_insecure;
+        }
+        if has("seq") {
+            sc.initial_seq = parsed.initial_seq;
+        }
+        let what = format!(
+            "{dir} {} SA {:#010x}",
+            protocol.name().to_uppercase(),
+            sc.spi
+        );
+        let name = c.name.clone();
+        if let Some(other) = self.sad.lookup(protocol, sc.spi) {
+            let owner = self
+                .meta_of(other)
+                .map(|m| {
+                    format!(
+                        "connection \"{}\"'s {} SA",
+                        self.conns[m.conn].conn.name,
+                        if m.outbound { "outbound" } else { "inbound" }
+                    )
+                })
+                .unwrap_or_else(|| "another SA".into());
+            return Err(format!(
+                "{} SPI {:#010x} is already in use ({owner}); SPIs are unique per protocol on a \
+                 gateway: pick another one",
+                protocol.name().to_uppercase(),
+                sc.spi
+            ));
+        }
+        // The suite, key lengths and options, checked before anything is
+        // reserved or replaced.
+        Sa::new(sc.clone(), now).map_err(|e| format!("{what}: {e}"))?;
+        let old = if outbound {
+            self.conns[ci]
+                .out_ids
+                .iter()
+                .copied()
+                .find(|id| self.meta_of(*id).is_some_and(|m| m.protocol == protocol))
+        } else {
+            None
+        };
+        let mut reservation = None;
+        if outbound {
+            let fp = seqstate::fingerprint(&sc);
+            if let Some((id, _)) = self.sad.iter().find(|(id, sa)| {
+                self.meta_of(*id).is_some_and(|m| m.outbound)
+                    && seqstate::fingerprint(sa.config()) == fp
+            }) {
+                return Err(format!(
+                    "{what}: its keys are those of the {} already in use{}; one key on two SAs \
+                     would reuse nonces: generate new keys",
+                    self.sa_name(id),
+                    if Some(id) == old {
+                        ", which it would replace"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            if let Some(store) = &self.store {
+                let (start, r) = store.reserve(&sc, &name).map_err(|e| format!("{e:#}"))?;
+                sc.initial_seq = start;
+                reservation = Some(r);
+            }
+        }
+        let sa = Sa::new(sc, now).map_err(|e| format!("{what}: {e}"))?;
+        let id = self.sad.insert(sa).map_err(|e| format!("{what}: {e}"))?;
+        *slot(&mut self.meta, id) = Some(SaMeta {
+            conn: ci,
+            outbound,
+            protocol,
+            added: true,
+        });
+        *slot(&mut self.reservations, id) = reservation;
+        let suite = self
+            .sad
+            .get(id)
+            .map_or(String::new(), |sa| sa.config().suite.name());
+        let mut warnings = Vec::new();
+        let message = if outbound {
+            let replaced = old.map(|o| self.sa_name(o));
+            if let Some(o) = old {
+                self.remove_sa(o);
+            }
+            let at = layers(self.conns[ci].conn.protocol)
+                .iter()
+                .position(|p| *p == protocol)
+                .unwrap_or(0)
+                .min(self.conns[ci].out_ids.len());
+            self.conns[ci].out_ids.insert(at, id);
+            self.refresh_policies(ci);
+            let next = self.sad.get(id).map_or(1, Sa::next_seq);
+            if self.conns[ci].can_send() {
+                let overhead: usize = self.conns[ci]
+                    .out_ids
+                    .iter()
+                    .filter_map(|i| self.sad.get(*i))
+                    .map(Sa::overhead)
+                    .sum();
+                if overhead > self.sized_overhead {
+                    warnings.push(format!(
+                        "connection \"{name}\"'s bundle now adds up to {overhead} bytes per \
+                         packet, {} more than the TUN MTU was sized for at start: packets near \
+                         the TUN MTU exceed gateway.mtu outside and are fragmented or dropped; \
+                         put the keys in the configuration and restart to resize the TUN",
+                        overhead - self.sized_overhead
+                    ));
+                }
+            } else {
+                warnings.push(self.no_outbound_warning(ci));
+            }
+            match replaced {
+                Some(r) => format!(
+                    "connection \"{name}\": {what} ({suite}) replaces {r} for new packets, \
+                     starting at sequence number {next}"
+                ),
+                None => format!(
+                    "connection \"{name}\": added {what} ({suite}), starting at sequence number \
+                     {next}"
+                ),
+            }
+        } else {
+            self.conns[ci].in_ids.push(id);
+            let all: Vec<String> = self
+                .layer_spis(ci, false, protocol)
+                .iter()
+                .map(|s| format!("{s:#010x}"))
+                .collect();
+            format!(
+                "connection \"{name}\": added {what} ({suite}); {} inbound SAs accepted now: {}",
+                protocol.name().to_uppercase(),
+                all.join(", ")
+            )
+        };
+        tracing::info!("sa add: {message} (run-time change, not in the configuration file)");
+        for w in &warnings {
+            tracing::warn!("{w}");
+        }
+        Ok(SaChange { message, warnings })
+    }
+
+    /// SPIs of connection `ci`'s SAs of one direction and protocol.
+    fn layer_spis(&self, ci: usize, outbound: bool, protocol: Protocol) -> Vec<u32> {
+        let c = &self.conns[ci];
+        if outbound { &c.out_ids } else { &c.in_ids }
+            .iter()
+            .filter(|id| self.meta_of(**id).is_some_and(|m| m.protocol == protocol))
+            .filter_map(|id| self.sad.get(*id))
+            .map(|sa| sa.config().spi)
+            .collect()
+    }
+
+    fn no_outbound_warning(&self, ci: usize) -> String {
+        let name = &self.conns[ci].conn.name;
+        format!(
+            "connection \"{name}\" has no complete outbound bundle now: its outbound packets are \
+             dropped and counted as no_sa until `espgate sa add --conn {name} --dir out` \
+             installs the missing SA"
+        )
+    }
+
+    /// `espgate sa del --spi SPI [--proto esp|ah] [--dir in|out] [--conn
+    /// NAME]`: removes an SA (configured or added) at run time. Without
+    /// `proto`, the SPI must name one SA. An outbound SA's exact next
+    /// sequence number is written to its state file.
+    pub fn del_sa(
+        &mut self,
+        spi: u32,
+        protocol: Option<Protocol>,
+        outbound: Option<bool>,
+        conn: Option<&str>,
+    ) -> Result<SaChange, String> {
+        if let Some(c) = conn {
+            self.conn_index(c)?;
+        }
+        let found: Vec<SaId> = [Protocol::Esp, Protocol::Ah]
+            .into_iter()
+            .filter(|p| protocol.is_none_or(|q| q == *p))
+            .filter_map(|p| self.sad.lookup(p, spi))
+            .collect();
+        let id = match found.as_slice() {
+            [] => {
+                return Err(format!(
+                    "no {}SA with SPI {spi:#010x} is installed (`espgate sa list` shows them)",
+                    protocol
+                        .map(|p| format!("{} ", p.name().to_uppercase()))
+                        .unwrap_or_default()
+                ))
+            }
+            [id] => *id,
+            _ => {
+                return Err(format!(
+                    "both an ESP and an AH SA have SPI {spi:#010x}: say --proto esp or --proto ah"
+                ))
+            }
+        };
+        let m = self
+            .meta_of(id)
+            .ok_or_else(|| format!("SPI {spi:#010x}: internal error, SA without a connection"))?;
+        let cname = self.conns[m.conn].conn.name.clone();
+        let dir = |o: bool| if o { "outbound" } else { "inbound" };
+        let what = format!("{} {}", dir(m.outbound), self.sa_name(id));
+        if let Some(o) = outbound.filter(|o| *o != m.outbound) {
+            return Err(format!(
+                "{what} of connection \"{cname}\" is not an {} SA; nothing removed",
+                dir(o)
+            ));
+        }
+        if let Some(c) = conn.filter(|c| *c != cname) {
+            return Err(format!(
+                "{what} belongs to connection \"{cname}\", not \"{c}\"; nothing removed"
+            ));
+        }
+        let (packets, bytes) = self
+            .sad
+            .get(id)
+            .map_or((0, 0), |sa| (sa.stats().packets, sa.stats().bytes));
+        self.remove_sa(id);
+        let mut warnings = Vec::new();
+        if m.outbound {
+            if !self.conns[m.conn].can_send() {
+                warnings.push(self.no_outbound_warning(m.conn));
+            }
+        } else if self.layer_spis(m.conn, false, m.protocol).is_empty() {
+            warnings.push(format!(
+                "connection \"{cname}\" has no inbound {} SA left: its peer's packets are \
+                 dropped (unknown_spi) until `espgate sa add --conn {cname} --dir in` installs \
+                 one",
+                m.protocol.name().to_uppercase()
+            ));
+        }
+        let message = format!(
+            "connection \"{cname}\": removed {what} after {packets} packets, {bytes} bytes"
+        );
+        tracing::info!("sa del: {message} (run-time change, not in the configuration file)");
+        for w in &warnings {
+            tracing::warn!("{w}");
+        }
+        Ok(SaChange { message, warnings })
+    }
+
+    /// The keys of every installed SA, for `espgate wireshark-keys` (its
+    /// own control command: key material leaves the daemon only there).
+    pub fn sa_keys(&self) -> Vec<SaKeys> {
+        let mut out = Vec::new();
+        for (ci, c) in self.conns.iter().enumerate() {
+            for id in c.in_ids.iter().chain(&c.out_ids) {
+                let (Some(sa), Some(m)) = (self.sad.get(*id), self.meta_of(*id)) else {
+                    continue;
+                };
+                debug_assert_eq!(m.conn, ci);
+                let k = &c.conn;
+                let cfg = sa.config();
+                let (src, dst) = if m.outbound {
+                    (k.local, k.remote)
+                } else {
+                    (k.remote, k.local)
+                };
+                let ports = match cfg.encap {
+                    Encap::Udp { src_port, dst_port } => Some((src_port, dst_port)),
+                    Encap::None => None,
+                };
+                out.push(SaKeys {
+                    connection: k.name.clone(),
+                    direction: if m.outbound { "out" } else { "in" }.into(),
+                    protocol: cfg.protocol.name().into(),
+                    spi: cfg.spi,
+                    suite: cfg.suite.name(),
+                    mode: mode_name(cfg.mode).into(),
+                    src: src.to_string(),
+                    dst: dst.to_string(),
+                    sport: ports.map(|p| p.0),
+                    dport: ports.map(|p| p.1),
+                    esn: cfg.esn,
+                    enc_key: hex::encode(&cfg.enc_key[..]),
+                    integ_key: hex::encode(&cfg.integ_key[..]),
+                });
+            }
+        }
+        out
+    }
+
     /// Drops by reason, core and daemon, non-zero only.
     pub fn drops(&self) -> BTreeMap<String, u64> {
         let core = Drop::ALL
@@ -604,6 +1282,7 @@ impl Engine {
         Some(SaStatus {
             connection: self.conns[m.conn].conn.name.clone(),
             direction: if m.outbound { "out" } else { "in" }.into(),
+            added: m.added,
             spi: format!("{:#010x}", cfg.spi),
             protocol: cfg.protocol.name().into(),
             suite: cfg.suite.name().to_string(),
@@ -953,6 +1632,383 @@ mod tests {
         a.tick(T * 2);
         let sa = a.sad.get(a.conns[0].out_ids[0]).unwrap();
         assert!(sa.lifetime().is_hard_expired());
+    }
+
+    const K_NEW_AB: &str = "5051525354555657585950515253545556575859";
+
+    fn send_one(a: &mut Engine, b: &mut Engine) -> bool {
+        let mut buf = PacketBuf::with_capacity(2000);
+        buf.load(&packet("10.1.0.5", "10.2.0.9", 10));
+        if a.outbound(&mut buf, T).is_none() {
+            return false;
+        }
+        b.inbound(&mut buf, T, "192.0.2.1".parse().unwrap())
+    }
+
+    fn spis(e: &Engine, dir: &str) -> Vec<String> {
+        e.sa_list(T)
+            .into_iter()
+            .filter(|s| s.direction == dir)
+            .map(|s| s.spi)
+            .collect()
+    }
+
+    #[test]
+    fn manual_rekey_make_before_break() {
+        let (ca, cb) = pair("esp", "udp");
+        let mut a = Engine::new(&ca, None, T).unwrap();
+        let mut b = Engine::new(&cb, None, T).unwrap();
+        assert!(send_one(&mut a, &mut b));
+        // A packet A sent on the old SA, still in flight during the rekey.
+        let mut in_flight = PacketBuf::with_capacity(2000);
+        in_flight.load(&packet("10.1.0.5", "10.2.0.9", 10));
+        a.outbound(&mut in_flight, T).unwrap();
+        // B accepts a second inbound SA next to the first.
+        let spec = format!("spi=0x3001,suite=aes128gcm16,enc={K_NEW_AB}");
+        let ch = b.add_sa("peer", false, &spec, T).unwrap();
+        assert!(ch.message.contains("0x00001002, 0x00003001"), "{ch:?}");
+        assert!(ch.warnings.is_empty());
+        assert_eq!(spis(&b, "in"), ["0x00001002", "0x00003001"]);
+        // A switches its outbound SA: the old one is gone.
+        let ch = a.add_sa("peer", true, &spec, T).unwrap();
+        assert!(ch.message.contains("replaces ESP SA 0x00001002"), "{ch:?}");
+        assert_eq!(spis(&a, "out"), ["0x00003001"]);
+        assert!(a.sad().lookup(Protocol::Esp, 0x1002).is_none());
+        let out = a.sa_list(T).into_iter().find(|s| s.direction == "out");
+        let out = out.unwrap();
+        assert!(out.added);
+        assert_eq!(out.next_seq, Some(1));
+        // Both the new SA and the old one (the packet in flight) pass.
+        assert!(send_one(&mut a, &mut b), "{:?}", b.drops());
+        assert!(b.inbound(&mut in_flight, T, "192.0.2.1".parse().unwrap()));
+        let inb: Vec<(String, u64, bool)> = b
+            .sa_list(T)
+            .into_iter()
+            .filter(|s| s.direction == "in")
+            .map(|s| (s.spi, s.packets, s.added))
+            .collect();
+        assert_eq!(
+            inb,
+            [
+                ("0x00001002".to_string(), 2, false),
+                ("0x00003001".to_string(), 1, true)
+            ]
+        );
+        assert!(b.drops().is_empty(), "{:?}", b.drops());
+        // Break: B removes the old inbound SA; its packets are unknown now.
+        let ch = b.del_sa(0x1002, None, Some(false), Some("peer")).unwrap();
+        assert!(ch
+            .message
+            .contains("removed inbound ESP SA 0x00001002 after 2 packets"));
+        assert!(ch.warnings.is_empty());
+        assert_eq!(spis(&b, "in"), ["0x00003001"]);
+        assert!(send_one(&mut a, &mut b));
+        // The other direction is untouched.
+        assert_eq!(spis(&b, "out"), ["0x00001001"]);
+    }
+
+    #[test]
+    fn a_connection_without_outbound_sa_counts_its_drops() {
+        let (ca, cb) = pair("esp", "udp");
+        let mut a = Engine::new(&ca, None, T).unwrap();
+        let mut b = Engine::new(&cb, None, T).unwrap();
+        let ch = a.del_sa(0x1002, Some(Protocol::Esp), None, None).unwrap();
+        assert!(ch.warnings[0].contains("no_sa"), "{ch:?}");
+        assert!(spis(&a, "out").is_empty());
+        for _ in 0..3 {
+            assert!(!send_one(&mut a, &mut b));
+        }
+        assert_eq!(a.drops().get("no_sa"), Some(&3));
+        assert_eq!(a.drops().len(), 1, "{:?}", a.drops());
+        // A new outbound SA (B accepts it first) restores the traffic.
+        let spec = format!("spi=0x3001,suite=aes128gcm16,enc={K_NEW_AB}");
+        b.add_sa("peer", false, &spec, T).unwrap();
+        let ch = a.add_sa("peer", true, &spec, T).unwrap();
+        assert!(
+            ch.message.contains("added outbound ESP SA 0x00003001"),
+            "{ch:?}"
+        );
+        assert!(send_one(&mut a, &mut b));
+        // The last inbound SA removed: a warning, and unknown_spi drops.
+        b.del_sa(0x1002, None, None, None).unwrap();
+        let ch = b.del_sa(0x3001, None, None, None).unwrap();
+        assert!(ch.warnings[0].contains("no inbound ESP SA left"), "{ch:?}");
+        assert!(!send_one(&mut a, &mut b));
+        assert_eq!(b.drops().get("unknown_spi"), Some(&1));
+    }
+
+    #[test]
+    fn bad_sa_changes_are_refused_with_clear_errors() {
+        let (ca, _) = pair("esp", "udp");
+        let mut a = Engine::new(&ca, None, T).unwrap();
+        let before = a.sa_list(T);
+        let good = format!("spi=0x3001,suite=aes128gcm16,enc={K_NEW_AB}");
+        let err = |a: &mut Engine, conn: &str, out: bool, spec: &str| {
+            a.add_sa(conn, out, spec, T).unwrap_err()
+        };
+        let e = err(&mut a, "nope", false, &good);
+        assert!(
+            e.contains("no connection named \"nope\"") && e.contains("\"peer\""),
+            "{e}"
+        );
+        // The SPI of an installed SA, either direction.
+        let e = err(&mut a, "peer", false, &good.replace("0x3001", "0x1001"));
+        assert!(
+            e.contains("SPI 0x00001001 is already in use") && e.contains("inbound"),
+            "{e}"
+        );
+        let e = err(&mut a, "peer", true, &good.replace("0x3001", "0x1002"));
+        assert!(
+            e.contains("already in use") && e.contains("outbound"),
+            "{e}"
+        );
+        let e = err(
+            &mut a,
+            "peer",
+            false,
+            "spi=0x3001,suite=aes128gcm16,enc=abc",
+        );
+        assert!(e.starts_with("bad SA spec: enc:"), "{e}");
+        let e = err(
+            &mut a,
+            "peer",
+            false,
+            "spi=0x3001,suite=aes128gcm16,enc=0011",
+        );
+        assert!(e.contains("key must be 20 bytes"), "{e}");
+        let e = err(&mut a, "peer", false, &format!("{good},mode=transport"));
+        assert!(
+            e.starts_with("mode=transport: connection \"peer\" is in tunnel mode"),
+            "{e}"
+        );
+        let e = err(&mut a, "peer", false, &format!("{good},encap=none"));
+        assert!(e.contains("uses encap udp"), "{e}");
+        let e = err(
+            &mut a,
+            "peer",
+            true,
+            &format!("{good},src=192.0.2.2,dst=192.0.2.1"),
+        );
+        assert!(e.contains("go from 192.0.2.1 to 192.0.2.2"), "{e}");
+        let e = err(&mut a, "peer", true, &format!("{good},dport=4501"));
+        assert!(e.contains("UDP ports 4500 -> 4500"), "{e}");
+        let e = err(&mut a, "peer", true, &format!("{good},seq=5"));
+        assert!(e.contains("reserved on disk"), "{e}");
+        let e = err(&mut a, "peer", false, &format!("{good},proto=ah"));
+        assert!(e.contains("uses esp, not ah"), "{e}");
+        // The outbound key in use, under another SPI: nonces would repeat.
+        let e = err(
+            &mut a,
+            "peer",
+            true,
+            &format!("spi=0x3001,suite=aes128gcm16,enc={K_AB}"),
+        );
+        assert!(
+            e.contains("which it would replace") && e.contains("new keys"),
+            "{e}"
+        );
+        // Nothing changed.
+        assert_eq!(a.sa_list(T), before);
+        // Keys equal to the connection's are accepted.
+        a.add_sa(
+            "peer",
+            false,
+            &format!("{good},encap=udp,mode=tunnel,src=192.0.2.2,dst=192.0.2.1,sport=4500"),
+            T,
+        )
+        .unwrap();
+        assert_eq!(a.sa_list(T).len(), 3);
+        // sa del errors.
+        let e = a.del_sa(0x4444, None, None, None).unwrap_err();
+        assert!(e.contains("no SA with SPI 0x00004444"), "{e}");
+        let e = a.del_sa(0x1001, None, Some(true), None).unwrap_err();
+        assert!(e.contains("is not an outbound SA"), "{e}");
+        let e = a.del_sa(0x1002, None, None, Some("other")).unwrap_err();
+        assert!(e.contains("no connection named \"other\""), "{e}");
+        let e = a
+            .del_sa(0x1002, Some(Protocol::Ah), None, None)
+            .unwrap_err();
+        assert!(e.contains("no AH SA with SPI"), "{e}");
+        assert_eq!(a.sa_list(T).len(), 3);
+    }
+
+    #[test]
+    fn bundles_accept_any_inbound_sa_per_layer() {
+        let (ca, cb) = pair("esp+ah", "none");
+        let mut a = Engine::new(&ca, None, T).unwrap();
+        let mut b = Engine::new(&cb, None, T).unwrap();
+        let esp = format!("spi=0x3001,suite=aes128gcm16,enc={K_NEW_AB}");
+        let e = b.add_sa("peer", false, &esp, T).unwrap_err();
+        assert!(e.contains("say proto=esp or proto=ah"), "{e}");
+        b.add_sa("peer", false, &format!("{esp},proto=esp"), T)
+            .unwrap();
+        a.add_sa("peer", true, &format!("{esp},proto=esp"), T)
+            .unwrap();
+        // New ESP inside the old AH.
+        assert!(send_one(&mut a, &mut b), "{:?}", b.drops());
+        // Then a new AH too.
+        let ah = format!("spi=0x3101,suite=sha256,integ={I_BA},proto=ah");
+        b.add_sa("peer", false, &ah, T).unwrap();
+        a.add_sa("peer", true, &ah, T).unwrap();
+        assert_eq!(spis(&a, "out"), ["0x00003001", "0x00003101"]);
+        assert!(send_one(&mut a, &mut b), "{:?}", b.drops());
+        // Without its AH layer, A sends nothing (no_sa), never ESP alone.
+        a.del_sa(0x3101, None, None, None).unwrap();
+        assert!(!send_one(&mut a, &mut b));
+        assert_eq!(a.drops().get("no_sa"), Some(&1));
+        // A B-side SA (outbound at B) on an inbound packet is a mismatch.
+        let (ca_esp, _) = pair("esp", "none");
+        let mut lone = Engine::new(&ca_esp, None, T).unwrap();
+        assert!(!send_one(&mut lone, &mut b));
+        assert_eq!(b.drops().get("policy_mismatch"), Some(&1));
+    }
+
+    #[test]
+    fn added_outbound_sas_reserve_sequence_numbers_on_disk() {
+        let dir = temp_dir();
+        let store = SeqStore::open(&dir).unwrap();
+        let (ca, cb) = pair("esp", "udp");
+        let mut a = Engine::new(&ca, Some(&store), T).unwrap();
+        let mut b = Engine::new(&cb, None, T).unwrap();
+        let spec = format!("spi=0x3001,suite=aes128gcm16,enc={K_NEW_AB}");
+        b.add_sa("peer", false, &spec, T).unwrap();
+        a.add_sa("peer", true, &spec, T).unwrap();
+        let out = |a: &Engine| {
+            a.sa_list(T)
+                .into_iter()
+                .find(|s| s.direction == "out")
+                .unwrap()
+        };
+        assert_eq!(out(&a).next_seq, Some(1));
+        assert!(out(&a).seq_reserved.unwrap() > 1);
+        for _ in 0..3 {
+            assert!(send_one(&mut a, &mut b));
+        }
+        // Removed, then added again: the key continues where it stopped
+        // (the state file says 4), it never starts over at 1.
+        a.del_sa(0x3001, None, None, None).unwrap();
+        let ch = a.add_sa("peer", true, &spec, T).unwrap();
+        assert!(
+            ch.message.contains("starting at sequence number 4"),
+            "{ch:?}"
+        );
+        assert!(send_one(&mut a, &mut b));
+        // Replacing the configured SA released its reservation (next = 1,
+        // nothing sent on it), so that key continues exactly too.
+        let old = format!("spi=0x1002,suite=aes128gcm16,enc={K_AB}");
+        let ch = a.add_sa("peer", true, &old, T).unwrap();
+        assert!(
+            ch.message.contains("starting at sequence number 1"),
+            "{ch:?}"
+        );
+        a.release_reservations();
+        drop(a);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn control_answers_and_keys() {
+        let (ca, _) = pair("esp", "udp");
+        let mut a = Engine::new(&ca, None, T).unwrap();
+        let ask = |a: &mut Engine, line: &str| {
+            let req = crate::gateway::control::parse_request(line.as_bytes()).unwrap();
+            let v: serde_json::Value = serde_json::from_str(&admin_answer(a, T, &req)).unwrap();
+            v
+        };
+        let v = ask(
+            &mut a,
+            &format!(
+                r#"{{"cmd":"sa_add","conn":"peer","dir":"in","spec":"spi=0x3001,suite=aes256-sha1,enc={},integ={}"}}"#,
+                &I_AB[..64],
+                &I_BA[..40]
+            ),
+        );
+        assert_eq!(v["ok"], true, "{v}");
+        assert!(v["message"].as_str().unwrap().contains("(aes256-sha1)"));
+        assert!(
+            !v.to_string().contains(&I_AB[..64]),
+            "no keys in the answer"
+        );
+        let v = ask(
+            &mut a,
+            r#"{"cmd":"sa_add","conn":"peer","dir":"sideways","spec":"x"}"#,
+        );
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains("dir: expected in or out"),
+            "{v}"
+        );
+        let v = ask(&mut a, r#"{"cmd":"sa_add","conn":"peer"}"#);
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains("sa_add needs \"dir\""),
+            "{v}"
+        );
+        let v = ask(&mut a, r#"{"cmd":"sa_del"}"#);
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains("sa_del needs \"spi\""),
+            "{v}"
+        );
+        let v = ask(&mut a, r#"{"cmd":"wireshark_keys"}"#);
+        let keys: Vec<SaKeys> = serde_json::from_value(v["sas"].clone()).unwrap();
+        let got: Vec<(String, u32, String, String, String, String)> = keys
+            .iter()
+            .map(|k| {
+                (
+                    k.direction.clone(),
+                    k.spi,
+                    k.src.clone(),
+                    k.dst.clone(),
+                    k.suite.clone(),
+                    k.enc_key.clone(),
+                )
+            })
+            .collect();
+        let s = |x: &str| x.to_string();
+        assert_eq!(
+            got,
+            [
+                (
+                    s("in"),
+                    0x1001,
+                    s("192.0.2.2"),
+                    s("192.0.2.1"),
+                    s("aes128gcm16"),
+                    s(K_BA)
+                ),
+                (
+                    s("in"),
+                    0x3001,
+                    s("192.0.2.2"),
+                    s("192.0.2.1"),
+                    s("aes256-sha1"),
+                    s(&I_AB[..64])
+                ),
+                (
+                    s("out"),
+                    0x1002,
+                    s("192.0.2.1"),
+                    s("192.0.2.2"),
+                    s("aes128gcm16"),
+                    s(K_AB)
+                ),
+            ]
+        );
+        assert_eq!(keys[1].integ_key, &I_BA[..40]);
+        assert_eq!((keys[2].sport, keys[2].dport), (Some(4500), Some(4500)));
+        let v = ask(
+            &mut a,
+            r#"{"cmd":"sa_del","spi":12289,"proto":"esp","dir":"in"}"#,
+        );
+        assert_eq!(v["ok"], true, "{v}");
+        assert_eq!(a.sa_list(T).len(), 2);
     }
 
     #[test]

@@ -15,17 +15,25 @@
 //! - [`seqstate`]: outbound sequence numbers reserved on disk, so that a
 //!   restart never reuses a nonce; [`mss`]: TCP MSS clamping;
 //! - [`control`] / [`status`]: the control socket protocol and the
-//!   `status` / `sa list` views; [`ratelimit`]: per-reason log limiting;
-//!   [`signals`]: SIGINT/SIGTERM/SIGHUP as a descriptor.
+//!   `status` / `sa list` views (`sa add` / `sa del` are
+//!   [`engine::Engine::add_sa`] / [`engine::Engine::del_sa`]);
+//!   [`wireshark`]: the `esp_sa` keys of `espgate wireshark-keys`;
+//!   [`ratelimit`]: per-reason log limiting;
+//!   [`signals`]: SIGINT/SIGTERM/SIGHUP as a descriptor;
+//! - [`metrics`]: the Prometheus endpoint (`gateway.metrics`), served from
+//!   the same loop; [`daemon`]: `espgate up --daemon` (fork, readiness
+//!   report to the parent), the pid file, systemd's `READY=1`.
 //!
 //! Not built yet (and said so in the log when configured): more than one
-//! data-plane thread, `fragment_inner = false`, the metrics endpoint, IKE. ICMP "fragmentation needed" / "packet too big"
+//! data-plane thread, `fragment_inner = false`, IKE. ICMP "fragmentation needed" / "packet too big"
 //! for inner packets larger than the tunnel comes from the kernel, since
 //! the TUN MTU is the outer MTU minus the SA overhead.
 
 pub mod control;
+pub mod daemon;
 pub mod dataplane;
 pub mod engine;
+pub mod metrics;
 pub mod mss;
 pub mod ratelimit;
 pub mod seqstate;
@@ -34,6 +42,7 @@ pub mod signals;
 pub mod sockets;
 pub mod status;
 pub mod sys;
+pub mod wireshark;
 
 use crate::config::{Encapsulation, LoadedConfig};
 use crate::netdev::{NetChanges, Tun};
@@ -50,9 +59,6 @@ fn log_not_built(cfg: &LoadedConfig) {
             "gateway.workers asks for {} data-plane threads; this version runs one",
             g.worker_threads()
         );
-    }
-    if let Some(m) = g.metrics {
-        tracing::warn!("gateway.metrics = {m}: the metrics endpoint is not built yet; ignored");
     }
     for c in &cfg.connections {
         if !c.fragment_inner {
@@ -118,6 +124,14 @@ fn open_sockets(cfg: &LoadedConfig) -> Result<Sockets> {
 /// then undoes every network change, removes the control socket and
 /// records the exact outbound sequence numbers.
 pub fn run(cfg: LoadedConfig) -> Result<()> {
+    run_with(cfg, &mut || Ok(()))
+}
+
+/// [`run`], calling `on_ready` once everything is up (TUN, routes, rules,
+/// sockets, metrics endpoint, control socket), just before the loop
+/// starts: `espgate up` writes its pid file and reports readiness there.
+/// An error from it stops the gateway the same way as a failed start.
+pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> Result<()> {
     let start = Instant::now();
     let signals = signals::Signals::block().context("blocking SIGINT/SIGTERM/SIGHUP")?;
     for w in &cfg.warnings {
@@ -142,15 +156,26 @@ pub fn run(cfg: LoadedConfig) -> Result<()> {
         tracing::warn!("{w}");
     }
     let sockets = open_sockets(&cfg)?;
+    let mut metrics = match g.metrics {
+        Some(addr) => Some(
+            metrics::MetricsServer::bind(addr)
+                .with_context(|| format!("gateway.metrics = \"{addr}\": cannot listen"))?,
+        ),
+        None => None,
+    };
     let mut control = control::ControlServer::bind(&g.control_socket)?;
     tracing::info!(
-        "espgate {} up: TUN {} mtu {}, {} connection(s), {} SA(s), control socket {}",
+        "espgate {} up: TUN {} mtu {}, {} connection(s), {} SA(s), control socket {}{}",
         env!("CARGO_PKG_VERSION"),
         tun.name(),
         plan.mtu,
         engine.conns().len(),
         engine.sad().len(),
-        control.path().display()
+        control.path().display(),
+        metrics
+            .as_ref()
+            .map(|m| format!(", metrics on http://{}/metrics", m.local_addr()))
+            .unwrap_or_default()
     );
     for d in net.describe() {
         tracing::debug!("{d}");
@@ -166,18 +191,23 @@ pub fn run(cfg: LoadedConfig) -> Result<()> {
         fwmark: g.fwmark,
         state_dir: store.dir().display().to_string(),
     };
-    let result = Dataplane {
-        engine: &mut engine,
-        tun: &tun,
-        sockets: &sockets,
-        control: &mut control,
-        signals: &signals,
-        start,
-        info,
-    }
-    .run();
+    let result = on_ready().and_then(|()| {
+        Dataplane {
+            engine: &mut engine,
+            tun: &tun,
+            sockets: &sockets,
+            control: &mut control,
+            metrics: metrics.as_mut(),
+            signals: &signals,
+            start,
+            info,
+        }
+        .run()
+        .map(drop)
+    });
     engine.release_reservations();
     drop(control);
+    drop(metrics);
     drop(sockets);
     let undone = net.undo();
     drop(tun);

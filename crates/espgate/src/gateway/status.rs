@@ -79,6 +79,10 @@ pub struct SaStatus {
     pub connection: String,
     /// `in` or `out`.
     pub direction: String,
+    /// Installed at run time by `espgate sa add` (gone after a restart),
+    /// not from the configuration file.
+    #[serde(default)]
+    pub added: bool,
     /// SPI in hex (`0x0000c0de`).
     pub spi: String,
     /// `esp` or `ah`.
@@ -264,7 +268,11 @@ fn sa_row(s: &SaStatus, with_conn: bool) -> Vec<String> {
     }
     r.extend([
         s.direction.clone(),
-        s.spi.clone(),
+        if s.added {
+            format!("{}+", s.spi)
+        } else {
+            s.spi.clone()
+        },
         s.protocol.clone(),
         s.suite.clone(),
         format!("{}/{}", s.mode, s.encap),
@@ -315,6 +323,26 @@ pub fn render_status(s: &Status) -> String {
         let mut rows = vec![SA_HEADER.iter().map(|h| h.to_string()).collect()];
         rows.extend(c.sas.iter().map(|sa| sa_row(sa, false)));
         out.push_str(&table(&rows, "  "));
+        let missing: Vec<&str> = c
+            .protocol
+            .split('+')
+            .filter(|p| {
+                !c.sas
+                    .iter()
+                    .any(|sa| sa.direction == "out" && sa.protocol == *p)
+            })
+            .collect();
+        if !missing.is_empty() {
+            let _ = writeln!(
+                out,
+                "  no outbound {} SA (removed by `espgate sa del`): outbound traffic is dropped \
+                 (no_sa)",
+                missing.join("+").to_uppercase()
+            );
+        }
+    }
+    if s.connections.iter().flat_map(|c| &c.sas).any(|sa| sa.added) {
+        out.push_str(ADDED_NOTE);
     }
     let _ = writeln!(out, "\ndrops: {}", counts(&s.drops).replace(',', ", "));
     let _ = writeln!(out, "counters: {}", counts(&s.counters).replace(',', ", "));
@@ -331,8 +359,15 @@ pub fn render_sa_list(sas: &[SaStatus]) -> String {
         .map(str::to_string)
         .collect::<Vec<_>>()];
     rows.extend(sas.iter().map(|sa| sa_row(sa, true)));
-    table(&rows, "")
+    let mut out = table(&rows, "");
+    if sas.iter().any(|sa| sa.added) {
+        out.push_str(ADDED_NOTE);
+    }
+    out
 }
+
+const ADDED_NOTE: &str =
+    "(+ added by `espgate sa add`: a run-time change, gone when the daemon restarts)\n";
 
 #[cfg(test)]
 mod tests {
@@ -342,6 +377,7 @@ mod tests {
         let sa = |dir: &str, spi: &str, drops: &[(&str, u64)]| SaStatus {
             connection: "site-b".into(),
             direction: dir.into(),
+            added: false,
             spi: spi.into(),
             protocol: "esp".into(),
             suite: "aes128gcm16".into(),
@@ -420,6 +456,18 @@ counters: keepalives=0, tun_rx=3
     }
 
     #[test]
+    fn a_connection_without_outbound_sa_says_so() {
+        let mut s = sample();
+        s.connections[0].sas.retain(|sa| sa.direction == "in");
+        let text = render_status(&s);
+        assert!(
+            text.contains("  no outbound ESP SA (removed by `espgate sa del`)"),
+            "{text}"
+        );
+        assert!(!render_status(&sample()).contains("no outbound"));
+    }
+
+    #[test]
     fn sa_list_text() {
         let s = sample();
         let text = render_sa_list(&s.connections[0].sas);
@@ -432,6 +480,14 @@ counters: keepalives=0, tun_rx=3
         );
         assert!(lines[2].ends_with(" -"), "{text}");
         assert_eq!(render_sa_list(&[]), "no SAs installed\n");
+        // SAs added at run time are marked, with a note.
+        let mut sas = s.connections[0].sas.clone();
+        sas[1].added = true;
+        let text = render_sa_list(&sas);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert!(lines[2].contains(" 0x00001002+ "), "{text}");
+        assert!(lines[3].contains("espgate sa add"), "{text}");
     }
 
     #[test]

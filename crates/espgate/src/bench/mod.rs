@@ -1,0 +1,593 @@
+//! `espgate bench crypto` and `espgate bench esp`: what one core does with
+//! each suite, in memory, on this machine.
+//!
+//! - `crypto` times the suite's keyed transform alone ([`Transform::seal`]
+//!   and [`Transform::open`]) over a body of the given size: aws-lc-rs's
+//!   cipher and MAC plus the nonce, nothing of ESP. This is the ceiling.
+//! - `esp` times the whole SA pipeline per packet — outbound
+//!   [`Sa::encapsulate`] (copy the clear packet into the buffer as a TUN
+//!   read would, outer header, ESP header, IV, padding, trailer, ICV) and
+//!   inbound [`Sa::decapsulate`] (replay check, ICV, decrypt, padding and
+//!   selector checks, replay window update) — and, in the same run, the
+//!   raw seal (open, inbound) of the same suite and size (`ratio_to_raw`) and the same
+//!   pipeline with `null` encryption and no integrity, the "skeleton" of
+//!   seed 004's method: what is left when the cryptography costs nothing.
+//!   `crypto_share` = 1 − skeleton time / suite time.
+//!
+//! Measurements of one row are interleaved repetition by repetition (raw,
+//! skeleton, pipeline, raw, …) and the median of each is reported, so that
+//! load from other processes hits all of them alike; ratios are what count
+//! on a shared machine. Before timing, every suite is checked end to end
+//! (the inbound pipeline must give back the clear packet), so a broken
+//! suite cannot report a speed.
+
+use anyhow::{anyhow, bail, ensure, Result};
+use espgate_core::crypto::{AuthCtx, Enc, Suite, Transform};
+use espgate_core::sa::{classify, Classified, Decapsulated, Inbound, Protocol, Sa, SaConfig};
+use espgate_core::wire::udp;
+use espgate_core::PacketBuf;
+use serde::Serialize;
+use std::hint::black_box;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+/// Suites `bench esp` and `bench crypto` run when none is named.
+pub const DEFAULT_SUITES: [&str; 7] = [
+    "aes128gcm16",
+    "aes256gcm16",
+    "chacha20poly1305",
+    "aes128gmac",
+    "aes128-sha256",
+    "aes256-sha1",
+    "null-sha256",
+];
+/// Sizes (inner IPv4 packet bytes) run when none is given.
+pub const DEFAULT_SIZES: [usize; 4] = [64, 512, 1400, 8192];
+/// The skeleton suite's name: no encryption, no integrity. Not a suite a
+/// user can configure (the parser refuses it); built by [`skeleton`].
+pub const SKELETON: &str = "null";
+
+/// The skeleton suite: ESP framing with `null` encryption and no ICV.
+pub fn skeleton() -> Suite {
+    Suite {
+        enc: Some(Enc::Null),
+        integ: None,
+    }
+}
+/// Distinct ESP packets cycled through by the inbound measurement (each
+/// pass gets a fresh receiving SA so the replay window stays on).
+const RING: usize = 512;
+
+/// What to measure and for how long.
+#[derive(Debug, Clone)]
+pub struct Params {
+    /// Suites (strongSwan keywords).
+    pub suites: Vec<Suite>,
+    /// Inner packet sizes in bytes (IPv4 + UDP, 28..=9000).
+    pub sizes: Vec<usize>,
+    /// Time per measurement.
+    pub time: Duration,
+    /// Repetitions per measurement; the median is reported.
+    pub repeat: usize,
+    /// `bench esp`: outbound, inbound or both.
+    pub outbound: bool,
+    /// See `outbound`.
+    pub inbound: bool,
+}
+
+impl Params {
+    /// Parses suite names and checks sizes and counts.
+    pub fn new(
+        suites: &[String],
+        sizes: &[usize],
+        seconds: f64,
+        repeat: usize,
+        direction: &str,
+    ) -> Result<Params> {
+        let names: Vec<&str> = if suites.is_empty() {
+            DEFAULT_SUITES.to_vec()
+        } else {
+            suites.iter().map(String::as_str).collect()
+        };
+        let suites = names
+            .iter()
+            .map(|n| {
+                n.parse::<Suite>()
+                    .map_err(|e| anyhow!("--suite {n}: {e}"))
+                    .and_then(|s| {
+                        ensure!(
+                            s.enc.is_some(),
+                            "--suite {n}: an AH (integrity-only) suite; bench measures ESP"
+                        );
+                        Ok(s)
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let sizes = if sizes.is_empty() {
+            DEFAULT_SIZES.to_vec()
+        } else {
+            sizes.to_vec()
+        };
+        for &s in &sizes {
+            ensure!(
+                (28..=9000).contains(&s),
+                "--size {s}: inner packets are IPv4/UDP of 28 to 9000 bytes"
+            );
+        }
+        ensure!(
+            seconds.is_finite() && (0.001..=60.0).contains(&seconds),
+            "--seconds {seconds}: between 0.001 and 60"
+        );
+        ensure!((1..=99).contains(&repeat), "--repeat {repeat}: 1 to 99");
+        let (outbound, inbound) = match direction {
+            "out" | "outbound" => (true, false),
+            "in" | "inbound" => (false, true),
+            "both" => (true, true),
+            d => bail!("--direction {d}: out, in or both"),
+        };
+        Ok(Params {
+            suites,
+            sizes,
+            time: Duration::from_secs_f64(seconds),
+            repeat,
+            outbound,
+            inbound,
+        })
+    }
+}
+
+/// One result row (`--json` prints a list of these).
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// Suite keyword.
+    pub suite: String,
+    /// Inner packet size in bytes.
+    pub size: usize,
+    /// `outbound` / `inbound` (bench esp), `seal` / `open` (bench crypto).
+    pub direction: &'static str,
+    /// Median time per packet.
+    pub ns_per_packet: f64,
+    /// Million packets per second on one core.
+    pub mpps: f64,
+    /// Inner bytes per second, in Gbit/s.
+    pub gbps: f64,
+    /// Pipeline throughput / the raw transform's throughput (seal for
+    /// outbound, open for inbound) of the same suite and size in the same
+    /// run (bench esp only).
+    pub ratio_to_raw: Option<f64>,
+    /// Share of the pipeline's time that the cryptography takes, from the
+    /// skeleton run (bench esp only; `None` for the skeleton itself).
+    pub crypto_share: Option<f64>,
+    /// The spread of the repetitions: (max − min) / median.
+    pub spread: f64,
+}
+
+fn row(suite: &str, size: usize, direction: &'static str, s: &Samples) -> Row {
+    let ns = s.median();
+    Row {
+        suite: suite.to_string(),
+        size,
+        direction,
+        ns_per_packet: ns,
+        mpps: 1e3 / ns,
+        gbps: size as f64 * 8.0 / ns,
+        ratio_to_raw: None,
+        crypto_share: None,
+        spread: s.spread(),
+    }
+}
+
+/// Nanoseconds per packet of each repetition.
+#[derive(Debug, Default, Clone)]
+struct Samples(Vec<f64>);
+
+impl Samples {
+    fn median(&self) -> f64 {
+        let mut v = self.0.clone();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n == 0 {
+            f64::NAN
+        } else if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    }
+
+    fn spread(&self) -> f64 {
+        let min = self.0.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = self.0.iter().copied().fold(0.0, f64::max);
+        (max - min) / self.median()
+    }
+}
+
+/// Runs `chunk` (which processes `n` packets and returns `n`) until `time`
+/// has passed, after a short warm-up; returns ns per packet. Only the
+/// chunks are timed, not what runs between them.
+fn measure(time: Duration, mut chunk: impl FnMut() -> Result<usize>) -> Result<f64> {
+    let warm = Instant::now();
+    while warm.elapsed() < time / 10 {
+        chunk()?;
+    }
+    let (mut spent, mut packets) = (Duration::ZERO, 0usize);
+    // Bounded: at least one chunk, at most until `time` is spent.
+    while spent < time || packets == 0 {
+        let t = Instant::now();
+        let n = chunk()?;
+        spent += t.elapsed();
+        packets += n;
+    }
+    Ok(spent.as_nanos() as f64 / packets as f64)
+}
+
+/// An IPv4/UDP packet of `total` bytes (28..=9000), 10.1.0.1 → 10.2.0.1.
+pub fn clear_packet(total: usize) -> Vec<u8> {
+    udp::ipv4_packet(
+        Ipv4Addr::new(10, 1, 0, 1),
+        Ipv4Addr::new(10, 2, 0, 1),
+        total,
+    )
+    .expect("Params checks the size")
+}
+
+fn key(n: usize, fill: u8) -> Vec<u8> {
+    (0..n).map(|i| fill ^ i as u8).collect()
+}
+
+fn sa(suite: Suite, window: u32) -> Result<Sa> {
+    let mut c = SaConfig::new(
+        0x1000,
+        Protocol::Esp,
+        suite,
+        &key(suite.enc_key_len(), 0x5a),
+        &key(suite.integ_key_len(), 0xa5),
+    );
+    c.tunnel_src = Some("192.0.2.1".parse()?);
+    c.tunnel_dst = Some("192.0.2.2".parse()?);
+    c.esn = true;
+    c.replay_window = window;
+    // Only the skeleton (null without integrity) needs this.
+    c.allow_insecure = suite.lacks_integrity();
+    Sa::new(c, Duration::ZERO).map_err(|e| anyhow!("{suite}: {e}"))
+}
+
+/// The outbound and inbound pipelines of one suite and size.
+struct Pipeline {
+    clear: Vec<u8>,
+    tx: Sa,
+    buf: PacketBuf,
+    /// Consecutive ESP packets for the inbound side, with their classification.
+    ring: Vec<(Vec<u8>, Inbound)>,
+    rx: Sa,
+    suite: Suite,
+}
+
+impl Pipeline {
+    fn new(suite: Suite, size: usize, inbound: bool) -> Result<Pipeline> {
+        let clear = clear_packet(size);
+        let mut tx = sa(suite, 1024)?;
+        let mut buf = PacketBuf::with_capacity(9216);
+        let mut ring = Vec::new();
+        let n = if inbound { RING } else { 1 };
+        for _ in 0..n {
+            buf.load(&clear);
+            tx.encapsulate(&mut buf, Duration::ZERO)
+                .map_err(|d| anyhow!("{suite} outbound, {size} B: {}", d.as_str()))?;
+            let wire = buf.as_slice().to_vec();
+            let Ok(Classified::Ipsec(inb)) = classify(&wire, 4500) else {
+                bail!("{suite}: the ESP packet does not classify as ESP");
+            };
+            ring.push((wire, inb));
+        }
+        // The proof that this suite works before it is timed.
+        let mut rx = sa(suite, 1024)?;
+        let (wire, inb) = &ring[0];
+        buf.load(wire);
+        match rx.decapsulate(&mut buf, inb, Duration::ZERO) {
+            Ok(Decapsulated::Packet) if buf.as_slice() == clear.as_slice() => {}
+            Ok(_) => bail!("{suite}, {size} B: the inbound pipeline did not return the packet"),
+            Err(d) => bail!("{suite}, {size} B: inbound failed: {}", d.as_str()),
+        }
+        Ok(Pipeline {
+            clear,
+            tx: sa(suite, 1024)?,
+            buf,
+            ring,
+            rx: sa(suite, 1024)?,
+            suite,
+        })
+    }
+
+    fn outbound(&mut self, n: usize) -> Result<usize> {
+        for _ in 0..n {
+            self.buf.load(&self.clear);
+            self.tx
+                .encapsulate(&mut self.buf, Duration::ZERO)
+                .map_err(|d| anyhow!("{} outbound: {}", self.suite, d.as_str()))?;
+            black_box(self.buf.len());
+        }
+        // The SA's 64-bit counter would take centuries to run out here,
+        // but a long run must never wrap: start over with a fresh SA.
+        if self.tx.next_seq() > u64::MAX / 2 {
+            self.tx = sa(self.suite, 1024)?;
+        }
+        Ok(n)
+    }
+
+    /// One pass over the ring, timed by the caller; a fresh receiving SA
+    /// (outside the timing) makes the next pass legal for the window.
+    fn inbound(&mut self) -> Result<usize> {
+        for (wire, inb) in &self.ring {
+            self.buf.load(wire);
+            self.rx
+                .decapsulate(&mut self.buf, inb, Duration::ZERO)
+                .map_err(|d| anyhow!("{} inbound: {}", self.suite, d.as_str()))?;
+            black_box(self.buf.len());
+        }
+        Ok(self.ring.len())
+    }
+
+    fn reset_rx(&mut self) -> Result<()> {
+        self.rx = sa(self.suite, 1024)?;
+        Ok(())
+    }
+}
+
+/// The suite's transform alone over `size` bytes of body.
+struct Raw {
+    t: Transform,
+    /// `[8-byte ESP header | IV | body | ICV]`.
+    pkt: Vec<u8>,
+    sealed: Vec<u8>,
+    hdr: usize,
+}
+
+impl Raw {
+    fn new(suite: Suite, size: usize) -> Result<Raw> {
+        let mut t = Transform::new(
+            suite,
+            &key(suite.enc_key_len(), 0x5a),
+            &key(suite.integ_key_len(), 0xa5),
+        )
+        .map_err(|e| anyhow!("{suite}: {e}"))?;
+        let block = t.block_len().max(1);
+        let body = size.div_ceil(block) * block;
+        let hdr = 8;
+        let mut pkt = vec![0u8; hdr + t.iv_len() + body + t.icv_len()];
+        t.fill_iv(&mut pkt[hdr..hdr + t.iv_len()], 1)
+            .map_err(|d| anyhow!("{suite}: IV: {}", d.as_str()))?;
+        let mut r = Raw {
+            t,
+            sealed: Vec::new(),
+            pkt,
+            hdr,
+        };
+        r.seal()?;
+        r.sealed = r.pkt.clone();
+        let mut check = r.sealed.clone();
+        r.t.open(&mut check, hdr, &Self::auth())
+            .map_err(|d| anyhow!("{suite}: raw open failed: {}", d.as_str()))?;
+        Ok(r)
+    }
+
+    fn auth() -> AuthCtx<'static> {
+        AuthCtx {
+            aad: &[0u8; 8],
+            mac_prefix: &[],
+            mac_suffix: &[],
+        }
+    }
+
+    fn seal(&mut self) -> Result<()> {
+        self.t
+            .seal(&mut self.pkt, self.hdr, &Self::auth())
+            .map_err(|d| anyhow!("seal: {}", d.as_str()))
+    }
+
+    fn seal_n(&mut self, n: usize) -> Result<usize> {
+        for _ in 0..n {
+            self.seal()?;
+            black_box(&self.pkt);
+        }
+        Ok(n)
+    }
+
+    /// Copies the sealed packet in (the open decrypts in place) and opens it.
+    fn open_n(&mut self, n: usize) -> Result<usize> {
+        for _ in 0..n {
+            self.pkt.copy_from_slice(&self.sealed);
+            self.t
+                .open(&mut self.pkt, self.hdr, &Self::auth())
+                .map_err(|d| anyhow!("open: {}", d.as_str()))?;
+            black_box(&self.pkt);
+        }
+        Ok(n)
+    }
+}
+
+const CHUNK: usize = 256;
+
+/// `espgate bench crypto`.
+pub fn crypto(p: &Params, mut progress: impl FnMut(&str)) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for &suite in &p.suites {
+        for &size in &p.sizes {
+            progress(&format!("crypto {suite} {size} B"));
+            let mut raw = Raw::new(suite, size)?;
+            let (mut seal, mut open) = (Samples::default(), Samples::default());
+            for _ in 0..p.repeat {
+                seal.0.push(measure(p.time, || raw.seal_n(CHUNK))?);
+                open.0.push(measure(p.time, || raw.open_n(CHUNK))?);
+            }
+            rows.push(row(&suite.name(), size, "seal", &seal));
+            rows.push(row(&suite.name(), size, "open", &open));
+        }
+    }
+    Ok(rows)
+}
+
+/// `espgate bench esp`.
+pub fn esp(p: &Params, mut progress: impl FnMut(&str)) -> Result<Vec<Row>> {
+    let skeleton = skeleton();
+    let mut rows = Vec::new();
+    for &size in &p.sizes {
+        let mut skel = Pipeline::new(skeleton, size, p.inbound)?;
+        for &suite in &p.suites {
+            progress(&format!("esp {suite} {size} B"));
+            let mut pipe = Pipeline::new(suite, size, p.inbound)?;
+            let mut raw = Raw::new(suite, size)?;
+            let mut s = [(); 6].map(|_| Samples::default());
+            let [seal_s, open_s, out_s, in_s, skel_out, skel_in] = &mut s;
+            for _ in 0..p.repeat {
+                if p.outbound {
+                    seal_s.0.push(measure(p.time, || raw.seal_n(CHUNK))?);
+                    skel_out.0.push(measure(p.time, || skel.outbound(CHUNK))?);
+                    out_s.0.push(measure(p.time, || pipe.outbound(CHUNK))?);
+                }
+                if p.inbound {
+                    open_s.0.push(measure(p.time, || raw.open_n(CHUNK))?);
+                    skel_in.0.push(measure(p.time, || {
+                        let n = skel.inbound();
+                        skel.reset_rx()?;
+                        n
+                    })?);
+                    in_s.0.push(measure(p.time, || {
+                        let n = pipe.inbound();
+                        pipe.reset_rx()?;
+                        n
+                    })?);
+                }
+            }
+            let mut add = |dir: &'static str, s: &Samples, sk: &Samples, raw: &Samples| {
+                let mut r = row(&suite.name(), size, dir, s);
+                r.ratio_to_raw = Some(raw.median() / r.ns_per_packet);
+                r.crypto_share = Some((1.0 - sk.median() / r.ns_per_packet).max(0.0));
+                rows.push(r);
+            };
+            if p.outbound {
+                add("outbound", out_s, skel_out, seal_s);
+            }
+            if p.inbound {
+                add("inbound", in_s, skel_in, open_s);
+            }
+            if suite == *p.suites.last().expect("at least one suite") {
+                // The skeleton's own rows, once per size.
+                if p.outbound {
+                    rows.push(row(SKELETON, size, "outbound", skel_out));
+                }
+                if p.inbound {
+                    rows.push(row(SKELETON, size, "inbound", skel_in));
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// The rows as an aligned text table.
+pub fn table(rows: &[Row]) -> String {
+    let mut out = format!(
+        "{:<18} {:>6} {:<9} {:>10} {:>8} {:>8} {:>8} {:>7} {:>7}\n",
+        "suite", "size", "direction", "ns/packet", "Mpps", "Gbit/s", "vs raw", "crypto", "spread"
+    );
+    let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0));
+    for r in rows {
+        out += &format!(
+            "{:<18} {:>6} {:<9} {:>10.0} {:>8.2} {:>8.2} {:>8} {:>7} {:>7}\n",
+            r.suite,
+            r.size,
+            r.direction,
+            r.ns_per_packet,
+            r.mpps,
+            r.gbps,
+            pct(r.ratio_to_raw),
+            pct(r.crypto_share),
+            pct(Some(r.spread)),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(suites: &[&str], sizes: &[usize], dir: &str) -> Params {
+        let s: Vec<String> = suites.iter().map(|s| s.to_string()).collect();
+        Params::new(&s, sizes, 0.002, 1, dir).unwrap()
+    }
+
+    #[test]
+    fn every_default_suite_and_the_skeleton_round_trip() {
+        let suites = DEFAULT_SUITES.iter().map(|s| s.parse().unwrap());
+        for s in suites.chain([skeleton()]) {
+            for size in [28, 64, 1400] {
+                Pipeline::new(s, size, true).unwrap();
+                Raw::new(s, size).unwrap();
+            }
+        }
+        assert_eq!(skeleton().name(), SKELETON);
+    }
+
+    #[test]
+    fn esp_rows_have_the_documented_fields_and_consistent_units() {
+        let rows = esp(
+            &params(&["aes128gcm16", "aes128-sha256"], &[64, 512], "both"),
+            |_| {},
+        )
+        .unwrap();
+        // 2 suites × 2 sizes × 2 directions + skeleton 2 sizes × 2 directions.
+        assert_eq!(rows.len(), 12);
+        for r in &rows {
+            assert!(
+                r.ns_per_packet > 0.0 && r.ns_per_packet.is_finite(),
+                "{r:?}"
+            );
+            assert!((r.mpps * r.ns_per_packet - 1e3).abs() < 1e-6);
+            assert!((r.gbps - r.size as f64 * 8.0 / r.ns_per_packet).abs() < 1e-9);
+            if r.suite == SKELETON {
+                assert!(r.ratio_to_raw.is_none() && r.crypto_share.is_none());
+            } else {
+                assert!(r.ratio_to_raw.unwrap() > 0.0);
+                assert!((0.0..=1.0).contains(&r.crypto_share.unwrap()));
+            }
+        }
+        let v = serde_json::to_value(&rows).unwrap();
+        for k in ["suite", "size", "direction", "mpps", "gbps", "ratio_to_raw"] {
+            assert!(v[0].get(k).is_some(), "{k} missing in {}", v[0]);
+        }
+        assert!(table(&rows).lines().count() == 13);
+    }
+
+    #[test]
+    fn only_the_asked_direction_is_measured() {
+        let rows = esp(&params(&["chacha20poly1305"], &[100], "in"), |_| {}).unwrap();
+        assert!(rows.iter().all(|r| r.direction == "inbound"), "{rows:?}");
+        let rows = crypto(&params(&["aes256gcm16"], &[100], "both"), |_| {}).unwrap();
+        let dirs: Vec<_> = rows.iter().map(|r| r.direction).collect();
+        assert_eq!(dirs, ["seal", "open"]);
+    }
+
+    #[test]
+    fn bad_parameters_are_refused_with_the_option_named() {
+        let e = |s: &[&str], sz: &[usize], secs: f64, rep: usize, dir: &str| {
+            let s: Vec<String> = s.iter().map(|s| s.to_string()).collect();
+            Params::new(&s, sz, secs, rep, dir).unwrap_err().to_string()
+        };
+        assert!(e(&["aes999"], &[], 1.0, 1, "both").contains("--suite aes999"));
+        assert!(e(&["sha256"], &[], 1.0, 1, "both").contains("AH"));
+        assert!(e(&[], &[10], 1.0, 1, "both").contains("--size 10"));
+        assert!(e(&[], &[64], 0.0, 1, "both").contains("--seconds"));
+        assert!(e(&[], &[64], 1.0, 0, "both").contains("--repeat"));
+        assert!(e(&[], &[64], 1.0, 1, "up").contains("--direction up"));
+    }
+
+    #[test]
+    fn the_median_and_spread_of_samples() {
+        let s = Samples(vec![3.0, 1.0, 2.0]);
+        assert_eq!(s.median(), 2.0);
+        assert_eq!(s.spread(), 1.0);
+        assert_eq!(Samples(vec![1.0, 3.0]).median(), 2.0);
+    }
+}

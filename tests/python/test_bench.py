@@ -1,0 +1,59 @@
+"""`espgate bench crypto|esp` as a user runs it: the command line, the JSON
+rows it documents, and clear errors. Speeds are not asserted (benchmarks
+are not timed tests); only that the numbers are present, positive and
+consistent with each other."""
+
+import json
+import subprocess
+
+
+def bench(espgate, *args, check=True):
+    r = subprocess.run([espgate, "bench", *args], capture_output=True, text=True, timeout=120)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_bench_esp_json_rows(espgate):
+    r = bench(espgate, "esp", "--json", "--suite", "aes128gcm16,chacha20poly1305", "--size", "64",
+              "--size", "1400", "--seconds", "0.01", "--repeat", "1")
+    rows = json.loads(r.stdout)
+    keys = {(x["suite"], x["size"], x["direction"]) for x in rows}
+    for suite in ("aes128gcm16", "chacha20poly1305", "null"):
+        for size in (64, 1400):
+            for d in ("outbound", "inbound"):
+                assert (suite, size, d) in keys, (suite, size, d, keys)
+    for x in rows:
+        assert x["mpps"] > 0 and x["gbps"] > 0
+        assert abs(x["gbps"] - x["mpps"] * x["size"] * 8 / 1000) < 1e-6 * x["gbps"]
+        if x["suite"] == "null":
+            assert x["ratio_to_raw"] is None
+        else:
+            assert 0 < x["ratio_to_raw"] < 10
+            assert 0 <= x["crypto_share"] <= 1
+
+
+def test_bench_esp_table_and_one_direction(espgate):
+    r = bench(espgate, "esp", "--suite", "aes256gcm16", "--size", "512", "--seconds", "0.01", "--repeat", "1",
+              "--direction", "out")
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:3] == ["suite", "size", "direction"]
+    body = [line.split() for line in lines[1:] if line and not line.startswith("vs raw")]
+    assert [(b[0], b[1], b[2]) for b in body] == [("aes256gcm16", "512", "outbound"), ("null", "512", "outbound")]
+
+
+def test_bench_crypto_every_suite_kind(espgate):
+    r = bench(espgate, "crypto", "--json", "--suite", "aes128gcm16,aes128gmac,aes256-sha512,null-aesxcbc",
+              "--size", "100", "--seconds", "0.01", "--repeat", "1")
+    rows = json.loads(r.stdout)
+    assert [(x["suite"], x["direction"]) for x in rows] == [
+        (s, d) for s in ("aes128gcm16", "aes128gmac", "aes256-sha512", "null-aesxcbc") for d in ("seal", "open")]
+
+
+def test_bench_errors_are_clear(espgate):
+    r = bench(espgate, "esp", "--suite", "rot13", check=False)
+    assert r.returncode != 0 and "--suite rot13" in r.stderr
+    r = bench(espgate, "esp", "--size", "20", check=False)
+    assert r.returncode != 0 and "--size 20" in r.stderr
+    r = bench(espgate, "tunnel", check=False)
+    assert r.returncode != 0 and "not built yet" in r.stderr
