@@ -422,6 +422,26 @@ def capture_one(lab, ns, dev, bpf, trigger, timeout=10):
 
 
 @pytest.mark.skipif(PING is None or not shutil.which("tcpdump"), reason="needs ping and tcpdump")
+def test_fragment_inner_false_fragments_the_outer_packets(lab):
+    a, b = configs(lab, protocol="esp", encap="udp", esp="aes128gcm16", extra_conn="fragment_inner = false")
+    a.start()
+    b.start()
+    for d in (a, b):
+        assert d.status()["tun"]["mtu"] == 1500
+    # A full-size inner packet with DF: it enters the TUN whole and leaves
+    # as two outer IPv4 fragments (the first with MF set).
+    big = lambda: run("ip", "netns", "exec", a.ns, PING, "-c", "2", "-i", "0.2", "-W", "2", "-M", "do",
+                      "-s", "1472", "-I", "10.1.0.1", "10.2.0.1", timeout=30)
+    frag = capture_one(lab, a.ns, "va", "src host 192.0.2.1 and ip[6] & 0x20 != 0", big)
+    from scapy.all import IP
+    assert frag[IP].flags.MF and frag[IP].frag == 0 and frag[IP].len == 1500, frag.summary()
+    for d in (a, b):
+        st = assert_clean(d, 2)
+        assert st["connections"][0]["sas"][0]["packets"] >= 2
+    assert a.stop() == 0 and b.stop() == 0
+
+
+@pytest.mark.skipif(PING is None or not shutil.which("tcpdump"), reason="needs ping and tcpdump")
 def test_bad_input_is_counted_and_survived(lab):
     a, b = configs(lab, protocol="esp", encap="udp", esp="aes128gcm16")
     a.start()

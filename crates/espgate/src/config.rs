@@ -1509,6 +1509,14 @@ impl Validator<'_> {
                 ),
             );
         }
+        if c.fragment_inner == Some(false) && encap == Encapsulation::None {
+            self.err(
+                p("fragment_inner"),
+                "fragment_inner = false lets the kernel fragment the outer packets, which it \
+                 does for ESP-in-UDP only (raw ESP/AH is sent with IP_HDRINCL, never \
+                 fragmented); set encap = \"udp\" or remove this key",
+            );
+        }
         if encap == Encapsulation::None && c.remote_port.is_some() {
             self.warn(
                 p("remote_port"),
@@ -2139,6 +2147,24 @@ impl Validator<'_> {
     }
 
     fn across_connections(&mut self, conns: &[(usize, Connection)]) {
+        // One TUN device, one MTU: either it is the outer MTU minus the SA
+        // overhead (inner fragmentation) or the outer MTU itself.
+        if let Some((first, fc)) = conns.first() {
+            for (i, c) in conns {
+                if c.fragment_inner != fc.fragment_inner {
+                    self.err(
+                        at(&conn_path(*i), &["fragment_inner"]),
+                        format!(
+                            "fragment_inner = {} here but {} on connection \"{}\" \
+                             (connection[{first}]): the TUN device has one MTU, so every \
+                             connection must agree",
+                            c.fragment_inner, fc.fragment_inner, fc.name
+                        ),
+                    );
+                    break;
+                }
+            }
+        }
         // (protocol, direction, spi) -> first connection index; outbound
         // also keyed by the peer (SPIs are chosen by each receiver).
         type SpiKey = (Protocol, bool, u32, Option<IpAddr>);
@@ -2672,6 +2698,43 @@ lifetime = { soft_bytes = "1G", hard_bytes = "2G", soft_time = "50m", hard_time 
         assert_has(&e, &["connection[0].esp", "missing field `spi_in`"]);
         let e = err("[gateway\n");
         assert_has(&e, &["test.toml:1:", "TOML syntax"]);
+    }
+
+    #[test]
+    fn fragment_inner_false_needs_udp_and_agreement() {
+        let c = parse_str(&conn(
+            "b",
+            "fragment_inner = false",
+            &good_esp(0x1001, 0x1002),
+        ));
+        assert!(!c.unwrap().connection("b").unwrap().fragment_inner);
+        let e = err(&conn(
+            "b",
+            "fragment_inner = false\nencap = \"none\"",
+            &good_esp(0x1001, 0x1002),
+        ));
+        assert_has(
+            &e,
+            &[
+                "connection[0].fragment_inner",
+                "ESP-in-UDP only",
+                "encap = \"udp\"",
+            ],
+        );
+        let two = format!(
+            "{}{}",
+            conn("b", "", &good_esp(0x1001, 0x1002)),
+            conn("c", "fragment_inner = false", &good_esp(0x2001, 0x2002))
+                .replace("192.0.2.2", "192.0.2.3")
+        );
+        assert_has(
+            &err(&two),
+            &[
+                "connection[1].fragment_inner",
+                "true on connection \"b\"",
+                "one MTU",
+            ],
+        );
     }
 
     #[test]

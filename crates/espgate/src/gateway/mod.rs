@@ -25,7 +25,7 @@
 //!   report to the parent), the pid file, systemd's `READY=1`.
 //!
 //! Not built yet (and said so in the log when configured): more than one
-//! data-plane thread, `fragment_inner = false`, IKE. ICMP "fragmentation needed" / "packet too big"
+//! data-plane thread, IKE. ICMP "fragmentation needed" / "packet too big"
 //! for inner packets larger than the tunnel comes from the kernel, since
 //! the TUN MTU is the outer MTU minus the SA overhead.
 
@@ -60,15 +60,13 @@ fn log_not_built(cfg: &LoadedConfig) {
             g.worker_threads()
         );
     }
-    for c in &cfg.connections {
-        if !c.fragment_inner {
-            tracing::warn!(
-                "connection \"{}\": fragment_inner = false is not honoured yet: the kernel \
-                 fragments inner packets without DF to the TUN MTU",
-                c.name
-            );
-        }
-    }
+}
+
+/// `fragment_inner = false` (every connection agrees; config checks it):
+/// the TUN gets the outer MTU and the kernel fragments oversized outer
+/// UDP datagrams instead of the inner packets.
+fn fragments_outer(cfg: &LoadedConfig) -> bool {
+    cfg.connections.iter().any(|c| !c.fragment_inner)
 }
 
 /// Opens the outer sockets the connections need.
@@ -81,7 +79,7 @@ fn open_sockets(cfg: &LoadedConfig) -> Result<Sockets> {
         .any(|c| c.encap == Encapsulation::Udp)
     {
         s.udp = Some(
-            sockets::UdpSock::open(g.listen, g.fwmark)
+            sockets::UdpSock::open(g.listen, g.fwmark, fragments_outer(cfg))
                 .with_context(|| format!("opening UDP socket on {}", g.listen))?,
         );
     }
@@ -143,7 +141,16 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
     control::check_not_running(&g.control_socket)?;
     let store = seqstate::SeqStore::open(&g.state_dir)?;
     let mut engine = engine::Engine::new(&cfg, Some(&store), Duration::ZERO)?;
-    let plan = setup::plan(&cfg, engine.max_overhead())?;
+    let overhead = if fragments_outer(&cfg) {
+        tracing::info!(
+            "fragment_inner = false: TUN MTU = gateway.mtu; ESP-in-UDP datagrams larger than \
+             the path are fragmented by the kernel (outer fragmentation)"
+        );
+        0
+    } else {
+        engine.max_overhead()
+    };
+    let plan = setup::plan(&cfg, overhead)?;
     // Dropped in reverse order on any error below: control socket removed,
     // sockets closed, network changes undone, then the TUN deleted.
     let tun = Tun::builder(&g.tun)

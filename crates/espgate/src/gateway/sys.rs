@@ -173,6 +173,9 @@ pub struct RecvMeta {
     pub dst: Option<IpAddr>,
     /// TOS / traffic class byte (`IP_TOS` / `IPV6_TCLASS`).
     pub tos: Option<u8>,
+    /// With `UDP_GRO` on: the buffer holds several datagrams of this size
+    /// (the last one may be shorter), coalesced by the kernel.
+    pub gro_size: Option<u16>,
 }
 
 /// Room for the control messages we ask for: pktinfo (IPv4 12 bytes,
@@ -218,6 +221,7 @@ pub fn recv_meta(
         src: from_sockaddr(&ss, msg.msg_namelen),
         dst: None,
         tos: None,
+        gro_size: None,
     };
     // SAFETY: the CMSG_* helpers walk the control buffer the kernel
     // filled, within `msg_controllen`; each payload is read with an
@@ -252,6 +256,11 @@ pub fn recv_meta(
                     let v: libc::c_int = std::ptr::read_unaligned(data.cast());
                     meta.tos = Some(v as u8);
                 }
+                // The kernel writes the GRO segment size as an int.
+                (libc::SOL_UDP, libc::UDP_GRO) if len >= size_of::<libc::c_int>() => {
+                    let v: libc::c_int = std::ptr::read_unaligned(data.cast());
+                    meta.gro_size = u16::try_from(v).ok().filter(|&g| g > 0);
+                }
                 _ => {}
             }
             c = libc::CMSG_NXTHDR(&msg, c);
@@ -271,6 +280,20 @@ pub fn send_to(
     tos: Option<u8>,
     v6_socket: bool,
 ) -> io::Result<usize> {
+    send_iov(fd, &[io::IoSlice::new(data)], dst, tos, v6_socket, None)
+}
+
+/// [`send_to`] of the concatenation of `data`; with `gso = Some(size)`,
+/// one `UDP_SEGMENT` send: the kernel cuts the bytes into datagrams of
+/// `size` bytes (the last may be shorter), at most 64 of them.
+pub fn send_iov(
+    fd: BorrowedFd<'_>,
+    data: &[io::IoSlice<'_>],
+    dst: SocketAddr,
+    tos: Option<u8>,
+    v6_socket: bool,
+    gso: Option<u16>,
+) -> io::Result<usize> {
     let dst = match dst {
         SocketAddr::V4(a) if v6_socket => {
             SocketAddr::V6(SocketAddrV6::new(a.ip().to_ipv6_mapped(), a.port(), 0, 0))
@@ -282,38 +305,53 @@ pub fn send_to(
         SocketAddr::V6(a) => a.ip().to_ipv4_mapped().is_some(),
     };
     let (ss, sslen) = to_sockaddr(dst);
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
-    let mut cbuf = [0u64; 4];
+    // Room for two control messages of an int each (TOS, UDP_SEGMENT).
+    let mut cbuf = [0u64; 8];
     // SAFETY: plain old data; all-zero is valid.
     let mut msg: libc::msghdr = unsafe { zeroed() };
     msg.msg_name = (&ss as *const libc::sockaddr_storage) as *mut libc::c_void;
     msg.msg_namelen = sslen;
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if let Some(tos) = tos.filter(|&t| t != 0) {
+    // `IoSlice` is ABI-compatible with `iovec` (documented by std); the
+    // kernel only reads through these pointers.
+    msg.msg_iov = data.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = data.len() as _;
+    let tos_msg = tos.filter(|&t| t != 0).map(|tos| {
         let (level, ty) = if v4_dst {
             (libc::SOL_IP, libc::IP_TOS)
         } else {
             (libc::SOL_IPV6, libc::IPV6_TCLASS)
         };
-        // SAFETY: CMSG_SPACE/LEN are arithmetic; the buffer (32 bytes) holds
-        // one cmsghdr (16) plus an aligned int; we write through the
-        // pointers CMSG_FIRSTHDR/CMSG_DATA return into it.
+        (level, ty, libc::c_int::from(tos), size_of::<libc::c_int>())
+    });
+    let gso_msg = gso.map(|g| (libc::SOL_UDP, libc::UDP_SEGMENT, libc::c_int::from(g), 2));
+    let cmsgs = [tos_msg, gso_msg];
+    if cmsgs.iter().any(Option::is_some) {
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = size_of_val(&cbuf) as _;
+        let mut used = 0usize;
+        // SAFETY: CMSG_* are the kernel's layout macros over `cbuf` (64
+        // bytes, 8-aligned), which holds two headers (16 bytes each) with
+        // their aligned int payloads (8 each); we write only through the
+        // pointers they return and set `msg_controllen` to what was used.
         unsafe {
-            msg.msg_control = cbuf.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(size_of::<libc::c_int>() as u32) as _;
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = level;
-            (*c).cmsg_type = ty;
-            (*c).cmsg_len = libc::CMSG_LEN(size_of::<libc::c_int>() as u32) as _;
-            std::ptr::write_unaligned(
-                libc::CMSG_DATA(c).cast::<libc::c_int>(),
-                libc::c_int::from(tos),
-            );
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            for (level, ty, value, len) in cmsgs.into_iter().flatten() {
+                (*c).cmsg_level = level;
+                (*c).cmsg_type = ty;
+                (*c).cmsg_len = libc::CMSG_LEN(len as u32) as _;
+                if len == 2 {
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), value as u16);
+                } else {
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), value);
+                }
+                used += libc::CMSG_SPACE(len as u32) as usize;
+                c = libc::CMSG_NXTHDR(&msg, c);
+                if c.is_null() {
+                    break;
+                }
+            }
         }
+        msg.msg_controllen = used as _;
     }
     // SAFETY: every pointer in `msg` points to a live local (or `data`)
     // of the length given next to it; the kernel only reads them.
