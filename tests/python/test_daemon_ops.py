@@ -117,6 +117,8 @@ COUNTERS = {
     "keepalives": "espgate_nat_keepalives_total", "ike": "espgate_ike_packets_total",
     "dummies": "espgate_dummy_packets_total", "not_unicast": "espgate_not_unicast_packets_total",
     "mss_clamped": "espgate_mss_clamped_total",
+    "keepalives_sent": "espgate_nat_keepalives_sent_total", "gso_sends": "espgate_udp_gso_sends_total",
+    "gro_reads": "espgate_udp_gro_reads_total",
 }
 
 

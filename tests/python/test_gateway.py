@@ -219,9 +219,10 @@ def sa_table(proto_key, suite, spi_a_in, spi_a_out, key_files, dirs):
 
 
 def configs(lab, *, protocol="esp", encap="udp", esp="aes128gcm16", ah="sha256", v6_outer=False,
-            inner=("v4",), mode="tunnel", fwmark=None, key_files=False, extra_conn="", extra_a=""):
+            inner=("v4",), mode="tunnel", fwmark=None, key_files=False, extra_conn="", extra_a="", extra_gw=""):
     """Starts nothing; returns the (A, B) daemons for a fresh namespace pair.
-    `extra_conn` goes into both connection tables, `extra_a` into A's only."""
+    `extra_conn` goes into both connection tables, `extra_a` into A's only,
+    `extra_gw` into both [gateway] tables."""
     a_ns, b_ns, a_addr, b_addr = lab.pair(v6=v6_outer)
     dirs = {"A": lab.tmp / "A", "B": lab.tmp / "B"}
     for d in dirs.values():
@@ -252,6 +253,8 @@ def configs(lab, *, protocol="esp", encap="udp", esp="aes128gcm16", ah="sha256",
               f'encap = "{encap}"', 'control_socket = "ctl.sock"', 'state_dir = "state"', 'log = "debug"']
         if fwmark:
             gw.append(f"fwmark = {fwmark:#x}")
+        if extra_gw:
+            gw.append(extra_gw)
         conn = [f'name = "to-{"b" if side == "A" else "a"}"', f'local = "{local}"', f'remote = "{remote}"',
                 f'mode = "{mode}"', f'protocol = "{protocol}"']
         if mode == "tunnel":
@@ -357,6 +360,13 @@ def test_tcp_transfer_through_the_tunnel_with_mss_clamping(lab):
     assert dict(syn[TCP].options)["MSS"] == 1000, syn[TCP].options
     # Two connections: each SYN out and each SYN-ACK in.
     assert a.status()["counters"]["mss_clamped"] == 4
+    # The bulk left A in GSO batches and reached B in GRO batches.
+    sa_, sb = a.status(), b.status()
+    for st in (sa_, sb):
+        assert st["offloads"] == ["udp_gso", "udp_gro"], st["offloads"]
+    assert sa_["counters"]["gso_sends"] > 0 and sa_["counters"]["net_tx"] > 2 * sa_["counters"]["gso_sends"], \
+        sa_["counters"]
+    assert sb["counters"]["gro_reads"] > 0, sb["counters"]
     for d in (a, b):
         st = assert_clean(d, 1000)
         assert st["counters"]["tun_rx"] >= 1000
@@ -438,6 +448,23 @@ def test_fragment_inner_false_fragments_the_outer_packets(lab):
     for d in (a, b):
         st = assert_clean(d, 2)
         assert st["connections"][0]["sas"][0]["packets"] >= 2
+    assert a.stop() == 0 and b.stop() == 0
+
+
+@pytest.mark.skipif(not shutil.which("tcpdump"), reason="needs tcpdump")
+def test_nat_keepalives_are_sent_when_idle_and_ignored(lab):
+    a, b = configs(lab, protocol="esp", encap="udp", esp="aes128gcm16", extra_a="nat_keepalive = 1",
+                   extra_conn="")
+    b.start()
+    ka = capture_one(lab, b.ns, "vb", "src host 192.0.2.1 and udp port 4500", a.start, timeout=15)
+    from scapy.all import UDP
+    assert bytes(ka[UDP].payload) == b"\xff" and ka[UDP].sport == 4500, ka.summary()
+    deadline = time.time() + 10
+    while time.time() < deadline and b.status()["counters"]["keepalives"] < 2:
+        time.sleep(0.2)
+    assert b.status()["counters"]["keepalives"] >= 2
+    assert a.status()["counters"]["keepalives_sent"] >= 2
+    assert b.status()["drops"] == {} and a.status()["drops"] == {}
     assert a.stop() == 0 and b.stop() == 0
 
 

@@ -226,7 +226,9 @@ def assert_decrypted(rows, what):
 @pytest.mark.skipif(not shutil.which("tcpdump"), reason="needs tcpdump")
 @pytest.mark.parametrize("case", list(TSHARK_CASES))
 def test_tshark_decrypts_with_wireshark_keys(lab, case):
-    a, b = configs(lab, **TSHARK_CASES[case])
+    # One ESP packet per captured frame: with UDP GSO a capture on the
+    # veth would see each batch unsegmented.
+    a, b = configs(lab, extra_gw="offloads = false", **TSHARK_CASES[case])
     a.start()
     b.start()
     cap = lab.tmp / "outer.pcap"
@@ -279,4 +281,34 @@ def test_tshark_decrypts_with_wireshark_keys(lab, case):
     for args in (["status", "--json"], ["sa", "list", "--json"]):
         out = espgate(lab, a, *args).stdout
         assert not any(s in out for s in secret), args
+    assert a.stop() == 0 and b.stop() == 0
+
+
+def test_a_wrong_key_peer_is_counted_and_the_gateway_keeps_serving(lab):
+    """B sends on an inbound SPI of A with a key A does not have (a peer
+    keyed wrongly): every packet passes A's replay check (a fresh SA) and
+    fails its ICV check, is counted as icv_failure and logged, and once B
+    has the right key traffic flows (a failed ICV never moves the window)."""
+    a, b = configs(lab, protocol="esp", encap="udp", esp="aes128gcm16")
+    a.start()
+    b.start()
+    assert_ping(a.ns, "10.2.0.1", "10.1.0.1", (a, b))
+    right, wrong = keyhex(20), keyhex(20)
+    sa_add(lab, a, "to-b", "in", f"spi=0x1003,suite=aes128gcm16,enc={right}")
+    r = espgate(lab, b, "sa", "del", "--spi", "0x1001", "--dir", "out")
+    assert r.returncode == 0, r.stderr
+    sa_add(lab, b, "to-a", "out", f"spi=0x1003,suite=aes128gcm16,enc={wrong}")
+    r = ping(b.ns, "10.1.0.1", "10.2.0.1")
+    assert r.returncode != 0, r.stdout
+    drops = a.status()["drops"]
+    assert drops.get("icv_failure", 0) >= 3 and set(drops) == {"icv_failure"}, drops
+    assert "dropped (icv_failure)" in a.log_text()
+    assert a.proc.poll() is None
+    r = espgate(lab, b, "sa", "del", "--spi", "0x1003", "--dir", "out")
+    assert r.returncode == 0, r.stderr
+    sa_add(lab, b, "to-a", "out", f"spi=0x1003,suite=aes128gcm16,enc={right}")
+    before = a.status()["drops"]["icv_failure"]
+    assert_ping(b.ns, "10.1.0.1", "10.2.0.1", (a, b))
+    assert a.status()["drops"]["icv_failure"] == before
+    assert by_spi(lab, a, "0x00001003")["packets"] >= 3
     assert a.stop() == 0 and b.stop() == 0

@@ -80,6 +80,8 @@ pub struct Gateway {
     /// Directory for state kept across restarts (the reserved outbound
     /// sequence numbers), made absolute against the config file's directory.
     pub state_dir: PathBuf,
+    /// Use the kernel's batching offloads (UDP GSO on send, GRO on receive).
+    pub offloads: bool,
 }
 
 impl Gateway {
@@ -318,6 +320,9 @@ pub struct Connection {
     pub esn: bool,
     /// Replay window in packets; 0 disables the check.
     pub replay_window: u32,
+    /// RFC 3948 NAT keepalive: send 0xFF after this long without sending
+    /// to the peer (UDP encapsulation only); zero: never.
+    pub nat_keepalive: std::time::Duration,
     /// Legacy suites allowed.
     pub allow_insecure: bool,
     /// TFC padding target (tunnel-mode ESP).
@@ -812,6 +817,7 @@ struct RawGateway {
     log: Option<LogLevel>,
     fwmark: Option<i64>,
     state_dir: Option<String>,
+    offloads: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -834,6 +840,7 @@ struct RawConnection {
     ecn: Option<String>,
     esn: Option<bool>,
     replay_window: Option<i64>,
+    nat_keepalive: Option<i64>,
     allow_insecure: Option<bool>,
     tfc_pad_to: Option<i64>,
     lifetime: Option<RawLifetime>,
@@ -1426,6 +1433,7 @@ impl Validator<'_> {
             log: g.log.unwrap_or(LogLevel::Info),
             fwmark: fwmark?,
             state_dir: state_dir?,
+            offloads: g.offloads.unwrap_or(true),
         })
     }
 
@@ -1591,6 +1599,18 @@ impl Validator<'_> {
                 "0 disables anti-replay protection: captured packets can be replayed",
             );
         }
+        let nat_keepalive = c.nat_keepalive.unwrap_or(20);
+        if !(0..=3600).contains(&nat_keepalive) {
+            self.err(
+                p("nat_keepalive"),
+                format!("{nat_keepalive}: expected 0 (off) to 3600 seconds"),
+            );
+        } else if nat_keepalive != 0 && encap == Encapsulation::None && c.nat_keepalive.is_some() {
+            self.warn(
+                p("nat_keepalive"),
+                "ignored with encap = \"none\": NAT keepalives are UDP (RFC 3948)",
+            );
+        }
         let tfc_pad_to = match c.tfc_pad_to {
             None | Some(0) => None,
             Some(n) => match u16::try_from(n) {
@@ -1687,6 +1707,7 @@ impl Validator<'_> {
             ecn,
             esn: c.esn.unwrap_or(false),
             replay_window: replay_window as u32,
+            nat_keepalive: std::time::Duration::from_secs(nat_keepalive.clamp(0, 3600) as u64),
             allow_insecure,
             tfc_pad_to,
             lifetime: lifetime?,

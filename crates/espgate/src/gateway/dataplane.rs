@@ -57,6 +57,65 @@ pub struct Info {
     pub fwmark: Option<u32>,
     /// `gateway.state_dir`.
     pub state_dir: String,
+    /// Offloads in use (filled in by [`Dataplane::run`]).
+    pub offloads: Vec<String>,
+    /// `gateway.offloads`.
+    pub offloads_wanted: bool,
+}
+
+/// Most datagrams in one `UDP_SEGMENT` send (the kernel's limit is 64 on
+/// older kernels).
+const GSO_MAX: usize = 64;
+/// Most bytes in one `UDP_SEGMENT` send (one UDP datagram's worth).
+const GSO_BYTES: usize = 65_000;
+/// Receive buffer for one (possibly GRO-coalesced) UDP read.
+const GRO_BUF: usize = 65_535;
+
+/// Outbound ESP-in-UDP datagrams waiting to leave in one GSO send: the
+/// packets stay in their own buffers (no copy), `run` says where each
+/// UDP payload lies. All go to `dst` with `tos`; all have `seg` bytes but
+/// the last, which may be shorter (then the run is `closed`).
+struct TxBatch {
+    bufs: Vec<PacketBuf>,
+    run: [(usize, usize); GSO_MAX],
+    n: usize,
+    dst: SocketAddr,
+    tos: u8,
+    seg: usize,
+    bytes: usize,
+    closed: bool,
+    /// False once the kernel refused a GSO send: one datagram per send.
+    gso: bool,
+}
+
+impl TxBatch {
+    fn new(gso: bool) -> TxBatch {
+        TxBatch {
+            bufs: (0..GSO_MAX)
+                .map(|_| PacketBuf::with_capacity(MAX_PACKET))
+                .collect(),
+            run: [(0, 0); GSO_MAX],
+            n: 0,
+            dst: SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
+            tos: 0,
+            seg: 0,
+            bytes: 0,
+            closed: false,
+            gso,
+        }
+    }
+
+    /// Can the datagram of `len` bytes to `dst`/`tos` join the run?
+    fn fits(&self, dst: SocketAddr, tos: u8, len: usize) -> bool {
+        self.n == 0
+            || (self.gso
+                && !self.closed
+                && self.n < GSO_MAX
+                && dst == self.dst
+                && tos == self.tos
+                && len <= self.seg
+                && self.bytes + len <= GSO_BYTES)
+    }
 }
 
 /// Everything the loop works on.
@@ -87,8 +146,19 @@ impl Dataplane<'_> {
     /// Runs until a stop signal; returns its number.
     pub fn run(&mut self) -> Result<libc::c_int> {
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(64);
-        let mut out_buf = PacketBuf::with_capacity(MAX_PACKET);
         let mut in_buf = PacketBuf::with_capacity(MAX_PACKET);
+        let mut gro_buf = vec![0u8; GRO_BUF];
+        let offloads = self.info.offloads_wanted;
+        let gro = offloads && self.sockets.udp.as_ref().is_some_and(|u| u.enable_gro());
+        let mut tx = TxBatch::new(offloads && self.sockets.udp.is_some());
+        // When each connection last sent something (NAT keepalives).
+        let mut last_tx = vec![Duration::ZERO; self.engine.conns().len()];
+        if tx.gso {
+            self.info.offloads.push("udp_gso".into());
+        }
+        if gro {
+            self.info.offloads.push("udp_gro".into());
+        }
         let mut next_tick = Instant::now() + TICK;
         let pfd = |fd: i32| libc::pollfd {
             fd,
@@ -124,10 +194,10 @@ impl Dataplane<'_> {
                 }
             }
             if fds[1].revents != 0 {
-                self.on_tun(&mut out_buf)?;
+                self.on_tun(&mut tx, &mut last_tx)?;
             }
             if self.sockets.udp.is_some() && fds[udp_at].revents != 0 {
-                self.on_udp(&mut in_buf);
+                self.on_udp(&mut gro_buf, &mut in_buf);
             }
             let sockets = self.sockets;
             for (i, r) in sockets.raw_rx.iter().enumerate() {
@@ -163,47 +233,175 @@ impl Dataplane<'_> {
             }
             if tick {
                 self.engine.tick(self.now());
+                self.keepalives(&mut last_tx);
                 next_tick = now_i + TICK;
             }
         }
     }
 
-    /// Reads and protects up to [`BATCH`] packets from the TUN. A read
-    /// error other than "nothing waiting" means the device is gone (e.g.
-    /// deleted by hand): the daemon stops, undoing what it can.
-    fn on_tun(&mut self, buf: &mut PacketBuf) -> Result<()> {
+    /// Reads and protects up to [`BATCH`] packets from the TUN. ESP-in-UDP
+    /// datagrams to one peer are gathered into GSO runs and leave in one
+    /// send each (seed 000's interrupt coalescing, done with system calls);
+    /// raw ESP/AH leaves at once. A read error other than "nothing
+    /// waiting" means the device is gone (e.g. deleted by hand): the daemon
+    /// stops, undoing what it can.
+    fn on_tun(&mut self, tx: &mut TxBatch, last_tx: &mut [Duration]) -> Result<()> {
+        let mut result = Ok(());
         for _ in 0..BATCH {
+            let buf = &mut tx.bufs[tx.n];
             let n = match self.tun.read(buf.prepare(MAX_PACKET)) {
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    return Err(e)
-                        .with_context(|| format!("reading TUN device {}", self.tun.name()))
+                    result =
+                        Err(e).with_context(|| format!("reading TUN device {}", self.tun.name()));
+                    break;
                 }
             };
             buf.truncate(n);
             let now = self.now();
-            if let Some(ci) = self.engine.outbound(buf, now) {
-                self.send(ci, buf, now);
+            let Some(ci) = self.engine.outbound(buf, now) else {
+                continue;
+            };
+            if let Some(t) = last_tx.get_mut(ci) {
+                *t = now;
+            }
+            let c = &self.engine.conns()[ci].conn;
+            let (encap, remote, port) = (c.encap, c.remote, c.remote_port);
+            let udp = match (encap, udp_payload(tx.bufs[tx.n].as_slice())) {
+                (Encapsulation::Udp, Some(x)) if self.sockets.udp.is_some() => x,
+                _ => {
+                    let i = tx.n;
+                    self.send_one(encap, remote, port, &tx.bufs[i], now);
+                    continue;
+                }
+            };
+            let ((start, end), tos) = udp;
+            let dst = SocketAddr::new(remote, port);
+            let len = end - start;
+            if !tx.fits(dst, tos, len) {
+                // Flush the run; this packet starts the next one in slot 0.
+                let i = tx.n;
+                self.flush(tx, now);
+                tx.bufs.swap(0, i);
+            }
+            if tx.n == 0 {
+                (tx.dst, tx.tos, tx.seg, tx.bytes, tx.closed) = (dst, tos, len, 0, false);
+            }
+            tx.run[tx.n] = (start, end);
+            tx.n += 1;
+            tx.bytes += len;
+            tx.closed = len < tx.seg;
+            if tx.n == GSO_MAX || !tx.gso {
+                self.flush(tx, now);
             }
         }
-        Ok(())
+        self.flush(tx, self.now());
+        result
     }
 
-    fn send(&mut self, ci: usize, buf: &PacketBuf, now: Duration) {
-        let c = &self.engine.conns()[ci].conn;
-        let (encap, remote, port) = (c.encap, c.remote, c.remote_port);
+    /// RFC 3948 §2.3: a one-byte 0xFF datagram to each ESP-in-UDP peer
+    /// that has not been sent anything for `nat_keepalive`, so that a NAT
+    /// on the way keeps its mapping. The peer ignores it.
+    fn keepalives(&mut self, last_tx: &mut [Duration]) {
+        let Some(u) = &self.sockets.udp else { return };
+        let now = self.now();
+        let mut sent = 0;
+        for (ci, c) in self.engine.conns().iter().enumerate() {
+            let c = &c.conn;
+            let every = c.nat_keepalive;
+            if c.encap != Encapsulation::Udp || every.is_zero() || ci >= last_tx.len() {
+                continue;
+            }
+            if now.saturating_sub(last_tx[ci]) < every {
+                continue;
+            }
+            last_tx[ci] = now;
+            let dst = SocketAddr::new(c.remote, c.remote_port);
+            match u.send(&[0xff], dst, 0) {
+                Ok(_) => sent += 1,
+                Err(e) => tracing::debug!("NAT keepalive to {dst}: {e}"),
+            }
+        }
+        self.engine.counters.keepalives_sent += sent;
+    }
+
+    /// Sends the gathered run: one GSO send, or one datagram at a time if
+    /// the kernel refuses GSO (then never tried again).
+    fn flush(&mut self, tx: &mut TxBatch, now: Duration) {
+        let n = std::mem::take(&mut tx.n);
+        if n == 0 {
+            return;
+        }
+        let Some(u) = &self.sockets.udp else { return };
+        if n > 1 && tx.gso {
+            let mut iov = [io::IoSlice::new(&[]); GSO_MAX];
+            for (i, &(s, e)) in tx.run[..n].iter().enumerate() {
+                iov[i] = io::IoSlice::new(&tx.bufs[i].as_slice()[s..e]);
+            }
+            match u.send_gso(&iov[..n], tx.seg as u16, tx.dst, tx.tos) {
+                Ok(_) => {
+                    self.engine.counters.net_tx += n as u64;
+                    self.engine.counters.gso_sends += 1;
+                    return;
+                }
+                // No GSO on this kernel or device: never again.
+                Err(e)
+                    if e.raw_os_error().is_some_and(|c| {
+                        [libc::EIO, libc::ENOPROTOOPT, libc::EOPNOTSUPP].contains(&c)
+                    }) =>
+                {
+                    tracing::warn!(
+                        "UDP GSO refused by the kernel ({e}); sending one datagram per call"
+                    );
+                    tx.gso = false;
+                }
+                // This run only: e.g. segments larger than the path MTU
+                // (fragment_inner = false), which GSO cannot fragment.
+                Err(e)
+                    if e.raw_os_error()
+                        .is_some_and(|c| [libc::EINVAL, libc::EMSGSIZE].contains(&c)) =>
+                {
+                    tracing::debug!("UDP GSO send refused ({e}); sending this run one by one");
+                }
+                Err(e) => {
+                    let dst = tx.dst;
+                    for _ in 0..n {
+                        self.engine
+                            .gw_drop(GwDrop::SendError, now, || format!("sending to {dst}: {e}"));
+                    }
+                    return;
+                }
+            }
+        }
+        for (i, &(s, e)) in tx.run[..n].iter().enumerate() {
+            match u.send(&tx.bufs[i].as_slice()[s..e], tx.dst, tx.tos) {
+                Ok(_) => self.engine.counters.net_tx += 1,
+                Err(err) => {
+                    let dst = tx.dst;
+                    self.engine.gw_drop(GwDrop::SendError, now, || {
+                        format!("sending to {dst}: {err}")
+                    })
+                }
+            }
+        }
+    }
+
+    fn send_one(
+        &mut self,
+        encap: Encapsulation,
+        remote: IpAddr,
+        port: u16,
+        buf: &PacketBuf,
+        now: Duration,
+    ) {
         let pkt = buf.as_slice();
         let sockets = self.sockets;
         let r = match encap {
-            Encapsulation::Udp => match (ip::parse(pkt), &sockets.udp) {
-                (Ok(info), Some(u)) if info.protocol == proto::UDP => {
-                    let at = info.payload_offset + udp::HEADER_LEN;
-                    match pkt.get(at..info.packet_len) {
-                        Some(payload) => u.send(payload, SocketAddr::new(remote, port), info.tos),
-                        None => Err(io::Error::other("bad outer packet")),
-                    }
+            Encapsulation::Udp => match (udp_payload(pkt), &sockets.udp) {
+                (Some(((s, e), tos)), Some(u)) => {
+                    u.send(&pkt[s..e], SocketAddr::new(remote, port), tos)
                 }
                 _ => Err(io::Error::other("no UDP socket or bad outer packet")),
             },
@@ -236,12 +434,17 @@ impl Dataplane<'_> {
         }
     }
 
-    fn on_udp(&mut self, buf: &mut PacketBuf) {
+    /// Receives up to [`BATCH`] reads from the UDP socket; with `UDP_GRO`
+    /// one read may hold many datagrams of one sender, cut at the segment
+    /// size the kernel reports. Each is copied into `buf` (which has the
+    /// headroom for the synthetic outer header the core expects) and
+    /// processed alone.
+    fn on_udp(&mut self, gro_buf: &mut [u8], buf: &mut PacketBuf) {
         let sockets = self.sockets;
         let Some(u) = &sockets.udp else { return };
         let listen = u.local;
         for _ in 0..BATCH {
-            let (n, meta) = match u.recv(buf.prepare(MAX_PACKET)) {
+            let (n, meta) = match u.recv(gro_buf) {
                 Ok(x) => x,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -252,8 +455,6 @@ impl Dataplane<'_> {
                     continue;
                 }
             };
-            buf.truncate(n);
-            let now = self.now();
             let unspecified = if listen.is_ipv6() {
                 IpAddr::V6(Ipv6Addr::UNSPECIFIED)
             } else {
@@ -261,14 +462,23 @@ impl Dataplane<'_> {
             };
             let src = meta.src.unwrap_or(SocketAddr::new(unspecified, 0));
             let dst = SocketAddr::new(meta.dst.unwrap_or(listen.ip()), listen.port());
-            if let Err(d) = push_udp_outer(buf, src, dst, meta.tos.unwrap_or(0)) {
-                self.engine.counters.net_rx += 1;
-                self.engine
-                    .core_drop(d, now, || format!("datagram from {src} ({n} bytes)"));
-                continue;
+            let seg = meta.gro_size.map_or(n, usize::from).max(1);
+            if n > seg {
+                self.engine.counters.gro_reads += 1;
             }
-            if self.engine.inbound(buf, now, src.ip()) {
-                self.write_tun(buf, now);
+            for d in gro_buf[..n].chunks(seg) {
+                let now = self.now();
+                buf.load(d);
+                if let Err(e) = push_udp_outer(buf, src, dst, meta.tos.unwrap_or(0)) {
+                    self.engine.counters.net_rx += 1;
+                    self.engine.core_drop(e, now, || {
+                        format!("datagram from {src} ({} bytes)", d.len())
+                    });
+                    continue;
+                }
+                if self.engine.inbound(buf, now, src.ip()) {
+                    self.write_tun(buf, now);
+                }
             }
         }
     }
@@ -324,6 +534,7 @@ pub fn status_doc(engine: &Engine, info: &Info, now: Duration) -> Status {
         listen: info.listen.map(|l| l.to_string()),
         fwmark: info.fwmark,
         workers: 1,
+        offloads: info.offloads.clone(),
         state_dir: info.state_dir.clone(),
         connections: engine.connection_status(now),
         drops: engine.drops(),
@@ -345,4 +556,16 @@ pub fn answer(engine: &mut Engine, info: &Info, now: Duration, req: &Request) ->
              wireshark_keys"
         )),
     }
+}
+
+/// Where the UDP payload of an outer IPv4/IPv6 UDP packet lies, and its
+/// DS byte.
+fn udp_payload(pkt: &[u8]) -> Option<((usize, usize), u8)> {
+    let info = ip::parse(pkt).ok()?;
+    if info.protocol != proto::UDP {
+        return None;
+    }
+    let at = info.payload_offset + udp::HEADER_LEN;
+    (at <= info.packet_len && info.packet_len <= pkt.len())
+        .then_some(((at, info.packet_len), info.tos))
 }

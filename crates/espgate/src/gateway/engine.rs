@@ -102,6 +102,12 @@ pub struct Counters {
     pub not_unicast: u64,
     /// TCP SYNs whose MSS option was lowered (`mss_clamp`).
     pub mss_clamped: u64,
+    /// RFC 3948 NAT keepalives sent (`nat_keepalive`).
+    pub keepalives_sent: u64,
+    /// `UDP_SEGMENT` sends (each carried several datagrams).
+    pub gso_sends: u64,
+    /// UDP reads that returned several datagrams coalesced by `UDP_GRO`.
+    pub gro_reads: u64,
 }
 
 /// One connection at run time.
@@ -1245,6 +1251,9 @@ impl Engine {
             ("dummies", c.dummies),
             ("not_unicast", c.not_unicast),
             ("mss_clamped", c.mss_clamped),
+            ("keepalives_sent", c.keepalives_sent),
+            ("gso_sends", c.gso_sends),
+            ("gro_reads", c.gro_reads),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

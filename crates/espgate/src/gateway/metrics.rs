@@ -449,7 +449,7 @@ fn with(
 
 /// The counters of `Status::counters` with their metric names and help;
 /// a counter not listed here is exported as `espgate_NAME_total`.
-const COUNTERS: [(&str, &str, &str); 9] = [
+const COUNTERS: [(&str, &str, &str); 12] = [
     (
         "tun_rx",
         "espgate_tun_rx_packets_total",
@@ -494,6 +494,21 @@ const COUNTERS: [(&str, &str, &str); 9] = [
         "mss_clamped",
         "espgate_mss_clamped_total",
         "TCP SYN and SYN-ACK segments whose MSS option was lowered (mss_clamp).",
+    ),
+    (
+        "keepalives_sent",
+        "espgate_nat_keepalives_sent_total",
+        "RFC 3948 NAT keepalives sent (nat_keepalive).",
+    ),
+    (
+        "gso_sends",
+        "espgate_udp_gso_sends_total",
+        "UDP_SEGMENT sends, each carrying several ESP-in-UDP datagrams.",
+    ),
+    (
+        "gro_reads",
+        "espgate_udp_gro_reads_total",
+        "UDP reads that returned several datagrams coalesced by UDP_GRO.",
     ),
 ];
 
@@ -852,6 +867,7 @@ mod tests {
             listen: Some("0.0.0.0:4500".into()),
             fwmark: None,
             workers: 1,
+            offloads: Vec::new(),
             state_dir: "/var/lib/espgate".into(),
             connections: vec![ConnectionStatus {
                 name: conn.into(),

@@ -197,6 +197,8 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
         listen: sockets.udp.as_ref().map(|u| u.local),
         fwmark: g.fwmark,
         state_dir: store.dir().display().to_string(),
+        offloads: Vec::new(),
+        offloads_wanted: g.offloads,
     };
     let result = on_ready().and_then(|()| {
         Dataplane {

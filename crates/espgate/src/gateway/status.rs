@@ -27,6 +27,10 @@ pub struct Status {
     pub fwmark: Option<u32>,
     /// Data-plane threads running.
     pub workers: usize,
+    /// Batching and offloads in use (`udp_gso`, `udp_gro`), as probed at
+    /// start-up; an offload the kernel refused is absent.
+    #[serde(default)]
+    pub offloads: Vec<String>,
     /// Where the outbound sequence reservations are kept.
     pub state_dir: String,
     /// Per connection, in configuration order.
@@ -307,7 +311,12 @@ pub fn render_status(s: &Status) -> String {
     if let Some(m) = s.fwmark {
         let _ = write!(out, ", fwmark {m:#x}");
     }
-    let _ = writeln!(out, ", {} worker thread(s)", s.workers);
+    let _ = write!(out, ", {} worker thread(s)", s.workers);
+    if s.offloads.is_empty() {
+        let _ = writeln!(out, ", no offloads");
+    } else {
+        let _ = writeln!(out, ", offloads {}", s.offloads.join(" "));
+    }
     for c in &s.connections {
         let _ = writeln!(
             out,
@@ -415,6 +424,7 @@ mod tests {
             listen: Some("0.0.0.0:4500".into()),
             fwmark: None,
             workers: 1,
+            offloads: vec!["udp_gso".into(), "udp_gro".into()],
             state_dir: "/var/lib/espgate".into(),
             connections: vec![ConnectionStatus {
                 name: "site-b".into(),
@@ -441,7 +451,7 @@ mod tests {
         let text = render_status(&sample());
         let want = "\
 espgate 0.1.0 (pid 42), up 1m15s, config /etc/espgate/gw.toml
-TUN espgate0 mtu 1438, encap udp, listen 0.0.0.0:4500, 1 worker thread(s)
+TUN espgate0 mtu 1438, encap udp, listen 0.0.0.0:4500, 1 worker thread(s), offloads udp_gso udp_gro
 
 connection site-b: tunnel esp over udp, 192.0.2.1 -> 192.0.2.2:4500
   10.1.0.0/24 <-> 10.2.0.0/24
