@@ -107,8 +107,10 @@ def test_manual_rekey_with_sa_add_and_del(lab):
     tcp_transfer(lab, b.ns, "10.2.0.1", a.ns, "10.1.0.1", 200 * 1000, port=5211)
     assert by_spi(lab, a, "0x00001001")["packets"] == old_in_a
     assert by_spi(lab, b, "0x00001002")["packets"] == old_in_b
+    # (The ACKs back to A are few: B's stack acknowledges the coalesced
+    # super-segments its TUN receives.)
     for d, spi in ((a, "0x00003001"), (b, "0x00003002")):
-        assert by_spi(lab, d, spi)["packets"] >= 3 + 20
+        assert by_spi(lab, d, spi)["packets"] >= 3 + 8
 
     # 3. Break: the old inbound SAs go.
     r = espgate(lab, a, "sa", "del", "--spi", "0x1001", "--dir", "in")

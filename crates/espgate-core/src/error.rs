@@ -46,11 +46,15 @@ pub enum Drop {
     EcnDrop,
     /// The cipher library refused an operation (should never happen).
     Crypto,
+    /// A TUN offload (virtio-net header) is inconsistent with its packet:
+    /// wrong GSO type for the IP version or protocol, a zero segment size,
+    /// checksum offsets that do not point at the L4 checksum, too many segments.
+    BadOffload,
 }
 
 impl Drop {
     /// All variants, for building counter tables.
-    pub const ALL: [Drop; 18] = [
+    pub const ALL: [Drop; 19] = [
         Drop::BadLength,
         Drop::BadIpVersion,
         Drop::BadIpHeader,
@@ -69,6 +73,7 @@ impl Drop {
         Drop::Unsupported,
         Drop::EcnDrop,
         Drop::Crypto,
+        Drop::BadOffload,
     ];
 
     /// Stable counter name.
@@ -92,6 +97,7 @@ impl Drop {
             Drop::Unsupported => "unsupported",
             Drop::EcnDrop => "ecn_drop",
             Drop::Crypto => "crypto_error",
+            Drop::BadOffload => "offload_mismatch",
         }
     }
 

@@ -9,6 +9,7 @@
 
 pub mod crypto;
 pub mod error;
+pub mod offload;
 pub mod wire;
 
 pub use error::{Drop, PResult};

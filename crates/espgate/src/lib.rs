@@ -6,6 +6,7 @@
 //! here too, each in its own module, depending on the core and never the
 //! other way round.
 
+pub mod alloc_count;
 pub mod bench;
 pub mod capture;
 pub mod config;

@@ -8,6 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+/// Counts allocations on the data plane's hot path (`hot_path_allocs` in
+/// `espgate status`); otherwise the system allocator.
+#[global_allocator]
+static ALLOC: espgate::alloc_count::CountingAlloc = espgate::alloc_count::CountingAlloc;
+
 #[derive(Parser)]
 #[command(
     name = "espgate",

@@ -11,8 +11,9 @@ use super::sockets::{push_ipv6_outer, push_udp_outer, RawRx, RawTx, UdpSock};
 use super::status::{Status, TunStatus};
 use super::sys;
 use crate::config::Encapsulation;
-use crate::netdev::Tun;
+use crate::netdev::{Tun, VirtioNetHdr, VNET_HDR_LEN};
 use anyhow::{Context, Result};
+use espgate_core::offload::{self, GsoInfo, GsoKind, Push, Segmenter, TcpCoalescer};
 use espgate_core::wire::{ip, proto, udp};
 use espgate_core::PacketBuf;
 use std::io;
@@ -91,8 +92,10 @@ struct TxBatch {
 impl TxBatch {
     fn new(gso: bool) -> TxBatch {
         TxBatch {
+            // Room for a TUN read with its virtio-net header, so that no
+            // buffer ever grows on the hot path.
             bufs: (0..GSO_MAX)
-                .map(|_| PacketBuf::with_capacity(MAX_PACKET))
+                .map(|_| PacketBuf::with_capacity(MAX_PACKET + VNET_HDR_LEN))
                 .collect(),
             run: [(0, 0); GSO_MAX],
             n: 0,
@@ -151,6 +154,10 @@ impl Dataplane<'_> {
         let offloads = self.info.offloads_wanted;
         let gro = offloads && self.sockets.udp.as_ref().is_some_and(|u| u.enable_gro());
         let mut tx = TxBatch::new(offloads && self.sockets.udp.is_some());
+        // With a vnet header: the super-segment being cut (TSO/USO reads)
+        // and the TCP segments being coalesced for the TUN.
+        let mut seg_src = PacketBuf::with_capacity(MAX_PACKET + VNET_HDR_LEN);
+        let mut co = TcpCoalescer::new();
         // When each connection last sent something (NAT keepalives).
         let mut last_tx = vec![Duration::ZERO; self.engine.conns().len()];
         if tx.gso {
@@ -193,18 +200,22 @@ impl Dataplane<'_> {
                     return Ok(sig);
                 }
             }
+            // The packet handlers are the hot path: allocations in them are
+            // counted (`hot_path_allocs`), and there should be none.
+            let hot = crate::alloc_count::hot();
             if fds[1].revents != 0 {
-                self.on_tun(&mut tx, &mut last_tx)?;
+                self.on_tun(&mut tx, &mut last_tx, &mut seg_src)?;
             }
             if self.sockets.udp.is_some() && fds[udp_at].revents != 0 {
-                self.on_udp(&mut gro_buf, &mut in_buf);
+                self.on_udp(&mut gro_buf, &mut in_buf, &mut co);
             }
             let sockets = self.sockets;
             for (i, r) in sockets.raw_rx.iter().enumerate() {
                 if fds[raw_at + i].revents != 0 {
-                    self.on_raw(r, &mut in_buf);
+                    self.on_raw(r, &mut in_buf, &mut co);
                 }
             }
+            drop(hot);
             let ctl = &fds[ctl_at..met_at];
             let now_i = Instant::now();
             let tick = now_i >= next_tick;
@@ -242,14 +253,23 @@ impl Dataplane<'_> {
     /// Reads and protects up to [`BATCH`] packets from the TUN. ESP-in-UDP
     /// datagrams to one peer are gathered into GSO runs and leave in one
     /// send each (seed 000's interrupt coalescing, done with system calls);
-    /// raw ESP/AH leaves at once. A read error other than "nothing
-    /// waiting" means the device is gone (e.g. deleted by hand): the daemon
-    /// stops, undoing what it can.
-    fn on_tun(&mut self, tx: &mut TxBatch, last_tx: &mut [Duration]) -> Result<()> {
+    /// raw ESP/AH leaves at once. On a vnet-header device one read may be a
+    /// TCP/UDP super-segment (TSO/USO): it is cut into MTU-sized packets
+    /// here, each protected and batched like a packet read alone. A read
+    /// error other than "nothing waiting" means the device is gone (e.g.
+    /// deleted by hand): the daemon stops, undoing what it can.
+    fn on_tun(
+        &mut self,
+        tx: &mut TxBatch,
+        last_tx: &mut [Duration],
+        seg_src: &mut PacketBuf,
+    ) -> Result<()> {
+        let vnet = self.tun.has_vnet_hdr();
+        let room = MAX_PACKET + if vnet { VNET_HDR_LEN } else { 0 };
         let mut result = Ok(());
         for _ in 0..BATCH {
             let buf = &mut tx.bufs[tx.n];
-            let n = match self.tun.read(buf.prepare(MAX_PACKET)) {
+            let n = match self.tun.read(buf.prepare(room)) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -260,45 +280,108 @@ impl Dataplane<'_> {
                 }
             };
             buf.truncate(n);
+            if !vnet {
+                self.protect(tx, last_tx);
+                continue;
+            }
             let now = self.now();
-            let Some(ci) = self.engine.outbound(buf, now) else {
+            let Some(h) = VirtioNetHdr::parse(buf.as_slice()) else {
+                self.engine.counters.tun_rx += 1;
+                self.engine.gw_drop(GwDrop::BadOffload, now, || {
+                    format!("TUN read of {n} bytes: shorter than a virtio-net header")
+                });
                 continue;
             };
-            if let Some(t) = last_tx.get_mut(ci) {
-                *t = now;
+            buf.trim_front(VNET_HDR_LEN);
+            let Some(info) = gso_info(&h) else {
+                self.engine.counters.tun_rx += 1;
+                self.engine.gw_drop(GwDrop::BadOffload, now, || {
+                    format!("TUN read with an unknown GSO type {:#x}", h.gso_type)
+                });
+                continue;
+            };
+            if info.kind == GsoKind::None {
+                if info.needs_csum {
+                    let (at, off) = (usize::from(info.csum_start), usize::from(info.csum_offset));
+                    if let Err(d) = offload::complete_checksum(buf.as_mut_slice(), at, off) {
+                        self.engine.counters.tun_rx += 1;
+                        self.engine.core_drop(d, now, || {
+                            format!("TUN packet with a partial checksum at {at}+{off}")
+                        });
+                        continue;
+                    }
+                }
+                self.protect(tx, last_tx);
+                continue;
             }
-            let c = &self.engine.conns()[ci].conn;
-            let (encap, remote, port) = (c.encap, c.remote, c.remote_port);
-            let udp = match (encap, udp_payload(tx.bufs[tx.n].as_slice())) {
-                (Encapsulation::Udp, Some(x)) if self.sockets.udp.is_some() => x,
-                _ => {
-                    let i = tx.n;
-                    self.send_one(encap, remote, port, &tx.bufs[i], now);
+            // A super-segment: cut it from a buffer of its own into the
+            // batch's slots.
+            std::mem::swap(&mut tx.bufs[tx.n], seg_src);
+            let mut segs = match Segmenter::new(seg_src.as_slice(), &info) {
+                Ok(s) => s,
+                Err(d) => {
+                    self.engine.counters.tun_rx += 1;
+                    self.engine.core_drop(d, now, || {
+                        format!("TUN super-segment of {} bytes ({h:?})", seg_src.len())
+                    });
                     continue;
                 }
             };
-            let ((start, end), tos) = udp;
-            let dst = SocketAddr::new(remote, port);
-            let len = end - start;
-            if !tx.fits(dst, tos, len) {
-                // Flush the run; this packet starts the next one in slot 0.
-                let i = tx.n;
-                self.flush(tx, now);
-                tx.bufs.swap(0, i);
-            }
-            if tx.n == 0 {
-                (tx.dst, tx.tos, tx.seg, tx.bytes, tx.closed) = (dst, tos, len, 0, false);
-            }
-            tx.run[tx.n] = (start, end);
-            tx.n += 1;
-            tx.bytes += len;
-            tx.closed = len < tx.seg;
-            if tx.n == GSO_MAX || !tx.gso {
-                self.flush(tx, now);
+            self.engine.counters.tso_reads += 1;
+            while let Some(r) = segs.next_into(&mut tx.bufs[tx.n]) {
+                if let Err(d) = r {
+                    self.engine.counters.tun_rx += 1;
+                    self.engine
+                        .core_drop(d, now, || "cutting a TUN super-segment".into());
+                    break;
+                }
+                self.protect(tx, last_tx);
             }
         }
         self.flush(tx, self.now());
         result
+    }
+
+    /// Protects the clear packet in the batch's next slot and adds it to
+    /// the GSO run (or sends it at once: raw ESP/AH, no GSO).
+    fn protect(&mut self, tx: &mut TxBatch, last_tx: &mut [Duration]) {
+        let buf = &mut tx.bufs[tx.n];
+        let now = self.now();
+        let Some(ci) = self.engine.outbound(buf, now) else {
+            return;
+        };
+        if let Some(t) = last_tx.get_mut(ci) {
+            *t = now;
+        }
+        let c = &self.engine.conns()[ci].conn;
+        let (encap, remote, port) = (c.encap, c.remote, c.remote_port);
+        let udp = match (encap, udp_payload(tx.bufs[tx.n].as_slice())) {
+            (Encapsulation::Udp, Some(x)) if self.sockets.udp.is_some() => x,
+            _ => {
+                let i = tx.n;
+                self.send_one(encap, remote, port, &tx.bufs[i], now);
+                return;
+            }
+        };
+        let ((start, end), tos) = udp;
+        let dst = SocketAddr::new(remote, port);
+        let len = end - start;
+        if !tx.fits(dst, tos, len) {
+            // Flush the run; this packet starts the next one in slot 0.
+            let i = tx.n;
+            self.flush(tx, now);
+            tx.bufs.swap(0, i);
+        }
+        if tx.n == 0 {
+            (tx.dst, tx.tos, tx.seg, tx.bytes, tx.closed) = (dst, tos, len, 0, false);
+        }
+        tx.run[tx.n] = (start, end);
+        tx.n += 1;
+        tx.bytes += len;
+        tx.closed = len < tx.seg;
+        if tx.n == GSO_MAX || !tx.gso {
+            self.flush(tx, now);
+        }
     }
 
     /// RFC 3948 §2.3: a one-byte 0xFF datagram to each ESP-in-UDP peer
@@ -425,12 +508,77 @@ impl Dataplane<'_> {
         }
     }
 
-    fn write_tun(&mut self, buf: &PacketBuf, now: Duration) {
-        match self.tun.write(buf.as_slice()) {
-            Ok(_) => self.engine.counters.tun_tx += 1,
-            Err(e) => self.engine.gw_drop(GwDrop::TunWrite, now, || {
-                format!("writing to {}: {e}", self.tun.name())
-            }),
+    /// Hands a decrypted inner packet to the TUN. On a vnet-header device
+    /// consecutive TCP segments of one flow are coalesced into one
+    /// super-segment first (written by [`Dataplane::flush_tun`] when the
+    /// flow changes or the batch ends): one write, one pass up the kernel's
+    /// stack for many segments.
+    fn deliver(&mut self, pkt: &[u8], co: &mut TcpCoalescer, now: Duration) {
+        if !self.tun.has_vnet_hdr() {
+            self.write_tun(None, pkt, 1, now);
+            return;
+        }
+        match co.push(pkt) {
+            Push::Absorbed => return,
+            Push::FlushFirst => {
+                self.flush_tun(co, now);
+                if co.push(pkt) == Push::Absorbed {
+                    return;
+                }
+            }
+            Push::Ineligible => self.flush_tun(co, now),
+        }
+        self.write_tun(Some(&VirtioNetHdr::default()), pkt, 1, now);
+    }
+
+    /// Writes the coalesced super-segment, if any.
+    fn flush_tun(&mut self, co: &mut TcpCoalescer, now: Duration) {
+        let Some((pkt, info, segs)) = co.take() else {
+            return;
+        };
+        let h = VirtioNetHdr {
+            flags: if info.needs_csum {
+                VirtioNetHdr::F_NEEDS_CSUM
+            } else {
+                0
+            },
+            gso_type: match info.kind {
+                GsoKind::None => VirtioNetHdr::GSO_NONE,
+                GsoKind::TcpV4 => VirtioNetHdr::GSO_TCPV4,
+                GsoKind::TcpV6 => VirtioNetHdr::GSO_TCPV6,
+                GsoKind::UdpL4 => VirtioNetHdr::GSO_UDP_L4,
+            },
+            hdr_len: info.hdr_len,
+            gso_size: info.gso_size,
+            csum_start: info.csum_start,
+            csum_offset: info.csum_offset,
+        };
+        if segs > 1 {
+            self.engine.counters.tun_gso_writes += 1;
+        }
+        self.write_tun(Some(&h), pkt, segs, now);
+    }
+
+    /// One TUN write of `pkt` (`segs` inner packets), after `vnet` on a
+    /// vnet-header device.
+    fn write_tun(&mut self, vnet: Option<&VirtioNetHdr>, pkt: &[u8], segs: usize, now: Duration) {
+        let r = match vnet {
+            Some(h) => {
+                let h = h.to_bytes();
+                self.tun
+                    .write_parts(&[io::IoSlice::new(&h), io::IoSlice::new(pkt)])
+            }
+            None => self.tun.write(pkt),
+        };
+        match r {
+            Ok(_) => self.engine.counters.tun_tx += segs as u64,
+            Err(e) => {
+                for _ in 0..segs {
+                    self.engine.gw_drop(GwDrop::TunWrite, now, || {
+                        format!("writing to {}: {e}", self.tun.name())
+                    })
+                }
+            }
         }
     }
 
@@ -439,14 +587,14 @@ impl Dataplane<'_> {
     /// size the kernel reports. Each is copied into `buf` (which has the
     /// headroom for the synthetic outer header the core expects) and
     /// processed alone.
-    fn on_udp(&mut self, gro_buf: &mut [u8], buf: &mut PacketBuf) {
+    fn on_udp(&mut self, gro_buf: &mut [u8], buf: &mut PacketBuf, co: &mut TcpCoalescer) {
         let sockets = self.sockets;
         let Some(u) = &sockets.udp else { return };
         let listen = u.local;
         for _ in 0..BATCH {
             let (n, meta) = match u.recv(gro_buf) {
                 Ok(x) => x,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // ICMP errors reported on the socket (port unreachable
@@ -477,17 +625,18 @@ impl Dataplane<'_> {
                     continue;
                 }
                 if self.engine.inbound(buf, now, src.ip()) {
-                    self.write_tun(buf, now);
+                    self.deliver(buf.as_slice(), co, now);
                 }
             }
         }
+        self.flush_tun(co, self.now());
     }
 
-    fn on_raw(&mut self, r: &RawRx, buf: &mut PacketBuf) {
+    fn on_raw(&mut self, r: &RawRx, buf: &mut PacketBuf, co: &mut TcpCoalescer) {
         for _ in 0..BATCH {
             let (n, meta) = match r.recv(buf.prepare(MAX_PACKET)) {
                 Ok(x) => x,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     tracing::debug!("raw receive: {e}");
@@ -515,9 +664,10 @@ impl Dataplane<'_> {
                 }
             }
             if self.engine.inbound(buf, now, from) {
-                self.write_tun(buf, now);
+                self.deliver(buf.as_slice(), co, now);
             }
         }
+        self.flush_tun(co, self.now());
     }
 }
 
@@ -568,4 +718,25 @@ fn udp_payload(pkt: &[u8]) -> Option<((usize, usize), u8)> {
     let at = info.payload_offset + udp::HEADER_LEN;
     (at <= info.packet_len && info.packet_len <= pkt.len())
         .then_some(((at, info.packet_len), info.tos))
+}
+
+/// The core's view of a virtio-net header read from the TUN; `None` for a
+/// GSO type the data plane does not handle (UFO, ECN-marked TSO is handled
+/// like plain TSO: the CWR flag is in the TCP header it copies).
+fn gso_info(h: &VirtioNetHdr) -> Option<GsoInfo> {
+    let kind = match h.gso_type & !VirtioNetHdr::GSO_ECN {
+        VirtioNetHdr::GSO_NONE => GsoKind::None,
+        VirtioNetHdr::GSO_TCPV4 => GsoKind::TcpV4,
+        VirtioNetHdr::GSO_TCPV6 => GsoKind::TcpV6,
+        VirtioNetHdr::GSO_UDP_L4 => GsoKind::UdpL4,
+        _ => return None,
+    };
+    Some(GsoInfo {
+        kind,
+        needs_csum: h.flags & VirtioNetHdr::F_NEEDS_CSUM != 0,
+        hdr_len: h.hdr_len,
+        gso_size: h.gso_size,
+        csum_start: h.csum_start,
+        csum_offset: h.csum_offset,
+    })
 }

@@ -48,11 +48,15 @@ pub enum GwDrop {
     /// An outbound packet matched a connection that has no outbound SA
     /// for one of its layers (removed by `espgate sa del`).
     NoSa,
+    /// A TUN read whose virtio-net header or super-segment the data plane
+    /// could not use (too short, an unknown GSO type, headers that do not
+    /// match it).
+    BadOffload,
 }
 
 impl GwDrop {
     /// All reasons, in index order.
-    pub const ALL: [GwDrop; 7] = [
+    pub const ALL: [GwDrop; 8] = [
         GwDrop::NoPolicy,
         GwDrop::PolicyMismatch,
         GwDrop::SeqReserve,
@@ -60,6 +64,7 @@ impl GwDrop {
         GwDrop::TunWrite,
         GwDrop::Internal,
         GwDrop::NoSa,
+        GwDrop::BadOffload,
     ];
 
     /// Counter name.
@@ -72,6 +77,7 @@ impl GwDrop {
             GwDrop::TunWrite => "tun_write_error",
             GwDrop::Internal => "internal_error",
             GwDrop::NoSa => "no_sa",
+            GwDrop::BadOffload => "bad_offload",
         }
     }
 }
@@ -108,6 +114,12 @@ pub struct Counters {
     pub gso_sends: u64,
     /// UDP reads that returned several datagrams coalesced by `UDP_GRO`.
     pub gro_reads: u64,
+    /// TUN reads that returned a TCP/UDP super-segment (TSO/USO), cut
+    /// into MTU-sized packets before encryption.
+    pub tso_reads: u64,
+    /// TUN writes of a super-segment coalesced from several decrypted TCP
+    /// segments of one flow.
+    pub tun_gso_writes: u64,
 }
 
 /// One connection at run time.
@@ -611,6 +623,9 @@ impl Engine {
                         if !r.should_extend(next) {
                             continue;
                         }
+                        // Once per `seqstate::STEP` packets: a disk write,
+                        // amortised, not a per-packet cost.
+                        let _cold = crate::alloc_count::cold();
                         if let Err(err) = r.extend(next) {
                             let msg = format!(
                                 "cannot reserve sequence numbers in {}: {err}",
@@ -1254,6 +1269,9 @@ impl Engine {
             ("keepalives_sent", c.keepalives_sent),
             ("gso_sends", c.gso_sends),
             ("gro_reads", c.gro_reads),
+            ("tso_reads", c.tso_reads),
+            ("tun_gso_writes", c.tun_gso_writes),
+            ("hot_path_allocs", crate::alloc_count::hot_allocs()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

@@ -449,7 +449,7 @@ fn with(
 
 /// The counters of `Status::counters` with their metric names and help;
 /// a counter not listed here is exported as `espgate_NAME_total`.
-const COUNTERS: [(&str, &str, &str); 12] = [
+const COUNTERS: [(&str, &str, &str); 15] = [
     (
         "tun_rx",
         "espgate_tun_rx_packets_total",
@@ -509,6 +509,21 @@ const COUNTERS: [(&str, &str, &str); 12] = [
         "gro_reads",
         "espgate_udp_gro_reads_total",
         "UDP reads that returned several datagrams coalesced by UDP_GRO.",
+    ),
+    (
+        "tso_reads",
+        "espgate_tun_tso_reads_total",
+        "TUN reads that returned a TCP/UDP super-segment, cut before encryption.",
+    ),
+    (
+        "tun_gso_writes",
+        "espgate_tun_gso_writes_total",
+        "TUN writes of a super-segment coalesced from several decrypted TCP segments.",
+    ),
+    (
+        "hot_path_allocs",
+        "espgate_hot_path_allocations_total",
+        "Heap allocations made by the data plane's packet handlers (0 in the steady state).",
     ),
 ];
 

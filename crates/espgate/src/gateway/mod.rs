@@ -45,7 +45,7 @@ pub mod sys;
 pub mod wireshark;
 
 use crate::config::{Encapsulation, LoadedConfig};
-use crate::netdev::{NetChanges, Tun};
+use crate::netdev::{NetChanges, Offloads, Tun};
 use anyhow::{Context, Result};
 use dataplane::{Dataplane, Info, Sockets};
 use espgate_core::wire::proto;
@@ -153,10 +153,7 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
     let plan = setup::plan(&cfg, overhead)?;
     // Dropped in reverse order on any error below: control socket removed,
     // sockets closed, network changes undone, then the TUN deleted.
-    let tun = Tun::builder(&g.tun)
-        .nonblocking(true)
-        .open()
-        .context("opening the TUN device")?;
+    let (tun, tun_offloads) = open_tun(&g.tun, g.offloads)?;
     let mut net = NetChanges::new()?;
     setup::apply(&plan, &mut net)?;
     if let Some(w) = setup::rp_filter_warning(&cfg) {
@@ -197,7 +194,7 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
         listen: sockets.udp.as_ref().map(|u| u.local),
         fwmark: g.fwmark,
         state_dir: store.dir().display().to_string(),
-        offloads: Vec::new(),
+        offloads: tun_offload_names(&tun, tun_offloads),
         offloads_wanted: g.offloads,
     };
     let result = on_ready().and_then(|()| {
@@ -227,4 +224,53 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
     undone?;
     tracing::info!("stopped; network changes undone");
     Ok(())
+}
+
+/// Opens the TUN device; with `gateway.offloads`, with a vnet header and
+/// the checksum and TCP/UDP segmentation offloads the kernel accepts
+/// (probed flag by flag). A kernel that refuses the vnet header gets a
+/// plain device: offloads are an optimisation, never a reason not to start.
+fn open_tun(name: &str, offloads: bool) -> Result<(Tun, Offloads)> {
+    if offloads {
+        match Tun::builder(name).nonblocking(true).vnet_hdr(true).open() {
+            Ok(mut tun) => match tun.set_offloads(Offloads::tcp_udp_gso()) {
+                Ok(got) => {
+                    tracing::debug!("TUN {name}: offloads {got}");
+                    return Ok((tun, got));
+                }
+                Err(e) => {
+                    tracing::warn!("{e}; using the TUN device without offloads");
+                    return Ok((tun, Offloads::NONE));
+                }
+            },
+            Err(e) => tracing::warn!("{e}; retrying without a vnet header (no TUN offloads)"),
+        }
+    }
+    let tun = Tun::builder(name)
+        .nonblocking(true)
+        .open()
+        .context("opening the TUN device")?;
+    Ok((tun, Offloads::NONE))
+}
+
+/// The TUN offloads in use, as `espgate status` lists them: `tun_vnet_hdr`
+/// (coalesced TCP written back as one super-segment), `tun_csum`,
+/// `tun_tso4`, `tun_tso6`, `tun_uso`.
+fn tun_offload_names(tun: &Tun, got: Offloads) -> Vec<String> {
+    let mut v = Vec::new();
+    if !tun.has_vnet_hdr() {
+        return v;
+    }
+    v.push("tun_vnet_hdr".to_string());
+    for (flag, name) in [
+        (Offloads::CSUM, "tun_csum"),
+        (Offloads::TSO4, "tun_tso4"),
+        (Offloads::TSO6, "tun_tso6"),
+        (Offloads::USO4 | Offloads::USO6, "tun_uso"),
+    ] {
+        if got.contains(flag) {
+            v.push(name.to_string());
+        }
+    }
+    v
 }

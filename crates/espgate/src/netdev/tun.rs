@@ -62,6 +62,9 @@ impl VirtioNetHdr {
     pub const GSO_TCPV6: u8 = 4;
     /// `VIRTIO_NET_HDR_GSO_UDP_L4` (USO).
     pub const GSO_UDP_L4: u8 = 5;
+    /// `VIRTIO_NET_HDR_GSO_ECN`: or'ed into a TSO type when the
+    /// super-segment carries CWR (only with `TSO_ECN`, never requested here).
+    pub const GSO_ECN: u8 = 0x80;
 
     /// Parses the first [`VNET_HDR_LEN`] bytes; `None` if `b` is shorter.
     pub fn parse(b: &[u8]) -> Option<VirtioNetHdr> {
@@ -341,6 +344,23 @@ impl TunQueue {
         }
     }
 
+    /// Writes one packet given in parts (on a vnet-header device: the
+    /// [`VirtioNetHdr`] bytes, then the packet), in one `writev(2)`, so the
+    /// header need not be copied in front of the packet.
+    pub fn write_parts(&self, parts: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let cnt = libc::c_int::try_from(parts.len())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too many parts"))?;
+        // SAFETY: `IoSlice` is ABI-compatible with `struct iovec`; the slices
+        // are valid for reads for the duration of the call and the fd is
+        // owned by `self` and open.
+        let n = unsafe { libc::writev(self.fd.as_raw_fd(), parts.as_ptr().cast(), cnt) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
     /// Switches `O_NONBLOCK` on or off for this queue.
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         set_nonblocking(self.fd.as_raw_fd(), on)
@@ -524,6 +544,11 @@ impl Tun {
     /// Writes one packet to queue 0; see [`TunQueue::write`].
     pub fn write(&self, pkt: &[u8]) -> io::Result<usize> {
         self.queues[0].write(pkt)
+    }
+
+    /// Writes one packet in parts to queue 0; see [`TunQueue::write_parts`].
+    pub fn write_parts(&self, parts: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        self.queues[0].write_parts(parts)
     }
 }
 

@@ -1,0 +1,331 @@
+//! Merging back-to-back TCP packets of one flow into a super-segment for one
+//! TUN write (software GRO).
+
+use super::{addrs, fold, tcp_flags, GsoInfo, GsoKind, TCP_CSUM_OFFSET};
+use crate::wire::{be32, checksum, ipv4, ipv6, proto, put16};
+
+/// Largest super-segment the coalescer builds (IP total length, either
+/// version).
+pub const MAX_SUPER_LEN: usize = 65535;
+/// Most packets merged into one super-segment.
+pub const MAX_COALESCE_SEGMENTS: usize = 64;
+
+/// What [`TcpCoalescer::push`] did with a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Push {
+    /// Copied in: it started a new super-segment or was appended to the
+    /// pending one. The caller's buffer is free again.
+    Absorbed,
+    /// It cannot join the pending super-segment (other flow, sequence gap,
+    /// larger payload, limits reached, the pending one is closed or its first
+    /// packet's checksum is bad). [`TcpCoalescer::take`] and write the pending
+    /// one, then push this packet again (it will be absorbed or ineligible).
+    FlushFirst,
+    /// Not coalescable at all. Nothing was copied. Take and write the pending
+    /// super-segment first (to keep the order), then write this packet alone.
+    Ineligible,
+}
+
+/// A parsed packet that may be coalesced.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    v6: bool,
+    /// IP header length (20 or 40: no options, no extension headers).
+    l4: usize,
+    /// IP + TCP header length.
+    hdr: usize,
+    payload: usize,
+    seq: u32,
+    flags: u8,
+}
+
+/// Builds TCP super-segments out of consecutive packets of one flow, in one
+/// buffer of [`MAX_SUPER_LEN`] bytes allocated at construction.
+///
+/// A packet is a candidate if it is IPv4 without options, not a fragment,
+/// with a correct header checksum, or IPv6 with TCP directly after the fixed
+/// header; its IP length equals the bytes given; it carries payload; and its
+/// flags are ACK plus optionally PSH and ECE (no SYN, FIN, RST, URG, CWR:
+/// like the kernel's GRO, such packets go through alone; CWR additionally
+/// because a super-segment carrying it would need the GSO ECN flag).
+///
+/// It joins the pending super-segment only if everything but the IPv4
+/// identification, the sequence number, the PSH flag and the checksums is
+/// identical to the pending first packet: IP version, addresses, TOS /
+/// traffic class and flow label, TTL / hop limit, IPv4 flags (DF), ports,
+/// acknowledgment number, data offset, ECE, window, urgent pointer and the
+/// option bytes (timestamps included); its sequence number is exactly where
+/// the pending data ends; its payload is at most the first packet's (the
+/// segment size) — a shorter one or one with PSH closes the super-segment;
+/// and the result stays within [`MAX_SUPER_LEN`] bytes and
+/// [`MAX_COALESCE_SEGMENTS`] packets.
+///
+/// Corruption is never merged into a super-segment (whose checksum the
+/// kernel then trusts): a packet's TCP checksum is verified before it is
+/// appended (bad: `Ineligible`), and the pending first packet's when the
+/// second arrives (bad: `FlushFirst`, and it goes out alone, unchanged, for
+/// the receiver to drop). A packet that is never merged is never verified.
+pub struct TcpCoalescer {
+    buf: Box<[u8]>,
+    /// Bytes pending; 0 when empty.
+    len: usize,
+    v6: bool,
+    l4: usize,
+    hdr: usize,
+    gso_size: usize,
+    segs: usize,
+    next_seq: u32,
+    /// Nothing more may be appended.
+    closed: bool,
+    /// The first packet's TCP checksum was checked (and is good).
+    first_verified: bool,
+}
+
+impl std::fmt::Debug for TcpCoalescer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpCoalescer")
+            .field("len", &self.len)
+            .field("segs", &self.segs)
+            .field("gso_size", &self.gso_size)
+            .field("closed", &self.closed)
+            .finish()
+    }
+}
+
+impl Default for TcpCoalescer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TcpCoalescer {
+    /// An empty coalescer with its buffer.
+    pub fn new() -> TcpCoalescer {
+        TcpCoalescer {
+            buf: vec![0u8; MAX_SUPER_LEN].into_boxed_slice(),
+            len: 0,
+            v6: false,
+            l4: 0,
+            hdr: 0,
+            gso_size: 0,
+            segs: 0,
+            next_seq: 0,
+            closed: false,
+            first_verified: false,
+        }
+    }
+
+    /// True when nothing is pending.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Packets in the pending super-segment.
+    pub fn segments(&self) -> usize {
+        if self.len == 0 {
+            0
+        } else {
+            self.segs
+        }
+    }
+
+    /// Offers one complete inner IP packet. See [`Push`] for what the caller
+    /// does with each answer.
+    pub fn push(&mut self, pkt: &[u8]) -> Push {
+        let Some(c) = candidate(pkt) else {
+            return Push::Ineligible;
+        };
+        if self.len == 0 {
+            self.start(pkt, &c);
+            return Push::Absorbed;
+        }
+        if !self.mergeable(pkt, &c) {
+            return Push::FlushFirst;
+        }
+        if !self.first_verified {
+            if !tcp_checksum_ok(&self.buf[..self.len], self.v6, self.l4) {
+                self.closed = true;
+                return Push::FlushFirst;
+            }
+            self.first_verified = true;
+        }
+        if !tcp_checksum_ok(pkt, c.v6, c.l4) {
+            return Push::Ineligible;
+        }
+        self.append(pkt, &c);
+        Push::Absorbed
+    }
+
+    /// Hands out the pending packet(s), leaving the coalescer empty. A single
+    /// packet comes back unchanged with [`GsoInfo::NONE`]. A super-segment
+    /// gets its IPv4 total length and header checksum (or IPv6 payload
+    /// length) fixed and, as the kernel expects of a `CHECKSUM_PARTIAL`
+    /// packet (what its own GRO leaves: `th->check = ~tcp_v4_check(len,
+    /// saddr, daddr, 0)`), the folded but not complemented pseudo-header sum
+    /// over the whole TCP length in the TCP checksum field; its info says
+    /// `needs_csum`, `csum_start` = IP header length, `csum_offset` = 16,
+    /// `hdr_len` = IP + TCP header length, `gso_size` = the first packet's
+    /// payload length. The third value is the number of packets merged (for
+    /// counters).
+    pub fn take(&mut self) -> Option<(&[u8], GsoInfo, usize)> {
+        if self.len == 0 {
+            return None;
+        }
+        let n = std::mem::take(&mut self.len);
+        let info = if self.segs == 1 {
+            GsoInfo::NONE
+        } else {
+            self.finish_super(n)
+        };
+        Some((&self.buf[..n], info, self.segs))
+    }
+
+    fn start(&mut self, pkt: &[u8], c: &Candidate) {
+        self.buf[..pkt.len()].copy_from_slice(pkt);
+        self.len = pkt.len();
+        self.v6 = c.v6;
+        self.l4 = c.l4;
+        self.hdr = c.hdr;
+        self.gso_size = c.payload;
+        self.segs = 1;
+        self.next_seq = c.seq.wrapping_add(c.payload as u32);
+        self.closed = c.flags & tcp_flags::PSH != 0;
+        self.first_verified = false;
+    }
+
+    fn mergeable(&self, pkt: &[u8], c: &Candidate) -> bool {
+        if self.closed
+            || c.v6 != self.v6
+            || c.hdr != self.hdr
+            || c.seq != self.next_seq
+            || c.payload > self.gso_size
+            || self.segs >= MAX_COALESCE_SEGMENTS
+            || self.len + c.payload > MAX_SUPER_LEN
+        {
+            return false;
+        }
+        let (a, b) = (&self.buf[..self.hdr], &pkt[..self.hdr]);
+        let ip_same = if self.v6 {
+            // Version, traffic class, flow label; next header, hop limit, addresses.
+            a[..4] == b[..4] && a[6..40] == b[6..40]
+        } else {
+            // TOS; flags (MF is already known clear); TTL, protocol; addresses.
+            a[1] == b[1]
+                && a[6] & 0xe0 == b[6] & 0xe0
+                && a[8..10] == b[8..10]
+                && a[12..20] == b[12..20]
+        };
+        let (ta, tb) = (&a[self.l4..], &b[self.l4..]);
+        // Ports; ack, data offset; window, [checksum skipped], urgent pointer, options.
+        ip_same
+            && ta[..4] == tb[..4]
+            && ta[8..13] == tb[8..13]
+            && ta[13] & tcp_flags::ECE == tb[13] & tcp_flags::ECE
+            && ta[14..16] == tb[14..16]
+            && ta[18..] == tb[18..]
+    }
+
+    fn append(&mut self, pkt: &[u8], c: &Candidate) {
+        let end = self.len + c.payload;
+        self.buf[self.len..end].copy_from_slice(&pkt[c.hdr..]);
+        self.len = end;
+        self.segs += 1;
+        self.next_seq = c.seq.wrapping_add(c.payload as u32);
+        if c.payload < self.gso_size {
+            self.closed = true;
+        }
+        if c.flags & tcp_flags::PSH != 0 {
+            self.buf[self.l4 + 13] |= tcp_flags::PSH;
+            self.closed = true;
+        }
+    }
+
+    fn finish_super(&mut self, n: usize) -> GsoInfo {
+        // n <= MAX_SUPER_LEN: the conversions below cannot saturate.
+        let b = &mut self.buf[..n];
+        let (kind, l4) = if self.v6 {
+            ipv6::set_payload_len(b, u16::try_from(n - ipv6::HEADER_LEN).unwrap_or(u16::MAX));
+            (GsoKind::TcpV6, self.l4)
+        } else {
+            put16(b, 2, u16::try_from(n).unwrap_or(u16::MAX));
+            if let Ok(mut h) = ipv4::Ipv4::new_header_checked(&mut *b) {
+                h.fill_checksum();
+            }
+            (GsoKind::TcpV4, self.l4)
+        };
+        let (src, dst) = addrs(b, self.v6);
+        let pseudo = checksum::pseudo_header(src, dst, proto::TCP, (n - l4) as u32);
+        put16(b, l4 + usize::from(TCP_CSUM_OFFSET), fold(pseudo));
+        GsoInfo {
+            kind,
+            needs_csum: true,
+            hdr_len: u16::try_from(self.hdr).unwrap_or(u16::MAX),
+            gso_size: u16::try_from(self.gso_size).unwrap_or(u16::MAX),
+            csum_start: u16::try_from(l4).unwrap_or(u16::MAX),
+            csum_offset: TCP_CSUM_OFFSET,
+        }
+    }
+}
+
+/// Checks everything about `pkt` that does not depend on the pending
+/// super-segment (the TCP checksum is checked later, only if needed).
+fn candidate(pkt: &[u8]) -> Option<Candidate> {
+    if pkt.len() > MAX_SUPER_LEN {
+        return None;
+    }
+    let (v6, l4) = match pkt.first()? >> 4 {
+        4 => {
+            let h = ipv4::Ipv4::new_checked(pkt).ok()?;
+            if h.header_len() != ipv4::MIN_HEADER_LEN
+                || h.packet_len() != pkt.len()
+                || h.is_fragment()
+                || h.protocol() != proto::TCP
+                || !h.checksum_ok()
+            {
+                return None;
+            }
+            (false, ipv4::MIN_HEADER_LEN)
+        }
+        6 => {
+            let h = ipv6::Ipv6::new_checked(pkt).ok()?;
+            if h.packet_len() != pkt.len() || h.next_header() != proto::TCP {
+                return None;
+            }
+            (true, ipv6::HEADER_LEN)
+        }
+        _ => return None,
+    };
+    let tcp = &pkt[l4..];
+    if tcp.len() < 20 {
+        return None;
+    }
+    let doff = usize::from(tcp[12] >> 4) * 4;
+    if doff < 20 || doff > tcp.len() {
+        return None;
+    }
+    let flags = tcp[13];
+    let allowed = tcp_flags::ACK | tcp_flags::PSH | tcp_flags::ECE;
+    if flags & tcp_flags::ACK == 0 || flags & !allowed != 0 {
+        return None;
+    }
+    let payload = tcp.len() - doff;
+    if payload == 0 {
+        return None;
+    }
+    Some(Candidate {
+        v6,
+        l4,
+        hdr: l4 + doff,
+        payload,
+        seq: be32(tcp, 4),
+        flags,
+    })
+}
+
+/// True if the TCP checksum of `pkt` (IP header of `l4` bytes) verifies.
+fn tcp_checksum_ok(pkt: &[u8], v6: bool, l4: usize) -> bool {
+    let (src, dst) = addrs(pkt, v6);
+    let tcp = &pkt[l4..];
+    let pseudo = checksum::pseudo_header(src, dst, proto::TCP, tcp.len() as u32);
+    checksum::finish(checksum::sum(pseudo, tcp)) == 0
+}

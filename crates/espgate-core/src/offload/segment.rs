@@ -1,0 +1,288 @@
+//! Splitting a TSO/USO super-segment read from the TUN into ordinary packets.
+
+use super::{
+    addrs, complete_checksum, csum_range_ok, tcp_flags, GsoInfo, GsoKind, TCP_CSUM_OFFSET,
+    UDP_CSUM_OFFSET,
+};
+use crate::buf::PacketBuf;
+use crate::error::{Drop, PResult};
+use crate::wire::{be16, be32, checksum, ipv4, ipv6, proto, put16, put32};
+use std::net::IpAddr;
+
+/// Most segments one super-segment may be split into. 64 KiB at TCP's
+/// smallest sendable MSS (48 bytes, `tcp_min_snd_mss`) is 1366 segments and
+/// the kernel caps UDP GSO at 128, so a larger count comes from a broken or
+/// hostile header; refusing it bounds the work per read.
+pub const MAX_SEGMENTS: usize = 2048;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Copy the packet unchanged.
+    Pass,
+    /// Copy it and complete its partial checksum.
+    Csum { start: usize, offset: usize },
+    /// Split a TCP super-segment.
+    Tcp,
+    /// Split a UDP super-segment into datagrams.
+    Udp,
+}
+
+/// Iterates the packets of one TUN read: the segments of a super-segment, or
+/// the packet itself (its partial checksum completed if it had one).
+///
+/// Every segment gets a copy of the full headers (IP options and IPv6
+/// extension headers included) and then, like the kernel's software GSO:
+/// IPv4 total length, identification (the super-segment's plus the segment
+/// index, wrapping) and header checksum, or the IPv6 payload length; for TCP
+/// the sequence number advanced by the payload before it, FIN and PSH kept on
+/// the last segment only and CWR on the first only; for UDP the datagram
+/// length; and a full L4 checksum (a UDP checksum of 0 is sent as 0xFFFF).
+/// All validation happens in [`Segmenter::new`].
+#[derive(Debug, Clone)]
+pub struct Segmenter<'a> {
+    /// The packet, cut to its IP length for super-segments.
+    pkt: &'a [u8],
+    mode: Mode,
+    v6: bool,
+    src: IpAddr,
+    dst: IpAddr,
+    /// Offset of the L4 header.
+    l4: usize,
+    /// Offset of the payload (all headers before it).
+    hdr: usize,
+    gso_size: usize,
+    count: usize,
+    next: usize,
+    ip_id: u16,
+    seq: u32,
+}
+
+impl<'a> Segmenter<'a> {
+    /// Validates `pkt` against `info`.
+    ///
+    /// `GsoKind::None`: without `needs_csum` the packet passes through
+    /// unchanged and unparsed; with it, `csum_start`/`csum_offset` must lie
+    /// inside the packet (`BadOffload`). Super-segments: the IP header must
+    /// parse (`BadLength`, `BadIpHeader`, `BadIpVersion`), not be a fragment
+    /// (`Fragment`) nor carry an IPv6 routing header (`Unsupported`: the
+    /// pseudo-header would need the final destination); the IP version must
+    /// match the kind and the protocol be TCP or UDP as the kind says, the
+    /// segment size non-zero, `csum_start`/`csum_offset` (when `needs_csum`)
+    /// exactly the L4 header and its checksum field, TCP must not carry SYN
+    /// or RST, there must be payload and at most [`MAX_SEGMENTS`] segments
+    /// (`BadOffload`); the TCP data offset and the UDP length must fit the
+    /// IP length (`BadLength`). `info.hdr_len` is ignored: the real header
+    /// length is computed from the packet.
+    pub fn new(pkt: &'a [u8], info: &GsoInfo) -> PResult<Segmenter<'a>> {
+        let (want_v6, l4_proto) = match info.kind {
+            GsoKind::None => return Self::single(pkt, info),
+            GsoKind::TcpV4 => (Some(false), proto::TCP),
+            GsoKind::TcpV6 => (Some(true), proto::TCP),
+            GsoKind::UdpL4 => (None, proto::UDP),
+        };
+        if info.gso_size == 0 {
+            return Err(Drop::BadOffload);
+        }
+        let (v6, l4, end, protocol, ip_id) = match pkt.first().map(|b| b >> 4) {
+            Some(4) => {
+                let h = ipv4::Ipv4::new_checked(pkt)?;
+                if h.is_fragment() {
+                    return Err(Drop::Fragment);
+                }
+                (
+                    false,
+                    h.header_len(),
+                    h.packet_len(),
+                    h.protocol(),
+                    h.ident(),
+                )
+            }
+            Some(6) => {
+                let h = ipv6::Ipv6::new_checked(pkt)?;
+                let w = ipv6::walk_ext(pkt)?;
+                if w.fragment {
+                    return Err(Drop::Fragment);
+                }
+                if w.routing {
+                    return Err(Drop::Unsupported);
+                }
+                (true, w.offset, h.packet_len(), w.protocol, 0)
+            }
+            Some(_) => return Err(Drop::BadIpVersion),
+            None => return Err(Drop::BadLength),
+        };
+        if want_v6.is_some_and(|w| w != v6) || protocol != l4_proto {
+            return Err(Drop::BadOffload);
+        }
+        // Both parsers guarantee l4 <= end <= pkt.len().
+        let pkt = &pkt[..end];
+        let l4_len = end - l4;
+        let (l4_hdr, csum_offset, mode, seq) = if l4_proto == proto::TCP {
+            if l4_len < 20 {
+                return Err(Drop::BadLength);
+            }
+            let doff = usize::from(pkt[l4 + 12] >> 4) * 4;
+            if doff < 20 || doff > l4_len {
+                return Err(Drop::BadLength);
+            }
+            if pkt[l4 + 13] & (tcp_flags::SYN | tcp_flags::RST) != 0 {
+                return Err(Drop::BadOffload);
+            }
+            (doff, TCP_CSUM_OFFSET, Mode::Tcp, be32(pkt, l4 + 4))
+        } else {
+            if l4_len < 8 || usize::from(be16(pkt, l4 + 4)) != l4_len {
+                return Err(Drop::BadLength);
+            }
+            (8, UDP_CSUM_OFFSET, Mode::Udp, 0)
+        };
+        if info.needs_csum
+            && (usize::from(info.csum_start) != l4 || info.csum_offset != csum_offset)
+        {
+            return Err(Drop::BadOffload);
+        }
+        let hdr = l4 + l4_hdr;
+        let payload = end - hdr;
+        let gso_size = usize::from(info.gso_size);
+        let count = payload.div_ceil(gso_size);
+        if count == 0 || count > MAX_SEGMENTS {
+            return Err(Drop::BadOffload);
+        }
+        let (src, dst) = addrs(pkt, v6);
+        Ok(Segmenter {
+            pkt,
+            mode,
+            v6,
+            src,
+            dst,
+            l4,
+            hdr,
+            gso_size,
+            count,
+            next: 0,
+            ip_id,
+            seq,
+        })
+    }
+
+    fn single(pkt: &'a [u8], info: &GsoInfo) -> PResult<Segmenter<'a>> {
+        let mode = if info.needs_csum {
+            let (start, offset) = (usize::from(info.csum_start), usize::from(info.csum_offset));
+            if !csum_range_ok(pkt.len(), start, offset) {
+                return Err(Drop::BadOffload);
+            }
+            Mode::Csum { start, offset }
+        } else {
+            Mode::Pass
+        };
+        let unspecified = IpAddr::from([0u8; 4]);
+        Ok(Segmenter {
+            pkt,
+            mode,
+            v6: false,
+            src: unspecified,
+            dst: unspecified,
+            l4: 0,
+            hdr: 0,
+            gso_size: pkt.len(),
+            count: 1,
+            next: 0,
+            ip_id: 0,
+            seq: 0,
+        })
+    }
+
+    /// Number of packets this read yields (1 unless it is a super-segment).
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Packets not yet written by [`Segmenter::next_into`].
+    pub fn remaining(&self) -> usize {
+        self.count - self.next
+    }
+
+    /// Length of the largest packet produced (all headers plus `gso_size`,
+    /// or the packet's length if it is not split).
+    pub fn max_segment_len(&self) -> usize {
+        match self.mode {
+            Mode::Pass | Mode::Csum { .. } => self.pkt.len(),
+            Mode::Tcp | Mode::Udp => self.pkt.len().min(self.hdr + self.gso_size),
+        }
+    }
+
+    /// Writes the next packet into `out` (after its default headroom, so ESP
+    /// headers can still be prepended in place); `None` when all are written.
+    /// The error case is defensive only: everything is checked by
+    /// [`Segmenter::new`].
+    pub fn next_into(&mut self, out: &mut PacketBuf) -> Option<PResult<()>> {
+        if self.next >= self.count {
+            return None;
+        }
+        let i = self.next;
+        self.next += 1;
+        Some(match self.mode {
+            Mode::Pass => {
+                out.prepare(self.pkt.len()).copy_from_slice(self.pkt);
+                Ok(())
+            }
+            Mode::Csum { start, offset } => {
+                let b = out.prepare(self.pkt.len());
+                b.copy_from_slice(self.pkt);
+                complete_checksum(b, start, offset)
+            }
+            Mode::Tcp | Mode::Udp => self.segment(i, out),
+        })
+    }
+
+    /// Writes segment `i` of a super-segment.
+    fn segment(&self, i: usize, out: &mut PacketBuf) -> PResult<()> {
+        let off = self.hdr + i * self.gso_size;
+        let rest = self.pkt.get(off..).ok_or(Drop::BadLength)?;
+        let payload = &rest[..rest.len().min(self.gso_size)];
+        let headers = self.pkt.get(..self.hdr).ok_or(Drop::BadLength)?;
+        let len = self.hdr + payload.len();
+        let len16 = u16::try_from(len).map_err(|_| Drop::TooBig)?;
+        let b = out.prepare(len);
+        b[..self.hdr].copy_from_slice(headers);
+        b[self.hdr..].copy_from_slice(payload);
+
+        // IP layer. The index is below MAX_SEGMENTS, so it fits a u16.
+        let index = u16::try_from(i).map_err(|_| Drop::BadOffload)?;
+        if self.v6 {
+            ipv6::set_payload_len(b, len16 - ipv6::HEADER_LEN as u16);
+        } else {
+            put16(b, 2, len16);
+            put16(b, 4, self.ip_id.wrapping_add(index));
+            ipv4::Ipv4::new_header_checked(&mut *b)?.fill_checksum();
+        }
+
+        // Transport layer.
+        let l4 = &mut b[self.l4..];
+        let l4_len = l4.len();
+        let pseudo = |p| checksum::pseudo_header(self.src, self.dst, p, l4_len as u32);
+        if self.mode == Mode::Tcp {
+            // i * gso_size < 64 KiB: no truncation.
+            put32(l4, 4, self.seq.wrapping_add((i * self.gso_size) as u32));
+            let mut flags = l4[13];
+            if i + 1 < self.count {
+                flags &= !(tcp_flags::FIN | tcp_flags::PSH);
+            }
+            if i > 0 {
+                flags &= !tcp_flags::CWR;
+            }
+            l4[13] = flags;
+            put16(l4, 16, 0);
+            let c = checksum::finish(checksum::sum(pseudo(proto::TCP), l4));
+            put16(l4, 16, c);
+        } else {
+            put16(l4, 4, l4_len as u16);
+            put16(l4, 6, 0);
+            let c = match checksum::finish(checksum::sum(pseudo(proto::UDP), l4)) {
+                0 => 0xffff,
+                c => c,
+            };
+            put16(l4, 6, c);
+        }
+        Ok(())
+    }
+}
