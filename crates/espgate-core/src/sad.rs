@@ -2,6 +2,7 @@
 //! found by (protocol, SPI) in O(1).
 
 use crate::buf::PacketBuf;
+use crate::cost::{NoProbe, Probe, Stage};
 use crate::error::{Drop, PResult};
 use crate::sa::{classify, Classified, Decapsulated, Mode, Protocol, Sa};
 use rustc_hash::FxHashMap;
@@ -170,6 +171,21 @@ impl Sad {
         now: Duration,
         applied: &mut Vec<SaId>,
     ) -> Result<InboundOutcome, InboundError> {
+        self.decapsulate_into_probed(buf, nat_t_port, now, applied, &mut NoProbe)
+    }
+
+    /// [`Sad::decapsulate_into`], marking its stages on `probe` (see
+    /// [`crate::cost`]): per layer `Lookup` (classification and SAD
+    /// lookup), then the SA's own (`Replay`, `Integrity`, `Cipher`,
+    /// `Replay`, `Decap`).
+    pub fn decapsulate_into_probed<P: Probe + ?Sized>(
+        &mut self,
+        buf: &mut PacketBuf,
+        nat_t_port: u16,
+        now: Duration,
+        applied: &mut Vec<SaId>,
+        probe: &mut P,
+    ) -> Result<InboundOutcome, InboundError> {
         applied.clear();
         for layer in 0..MAX_LAYERS {
             let c = classify(buf.as_slice(), nat_t_port);
@@ -194,15 +210,15 @@ impl Sad {
                 sa,
                 spi: Some(inb.spi),
             };
-            let id = self
-                .lookup(inb.protocol, inb.spi)
-                .ok_or_else(|| err(Drop::UnknownSpi, None))?;
+            let id = self.lookup(inb.protocol, inb.spi);
+            probe.mark(Stage::Lookup);
+            let id = id.ok_or_else(|| err(Drop::UnknownSpi, None))?;
             let sa = self
                 .get_mut(id)
                 .ok_or_else(|| err(Drop::UnknownSpi, None))?;
             let mode = sa.config().mode;
             match sa
-                .decapsulate(buf, &inb, now)
+                .decapsulate_probed(buf, &inb, now, probe)
                 .map_err(|d| err(d, Some(id)))?
             {
                 Decapsulated::Dummy => return Ok(InboundOutcome::Dummy(id)),
@@ -217,10 +233,22 @@ impl Sad {
 
     /// Applies a bundle outbound: `ids[0]` first (innermost), e.g. ESP then AH.
     pub fn encapsulate(&mut self, ids: &[SaId], buf: &mut PacketBuf, now: Duration) -> PResult<()> {
+        self.encapsulate_probed(ids, buf, now, &mut NoProbe)
+    }
+
+    /// [`Sad::encapsulate`], marking each SA's stages on `probe` (see
+    /// [`crate::cost`]; the policy lookup that chose `ids` is the caller's).
+    pub fn encapsulate_probed<P: Probe + ?Sized>(
+        &mut self,
+        ids: &[SaId],
+        buf: &mut PacketBuf,
+        now: Duration,
+        probe: &mut P,
+    ) -> PResult<()> {
         for id in ids {
             self.get_mut(*id)
                 .ok_or(Drop::UnknownSpi)?
-                .encapsulate(buf, now)?;
+                .encapsulate_probed(buf, now, probe)?;
         }
         Ok(())
     }

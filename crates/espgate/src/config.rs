@@ -82,6 +82,9 @@ pub struct Gateway {
     pub state_dir: PathBuf,
     /// Use the kernel's batching offloads (UDP GSO on send, GRO on receive).
     pub offloads: bool,
+    /// Per-stage cost accounting from the start (`espgate status --costs`;
+    /// `espgate costs on|off|reset` switches it at run time).
+    pub cost_accounting: bool,
 }
 
 impl Gateway {
@@ -818,6 +821,7 @@ struct RawGateway {
     fwmark: Option<i64>,
     state_dir: Option<String>,
     offloads: Option<bool>,
+    cost_accounting: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -1434,6 +1438,7 @@ impl Validator<'_> {
             fwmark: fwmark?,
             state_dir: state_dir?,
             offloads: g.offloads.unwrap_or(true),
+            cost_accounting: g.cost_accounting.unwrap_or(false),
         })
     }
 
@@ -2391,6 +2396,7 @@ suite = "aes128gcm16"
         assert_eq!(g.control_socket, Path::new("/run/espgate/espgate.sock"));
         assert_eq!(g.state_dir, Path::new("/var/lib/espgate"));
         assert_eq!((g.metrics, g.fwmark), (None, None));
+        assert!(g.offloads && !g.cost_accounting);
         let b = c.connection("b").unwrap();
         assert_eq!(b.remote_port, 4500);
         assert_eq!(b.local_port, 4500);
@@ -3336,7 +3342,7 @@ integ_out = "{K20B}"
         let c = parse_str(&g(
             "tun = \"wg.0_a-b\"\ntun_address = [\"10.1.0.1/24\", \"2001:db8::1\"]\nlisten = \"[::]:4600\"\n\
              workers = 4\nmtu = 9000\ncontrol_socket = \"run/x.sock\"\nmetrics = \"[::1]:9184\"\n\
-             log = \"debug\"\nfwmark = 0x4500\nstate_dir = \"state\"",
+             log = \"debug\"\nfwmark = 0x4500\nstate_dir = \"state\"\ncost_accounting = true",
         ))
         .unwrap_or_else(|e| panic!("{e}"));
         let gw = &c.gateway;
@@ -3349,6 +3355,7 @@ integ_out = "{K20B}"
             (gw.workers, gw.mtu, gw.log, gw.fwmark),
             (4, 9000, LogLevel::Debug, Some(0x4500))
         );
+        assert!(gw.cost_accounting);
         assert_eq!(c.connections[0].local_port, 4600);
         let v6 = minimal()
             .replace("192.0.2.1", "2001:db8::1")

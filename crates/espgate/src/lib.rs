@@ -10,6 +10,7 @@ pub mod alloc_count;
 pub mod bench;
 pub mod capture;
 pub mod config;
+pub mod costs;
 pub mod demo;
 pub mod gateway;
 pub mod netdev;

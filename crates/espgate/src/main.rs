@@ -65,6 +65,22 @@ enum Cmd {
     },
     /// Show the running gateway: TUN, connections, SAs, counters, drops.
     Status {
+        /// Only the per-stage costs (cost accounting: `espgate costs on`
+        /// or gateway.cost_accounting = true); with --json the document
+        /// {"cost_accounting": true|false, "costs": {...}}.
+        #[arg(long)]
+        costs: bool,
+        #[command(flatten)]
+        target: ControlArgs,
+    },
+    /// Per-stage cost accounting of the running gateway (seed 004's
+    /// per-packet breakdown): on, off or reset. Off by default
+    /// (gateway.cost_accounting); while on, each packet's stages are timed
+    /// and `espgate status --costs` shows them. Off drops the counts.
+    Costs {
+        /// on, off or reset.
+        #[arg(value_parser = ["on", "off", "reset"])]
+        action: String,
         #[command(flatten)]
         target: ControlArgs,
     },
@@ -127,6 +143,11 @@ enum BenchCmd {
         /// out, in or both.
         #[arg(long, default_value = "both")]
         direction: String,
+        /// Then run each pipeline once more with the per-stage probe on and
+        /// print ns per packet of each stage (--json: a "stages" object
+        /// per row). The other numbers are measured with the probe off.
+        #[arg(long)]
+        costs: bool,
     },
     /// iperf3 through espgate, plain routing and other VPNs (not built yet).
     Tunnel,
@@ -156,18 +177,23 @@ struct BenchArgs {
 
 fn run_bench(what: BenchCmd) -> Result<ExitCode> {
     use espgate::bench;
-    let (args, direction, is_esp) = match what {
-        BenchCmd::Crypto { args } => (args, "both".to_string(), false),
-        BenchCmd::Esp { args, direction } => (args, direction, true),
+    let (args, direction, is_esp, costs) = match what {
+        BenchCmd::Crypto { args } => (args, "both".to_string(), false, false),
+        BenchCmd::Esp {
+            args,
+            direction,
+            costs,
+        } => (args, direction, true, costs),
         BenchCmd::Tunnel => return Ok(not_built("bench tunnel", 4)),
     };
-    let p = bench::Params::new(
+    let mut p = bench::Params::new(
         &args.suite,
         &args.size,
         args.seconds,
         args.repeat,
         &direction,
     )?;
+    p.costs = costs;
     let quiet = args.json || !std::io::IsTerminal::is_terminal(&std::io::stderr());
     let progress = |s: &str| {
         if !quiet {
@@ -192,6 +218,9 @@ fn run_bench(what: BenchCmd) -> Result<ExitCode> {
                  as `bench crypto` measures them, in this run; \
                  crypto: share of the time that is cryptography (1 - null skeleton / suite)"
             );
+        }
+        if costs {
+            println!("\n{}{}", bench::costs_table(&rows), bench::COSTS_NOTES);
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -637,6 +666,47 @@ fn run_query(target: &ControlArgs, cmd: &str) -> ExitCode {
     }
 }
 
+/// `espgate status --costs`: the status document's per-stage costs.
+fn run_costs_query(target: &ControlArgs) -> ExitCode {
+    let v = match ask(target, &serde_json::json!({"cmd": "status"})) {
+        Ok(v) => v,
+        Err(c) => return c,
+    };
+    let costs = &v["status"]["costs"];
+    if target.json {
+        let out = if costs.is_null() {
+            serde_json::json!({"cost_accounting": false})
+        } else {
+            serde_json::json!({"cost_accounting": true, "costs": costs})
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).unwrap_or_else(|_| out.to_string())
+        );
+        return ExitCode::SUCCESS;
+    }
+    if costs.is_null() {
+        println!(
+            "cost accounting is off: `espgate costs on` (or gateway.cost_accounting = true) \
+             starts it"
+        );
+        return ExitCode::SUCCESS;
+    }
+    match serde_json::from_value::<espgate::costs::CostsReport>(costs.clone()) {
+        Ok(r) => {
+            print!("{}", espgate::costs::render(&r));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!(
+                "espgate: the daemon's answer does not parse ({e}); is it another version? \
+                 --json shows it as is"
+            );
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn run_demo(short: bool, prefix: Option<String>) -> ExitCode {
     let exe = match std::env::current_exe() {
         Ok(e) => e,
@@ -662,7 +732,7 @@ fn run_demo(short: bool, prefix: Option<String>) -> ExitCode {
 fn not_built(what: &str, issue: u32) -> ExitCode {
     eprintln!(
         "espgate {what} is not built yet (tracked in issue {issue}). \
-         Available today: espgate up, status, sa list|add|del, wireshark-keys, demo, \
+         Available today: espgate up, status, costs, sa list|add|del, wireshark-keys, demo, \
          pcap encrypt|decrypt, suites, bench crypto|esp."
     );
     ExitCode::from(2)
@@ -697,7 +767,18 @@ fn main() -> ExitCode {
             pid_file,
             log_file,
         })),
-        Cmd::Status { target } => Ok(run_query(&target, "status")),
+        Cmd::Status {
+            costs: false,
+            target,
+        } => Ok(run_query(&target, "status")),
+        Cmd::Status {
+            costs: true,
+            target,
+        } => Ok(run_costs_query(&target)),
+        Cmd::Costs { action, target } => Ok(run_sa_change(
+            &target,
+            &serde_json::json!({"cmd": "costs", "action": action}),
+        )),
         Cmd::Sa { cmd } => Ok(match cmd {
             SaCmd::List { target } => run_query(&target, "sa_list"),
             SaCmd::Add {

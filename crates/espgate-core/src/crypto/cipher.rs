@@ -3,6 +3,7 @@
 use super::mac::Mac;
 use super::suite::{Enc, Suite, SuiteError};
 use super::AuthCtx;
+use crate::cost::{NoProbe, Probe, Stage};
 use crate::error::{Drop, PResult};
 use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 #[allow(deprecated)]
@@ -196,34 +197,56 @@ impl Transform {
     /// IV must already be written, the body is plaintext (payload, padding,
     /// trailer) and becomes ciphertext; the ICV field is filled.
     pub fn seal(&self, pkt: &mut [u8], hdr_len: usize, auth: &AuthCtx<'_>) -> PResult<()> {
+        self.seal_probed(pkt, hdr_len, auth, &mut NoProbe)
+    }
+
+    /// [`Transform::seal`], marking [`Stage::Cipher`] after the encryption
+    /// (AEAD, GMAC: after the one combined operation) and
+    /// [`Stage::Integrity`] after the MAC of a non-combined suite.
+    pub fn seal_probed<P: Probe + ?Sized>(
+        &self,
+        pkt: &mut [u8],
+        hdr_len: usize,
+        auth: &AuthCtx<'_>,
+        probe: &mut P,
+    ) -> PResult<()> {
         let (iv_end, icv_start) = self.layout(pkt.len(), hdr_len)?;
         match &self.cipher {
             Cipher::Null => {}
             Cipher::Cbc(k) => {
                 let body = &mut pkt[hdr_len..icv_start];
                 let (iv, body) = body.split_at_mut(iv_end - hdr_len);
-                k.enc
+                let r = k
+                    .enc
                     .less_safe_encrypt(body, enc_context(iv)?)
-                    .map_err(|_| Drop::Crypto)?;
+                    .map_err(|_| Drop::Crypto);
+                probe.mark(Stage::Cipher);
+                r?;
             }
             Cipher::Aead { key, salt } => {
                 let n = nonce(salt, &pkt[hdr_len..iv_end])?;
                 let tag = key
                     .seal_in_place_separate_tag(n, Aad::from(auth.aad), &mut pkt[iv_end..icv_start])
-                    .map_err(|_| Drop::Crypto)?;
-                pkt[icv_start..].copy_from_slice(tag.as_ref());
+                    .map_err(|_| Drop::Crypto);
+                probe.mark(Stage::Cipher);
+                pkt[icv_start..].copy_from_slice(tag?.as_ref());
                 return Ok(());
             }
             Cipher::Gmac { key, salt } => {
                 let n = nonce(salt, &pkt[hdr_len..iv_end])?;
-                let tag = gmac_tag(key, n, auth.aad, &pkt[..icv_start], hdr_len)?;
-                pkt[icv_start..].copy_from_slice(tag.as_ref());
+                let tag = gmac_tag(key, n, auth.aad, &pkt[..icv_start], hdr_len);
+                probe.mark(Stage::Cipher);
+                pkt[icv_start..].copy_from_slice(tag?.as_ref());
                 return Ok(());
             }
+        }
+        if matches!(self.cipher, Cipher::Null) {
+            probe.mark(Stage::Cipher);
         }
         if let Some(mac) = &self.mac {
             let (data, icv) = pkt.split_at_mut(icv_start);
             mac.compute(&[auth.mac_prefix, data, auth.mac_suffix], icv);
+            probe.mark(Stage::Integrity);
         }
         Ok(())
     }
@@ -232,37 +255,64 @@ impl Transform {
     /// The ICV is checked in constant time before anything is decrypted; on
     /// success the body holds the plaintext.
     pub fn open(&self, pkt: &mut [u8], hdr_len: usize, auth: &AuthCtx<'_>) -> PResult<()> {
+        self.open_probed(pkt, hdr_len, auth, &mut NoProbe)
+    }
+
+    /// [`Transform::open`], marking [`Stage::Integrity`] after the ICV check
+    /// of a non-combined suite and [`Stage::Cipher`] after the decryption
+    /// (AEAD, GMAC: after the one combined operation). A packet whose ICV
+    /// fails is marked at the stage that rejected it and goes no further.
+    pub fn open_probed<P: Probe + ?Sized>(
+        &self,
+        pkt: &mut [u8],
+        hdr_len: usize,
+        auth: &AuthCtx<'_>,
+        probe: &mut P,
+    ) -> PResult<()> {
         let (iv_end, icv_start) = self.layout(pkt.len(), hdr_len)?;
         match &self.cipher {
             Cipher::Aead { key, salt } => {
                 let n = nonce(salt, &pkt[hdr_len..iv_end])?;
-                key.open_in_place(n, Aad::from(auth.aad), &mut pkt[iv_end..])
-                    .map_err(|_| Drop::Integrity)?;
-                return Ok(());
+                let r = key
+                    .open_in_place(n, Aad::from(auth.aad), &mut pkt[iv_end..])
+                    .map(|_| ())
+                    .map_err(|_| Drop::Integrity);
+                probe.mark(Stage::Cipher);
+                return r;
             }
             Cipher::Gmac { key, salt } => {
                 let n = nonce(salt, &pkt[hdr_len..iv_end])?;
-                let tag = gmac_tag(key, n, auth.aad, &pkt[..icv_start], hdr_len)?;
-                return aws_lc_rs::constant_time::verify_slices_are_equal(
-                    tag.as_ref(),
-                    &pkt[icv_start..],
-                )
-                .map_err(|_| Drop::Integrity);
+                let r = gmac_tag(key, n, auth.aad, &pkt[..icv_start], hdr_len).and_then(|tag| {
+                    aws_lc_rs::constant_time::verify_slices_are_equal(
+                        tag.as_ref(),
+                        &pkt[icv_start..],
+                    )
+                    .map_err(|_| Drop::Integrity)
+                });
+                probe.mark(Stage::Cipher);
+                return r;
             }
             Cipher::Null | Cipher::Cbc(_) => {}
         }
         if let Some(mac) = &self.mac {
             let (data, icv) = pkt.split_at(icv_start);
-            if !mac.verify(&[auth.mac_prefix, data, auth.mac_suffix], icv) {
+            let ok = mac.verify(&[auth.mac_prefix, data, auth.mac_suffix], icv);
+            probe.mark(Stage::Integrity);
+            if !ok {
                 return Err(Drop::Integrity);
             }
         }
         if let Cipher::Cbc(k) = &self.cipher {
             let (iv, body) = pkt[hdr_len..icv_start].split_at_mut(iv_end - hdr_len);
-            k.dec
+            let r = k
+                .dec
                 .decrypt(body, dec_context(iv)?)
-                .map_err(|_| Drop::Crypto)?;
+                .map(|_| ())
+                .map_err(|_| Drop::Crypto);
+            probe.mark(Stage::Cipher);
+            return r;
         }
+        probe.mark(Stage::Cipher);
         Ok(())
     }
 

@@ -7,6 +7,7 @@
 
 use super::{finish_tunnel_inner, fix_transport_header, Decapsulated, Inbound, Mode, Sa};
 use crate::buf::PacketBuf;
+use crate::cost::{Probe, Stage};
 use crate::error::{Drop, PResult};
 use crate::wire::ip::IpInfo;
 use crate::wire::{ah, ipv4, ipv6, proto};
@@ -146,7 +147,13 @@ impl Sa {
         }
     }
 
-    pub(super) fn ah_out(&mut self, buf: &mut PacketBuf, info: &IpInfo, seq: u64) -> PResult<()> {
+    pub(super) fn ah_out<P: Probe + ?Sized>(
+        &mut self,
+        buf: &mut PacketBuf,
+        info: &IpInfo,
+        seq: u64,
+        probe: &mut P,
+    ) -> PResult<()> {
         let icv_len = self.transform.icv_len();
         let off = match self.cfg.mode {
             Mode::Tunnel => {
@@ -188,19 +195,23 @@ impl Sa {
                 keep
             }
         };
+        probe.mark(Stage::Encap);
         let mut icv = [0u8; 64];
         let end = buf.len();
-        self.ah_icv(buf.as_slice(), off, end, seq, &mut icv)?;
+        let r = self.ah_icv(buf.as_slice(), off, end, seq, &mut icv);
+        probe.mark(Stage::Integrity);
+        r?;
         let p = buf.as_mut_slice();
         p[off + ah::FIXED_LEN..off + ah::FIXED_LEN + icv_len].copy_from_slice(&icv[..icv_len]);
         Ok(())
     }
 
-    pub(super) fn ah_in(
+    pub(super) fn ah_in<P: Probe + ?Sized>(
         &mut self,
         buf: &mut PacketBuf,
         inb: &Inbound,
         now: Duration,
+        probe: &mut P,
     ) -> PResult<Decapsulated> {
         if self.life.is_hard_expired() {
             return Err(Drop::SaExpired);
@@ -209,12 +220,33 @@ impl Sa {
         let pkt = buf.as_slice();
         let a = ah::Ah::new_checked(pkt.get(inb.offset..end).ok_or(Drop::BadLength)?)?;
         let (ah_len, nh) = (a.len(), a.next_header());
-        let seq = self.replay.full_seq(a.seq()).ok_or(Drop::Replay)?;
-        self.replay.check(seq)?;
-        if !self.ah_icv(pkt, inb.offset, end, seq, &mut [])? {
+        let seq = self.replay.full_seq(a.seq()).ok_or(Drop::Replay);
+        let seq = seq.and_then(|s| self.replay.check(s).map(|()| s));
+        probe.mark(Stage::Replay);
+        let seq = seq?;
+        let ok = self.ah_icv(pkt, inb.offset, end, seq, &mut []);
+        probe.mark(Stage::Integrity);
+        if !ok? {
             return Err(Drop::Integrity);
         }
-        self.replay.update(seq)?;
+        let updated = self.replay.update(seq);
+        probe.mark(Stage::Replay);
+        updated?;
+        let r = self.ah_unframe(buf, inb, now, (ah_len, nh));
+        probe.mark(Stage::Decap);
+        r
+    }
+
+    /// After authentication: the AH header removed, the inner packet
+    /// restored, selectors, counters.
+    fn ah_unframe(
+        &mut self,
+        buf: &mut PacketBuf,
+        inb: &Inbound,
+        now: Duration,
+        (ah_len, nh): (usize, u8),
+    ) -> PResult<Decapsulated> {
+        let end = inb.end;
         let payload_at = inb.offset + ah_len;
         let plen = end - payload_at;
         match self.cfg.mode {

@@ -2,6 +2,7 @@
 
 use super::{finish_tunnel_inner, fix_transport_header, Decapsulated, Encap, Inbound, Mode, Sa};
 use crate::buf::PacketBuf;
+use crate::cost::{Probe, Stage};
 use crate::crypto::AuthCtx;
 use crate::error::{Drop, PResult};
 use crate::wire::ip::IpInfo;
@@ -23,7 +24,13 @@ fn aead_aad(spi: u32, seq: u64, esn: bool, out: &mut [u8; 12]) -> usize {
 
 impl Sa {
     /// `buf` holds exactly one IP packet described by `info`.
-    pub(super) fn esp_out(&mut self, buf: &mut PacketBuf, info: &IpInfo, seq: u64) -> PResult<()> {
+    pub(super) fn esp_out<P: Probe + ?Sized>(
+        &mut self,
+        buf: &mut PacketBuf,
+        info: &IpInfo,
+        seq: u64,
+        probe: &mut P,
+    ) -> PResult<()> {
         let udp_len = if matches!(self.cfg.encap, Encap::Udp { .. }) {
             udp::HEADER_LEN
         } else {
@@ -40,7 +47,7 @@ impl Sa {
                     .cfg
                     .tfc_pad_to
                     .map_or(0, |t| usize::from(t).saturating_sub(buf.len()));
-                self.esp_wrap(buf, 0, nh, seq, udp_len, tfc)?;
+                self.esp_wrap(buf, 0, nh, seq, (udp_len, tfc), probe)?;
                 let outer_proto = if udp_len > 0 { proto::UDP } else { proto::ESP };
                 self.push_outer(buf, info, outer_proto)?;
                 let hdr_len = if self.cfg.tunnel_dst.is_some_and(|d| d.is_ipv6()) {
@@ -70,7 +77,7 @@ impl Sa {
                     // §2.6); the receiver would discard it silently.
                     return Err(Drop::BadNextHeader);
                 }
-                self.esp_wrap(buf, keep, nh, seq, udp_len, 0)?;
+                self.esp_wrap(buf, keep, nh, seq, (udp_len, 0), probe)?;
                 let outer_proto = if udp_len > 0 { proto::UDP } else { proto::ESP };
                 fix_transport_header(buf.as_mut_slice(), info.version, nh_field, outer_proto)?;
                 if udp_len > 0 {
@@ -104,16 +111,18 @@ impl Sa {
     }
 
     /// `buf` = `[keep | payload]` becomes
-    /// `[keep | UDP? | SPI | Seq | IV | E(payload | TFC | pad | pad len | nh) | ICV]`.
-    fn esp_wrap(
+    /// `[keep | UDP? | SPI | Seq | IV | E(payload | TFC | pad | pad len | nh) | ICV]`
+    /// (`room` = the UDP header's and the TFC padding's lengths).
+    fn esp_wrap<P: Probe + ?Sized>(
         &mut self,
         buf: &mut PacketBuf,
         keep: usize,
         nh: u8,
         seq: u64,
-        udp_len: usize,
-        tfc: usize,
+        room: (usize, usize),
+        probe: &mut P,
     ) -> PResult<()> {
+        let (udp_len, tfc) = room;
         let hi = self.esn_hi(seq);
         let t = &mut self.transform;
         let (iv_len, icv_len) = (t.iv_len(), t.icv_len());
@@ -137,14 +146,16 @@ impl Sa {
             mac_prefix: &[],
             mac_suffix: hi.as_ref().map_or(&[][..], |h| &h[..]),
         };
-        t.seal(e, esp::HEADER_LEN, &auth)
+        probe.mark(Stage::Encap);
+        t.seal_probed(e, esp::HEADER_LEN, &auth, probe)
     }
 
-    pub(super) fn esp_in(
+    pub(super) fn esp_in<P: Probe + ?Sized>(
         &mut self,
         buf: &mut PacketBuf,
         inb: &Inbound,
         now: Duration,
+        probe: &mut P,
     ) -> PResult<Decapsulated> {
         if self.life.is_hard_expired() {
             return Err(Drop::SaExpired);
@@ -157,20 +168,45 @@ impl Sa {
             return Err(Drop::BadLength);
         }
         let hdr = esp::Esp::new_checked(e)?;
-        let seq = self.replay.full_seq(hdr.seq()).ok_or(Drop::Replay)?;
-        self.replay.check(seq)?;
+        let (spi, seq_lo) = (hdr.spi(), hdr.seq());
+        let seq = self.replay.full_seq(seq_lo).ok_or(Drop::Replay);
+        let seq = seq.and_then(|s| self.replay.check(s).map(|()| s));
+        probe.mark(Stage::Replay);
+        let seq = seq?;
         let mut aad = [0u8; 12];
-        let n = aead_aad(hdr.spi(), seq, self.cfg.esn, &mut aad);
+        let n = aead_aad(spi, seq, self.cfg.esn, &mut aad);
         let hi = self.esn_hi(seq);
         let auth = AuthCtx {
             aad: &aad[..n],
             mac_prefix: &[],
             mac_suffix: hi.as_ref().map_or(&[][..], |h| &h[..]),
         };
-        self.transform.open(e, esp::HEADER_LEN, &auth)?;
-        self.replay.update(seq)?;
+        self.transform
+            .open_probed(e, esp::HEADER_LEN, &auth, probe)?;
+        let updated = self.replay.update(seq);
+        probe.mark(Stage::Replay);
+        updated?;
+        let r = self.esp_unframe(buf, inb, now);
+        probe.mark(Stage::Decap);
+        r
+    }
+
+    /// After authentication and decryption: trailer and padding, the inner
+    /// packet restored, selectors, counters.
+    fn esp_unframe(
+        &mut self,
+        buf: &mut PacketBuf,
+        inb: &Inbound,
+        now: Duration,
+    ) -> PResult<Decapsulated> {
+        let (iv_len, icv_len) = (self.transform.iv_len(), self.transform.icv_len());
+        let e = buf
+            .as_slice()
+            .get(inb.offset..inb.end)
+            .ok_or(Drop::BadLength)?;
         let body_start = esp::HEADER_LEN + iv_len;
-        let (plen, nh) = esp::parse_trailer(&e[body_start..e.len() - icv_len])?;
+        let body_end = e.len().checked_sub(icv_len).ok_or(Drop::BadLength)?;
+        let (plen, nh) = esp::parse_trailer(e.get(body_start..body_end).ok_or(Drop::BadLength)?)?;
         if nh == proto::NO_NEXT {
             self.stats.dummies += 1;
             return Ok(Decapsulated::Dummy);

@@ -8,6 +8,7 @@ pub mod replay;
 pub mod spec;
 
 use crate::buf::PacketBuf;
+use crate::cost::{NoProbe, Probe, Stage};
 use crate::crypto::{Suite, SuiteError, Transform};
 use crate::error::{Drop, PResult};
 use crate::selector::TrafficSelector;
@@ -508,20 +509,40 @@ impl Sa {
 
     /// Protects the IP packet in `buf` in place; `buf` then holds the packet to send.
     pub fn encapsulate(&mut self, buf: &mut PacketBuf, now: Duration) -> PResult<()> {
-        let r = self.encapsulate_inner(buf, now);
+        self.encapsulate_probed(buf, now, &mut NoProbe)
+    }
+
+    /// [`Sa::encapsulate`], marking its stages on `probe` (see
+    /// [`crate::cost`]): `Replay` (sequence number), `Encap`, `Cipher`,
+    /// `Integrity`, `Encap`.
+    pub fn encapsulate_probed<P: Probe + ?Sized>(
+        &mut self,
+        buf: &mut PacketBuf,
+        now: Duration,
+        probe: &mut P,
+    ) -> PResult<()> {
+        let r = self.encapsulate_inner(buf, now, probe);
         self.count_drop(r)
     }
 
-    fn encapsulate_inner(&mut self, buf: &mut PacketBuf, now: Duration) -> PResult<()> {
+    fn encapsulate_inner<P: Probe + ?Sized>(
+        &mut self,
+        buf: &mut PacketBuf,
+        now: Duration,
+        probe: &mut P,
+    ) -> PResult<()> {
         let info = ip::parse(buf.as_slice())?;
         buf.truncate(info.packet_len);
         let len = info.packet_len;
-        let seq = self.take_seq(now)?;
+        let seq = self.take_seq(now);
+        probe.mark(Stage::Replay);
+        let seq = seq?;
         match self.cfg.protocol {
-            Protocol::Esp => self.esp_out(buf, &info, seq)?,
-            Protocol::Ah => self.ah_out(buf, &info, seq)?,
+            Protocol::Esp => self.esp_out(buf, &info, seq, probe)?,
+            Protocol::Ah => self.ah_out(buf, &info, seq, probe)?,
         }
         self.account(len, now);
+        probe.mark(Stage::Encap);
         Ok(())
     }
 
@@ -532,9 +553,22 @@ impl Sa {
         inb: &Inbound,
         now: Duration,
     ) -> PResult<Decapsulated> {
+        self.decapsulate_probed(buf, inb, now, &mut NoProbe)
+    }
+
+    /// [`Sa::decapsulate`], marking its stages on `probe` (see
+    /// [`crate::cost`]): `Replay` (check), `Integrity`, `Cipher`, `Replay`
+    /// (update), `Decap`; a packet refused stops at the stage refusing it.
+    pub fn decapsulate_probed<P: Probe + ?Sized>(
+        &mut self,
+        buf: &mut PacketBuf,
+        inb: &Inbound,
+        now: Duration,
+        probe: &mut P,
+    ) -> PResult<Decapsulated> {
         let r = match inb.protocol {
-            Protocol::Esp => self.esp_in(buf, inb, now),
-            Protocol::Ah => self.ah_in(buf, inb, now),
+            Protocol::Esp => self.esp_in(buf, inb, now, probe),
+            Protocol::Ah => self.ah_in(buf, inb, now, probe),
         };
         self.count_drop(r)
     }

@@ -20,13 +20,28 @@
 //! on a shared machine. Before timing, every suite is checked end to end
 //! (the inbound pipeline must give back the clear packet), so a broken
 //! suite cannot report a speed.
+//!
+//! `esp --costs` then runs each suite's pipeline once more with a
+//! [`Costs`] probe (seed 004's per-operation timing) and reports the time
+//! per packet of each stage: receive (here: copying the packet into the
+//! buffer), lookup (outbound: flow and SPD lookup; inbound: classification
+//! and SAD lookup), replay, encap/decap, cipher, integrity. That run goes
+//! through an SPD and SADs as the gateway does, so its stages add up to a
+//! little more than the pipeline row, and every stage includes one clock
+//! reading; the timed rows above are measured with the probe off.
 
+use crate::costs::{self, Costs, Dir};
 use anyhow::{anyhow, bail, ensure, Result};
+use espgate_core::cost::{Probe, Stage};
 use espgate_core::crypto::{AuthCtx, Enc, Suite, Transform};
 use espgate_core::sa::{classify, Classified, Decapsulated, Inbound, Protocol, Sa, SaConfig};
-use espgate_core::wire::udp;
+use espgate_core::sad::{InboundOutcome, SaId, Sad};
+use espgate_core::selector::{Prefix, TrafficSelector};
+use espgate_core::spd::{Action, Direction, Policy, Spd};
+use espgate_core::wire::{flow, udp};
 use espgate_core::PacketBuf;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -73,6 +88,9 @@ pub struct Params {
     pub outbound: bool,
     /// See `outbound`.
     pub inbound: bool,
+    /// `bench esp --costs`: also time each stage, probe on (after the
+    /// measurements with the probe off).
+    pub costs: bool,
 }
 
 impl Params {
@@ -132,6 +150,7 @@ impl Params {
             repeat,
             outbound,
             inbound,
+            costs: false,
         })
     }
 }
@@ -160,6 +179,12 @@ pub struct Row {
     pub crypto_share: Option<f64>,
     /// The spread of the repetitions: (max − min) / median.
     pub spread: f64,
+    /// `bench esp --costs`: ns per packet of each stage (`receive`,
+    /// `lookup`, `replay`, `encap` or `decap`, `cipher`, `integrity`),
+    /// from a separate run with the probe on. AEAD suites report their
+    /// one operation as `cipher` and `integrity` 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stages: Option<BTreeMap<String, f64>>,
 }
 
 fn row(suite: &str, size: usize, direction: &'static str, s: &Samples) -> Row {
@@ -174,6 +199,7 @@ fn row(suite: &str, size: usize, direction: &'static str, s: &Samples) -> Row {
         ratio_to_raw: None,
         crypto_share: None,
         spread: s.spread(),
+        stages: None,
     }
 }
 
@@ -334,6 +360,143 @@ impl Pipeline {
     }
 }
 
+/// The pipeline as the gateway runs it, for `--costs`: an SPD lookup
+/// and the SAD on the way out, classification and the SAD on the way in,
+/// each packet marked on a [`Costs`] probe.
+struct Probed {
+    clear: Vec<u8>,
+    spd: Spd,
+    tx: Sad,
+    rx: Sad,
+    rx_id: SaId,
+    /// Consecutive ESP packets for the inbound side.
+    ring: Vec<Vec<u8>>,
+    buf: PacketBuf,
+    applied: Vec<SaId>,
+    suite: Suite,
+}
+
+impl Probed {
+    fn new(suite: Suite, size: usize) -> Result<Probed> {
+        let clear = clear_packet(size);
+        let mut gen = sa(suite, 1024)?;
+        let mut buf = PacketBuf::with_capacity(9216);
+        let mut ring = Vec::with_capacity(RING);
+        for _ in 0..RING {
+            buf.load(&clear);
+            gen.encapsulate(&mut buf, Duration::ZERO)
+                .map_err(|d| anyhow!("{suite} outbound, {size} B: {}", d.as_str()))?;
+            ring.push(buf.as_slice().to_vec());
+        }
+        let mut tx = Sad::new();
+        let tx_id = tx.insert(sa(suite, 1024)?).map_err(|e| anyhow!(e))?;
+        let mut spd = Spd::new();
+        let prefix = |a: [u8; 4]| Prefix::new(Ipv4Addr::from(a).into(), 16);
+        let (Some(local), Some(remote)) = (prefix([10, 1, 0, 0]), prefix([10, 2, 0, 0])) else {
+            bail!("bad bench prefixes");
+        };
+        spd.push(Policy {
+            selector: TrafficSelector::between(local, remote),
+            action: Action::Protect(vec![tx_id]),
+        });
+        let mut rx = Sad::new();
+        let rx_id = rx.insert(sa(suite, 1024)?).map_err(|e| anyhow!(e))?;
+        Ok(Probed {
+            clear,
+            spd,
+            tx,
+            rx,
+            rx_id,
+            ring,
+            buf,
+            applied: Vec::with_capacity(espgate_core::sad::MAX_LAYERS),
+            suite,
+        })
+    }
+
+    fn outbound(&mut self, n: usize, c: &mut Costs) -> Result<()> {
+        for _ in 0..n {
+            c.begin(Dir::Outbound);
+            self.buf.load(&self.clear);
+            c.mark(Stage::Receive);
+            let f = flow::of_packet(self.buf.as_slice())
+                .map_err(|d| anyhow!("{}: flow: {}", self.suite, d.as_str()))?;
+            let Some((
+                _,
+                Policy {
+                    action: Action::Protect(ids),
+                    ..
+                },
+            )) = self.spd.lookup(&f, Direction::Outbound)
+            else {
+                bail!("{}: no PROTECT policy for the bench packet", self.suite);
+            };
+            c.mark(Stage::Lookup);
+            self.tx
+                .encapsulate_probed(ids, &mut self.buf, Duration::ZERO, c)
+                .map_err(|d| anyhow!("{} outbound: {}", self.suite, d.as_str()))?;
+            black_box(self.buf.len());
+        }
+        Ok(())
+    }
+
+    /// One pass over the ring; a fresh receiving SA (not marked) makes the
+    /// next pass legal for the replay window.
+    fn inbound(&mut self, c: &mut Costs) -> Result<()> {
+        for wire in &self.ring {
+            c.begin(Dir::Inbound);
+            self.buf.load(wire);
+            c.mark(Stage::Receive);
+            match self.rx.decapsulate_into_probed(
+                &mut self.buf,
+                4500,
+                Duration::ZERO,
+                &mut self.applied,
+                c,
+            ) {
+                Ok(InboundOutcome::Packet) => {}
+                Ok(o) => bail!("{} inbound: {o:?}", self.suite),
+                Err(e) => bail!("{} inbound: {}", self.suite, e.reason.as_str()),
+            }
+            black_box(self.buf.len());
+        }
+        self.rx.remove(self.rx_id);
+        self.rx_id = self
+            .rx
+            .insert(sa(self.suite, 1024)?)
+            .map_err(|e| anyhow!(e))?;
+        Ok(())
+    }
+
+    /// Runs one direction for `time` (after a warm-up whose marks are
+    /// discarded) and returns each stage's ns per packet.
+    fn stages(&mut self, dir: Dir, time: Duration) -> Result<BTreeMap<String, f64>> {
+        let mut run = |c: &mut Costs, time: Duration| -> Result<()> {
+            let t = Instant::now();
+            // Bounded: until `time` has passed, at least one chunk.
+            loop {
+                match dir {
+                    Dir::Outbound => self.outbound(CHUNK, c)?,
+                    Dir::Inbound => self.inbound(c)?,
+                }
+                if t.elapsed() >= time {
+                    return Ok(());
+                }
+            }
+        };
+        run(&mut Costs::new(), time / 10)?;
+        let mut c = Costs::new();
+        run(&mut c, time)?;
+        let r = c.report();
+        Ok(dir
+            .stages()
+            .iter()
+            .filter(|s| **s != Stage::Send)
+            .map(|s| (s.as_str().to_string(), r.dir(dir).stage(*s).ns_per_packet))
+            .collect())
+    }
+}
+
 /// The suite's transform alone over `size` bytes of body.
 struct Raw {
     t: Transform,
@@ -459,17 +622,29 @@ pub fn esp(p: &Params, mut progress: impl FnMut(&str)) -> Result<Vec<Row>> {
                     })?);
                 }
             }
-            let mut add = |dir: &'static str, s: &Samples, sk: &Samples, raw: &Samples| {
-                let mut r = row(&suite.name(), size, dir, s);
+            // Once more with the probe on, after the measurements above.
+            let mut probed = if p.costs {
+                progress(&format!("esp {suite} {size} B: per-stage costs"));
+                Some(Probed::new(suite, size)?)
+            } else {
+                None
+            };
+            let probe_time = p.time * p.repeat as u32;
+            let mut add = |dir: Dir, s: &Samples, sk: &Samples, raw: &Samples| -> Result<()> {
+                let mut r = row(&suite.name(), size, dir.as_str(), s);
                 r.ratio_to_raw = Some(raw.median() / r.ns_per_packet);
                 r.crypto_share = Some((1.0 - sk.median() / r.ns_per_packet).max(0.0));
+                if let Some(pr) = probed.as_mut() {
+                    r.stages = Some(pr.stages(dir, probe_time)?);
+                }
                 rows.push(r);
+                Ok(())
             };
             if p.outbound {
-                add("outbound", out_s, skel_out, seal_s);
+                add(Dir::Outbound, out_s, skel_out, seal_s)?;
             }
             if p.inbound {
-                add("inbound", in_s, skel_in, open_s);
+                add(Dir::Inbound, in_s, skel_in, open_s)?;
             }
             if suite == *p.suites.last().expect("at least one suite") {
                 // The skeleton's own rows, once per size.
@@ -508,6 +683,49 @@ pub fn table(rows: &[Row]) -> String {
     }
     out
 }
+
+/// The `--costs` table: per suite, size and direction, each stage's ns
+/// per packet and its share of the probed total, then the total with the
+/// probe on and the pipeline's time with it off. Rows without stages are
+/// left out.
+pub fn costs_table(rows: &[Row]) -> String {
+    let cols: [(&str, &[Stage]); 6] = [
+        ("receive", &[Stage::Receive]),
+        ("lookup", &[Stage::Lookup]),
+        ("replay", &[Stage::Replay]),
+        ("en/decap", &[Stage::Encap, Stage::Decap]),
+        ("cipher", &[Stage::Cipher]),
+        ("integrity", &[Stage::Integrity]),
+    ];
+    let mut out = format!("{:<18} {:>6} {:<9}", "suite", "size", "direction");
+    for (name, _) in cols {
+        out += &format!(" {name:>10}");
+    }
+    out += &format!(" {:>7} {:>9}\n", "total", "probe off");
+    for r in rows {
+        let Some(st) = &r.stages else { continue };
+        let total: f64 = st.values().sum();
+        out += &format!("{:<18} {:>6} {:<9}", r.suite, r.size, r.direction);
+        for (_, stages) in cols {
+            let v = stages.iter().find_map(|s| st.get(s.as_str()));
+            let cell = match v {
+                Some(v) => format!("{v:.0} {:>3}", costs::share(*v, total)),
+                None => "-".into(),
+            };
+            out += &format!(" {cell:>10}");
+        }
+        out += &format!(" {total:>7.0} {:>9.0}\n", r.ns_per_packet);
+    }
+    out
+}
+
+/// What the `--costs` table's columns are (printed under it).
+pub const COSTS_NOTES: &str = "per-stage costs: ns per packet (share of the total) from one more \
+run with the probe on; receive = copying the packet into the buffer (no system call here), \
+lookup = flow + SPD lookup (outbound) or classification + SAD lookup (inbound), replay = \
+sequence number (outbound) or window check + update (inbound); every stage includes one clock \
+reading. AEAD suites (GCM, GMAC, ChaCha20-Poly1305) encrypt and authenticate in one operation, \
+counted as cipher: their integrity is 0. probe off: the pipeline row above.";
 
 #[cfg(test)]
 mod tests {
@@ -558,6 +776,58 @@ mod tests {
             assert!(v[0].get(k).is_some(), "{k} missing in {}", v[0]);
         }
         assert!(table(&rows).lines().count() == 13);
+    }
+
+    #[test]
+    fn costs_give_each_row_its_stages() {
+        let mut p = params(&["aes128gcm16", "aes128-sha256"], &[64], "both");
+        let rows = esp(&p, |_| {}).unwrap();
+        assert!(rows.iter().all(|r| r.stages.is_none()));
+        assert!(!serde_json::to_string(&rows).unwrap().contains("stages"));
+        p.costs = true;
+        let rows = esp(&p, |_| {}).unwrap();
+        for r in &rows {
+            let Some(st) = &r.stages else {
+                assert_eq!(r.suite, SKELETON, "{r:?}");
+                continue;
+            };
+            let mut keys: Vec<&str> = st.keys().map(String::as_str).collect();
+            keys.sort();
+            let framing = if r.direction == "outbound" {
+                "encap"
+            } else {
+                "decap"
+            };
+            let mut want = vec![
+                "cipher",
+                framing,
+                "integrity",
+                "lookup",
+                "receive",
+                "replay",
+            ];
+            want.sort();
+            assert_eq!(keys, want, "{r:?}");
+            // Every stage that runs took time; AEAD has no integrity of its own.
+            for (k, v) in st {
+                let aead_integrity = r.suite == "aes128gcm16" && k == "integrity";
+                assert_eq!(
+                    *v == 0.0,
+                    aead_integrity,
+                    "{} {} {k}: {v}",
+                    r.suite,
+                    r.direction
+                );
+            }
+        }
+        let text = costs_table(&rows);
+        assert_eq!(text.lines().count(), 1 + 4, "{text}");
+        assert!(
+            text.lines().nth(1).unwrap().starts_with("aes128gcm16"),
+            "{text}"
+        );
+        let v = serde_json::to_value(&rows).unwrap();
+        assert!(v[0]["stages"]["cipher"].as_f64().unwrap() > 0.0);
     }
 
     #[test]

@@ -11,6 +11,10 @@
 //!                    -> {"ok":true,"message":"...","warnings":[...]}
 //! {"cmd":"wireshark_keys"} -> {"ok":true,"sas":[{...,"enc_key":"hex",...}]}
 //!                                                      (see wireshark::SaKeys)
+//! {"cmd":"costs","action":"on"|"off"|"reset"}
+//!                    -> {"ok":true,"message":"...","warnings":[]}
+//!                       (per-stage cost accounting; the counts are in the
+//!                       status document's "costs" while it is on)
 //! anything else      -> {"ok":false,"error":"..."}
 //! ```
 //!
@@ -45,7 +49,7 @@ pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A request.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
 pub struct Request {
-    /// `status`, `sa_list`, `sa_add`, `sa_del` or `wireshark_keys`.
+    /// `status`, `sa_list`, `sa_add`, `sa_del`, `wireshark_keys` or `costs`.
     pub cmd: String,
     /// `sa_add`, `sa_del`: the connection's name.
     #[serde(default)]
@@ -62,6 +66,9 @@ pub struct Request {
     /// `sa_del`: `esp` or `ah`.
     #[serde(default)]
     pub proto: Option<String>,
+    /// `costs`: `on`, `off` or `reset`.
+    #[serde(default)]
+    pub action: Option<String>,
 }
 
 impl Request {
@@ -74,6 +81,7 @@ impl Request {
             spec: None,
             spi: None,
             proto: None,
+            action: None,
         }
     }
 }
@@ -87,6 +95,7 @@ impl std::fmt::Debug for Request {
             .field("spec", &self.spec.as_ref().map(|_| "(not shown: keys)"))
             .field("spi", &self.spi)
             .field("proto", &self.proto)
+            .field("action", &self.action)
             .finish()
     }
 }

@@ -11,6 +11,7 @@ use super::sockets::{push_ipv6_outer, push_udp_outer, RawRx, RawTx, UdpSock};
 use super::status::{Status, TunStatus};
 use super::sys;
 use crate::config::Encapsulation;
+use crate::costs::Dir;
 use crate::netdev::{Tun, VirtioNetHdr, VNET_HDR_LEN};
 use anyhow::{Context, Result};
 use espgate_core::offload::{self, GsoInfo, GsoKind, Push, Segmenter, TcpCoalescer};
@@ -269,6 +270,7 @@ impl Dataplane<'_> {
         let mut result = Ok(());
         for _ in 0..BATCH {
             let buf = &mut tx.bufs[tx.n];
+            let t = self.engine.cost_clock();
             let n = match self.tun.read(buf.prepare(room)) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -280,6 +282,7 @@ impl Dataplane<'_> {
                 }
             };
             buf.truncate(n);
+            self.engine.cost_received(t, Dir::Outbound);
             if !vnet {
                 self.protect(tx, last_tx);
                 continue;
@@ -418,6 +421,7 @@ impl Dataplane<'_> {
             return;
         }
         let Some(u) = &self.sockets.udp else { return };
+        let t = self.engine.cost_clock();
         if n > 1 && tx.gso {
             let mut iov = [io::IoSlice::new(&[]); GSO_MAX];
             for (i, &(s, e)) in tx.run[..n].iter().enumerate() {
@@ -427,6 +431,7 @@ impl Dataplane<'_> {
                 Ok(_) => {
                     self.engine.counters.net_tx += n as u64;
                     self.engine.counters.gso_sends += 1;
+                    self.engine.cost_sent(t, Dir::Outbound, n);
                     return;
                 }
                 // No GSO on this kernel or device: never again.
@@ -469,6 +474,7 @@ impl Dataplane<'_> {
                 }
             }
         }
+        self.engine.cost_sent(t, Dir::Outbound, n);
     }
 
     fn send_one(
@@ -481,6 +487,7 @@ impl Dataplane<'_> {
     ) {
         let pkt = buf.as_slice();
         let sockets = self.sockets;
+        let t = self.engine.cost_clock();
         let r = match encap {
             Encapsulation::Udp => match (udp_payload(pkt), &sockets.udp) {
                 (Some(((s, e), tos)), Some(u)) => {
@@ -500,6 +507,7 @@ impl Dataplane<'_> {
                 }
             }
         };
+        self.engine.cost_sent(t, Dir::Outbound, 1);
         match r {
             Ok(_) => self.engine.counters.net_tx += 1,
             Err(e) => self.engine.gw_drop(GwDrop::SendError, now, || {
@@ -562,6 +570,7 @@ impl Dataplane<'_> {
     /// One TUN write of `pkt` (`segs` inner packets), after `vnet` on a
     /// vnet-header device.
     fn write_tun(&mut self, vnet: Option<&VirtioNetHdr>, pkt: &[u8], segs: usize, now: Duration) {
+        let t = self.engine.cost_clock();
         let r = match vnet {
             Some(h) => {
                 let h = h.to_bytes();
@@ -570,6 +579,7 @@ impl Dataplane<'_> {
             }
             None => self.tun.write(pkt),
         };
+        self.engine.cost_sent(t, Dir::Inbound, segs);
         match r {
             Ok(_) => self.engine.counters.tun_tx += segs as u64,
             Err(e) => {
@@ -592,6 +602,7 @@ impl Dataplane<'_> {
         let Some(u) = &sockets.udp else { return };
         let listen = u.local;
         for _ in 0..BATCH {
+            let t = self.engine.cost_clock();
             let (n, meta) = match u.recv(gro_buf) {
                 Ok(x) => x,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -603,6 +614,7 @@ impl Dataplane<'_> {
                     continue;
                 }
             };
+            self.engine.cost_received(t, Dir::Inbound);
             let unspecified = if listen.is_ipv6() {
                 IpAddr::V6(Ipv6Addr::UNSPECIFIED)
             } else {
@@ -634,6 +646,7 @@ impl Dataplane<'_> {
 
     fn on_raw(&mut self, r: &RawRx, buf: &mut PacketBuf, co: &mut TcpCoalescer) {
         for _ in 0..BATCH {
+            let t = self.engine.cost_clock();
             let (n, meta) = match r.recv(buf.prepare(MAX_PACKET)) {
                 Ok(x) => x,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -643,6 +656,7 @@ impl Dataplane<'_> {
                     continue;
                 }
             };
+            self.engine.cost_received(t, Dir::Inbound);
             buf.truncate(n);
             let now = self.now();
             let from = meta
@@ -689,6 +703,7 @@ pub fn status_doc(engine: &Engine, info: &Info, now: Duration) -> Status {
         connections: engine.connection_status(now),
         drops: engine.drops(),
         counters: engine.counter_map(),
+        costs: engine.costs_report(),
     }
 }
 
@@ -700,10 +715,12 @@ pub fn answer(engine: &mut Engine, info: &Info, now: Duration, req: &Request) ->
             serde_json::json!({"ok": true, "status": s}).to_string()
         }
         "sa_list" => serde_json::json!({"ok": true, "sas": engine.sa_list(now)}).to_string(),
-        "sa_add" | "sa_del" | "wireshark_keys" => super::engine::admin_answer(engine, now, req),
+        "sa_add" | "sa_del" | "wireshark_keys" | "costs" => {
+            super::engine::admin_answer(engine, now, req)
+        }
         other => error_response(&format!(
-            "unknown command {other:?}; the commands are status, sa_list, sa_add, sa_del and \
-             wireshark_keys"
+            "unknown command {other:?}; the commands are status, sa_list, sa_add, sa_del, \
+             wireshark_keys and costs"
         )),
     }
 }

@@ -17,7 +17,9 @@ use super::seqstate::{self, Reservation, SeqStore};
 use super::status::{ConnectionStatus, Left, LifetimeStatus, SaStatus};
 use super::wireshark::SaKeys;
 use crate::config::{Connection, Encapsulation, LoadedConfig, MssClamp, Protocols};
+use crate::costs::{Costs, CostsReport, Dir};
 use anyhow::{anyhow, Context, Result};
+use espgate_core::cost::{Probe, Stage};
 use espgate_core::sa::{Encap, Mode, Protocol, SaEvent};
 use espgate_core::sad::{InboundOutcome, SaId, Sad};
 use espgate_core::spd::{Action, Direction, Policy, Spd};
@@ -195,6 +197,9 @@ pub struct Engine {
     /// Counters.
     pub counters: Counters,
     limiter: RateLimiter,
+    /// Per-stage cost accounting, when on (`gateway.cost_accounting`,
+    /// `espgate costs on`); `None` keeps the packet paths unprobed.
+    costs: Option<Costs>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -263,7 +268,8 @@ fn parse_proto(p: Option<&str>) -> Result<Option<Protocol>, String> {
 }
 
 /// Answers the control commands that change SAs or read their keys:
-/// `sa_add`, `sa_del` and `wireshark_keys` (see [`super::control`]).
+/// `sa_add`, `sa_del` and `wireshark_keys`, and `costs` (cost accounting
+/// on, off or reset; see [`super::control`]).
 pub fn admin_answer(engine: &mut Engine, now: Duration, req: &Request) -> String {
     let need = |what: &str| format!("{} needs \"{what}\"", req.cmd);
     let changed = match req.cmd.as_str() {
@@ -296,6 +302,7 @@ pub fn admin_answer(engine: &mut Engine, now: Duration, req: &Request) -> String
             })
             .unwrap_or_else(|e| error_response(&format!("encoding the keys: {e}")));
         }
+        "costs" => engine.costs_command(req.action.as_deref().unwrap_or("")),
         other => Err(format!("unknown command {other:?}")),
     };
     match changed {
@@ -419,6 +426,7 @@ impl Engine {
             nat_t_port: cfg.gateway.listen.port(),
             counters: Counters::default(),
             limiter: RateLimiter::new(Duration::from_secs(1)),
+            costs: cfg.gateway.cost_accounting.then(Costs::new),
         };
         for (ci, c) in cfg.connections.iter().enumerate() {
             let sas = c.sa_configs();
@@ -547,6 +555,9 @@ impl Engine {
     /// `buf` holds the outer packet and the connection to send it on is
     /// returned; `None` means dropped (and counted).
     pub fn outbound(&mut self, buf: &mut PacketBuf, now: Duration) -> Option<usize> {
+        if let Some(c) = &mut self.costs {
+            c.begin(Dir::Outbound);
+        }
         self.counters.tun_rx += 1;
         let f = match flow::of_packet(buf.as_slice()) {
             Ok(f) => f,
@@ -609,6 +620,7 @@ impl Engine {
                 sad,
                 spd,
                 reservations,
+                costs,
                 ..
             } = &mut *self;
             match &spd.policies()[pi].action {
@@ -639,9 +651,14 @@ impl Engine {
                             }
                         }
                     }
-                    match fatal {
-                        Some(msg) => Err(Fail::Reserve(msg)),
-                        None => sad.encapsulate(ids, buf, now).map_err(Fail::Core),
+                    match (fatal, costs) {
+                        (Some(msg), _) => Err(Fail::Reserve(msg)),
+                        (None, None) => sad.encapsulate(ids, buf, now).map_err(Fail::Core),
+                        (None, Some(c)) => {
+                            // Flow, policy, bundle check, MSS clamp, reservation.
+                            c.mark(Stage::Lookup);
+                            sad.encapsulate_probed(ids, buf, now, c).map_err(Fail::Core)
+                        }
                     }
                 }
                 Action::Bypass | Action::Discard => Err(Fail::NotProtect),
@@ -676,10 +693,17 @@ impl Engine {
     /// written to the TUN; `false`: consumed or dropped (and counted).
     pub fn inbound(&mut self, buf: &mut PacketBuf, now: Duration, from: IpAddr) -> bool {
         self.counters.net_rx += 1;
-        match self
-            .sad
-            .decapsulate_into(buf, self.nat_t_port, now, &mut self.applied)
-        {
+        let r = match &mut self.costs {
+            None => self
+                .sad
+                .decapsulate_into(buf, self.nat_t_port, now, &mut self.applied),
+            Some(c) => {
+                c.begin(Dir::Inbound);
+                self.sad
+                    .decapsulate_into_probed(buf, self.nat_t_port, now, &mut self.applied, c)
+            }
+        };
+        match r {
             Ok(InboundOutcome::Packet) => {
                 // The layers must be one connection's inbound bundle: per
                 // layer, any of its inbound SAs of that protocol.
@@ -693,6 +717,10 @@ impl Engine {
                     if mss::clamp(buf.as_mut_slice(), limit) {
                         self.counters.mss_clamped += 1;
                     }
+                }
+                if let Some(c) = &mut self.costs {
+                    // The inbound policy check (and MSS clamp).
+                    c.mark(Stage::Lookup);
                 }
                 if !ok {
                     let got: Vec<String> = self
@@ -747,6 +775,79 @@ impl Engine {
                 false
             }
         }
+    }
+
+    /// A clock reading for [`Engine::cost_received`] / [`Engine::cost_sent`]
+    /// when cost accounting is on (`None`, and nothing read, when off).
+    #[inline]
+    pub fn cost_clock(&self) -> Option<u64> {
+        self.costs.as_ref().map(Costs::now)
+    }
+
+    /// The read that started at `start` ([`Engine::cost_clock`]) returned:
+    /// its time is `dir`'s receive stage. A no-op when accounting is off.
+    #[inline]
+    pub fn cost_received(&mut self, start: Option<u64>, dir: Dir) {
+        if let (Some(c), Some(t)) = (&mut self.costs, start) {
+            c.received(t, dir);
+        }
+    }
+
+    /// The send or write of `packets` packets that started at `start`
+    /// returned: its time is `dir`'s send stage. A no-op when off.
+    #[inline]
+    pub fn cost_sent(&mut self, start: Option<u64>, dir: Dir, packets: usize) {
+        if let (Some(c), Some(t)) = (&mut self.costs, start) {
+            c.sent(t, dir, packets as u64);
+        }
+    }
+
+    /// The cost accountant, when accounting is on.
+    pub fn costs_mut(&mut self) -> Option<&mut Costs> {
+        self.costs.as_mut()
+    }
+
+    /// The accumulated per-stage costs, when accounting is on.
+    pub fn costs_report(&self) -> Option<CostsReport> {
+        self.costs.as_ref().map(Costs::report)
+    }
+
+    /// `espgate costs on|off|reset`: `on` starts accounting (keeping the
+    /// counts if it was on already), `off` stops it and drops the counts,
+    /// `reset` zeroes them.
+    pub fn costs_command(&mut self, action: &str) -> Result<SaChange, String> {
+        let message = match (action, self.costs.is_some()) {
+            ("on", true) => "cost accounting is already on".to_string(),
+            ("on", false) => {
+                let c = Costs::new();
+                let m = format!(
+                    "cost accounting on (clock {}); `espgate status --costs` shows it",
+                    c.clock().as_str()
+                );
+                self.costs = Some(c);
+                m
+            }
+            ("off", true) => {
+                self.costs = None;
+                "cost accounting off; its counts are gone".to_string()
+            }
+            ("off", false) => "cost accounting is already off".to_string(),
+            ("reset", true) => {
+                if let Some(c) = &mut self.costs {
+                    c.reset();
+                }
+                "cost accounting counts reset".to_string()
+            }
+            ("reset", false) => {
+                return Err("cost accounting is off; `espgate costs on` starts it".into())
+            }
+            (other, _) => return Err(format!("costs: expected on, off or reset, got {other:?}")),
+        };
+        tracing::info!("{message}");
+        Ok(SaChange {
+            message,
+            warnings: Vec::new(),
+        })
     }
 
     /// About once a second: advances SA lifetimes, logs their events, and
@@ -1662,6 +1763,90 @@ mod tests {
     }
 
     const K_NEW_AB: &str = "5051525354555657585950515253545556575859";
+
+    #[test]
+    fn cost_accounting_counts_each_stage_and_switches_at_run_time() {
+        let (ca, cb) = pair("esp", "udp");
+        let mut a = Engine::new(&ca, None, T).unwrap();
+        let mut b = Engine::new(&cb, None, T).unwrap();
+        assert!(a.costs_report().is_none() && a.cost_clock().is_none());
+        assert!(send_one(&mut a, &mut b));
+        let ask = |e: &mut Engine, action: &str| {
+            let mut r = Request::new("costs");
+            r.action = Some(action.into());
+            let v: serde_json::Value = serde_json::from_str(&admin_answer(e, T, &r)).unwrap();
+            (
+                v["ok"] == true,
+                v["message"]
+                    .as_str()
+                    .or(v["error"].as_str())
+                    .unwrap_or("")
+                    .to_string(),
+            )
+        };
+        let (ok, msg) = ask(&mut b, "reset");
+        assert!(!ok && msg.contains("off"), "{msg}");
+        for e in [&mut a, &mut b] {
+            let (ok, msg) = ask(e, "on");
+            assert!(ok && msg.starts_with("cost accounting on"), "{msg}");
+        }
+        for _ in 0..3 {
+            assert!(send_one(&mut a, &mut b));
+        }
+        // A replay stops inbound at the replay check.
+        let mut buf = PacketBuf::with_capacity(2000);
+        buf.load(&packet("10.1.0.5", "10.2.0.9", 10));
+        a.outbound(&mut buf, T).unwrap();
+        let wire = buf.as_slice().to_vec();
+        assert!(b.inbound(&mut buf, T, "192.0.2.1".parse().unwrap()));
+        buf.load(&wire);
+        assert!(!b.inbound(&mut buf, T, "192.0.2.1".parse().unwrap()));
+        let out = a.costs_report().unwrap().outbound;
+        assert_eq!(out.packets, 4);
+        for s in [Stage::Lookup, Stage::Replay, Stage::Encap, Stage::Cipher] {
+            assert_eq!(out.stage(s).packets, 4, "{s:?}");
+        }
+        // AEAD: no separate integrity; no I/O here.
+        assert_eq!(out.stage(Stage::Integrity).packets, 0);
+        assert_eq!(out.stage(Stage::Send).packets, 0);
+        let inb = b.costs_report().unwrap().inbound;
+        assert_eq!(inb.packets, 5);
+        assert_eq!(inb.stage(Stage::Replay).packets, 5);
+        for s in [Stage::Lookup, Stage::Cipher, Stage::Decap] {
+            // Lookup counts the replayed packet too (SAD lookup before the check).
+            let want = if s == Stage::Lookup { 5 } else { 4 };
+            assert_eq!(inb.stage(s).packets, want, "{s:?}");
+        }
+        assert_eq!(b.costs_report().unwrap().outbound.packets, 0);
+        // I/O stages are charged by the data plane through these calls.
+        let t = a.cost_clock();
+        assert!(t.is_some());
+        a.cost_sent(t, Dir::Outbound, 3);
+        a.cost_received(t, Dir::Outbound);
+        let out = a.costs_report().unwrap().outbound;
+        assert_eq!(out.stage(Stage::Send).packets, 3);
+        assert_eq!(out.stage(Stage::Receive).packets, 4);
+        let (ok, msg) = ask(&mut a, "on");
+        assert!(ok && msg.contains("already on"), "{msg}");
+        assert_eq!(
+            a.costs_report().unwrap().outbound.packets,
+            4,
+            "on keeps the counts"
+        );
+        assert!(ask(&mut a, "reset").0);
+        assert_eq!(a.costs_report().unwrap().outbound.packets, 0);
+        assert!(ask(&mut a, "off").0);
+        assert!(a.costs_report().is_none() && a.cost_clock().is_none());
+        // Off: the I/O calls are no-ops, and packets still flow.
+        a.cost_sent(t, Dir::Outbound, 1);
+        assert!(send_one(&mut a, &mut b));
+        let (ok, msg) = ask(&mut a, "sideways");
+        assert!(!ok && msg.contains("on, off or reset"), "{msg}");
+        // gateway.cost_accounting = true starts with accounting on.
+        let mut on = ca;
+        on.gateway.cost_accounting = true;
+        assert!(Engine::new(&on, None, T).unwrap().costs_report().is_some());
+    }
 
     fn send_one(a: &mut Engine, b: &mut Engine) -> bool {
         let mut buf = PacketBuf::with_capacity(2000);

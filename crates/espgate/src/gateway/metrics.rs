@@ -19,9 +19,15 @@
 //! daemon's [`GwDrop::ALL`]) is always present, at 0 if nothing was
 //! dropped for it, so that `rate()` and `increase()` work from the first
 //! scrape.
+//!
+//! While per-stage cost accounting is on, `espgate_stage_seconds_total` and
+//! `espgate_stage_packets_total` (labels `direction`, `stage`) export the
+//! status document's `costs`; they are absent while it is off and restart
+//! from 0 after `espgate costs reset` (a counter reset to Prometheus).
 
 use super::engine::GwDrop;
 use super::status::{SaStatus, Status};
+use crate::costs::Dir;
 use espgate_core::Drop;
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
@@ -397,12 +403,12 @@ struct Text {
 impl Text {
     /// `# HELP` and `# TYPE`, then the samples (name, labels, value);
     /// nothing at all for a family without samples.
-    fn family(
+    fn family<V: std::fmt::Display>(
         &mut self,
         name: &str,
         kind: &str,
         help: &str,
-        samples: impl IntoIterator<Item = (Vec<(&'static str, String)>, u64)>,
+        samples: impl IntoIterator<Item = (Vec<(&'static str, String)>, V)>,
     ) {
         let mut samples = samples.into_iter().peekable();
         if samples.peek().is_none() {
@@ -738,6 +744,35 @@ pub fn render(s: &Status) -> String {
             .collect();
         t.family(name, "gauge", help, samples);
     }
+    if let Some(c) = &s.costs {
+        let mut seconds = Vec::new();
+        let mut packets = Vec::new();
+        for d in Dir::ALL {
+            for st in d.stages() {
+                let sc = c.dir(d).stage(*st);
+                let labels = vec![
+                    ("direction", d.as_str().to_string()),
+                    ("stage", st.as_str().to_string()),
+                ];
+                seconds.push((labels.clone(), sc.total_ns as f64 / 1e9));
+                packets.push((labels, sc.packets));
+            }
+        }
+        t.family(
+            "espgate_stage_seconds_total",
+            "counter",
+            "Time spent in each stage of ESP processing, by direction (cost accounting; \
+             AEAD suites count their integrity as cipher).",
+            seconds,
+        );
+        t.family(
+            "espgate_stage_packets_total",
+            "counter",
+            "Packets that went through each stage of ESP processing, by direction (cost \
+             accounting).",
+            packets,
+        );
+    }
     t.out
 }
 
@@ -777,7 +812,18 @@ pub(crate) fn parse(text: &str) -> Result<std::collections::BTreeMap<String, u64
             return Err(err("unexpected line"));
         }
         let (series, value) = line.rsplit_once(' ').ok_or_else(|| err("no value"))?;
-        let value: u64 = value.parse().map_err(|_| err("bad value"))?;
+        // Integers are kept as they are; other values (seconds) must be
+        // finite non-negative floats and are truncated in the map.
+        let value: u64 = match value.parse::<u64>() {
+            Ok(v) => v,
+            Err(_) => {
+                let f: f64 = value.parse().map_err(|_| err("bad value"))?;
+                if !(f.is_finite() && f >= 0.0) {
+                    return Err(err("bad value"));
+                }
+                f as u64
+            }
+        };
         let name = series.split('{').next().unwrap_or("");
         if Some(name) != current.as_deref() || !typed.contains_key(name) {
             return Err(err("sample outside its family"));
@@ -905,7 +951,62 @@ mod tests {
             ]
             .into_iter()
             .collect(),
+            costs: None,
         }
+    }
+
+    #[test]
+    fn stage_costs_are_exported_only_while_accounting_is_on() {
+        use crate::costs::{ClockKind, Costs};
+        use espgate_core::cost::{Probe, Stage};
+        let off = render(&sample("site-b"));
+        assert!(!off.contains("espgate_stage_"), "{off}");
+        let mut c = Costs::with_clock(ClockKind::Monotonic);
+        for _ in 0..2 {
+            c.begin(Dir::Inbound);
+            c.mark(Stage::Lookup);
+            std::hint::black_box((0..1000u64).sum::<u64>());
+            c.mark(Stage::Cipher);
+        }
+        let mut s = sample("site-b");
+        s.costs = Some(c.report());
+        let text = render(&s);
+        let m = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let key =
+            |name: &str, d: &str, st: &str| format!("{name}{{direction=\"{d}\",stage=\"{st}\"}}");
+        assert_eq!(
+            m[&key("espgate_stage_packets_total", "inbound", "cipher")],
+            2
+        );
+        assert_eq!(
+            m[&key("espgate_stage_packets_total", "inbound", "receive")],
+            2
+        );
+        assert_eq!(
+            m[&key("espgate_stage_packets_total", "inbound", "decap")],
+            0
+        );
+        assert_eq!(
+            m[&key("espgate_stage_packets_total", "outbound", "encap")],
+            0
+        );
+        assert!(!m.contains_key(&key("espgate_stage_packets_total", "outbound", "decap")));
+        // Seconds are floats: the cipher stage's value is its total_ns / 1e9.
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&key("espgate_stage_seconds_total", "inbound", "cipher")))
+            .unwrap();
+        let v: f64 = line.rsplit_once(' ').unwrap().1.parse().unwrap();
+        let ns = s
+            .costs
+            .as_ref()
+            .unwrap()
+            .inbound
+            .stage(Stage::Cipher)
+            .total_ns;
+        assert!(ns > 0);
+        assert!((v - ns as f64 / 1e9).abs() < 1e-12, "{line}");
+        assert!(text.contains("# TYPE espgate_stage_seconds_total counter\n"));
     }
 
     const SA_IN: &str =

@@ -42,6 +42,10 @@ pub struct Status {
     /// Other counters: packets read from / written to the TUN and the
     /// network, NAT keepalives and IKE packets ignored, …
     pub counters: BTreeMap<String, u64>,
+    /// Per-stage costs, present only while cost accounting is on
+    /// (`gateway.cost_accounting`, `espgate costs on`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub costs: Option<crate::costs::CostsReport>,
 }
 
 /// The TUN device.
@@ -355,6 +359,13 @@ pub fn render_status(s: &Status) -> String {
     }
     let _ = writeln!(out, "\ndrops: {}", counts(&s.drops).replace(',', ", "));
     let _ = writeln!(out, "counters: {}", counts(&s.counters).replace(',', ", "));
+    if let Some(c) = &s.costs {
+        let _ = writeln!(
+            out,
+            "cost accounting: on for {:.0}s, {} + {} packets (espgate status --costs)",
+            c.seconds, c.outbound.packets, c.inbound.packets
+        );
+    }
     out
 }
 
@@ -443,6 +454,7 @@ mod tests {
             counters: [("keepalives".to_string(), 0), ("tun_rx".to_string(), 3)]
                 .into_iter()
                 .collect(),
+            costs: None,
         }
     }
 
@@ -511,8 +523,28 @@ counters: keepalives=0, tun_rx=3
             j["connections"][0]["sas"][0]["lifetime"]["hard_left"]["secs"],
             3540
         );
+        assert!(j.get("costs").is_none(), "absent while accounting is off");
         let back: Status = serde_json::from_value(j).unwrap();
         assert_eq!(back, s);
+    }
+
+    #[test]
+    fn costs_show_in_the_document_and_a_line_of_text_when_on() {
+        use crate::costs::{ClockKind, Costs, Dir};
+        use espgate_core::cost::{Probe, Stage};
+        let mut c = Costs::with_clock(ClockKind::Monotonic);
+        c.begin(Dir::Outbound);
+        c.mark(Stage::Cipher);
+        let mut s = sample();
+        s.costs = Some(c.report());
+        let j = serde_json::to_value(&s).unwrap();
+        assert_eq!(j["costs"]["outbound"]["stages"]["cipher"]["packets"], 1);
+        assert_eq!(j["costs"]["inbound"]["packets"], 0);
+        let text = render_status(&s);
+        assert!(
+            text.ends_with("1 + 0 packets (espgate status --costs)\n"),
+            "{text}"
+        );
     }
 
     #[test]
