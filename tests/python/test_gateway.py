@@ -219,7 +219,8 @@ def sa_table(proto_key, suite, spi_a_in, spi_a_out, key_files, dirs):
 
 
 def configs(lab, *, protocol="esp", encap="udp", esp="aes128gcm16", ah="sha256", v6_outer=False,
-            inner=("v4",), mode="tunnel", fwmark=None, key_files=False, extra_conn="", extra_a="", extra_gw=""):
+            inner=("v4",), mode="tunnel", fwmark=None, key_files=False, extra_conn="", extra_a="", extra_gw="",
+            esp_spis=(0x1001, 0x1002)):
     """Starts nothing; returns the (A, B) daemons for a fresh namespace pair.
     `extra_conn` goes into both connection tables, `extra_a` into A's only,
     `extra_gw` into both [gateway] tables."""
@@ -229,7 +230,7 @@ def configs(lab, *, protocol="esp", encap="udp", esp="aes128gcm16", ah="sha256",
         d.mkdir()
     tables = {"A": "", "B": ""}
     if "esp" in protocol:
-        ta, tb = sa_table("esp", esp, 0x1001, 0x1002, key_files, dirs)
+        ta, tb = sa_table("esp", esp, esp_spis[0], esp_spis[1], key_files, dirs)
         tables["A"] += ta
         tables["B"] += tb
     if "ah" in protocol:

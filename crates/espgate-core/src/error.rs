@@ -38,6 +38,11 @@ pub enum Drop {
     SaExpired,
     /// Sending one more packet would wrap the sequence number.
     SeqExhausted,
+    /// The sequence number taken from a shared counter
+    /// ([`crate::sa::SharedSeq`]) is above the ceiling its owner set (the
+    /// numbers reserved on disk): the packet is not sent, so that no number
+    /// is ever used twice across a restart.
+    SeqNotReserved,
     /// Inner packet too large for the output buffer or protocol limits.
     TooBig,
     /// The packet has an IPv6 routing header that AH cannot protect.
@@ -54,7 +59,7 @@ pub enum Drop {
 
 impl Drop {
     /// All variants, for building counter tables.
-    pub const ALL: [Drop; 19] = [
+    pub const ALL: [Drop; 20] = [
         Drop::BadLength,
         Drop::BadIpVersion,
         Drop::BadIpHeader,
@@ -69,6 +74,7 @@ impl Drop {
         Drop::SelectorMismatch,
         Drop::SaExpired,
         Drop::SeqExhausted,
+        Drop::SeqNotReserved,
         Drop::TooBig,
         Drop::Unsupported,
         Drop::EcnDrop,
@@ -93,6 +99,7 @@ impl Drop {
             Drop::SelectorMismatch => "selector_mismatch",
             Drop::SaExpired => "sa_expired",
             Drop::SeqExhausted => "seq_exhausted",
+            Drop::SeqNotReserved => "seq_not_reserved",
             Drop::TooBig => "too_big",
             Drop::Unsupported => "unsupported",
             Drop::EcnDrop => "ecn_drop",

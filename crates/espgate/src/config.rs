@@ -85,6 +85,11 @@ pub struct Gateway {
     /// Per-stage cost accounting from the start (`espgate status --costs`;
     /// `espgate costs on|off|reset` switches it at run time).
     pub cost_accounting: bool,
+    /// Packets handled per ready descriptor before polling again (and the
+    /// most datagrams in one GSO send), 1 to 64.
+    pub batch: usize,
+    /// Send and receive buffer size of the outer sockets, bytes.
+    pub socket_buffer: usize,
 }
 
 impl Gateway {
@@ -330,12 +335,42 @@ pub struct Connection {
     pub allow_insecure: bool,
     /// TFC padding target (tunnel-mode ESP).
     pub tfc_pad_to: Option<u16>,
+    /// Per-CPU SAs (the RFC 9611 idea, manually keyed): this many ESP SA
+    /// pairs with identical selectors; pair `k` has the SPIs `spi_in + k`,
+    /// `spi_out + k` and keys derived from the configured ones
+    /// ([`per_cpu_key`]). Worker `w` sends on pair `w % per_cpu_sas`; the
+    /// receiver's sockets steer each SPI to one worker. 1: plain.
+    pub per_cpu_sas: u32,
     /// SA lifetime limits.
     pub lifetime: Lifetime,
     /// The ESP SA pair, when `protocol` includes ESP.
     pub esp: Option<ManualSa>,
     /// The AH SA pair, when `protocol` includes AH.
     pub ah: Option<ManualSa>,
+}
+
+/// The key of per-CPU SA `k` made from a configured key: `k = 0` is the
+/// key itself; otherwise HMAC-SHA256(key, "espgate per-CPU SA" || k as
+/// 4 bytes || block counter as 1 byte) blocks, cut to the key's length.
+/// Both espgate peers derive the same keys; every pair has its own, so no
+/// two SAs share a key (and so never a nonce).
+pub fn per_cpu_key(key: &[u8], k: u32) -> Zeroizing<Vec<u8>> {
+    if k == 0 || key.is_empty() {
+        return Zeroizing::new(key.to_vec());
+    }
+    let hk = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, key);
+    let mut out = Zeroizing::new(Vec::with_capacity(key.len() + 32));
+    let mut block = 1u8;
+    while out.len() < key.len() {
+        let mut ctx = aws_lc_rs::hmac::Context::with_key(&hk);
+        ctx.update(b"espgate per-CPU SA");
+        ctx.update(&k.to_be_bytes());
+        ctx.update(&[block]);
+        out.extend_from_slice(ctx.sign().as_ref());
+        block = block.wrapping_add(1);
+    }
+    out.truncate(key.len());
+    out
 }
 
 /// A connection's SAs, ready for [`Sa::new`].
@@ -389,13 +424,20 @@ impl Connection {
             } else {
                 self.mode
             };
-            for outbound_dir in [false, true] {
+            let copies = if protocol == Protocol::Esp {
+                self.per_cpu_sas.max(1)
+            } else {
+                1
+            };
+            for (k, outbound_dir) in (0..copies).flat_map(|k| [(k, false), (k, true)]) {
                 let (spi, enc, integ) = if outbound_dir {
                     (sa.spi_out, &sa.enc_out, &sa.integ_out)
                 } else {
                     (sa.spi_in, &sa.enc_in, &sa.integ_in)
                 };
-                let mut c = SaConfig::new(spi, protocol, sa.suite, enc, integ);
+                let spi = spi.wrapping_add(k);
+                let (enc, integ) = (per_cpu_key(enc, k), per_cpu_key(integ, k));
+                let mut c = SaConfig::new(spi, protocol, sa.suite, &enc, &integ);
                 c.mode = mode;
                 c.encap = match self.encap {
                     Encapsulation::None => Encap::None,
@@ -822,6 +864,8 @@ struct RawGateway {
     state_dir: Option<String>,
     offloads: Option<bool>,
     cost_accounting: Option<bool>,
+    batch: Option<i64>,
+    socket_buffer: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -847,6 +891,7 @@ struct RawConnection {
     nat_keepalive: Option<i64>,
     allow_insecure: Option<bool>,
     tfc_pad_to: Option<i64>,
+    per_cpu_sas: Option<i64>,
     lifetime: Option<RawLifetime>,
     esp: Option<RawSa>,
     ah: Option<RawSa>,
@@ -1339,6 +1384,20 @@ impl Validator<'_> {
                 format!("{workers} workers: expected 0 (one per CPU) to 1024"),
             );
         }
+        let batch = g.batch.unwrap_or(64);
+        if !(1..=64).contains(&batch) {
+            self.err(
+                at(&base, &["batch"]),
+                format!("batch = {batch}: expected 1 to 64 packets"),
+            );
+        }
+        let socket_buffer = g.socket_buffer.unwrap_or(4 << 20);
+        if !(4096..=(1 << 30)).contains(&socket_buffer) {
+            self.err(
+                at(&base, &["socket_buffer"]),
+                format!("socket_buffer = {socket_buffer}: expected 4096 to 1073741824 bytes"),
+            );
+        }
         let mtu = g.mtu.unwrap_or(1500);
         if !(576..=65535).contains(&mtu) {
             self.err(
@@ -1439,6 +1498,8 @@ impl Validator<'_> {
             state_dir: state_dir?,
             offloads: g.offloads.unwrap_or(true),
             cost_accounting: g.cost_accounting.unwrap_or(false),
+            batch: batch.clamp(1, 64) as usize,
+            socket_buffer: socket_buffer.clamp(4096, 1 << 30) as usize,
         })
     }
 
@@ -1633,6 +1694,22 @@ impl Validator<'_> {
                 }
             },
         };
+        let per_cpu_sas = match c.per_cpu_sas.unwrap_or(1) {
+            n @ 1..=64 => {
+                if n > 1 && (protocol != Protocols::Esp || encap != Encapsulation::Udp) {
+                    self.err(
+                        p("per_cpu_sas"),
+                        "per-CPU SAs need protocol = \"esp\" and encap = \"udp\" (the receiver \
+                         steers ESP-in-UDP to its workers by SPI)",
+                    );
+                }
+                n as u32
+            }
+            n => {
+                self.err(p("per_cpu_sas"), format!("{n}: expected 1 to 64 SA pairs"));
+                1
+            }
+        };
         let lifetime = self.lifetime(&p("lifetime"), c.lifetime.unwrap_or_default());
         let allow_insecure = c.allow_insecure.unwrap_or(false);
 
@@ -1693,6 +1770,23 @@ impl Validator<'_> {
         if self.issues.len() != before {
             return None;
         }
+        if let Some(e) = esp.as_ref().filter(|_| per_cpu_sas > 1) {
+            let (n, lo, hi) = (
+                per_cpu_sas,
+                e.spi_in.min(e.spi_out),
+                e.spi_in.max(e.spi_out),
+            );
+            if hi - lo < n {
+                self.err(
+                    p("per_cpu_sas"),
+                    format!(
+                        "{n} per-CPU SA pairs use the SPIs spi_in .. spi_in+{m} and spi_out .. \
+                         spi_out+{m}: these overlap; set spi_in and spi_out at least {n} apart",
+                        m = n - 1
+                    ),
+                );
+            }
+        }
         let conn = Connection {
             name: c.name,
             local: local?,
@@ -1715,6 +1809,7 @@ impl Validator<'_> {
             nat_keepalive: std::time::Duration::from_secs(nat_keepalive.clamp(0, 3600) as u64),
             allow_insecure,
             tfc_pad_to,
+            per_cpu_sas,
             lifetime: lifetime?,
             esp,
             ah,
@@ -2397,6 +2492,7 @@ suite = "aes128gcm16"
         assert_eq!(g.state_dir, Path::new("/var/lib/espgate"));
         assert_eq!((g.metrics, g.fwmark), (None, None));
         assert!(g.offloads && !g.cost_accounting);
+        assert_eq!((g.batch, g.socket_buffer), (64, 4 << 20));
         let b = c.connection("b").unwrap();
         assert_eq!(b.remote_port, 4500);
         assert_eq!(b.local_port, 4500);
@@ -3316,6 +3412,14 @@ integ_out = "{K20B}"
             &err(&g("workers = -1")),
             &["gateway.workers", "expected 0 (one per CPU) to 1024"],
         );
+        assert_has(
+            &err(&g("batch = 0")),
+            &["gateway.batch", "expected 1 to 64 packets"],
+        );
+        assert_has(
+            &err(&g("socket_buffer = 100")),
+            &["gateway.socket_buffer", "expected 4096"],
+        );
         assert_has(&err(&g("fwmark = 0")), &["gateway.fwmark", "omit fwmark"]);
         assert_has(
             &err(&g("fwmark = 254")),
@@ -3342,7 +3446,8 @@ integ_out = "{K20B}"
         let c = parse_str(&g(
             "tun = \"wg.0_a-b\"\ntun_address = [\"10.1.0.1/24\", \"2001:db8::1\"]\nlisten = \"[::]:4600\"\n\
              workers = 4\nmtu = 9000\ncontrol_socket = \"run/x.sock\"\nmetrics = \"[::1]:9184\"\n\
-             log = \"debug\"\nfwmark = 0x4500\nstate_dir = \"state\"\ncost_accounting = true",
+             log = \"debug\"\nfwmark = 0x4500\nstate_dir = \"state\"\ncost_accounting = true\n\
+             batch = 8\nsocket_buffer = 65536",
         ))
         .unwrap_or_else(|e| panic!("{e}"));
         let gw = &c.gateway;
@@ -3356,6 +3461,7 @@ integ_out = "{K20B}"
             (4, 9000, LogLevel::Debug, Some(0x4500))
         );
         assert!(gw.cost_accounting);
+        assert_eq!((gw.batch, gw.socket_buffer), (8, 65536));
         assert_eq!(c.connections[0].local_port, 4600);
         let v6 = minimal()
             .replace("192.0.2.1", "2001:db8::1")
@@ -3521,6 +3627,45 @@ integ_out = "{K20B}"
         assert_has(
             &c.warnings.join("\n"),
             &["connection[1].remote_ts", "overlap", "\"b\""],
+        );
+    }
+
+    #[test]
+    fn per_cpu_keys_are_derived_distinct_and_checked() {
+        let k = [0x42u8; 20];
+        assert_eq!(per_cpu_key(&k, 0).to_vec(), k.to_vec());
+        let k1 = per_cpu_key(&k, 1);
+        let k2 = per_cpu_key(&k, 2);
+        assert_eq!((k1.len(), k2.len()), (20, 20));
+        assert_ne!(k1.to_vec(), k.to_vec());
+        assert_ne!(k1.to_vec(), k2.to_vec());
+        assert_eq!(per_cpu_key(&k, 1).to_vec(), k1.to_vec(), "deterministic");
+        // Longer keys than one HMAC block.
+        assert_eq!(per_cpu_key(&[1u8; 68], 3).len(), 68);
+        let c = parse_str(&conn("b", "per_cpu_sas = 3", &good_esp(0x1001, 0x2001)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let sas = c.connections[0].sa_configs();
+        let spis: Vec<u32> = sas.outbound.iter().map(|s| s.spi).collect();
+        let base = spis[0];
+        assert_eq!(spis, [base, base + 1, base + 2]);
+        assert_eq!(sas.inbound.len(), 3);
+        assert_has(
+            &err(&conn("b", "per_cpu_sas = 0", &good_esp(0x1001, 0x2001))),
+            &["per_cpu_sas", "expected 1 to 64"],
+        );
+        let many = conn("b", "per_cpu_sas = 2000000", &good_esp(0x1001, 0x2001));
+        assert_has(&err(&many), &["per_cpu_sas", "expected 1 to 64"]);
+        assert_has(
+            &err(&conn("b", "per_cpu_sas = 2", &good_esp(0x1001, 0x1002))),
+            &["per_cpu_sas", "overlap"],
+        );
+        assert_has(
+            &err(&conn(
+                "b",
+                "per_cpu_sas = 2\nencap = \"none\"",
+                &good_esp(0x1001, 0x2001),
+            )),
+            &["per_cpu_sas", "encap = \"udp\""],
         );
     }
 }

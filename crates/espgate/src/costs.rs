@@ -368,6 +368,33 @@ pub struct CostsReport {
 }
 
 impl CostsReport {
+    /// Adds another worker's costs: packets and time summed per stage,
+    /// ns per packet recomputed; the period is the longer of the two.
+    pub fn merge(&mut self, other: &CostsReport) {
+        for d in Dir::ALL {
+            let (mine, theirs) = match d {
+                Dir::Outbound => (&mut self.outbound, &other.outbound),
+                Dir::Inbound => (&mut self.inbound, &other.inbound),
+            };
+            mine.packets += theirs.packets;
+            for (k, t) in &theirs.stages {
+                let s = mine.stages.entry(k.clone()).or_insert(StageCost {
+                    packets: 0,
+                    total_ns: 0,
+                    ns_per_packet: 0.0,
+                });
+                s.packets += t.packets;
+                s.total_ns += t.total_ns;
+                s.ns_per_packet = if s.packets == 0 {
+                    0.0
+                } else {
+                    s.total_ns as f64 / s.packets as f64
+                };
+            }
+        }
+        self.seconds = self.seconds.max(other.seconds);
+    }
+
     /// The costs of `d`.
     pub fn dir(&self, d: Dir) -> &DirCosts {
         match d {

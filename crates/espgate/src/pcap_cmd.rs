@@ -199,6 +199,7 @@ pub fn describe(d: Drop) -> String {
         Drop::SelectorMismatch => "inner packet outside the SA's traffic selectors",
         Drop::Fragment => "IP fragment (reassemble first; transport mode needs whole datagrams)",
         Drop::SeqExhausted => "sequence numbers used up (use esn=yes or a lower seq=)",
+        Drop::SeqNotReserved => "sequence number above the reserved ceiling",
         Drop::BadLength => "truncated or inconsistent lengths",
         _ => "",
     };

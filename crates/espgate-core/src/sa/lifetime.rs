@@ -66,6 +66,24 @@ impl LifetimeState {
         }
     }
 
+    /// Divides the byte and packet limits by `n` (rounding up, at least
+    /// 1): for one of `n` copies of an SA that each count their own traffic.
+    pub fn split_volume_limits(&mut self, n: u64) {
+        let n = n.max(1);
+        let l = &mut self.limits;
+        for v in [
+            &mut l.soft_bytes,
+            &mut l.hard_bytes,
+            &mut l.soft_packets,
+            &mut l.hard_packets,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            *v = v.div_ceil(n).max(1);
+        }
+    }
+
     /// The limits.
     pub fn limits(&self) -> &Lifetime {
         &self.limits

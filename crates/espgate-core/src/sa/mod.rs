@@ -18,6 +18,8 @@ use crate::wire::{ipv4, ipv6, proto, udp};
 pub use lifetime::{Lifetime, LifetimeState, SaEvent};
 use replay::ReplayWindow;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use zeroize::Zeroizing;
 
@@ -314,11 +316,62 @@ pub enum Decapsulated {
     Dummy,
 }
 
+/// The outbound sequence counter of an SA that several copies share, one
+/// per data-plane worker: each packet takes its number with one atomic
+/// `fetch_add`, so no number is used twice whichever worker sends it (an
+/// AEAD nonce is never reused). `ceiling` bounds the numbers handed out
+/// (the ones reserved on disk); a number at or above it is refused with
+/// [`Drop::SeqNotReserved`] and never used.
+#[derive(Debug)]
+pub struct SharedSeq {
+    next: AtomicU64,
+    ceiling: AtomicU64,
+}
+
+impl SharedSeq {
+    /// A counter whose next number is `next`, without a ceiling.
+    pub fn new(next: u64) -> SharedSeq {
+        SharedSeq {
+            next: AtomicU64::new(next),
+            ceiling: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// The next number to be taken.
+    pub fn next(&self) -> u64 {
+        self.next.load(Ordering::Relaxed)
+    }
+
+    /// Numbers at or above `c` are refused from now on (raise it after
+    /// reserving more).
+    pub fn set_ceiling(&self, c: u64) {
+        self.ceiling.store(c, Ordering::Release);
+    }
+
+    /// The current ceiling.
+    pub fn ceiling(&self) -> u64 {
+        self.ceiling.load(Ordering::Acquire)
+    }
+
+    #[inline]
+    fn take(&self) -> u64 {
+        // Saturating: after u64::MAX the counter stays there (exhausted).
+        self.next
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_add(1))
+            })
+            .unwrap_or(u64::MAX)
+    }
+}
+
 /// An installed SA.
 pub struct Sa {
     cfg: SaConfig,
     transform: Transform,
     next_seq: u64,
+    /// Set when copies of this outbound SA in several workers share one
+    /// counter; `next_seq` is then unused.
+    shared_seq: Option<Arc<SharedSeq>>,
     ip_id: u16,
     replay: ReplayWindow,
     life: LifetimeState,
@@ -376,6 +429,7 @@ impl Sa {
         let replay = ReplayWindow::new(cfg.replay_window, cfg.esn, cfg.initial_seq - 1);
         Ok(Sa {
             next_seq: cfg.initial_seq,
+            shared_seq: None,
             ip_id: (cfg.spi as u16) ^ 0x5a5a,
             replay,
             life: LifetimeState::new(cfg.lifetime, now),
@@ -404,7 +458,33 @@ impl Sa {
 
     /// Next outbound sequence number.
     pub fn next_seq(&self) -> u64 {
-        self.next_seq
+        match &self.shared_seq {
+            Some(s) => s.next(),
+            None => self.next_seq,
+        }
+    }
+
+    /// This SA's sequence counter, made shareable: later packets take their
+    /// numbers from it, and [`Sa::join_seq`] lets copies of the SA (same
+    /// SPI and keys, in other workers) take theirs from it too.
+    pub fn share_seq(&mut self) -> Arc<SharedSeq> {
+        let next = self.next_seq;
+        self.shared_seq
+            .get_or_insert_with(|| Arc::new(SharedSeq::new(next)))
+            .clone()
+    }
+
+    /// Takes sequence numbers from `seq` (made by [`Sa::share_seq`] on
+    /// the copy of this SA that owns the counter) from now on.
+    pub fn join_seq(&mut self, seq: Arc<SharedSeq>) {
+        self.shared_seq = Some(seq);
+    }
+
+    /// Divides the byte and packet lifetime limits by `n` (rounding up),
+    /// for one of `n` copies of an SA that each count only their own
+    /// packets: every copy expires no later than the whole SA would.
+    pub fn split_volume_limits(&mut self, n: u64) {
+        self.life.split_volume_limits(n);
     }
 
     /// Highest inbound sequence number authenticated.
@@ -487,17 +567,26 @@ impl Sa {
         } else {
             u64::from(u32::MAX)
         };
-        let seq = self.next_seq;
-        if seq > max || seq == 0 {
+        let (seq, shared) = match &self.shared_seq {
+            Some(s) => (s.take(), Some(s.ceiling())),
+            None => (self.next_seq, None),
+        };
+        if seq > max || seq == 0 || (shared.is_some() && seq == u64::MAX) {
             if !self.seq_exhausted_raised {
                 self.seq_exhausted_raised = true;
                 self.raise(SaEvent::SeqExhausted);
             }
             return Err(Drop::SeqExhausted);
         }
+        if shared.is_some_and(|ceiling| seq >= ceiling) {
+            return Err(Drop::SeqNotReserved);
+        }
         // After u64::MAX, 0 marks exhaustion (checked above).
-        self.next_seq = seq.wrapping_add(1);
-        if self.next_seq > max || self.next_seq == 0 {
+        let after = seq.wrapping_add(1);
+        if self.shared_seq.is_none() {
+            self.next_seq = after;
+        }
+        if after > max || after == 0 {
             // That was the last number: ask for a replacement now.
             if !self.seq_exhausted_raised {
                 self.seq_exhausted_raised = true;

@@ -595,3 +595,88 @@ proptest! {
         prop_assert_eq!(roundtrip(&mut tx, &mut rx, &pkt).unwrap(), pkt);
     }
 }
+
+#[test]
+fn copies_sharing_a_counter_never_reuse_a_number() {
+    // Two copies of one outbound SA (as two workers hold them) and one
+    // receiver: every packet gets its own number whichever copy sends it,
+    // the receiver accepts them all once, and a ceiling stops the counter.
+    let c = config("aes128gcm16", Protocol::Esp, Mode::Tunnel, true, false);
+    let (mut a, mut rx) = pair(&c);
+    let mut b = Sa::new(c.clone(), T0).unwrap();
+    let seq = a.share_seq();
+    b.join_seq(seq.clone());
+    let pkt = udp_packet(false, 10, 0);
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..40 {
+        let tx = if i % 3 == 0 { &mut b } else { &mut a };
+        let mut buf = PacketBuf::from_packet(&pkt);
+        tx.encapsulate(&mut buf, T0).unwrap();
+        let wire = buf.as_slice().to_vec();
+        let Classified::Ipsec(inb) = classify(&wire, udp::NAT_T_PORT).unwrap() else {
+            panic!("not ESP");
+        };
+        let n = u32::from_be_bytes(wire[inb.offset + 4..inb.offset + 8].try_into().unwrap());
+        assert!(seen.insert(n), "sequence number {n} used twice");
+        let mut buf = PacketBuf::from_packet(&wire);
+        assert_eq!(rx.decapsulate(&mut buf, &inb, T0), Ok(Decapsulated::Packet));
+    }
+    assert_eq!(
+        seen.iter().copied().collect::<Vec<_>>(),
+        (1..=40).collect::<Vec<_>>()
+    );
+    assert_eq!((a.next_seq(), b.next_seq(), seq.next()), (41, 41, 41));
+    // Numbers from the ceiling on are refused and never sent.
+    seq.set_ceiling(43);
+    for tx in [&mut a, &mut b] {
+        assert!(tx
+            .encapsulate(&mut PacketBuf::from_packet(&pkt), T0)
+            .is_ok());
+    }
+    for tx in [&mut a, &mut b] {
+        assert_eq!(
+            tx.encapsulate(&mut PacketBuf::from_packet(&pkt), T0),
+            Err(Drop::SeqNotReserved)
+        );
+    }
+    seq.set_ceiling(u64::MAX);
+    assert!(b.encapsulate(&mut PacketBuf::from_packet(&pkt), T0).is_ok());
+    // At the end of the 64-bit space a shared counter stops one short of
+    // u64::MAX (it saturates there, so that number could come twice).
+    let mut e = c.clone();
+    e.esn = true;
+    e.initial_seq = u64::MAX - 1;
+    let mut a = Sa::new(e.clone(), T0).unwrap();
+    let mut b = Sa::new(e, T0).unwrap();
+    b.join_seq(a.share_seq());
+    assert!(a.encapsulate(&mut PacketBuf::from_packet(&pkt), T0).is_ok());
+    for i in 0..3 {
+        let tx = if i == 1 { &mut b } else { &mut a };
+        assert_eq!(
+            tx.encapsulate(&mut PacketBuf::from_packet(&pkt), T0),
+            Err(Drop::SeqExhausted)
+        );
+    }
+}
+
+#[test]
+fn volume_limits_split_between_copies() {
+    let mut c = config("aes128gcm16", Protocol::Esp, Mode::Tunnel, false, false);
+    c.lifetime.hard_packets = Some(5);
+    c.lifetime.soft_bytes = Some(1001);
+    let mut a = Sa::new(c, T0).unwrap();
+    a.split_volume_limits(2);
+    let l = a.lifetime().limits();
+    assert_eq!(
+        (l.hard_packets, l.soft_bytes, l.hard_bytes),
+        (Some(3), Some(501), None)
+    );
+    let pkt = udp_packet(false, 10, 0);
+    for _ in 0..3 {
+        assert!(a.encapsulate(&mut PacketBuf::from_packet(&pkt), T0).is_ok());
+    }
+    assert_eq!(
+        a.encapsulate(&mut PacketBuf::from_packet(&pkt), T0),
+        Err(Drop::SaExpired)
+    );
+}

@@ -126,7 +126,7 @@ fn open_log(path: &Path) -> Result<File> {
         .with_context(|| format!("opening log file {}", path.display()))
 }
 
-fn pipe() -> io::Result<(File, File)> {
+pub(crate) fn pipe() -> io::Result<(File, File)> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: pipe2 writes two descriptors into the array on success.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {

@@ -12,22 +12,23 @@ use super::status::{Status, TunStatus};
 use super::sys;
 use crate::config::Encapsulation;
 use crate::costs::Dir;
-use crate::netdev::{Tun, VirtioNetHdr, VNET_HDR_LEN};
+use crate::netdev::{TunQueue, VirtioNetHdr, VNET_HDR_LEN};
 use anyhow::{Context, Result};
 use espgate_core::offload::{self, GsoInfo, GsoKind, Push, Segmenter, TcpCoalescer};
 use espgate_core::wire::{ip, proto, udp};
 use espgate_core::PacketBuf;
+use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::os::fd::BorrowedFd;
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Largest packet read from any descriptor (an IPv4/UDP datagram or a TUN
 /// packet with the largest MTU).
 pub const MAX_PACKET: usize = 65_535;
-/// Packets handled per ready descriptor before polling again, so that no
-/// direction (or the control socket) starves.
-const BATCH: usize = 64;
 /// Timer period: SA lifetimes, rate-limited log summaries, control clients.
 const TICK: Duration = Duration::from_secs(1);
 
@@ -88,10 +89,12 @@ struct TxBatch {
     closed: bool,
     /// False once the kernel refused a GSO send: one datagram per send.
     gso: bool,
+    /// Most datagrams per send (`gateway.batch`, at most [`GSO_MAX`]).
+    max: usize,
 }
 
 impl TxBatch {
-    fn new(gso: bool) -> TxBatch {
+    fn new(gso: bool, max: usize) -> TxBatch {
         TxBatch {
             // Room for a TUN read with its virtio-net header, so that no
             // buffer ever grows on the hot path.
@@ -106,6 +109,7 @@ impl TxBatch {
             bytes: 0,
             closed: false,
             gso,
+            max: max.clamp(1, GSO_MAX),
         }
     }
 
@@ -114,7 +118,7 @@ impl TxBatch {
         self.n == 0
             || (self.gso
                 && !self.closed
-                && self.n < GSO_MAX
+                && self.n < self.max
                 && dst == self.dst
                 && tos == self.tos
                 && len <= self.seg
@@ -122,51 +126,109 @@ impl TxBatch {
     }
 }
 
-/// Everything the loop works on.
-pub struct Dataplane<'a> {
-    /// Packet logic.
-    pub engine: &'a mut Engine,
-    /// Clear side.
-    pub tun: &'a Tun,
+/// One data-plane worker: its TUN queue and sockets, its engine (locked
+/// by it for each round of packets; the control socket locks it briefly to
+/// read or change it), and, on worker 0 only, the control socket, the
+/// metrics endpoint and the stop signals.
+pub struct Worker<'a> {
+    /// Every worker's engine; this worker's is `engines[me]`.
+    pub engines: &'a [Mutex<Engine>],
+    /// This worker's index.
+    pub me: usize,
+    /// This worker's TUN queue.
+    pub tun: &'a TunQueue,
+    /// The TUN device carries virtio-net headers.
+    pub vnet: bool,
     /// Outer side.
     pub sockets: &'a Sockets,
-    /// Control socket.
-    pub control: &'a mut ControlServer,
-    /// The Prometheus endpoint (`gateway.metrics`), when configured.
+    /// Control socket (worker 0).
+    pub control: Option<&'a mut ControlServer>,
+    /// The Prometheus endpoint (`gateway.metrics`; worker 0).
     pub metrics: Option<&'a mut MetricsServer>,
-    /// Stop signals.
-    pub signals: &'a Signals,
+    /// Stop signals (worker 0).
+    pub signals: Option<&'a Signals>,
+    /// Workers other than 0: becomes readable (hang-up) when they must stop.
+    pub stop: Option<BorrowedFd<'a>>,
+    /// Set by a worker that failed; worker 0 then stops them all.
+    pub failed: &'a AtomicBool,
     /// When the daemon started (the core's clock is the time since).
     pub start: Instant,
     /// For status answers.
     pub info: Info,
+    /// Packets per descriptor per round, and most datagrams per GSO send
+    /// (`gateway.batch`).
+    pub batch: usize,
+    /// UDP GRO may be asked for (one worker: the SPI steering of several
+    /// needs each datagram on its own).
+    pub gro_allowed: bool,
 }
 
-impl Dataplane<'_> {
-    fn now(&self) -> Duration {
-        self.start.elapsed()
+/// Locks an engine; one whose holder panicked is still consistent enough
+/// to report status and stop.
+pub fn lock(e: &Mutex<Engine>) -> MutexGuard<'_, Engine> {
+    e.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The packet handlers, for one round, with the worker's engine locked.
+struct Dataplane<'a> {
+    engine: &'a mut Engine,
+    tun: &'a TunQueue,
+    vnet: bool,
+    tun_name: &'a str,
+    sockets: &'a Sockets,
+    start: Instant,
+    batch: usize,
+}
+
+impl<'a> Worker<'a> {
+    /// The packet handlers over `engine` (this worker's, locked).
+    fn handlers<'g>(&self, engine: &'g mut Engine, tun_name: &'g str) -> Dataplane<'g>
+    where
+        'a: 'g,
+    {
+        Dataplane {
+            engine,
+            tun: self.tun,
+            vnet: self.vnet,
+            tun_name,
+            sockets: self.sockets,
+            start: self.start,
+            batch: self.batch,
+        }
     }
 
-    /// Runs until a stop signal; returns its number.
+    /// Runs until a stop signal (worker 0: returns its number) or, on
+    /// other workers, until told to stop (returns 0).
     pub fn run(&mut self) -> Result<libc::c_int> {
+        let r = self.run_inner();
+        if r.is_err() {
+            self.failed.store(true, Ordering::SeqCst);
+        }
+        r
+    }
+
+    fn run_inner(&mut self) -> Result<libc::c_int> {
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(64);
         let mut in_buf = PacketBuf::with_capacity(MAX_PACKET);
         let mut gro_buf = vec![0u8; GRO_BUF];
         let offloads = self.info.offloads_wanted;
-        let gro = offloads && self.sockets.udp.as_ref().is_some_and(|u| u.enable_gro());
-        let mut tx = TxBatch::new(offloads && self.sockets.udp.is_some());
+        let gro = offloads
+            && self.gro_allowed
+            && self.sockets.udp.as_ref().is_some_and(|u| u.enable_gro());
+        let mut tx = TxBatch::new(offloads && self.sockets.udp.is_some(), self.batch);
         // With a vnet header: the super-segment being cut (TSO/USO reads)
         // and the TCP segments being coalesced for the TUN.
         let mut seg_src = PacketBuf::with_capacity(MAX_PACKET + VNET_HDR_LEN);
         let mut co = TcpCoalescer::new();
         // When each connection last sent something (NAT keepalives).
-        let mut last_tx = vec![Duration::ZERO; self.engine.conns().len()];
+        let mut last_tx = vec![Duration::ZERO; lock(&self.engines[self.me]).conns().len()];
         if tx.gso {
             self.info.offloads.push("udp_gso".into());
         }
         if gro {
             self.info.offloads.push("udp_gro".into());
         }
+        let tun_name = self.info.tun.name.clone();
         let mut next_tick = Instant::now() + TICK;
         let pfd = |fd: i32| libc::pollfd {
             fd,
@@ -175,7 +237,14 @@ impl Dataplane<'_> {
         };
         loop {
             fds.clear();
-            fds.push(pfd(self.signals.as_fd().as_raw_fd()));
+            let sig_at = fds.len();
+            if let Some(s) = self.signals {
+                fds.push(pfd(s.as_fd().as_raw_fd()));
+            }
+            if let Some(s) = self.stop {
+                fds.push(pfd(s.as_raw_fd()));
+            }
+            let tun_at = fds.len();
             fds.push(pfd(self.tun.as_raw_fd()));
             let udp_at = fds.len();
             if let Some(u) = &self.sockets.udp {
@@ -186,7 +255,9 @@ impl Dataplane<'_> {
                 fds.push(pfd(r.as_fd().as_raw_fd()));
             }
             let ctl_at = fds.len();
-            self.control.poll_fds(&mut fds);
+            if let Some(c) = &self.control {
+                c.poll_fds(&mut fds);
+            }
             let met_at = fds.len();
             if let Some(m) = &self.metrics {
                 m.poll_fds(&mut fds);
@@ -195,63 +266,88 @@ impl Dataplane<'_> {
             let wait_ms = i32::try_from(wait.as_millis()).unwrap_or(1000) + 1;
             sys::poll(&mut fds, wait_ms).context("poll")?;
 
-            if fds[0].revents != 0 {
-                if let Some(sig) = self.signals.next() {
-                    tracing::info!("{}: stopping", signals::name(sig));
-                    return Ok(sig);
+            if fds[sig_at].revents != 0 {
+                match self.signals {
+                    Some(s) => {
+                        if let Some(sig) = s.next() {
+                            tracing::info!("{}: stopping", signals::name(sig));
+                            return Ok(sig);
+                        }
+                    }
+                    None => return Ok(0),
                 }
             }
-            // The packet handlers are the hot path: allocations in them are
-            // counted (`hot_path_allocs`), and there should be none.
-            let hot = crate::alloc_count::hot();
-            if fds[1].revents != 0 {
-                self.on_tun(&mut tx, &mut last_tx, &mut seg_src)?;
-            }
-            if self.sockets.udp.is_some() && fds[udp_at].revents != 0 {
-                self.on_udp(&mut gro_buf, &mut in_buf, &mut co);
-            }
-            let sockets = self.sockets;
-            for (i, r) in sockets.raw_rx.iter().enumerate() {
-                if fds[raw_at + i].revents != 0 {
-                    self.on_raw(r, &mut in_buf, &mut co);
+            {
+                let mut guard = lock(&self.engines[self.me]);
+                let mut dp = self.handlers(&mut guard, &tun_name);
+                // The packet handlers are the hot path: allocations in them
+                // are counted (`hot_path_allocs`), and there should be none.
+                let hot = crate::alloc_count::hot();
+                if fds[tun_at].revents != 0 {
+                    dp.on_tun(&mut tx, &mut last_tx, &mut seg_src)?;
                 }
+                if dp.sockets.udp.is_some() && fds[udp_at].revents != 0 {
+                    dp.on_udp(&mut gro_buf, &mut in_buf, &mut co);
+                }
+                let sockets = dp.sockets;
+                for (i, r) in sockets.raw_rx.iter().enumerate() {
+                    if fds[raw_at + i].revents != 0 {
+                        dp.on_raw(r, &mut in_buf, &mut co);
+                    }
+                }
+                drop(hot);
             }
-            drop(hot);
             let ctl = &fds[ctl_at..met_at];
             let now_i = Instant::now();
             let tick = now_i >= next_tick;
-            if tick || ctl.iter().any(|p| p.revents != 0) {
-                let engine = &mut *self.engine;
-                let info = &self.info;
-                let now = self.start.elapsed();
-                self.control.service(
-                    if tick && ctl.iter().all(|p| p.revents == 0) {
-                        &[]
-                    } else {
-                        ctl
-                    },
-                    |r| answer(engine, info, now, r),
-                );
+            if let Some(control) = self.control.as_deref_mut() {
+                if tick || ctl.iter().any(|p| p.revents != 0) {
+                    let (engines, info) = (self.engines, &self.info);
+                    let now = self.start.elapsed();
+                    control.service(
+                        if tick && ctl.iter().all(|p| p.revents == 0) {
+                            &[]
+                        } else {
+                            ctl
+                        },
+                        |r| answer(engines, info, now, r),
+                    );
+                }
             }
             let met = &fds[met_at..];
             if let Some(m) = self.metrics.as_deref_mut() {
                 if tick || met.iter().any(|p| p.revents != 0) {
-                    let (engine, info) = (&*self.engine, &self.info);
+                    let (engines, info) = (self.engines, &self.info);
                     let now = self.start.elapsed();
                     m.service(met, || {
-                        super::metrics::render(&status_doc(engine, info, now))
+                        super::metrics::render(&status_all(engines, info, now))
                     });
                 }
             }
             if tick {
-                self.engine.tick(self.now());
-                self.keepalives(&mut last_tx);
+                let now = self.start.elapsed();
+                let mut guard = lock(&self.engines[self.me]);
+                guard.tick(now);
+                if self.me == 0 {
+                    let mut dp = self.handlers(&mut guard, &tun_name);
+                    dp.keepalives(&mut last_tx);
+                }
+                drop(guard);
+                if self.signals.is_some() && self.failed.load(Ordering::SeqCst) {
+                    anyhow::bail!("a data-plane worker stopped on an error (see above)");
+                }
                 next_tick = now_i + TICK;
             }
         }
     }
+}
 
-    /// Reads and protects up to [`BATCH`] packets from the TUN. ESP-in-UDP
+impl Dataplane<'_> {
+    fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// Reads and protects up to `batch` (`gateway.batch`) packets from the TUN. ESP-in-UDP
     /// datagrams to one peer are gathered into GSO runs and leave in one
     /// send each (seed 000's interrupt coalescing, done with system calls);
     /// raw ESP/AH leaves at once. On a vnet-header device one read may be a
@@ -265,10 +361,10 @@ impl Dataplane<'_> {
         last_tx: &mut [Duration],
         seg_src: &mut PacketBuf,
     ) -> Result<()> {
-        let vnet = self.tun.has_vnet_hdr();
+        let vnet = self.vnet;
         let room = MAX_PACKET + if vnet { VNET_HDR_LEN } else { 0 };
         let mut result = Ok(());
-        for _ in 0..BATCH {
+        for _ in 0..self.batch {
             let buf = &mut tx.bufs[tx.n];
             let t = self.engine.cost_clock();
             let n = match self.tun.read(buf.prepare(room)) {
@@ -277,7 +373,7 @@ impl Dataplane<'_> {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     result =
-                        Err(e).with_context(|| format!("reading TUN device {}", self.tun.name()));
+                        Err(e).with_context(|| format!("reading TUN device {}", self.tun_name));
                     break;
                 }
             };
@@ -382,7 +478,7 @@ impl Dataplane<'_> {
         tx.n += 1;
         tx.bytes += len;
         tx.closed = len < tx.seg;
-        if tx.n == GSO_MAX || !tx.gso {
+        if tx.n >= tx.max || !tx.gso {
             self.flush(tx, now);
         }
     }
@@ -522,7 +618,7 @@ impl Dataplane<'_> {
     /// flow changes or the batch ends): one write, one pass up the kernel's
     /// stack for many segments.
     fn deliver(&mut self, pkt: &[u8], co: &mut TcpCoalescer, now: Duration) {
-        if !self.tun.has_vnet_hdr() {
+        if !self.vnet {
             self.write_tun(None, pkt, 1, now);
             return;
         }
@@ -585,14 +681,14 @@ impl Dataplane<'_> {
             Err(e) => {
                 for _ in 0..segs {
                     self.engine.gw_drop(GwDrop::TunWrite, now, || {
-                        format!("writing to {}: {e}", self.tun.name())
+                        format!("writing to {}: {e}", self.tun_name)
                     })
                 }
             }
         }
     }
 
-    /// Receives up to [`BATCH`] reads from the UDP socket; with `UDP_GRO`
+    /// Receives up to `batch` (`gateway.batch`) reads from the UDP socket; with `UDP_GRO`
     /// one read may hold many datagrams of one sender, cut at the segment
     /// size the kernel reports. Each is copied into `buf` (which has the
     /// headroom for the synthetic outer header the core expects) and
@@ -601,7 +697,7 @@ impl Dataplane<'_> {
         let sockets = self.sockets;
         let Some(u) = &sockets.udp else { return };
         let listen = u.local;
-        for _ in 0..BATCH {
+        for _ in 0..self.batch {
             let t = self.engine.cost_clock();
             let (n, meta) = match u.recv(gro_buf) {
                 Ok(x) => x,
@@ -645,7 +741,7 @@ impl Dataplane<'_> {
     }
 
     fn on_raw(&mut self, r: &RawRx, buf: &mut PacketBuf, co: &mut TcpCoalescer) {
-        for _ in 0..BATCH {
+        for _ in 0..self.batch {
             let t = self.engine.cost_clock();
             let (n, meta) = match r.recv(buf.prepare(MAX_PACKET)) {
                 Ok(x) => x,
@@ -698,6 +794,7 @@ pub fn status_doc(engine: &Engine, info: &Info, now: Duration) -> Status {
         listen: info.listen.map(|l| l.to_string()),
         fwmark: info.fwmark,
         workers: 1,
+        per_worker: Vec::new(),
         offloads: info.offloads.clone(),
         state_dir: info.state_dir.clone(),
         connections: engine.connection_status(now),
@@ -707,8 +804,108 @@ pub fn status_doc(engine: &Engine, info: &Info, now: Duration) -> Status {
     }
 }
 
-/// The answer to one control request.
-pub fn answer(engine: &mut Engine, info: &Info, now: Duration, req: &Request) -> String {
+/// The status of all workers: worker 0's document with the others'
+/// counters, drops and per-SA numbers added ([`Status::merge_worker`]).
+pub fn status_all(engines: &[Mutex<Engine>], info: &Info, now: Duration) -> Status {
+    let mut s = status_doc(&lock(&engines[0]), info, now);
+    let per = |st: &Status| -> BTreeMap<String, u64> {
+        ["tun_rx", "net_rx"]
+            .iter()
+            .map(|k| (k.to_string(), st.counters.get(*k).copied().unwrap_or(0)))
+            .collect()
+    };
+    let mut per_worker = vec![per(&s)];
+    for e in &engines[1..] {
+        let other = status_doc(&lock(e), info, now);
+        per_worker.push(per(&other));
+        s.merge_worker(&other);
+    }
+    if engines.len() > 1 {
+        s.per_worker = per_worker;
+    }
+    // A process-wide count, not a per-worker one.
+    s.counters
+        .insert("hot_path_allocs".into(), crate::alloc_count::hot_allocs());
+    s.workers = engines.len();
+    s
+}
+
+/// The answer to one control request, over every worker's engine.
+pub fn answer(engines: &[Mutex<Engine>], info: &Info, now: Duration, req: &Request) -> String {
+    if engines.len() == 1 {
+        return answer_one(&mut lock(&engines[0]), info, now, req);
+    }
+    match req.cmd.as_str() {
+        "status" => {
+            let s = status_all(engines, info, now);
+            serde_json::json!({"ok": true, "status": s}).to_string()
+        }
+        "sa_list" => {
+            let s = status_all(engines, info, now);
+            let sas: Vec<_> = s.connections.into_iter().flat_map(|c| c.sas).collect();
+            serde_json::json!({"ok": true, "sas": sas}).to_string()
+        }
+        "wireshark_keys" => {
+            let mut sas = Vec::new();
+            for e in engines {
+                for k in lock(e).sa_keys() {
+                    if !sas.contains(&k) {
+                        sas.push(k);
+                    }
+                }
+            }
+            tracing::info!(
+                "wireshark_keys: {} SA keys handed out on the control socket",
+                sas.len()
+            );
+            serde_json::json!({"ok": true, "sas": sas}).to_string()
+        }
+        "sa_add" | "sa_del" | "costs" => change_all(engines, now, req),
+        _ => answer_one(&mut lock(&engines[0]), info, now, req),
+    }
+}
+
+/// `sa_add`, `sa_del`, `costs` on every worker's engine, worker 0 first:
+/// its answer is the answer (an added outbound SA then shares worker 0's
+/// sequence counter and reservation; an added inbound SA stays only with
+/// the worker its SPI is steered to). `sa_del` succeeds when some worker
+/// held the SA (an inbound SA lives in one worker only).
+fn change_all(engines: &[Mutex<Engine>], now: Duration, req: &Request) -> String {
+    let ok = |a: &str| serde_json::from_str::<serde_json::Value>(a).is_ok_and(|v| v["ok"] == true);
+    let first = super::engine::admin_answer(&mut lock(&engines[0]), now, req);
+    if req.cmd == "sa_add" && !ok(&first) {
+        return first;
+    }
+    let mut answers = vec![first];
+    for e in &engines[1..] {
+        answers.push(super::engine::admin_answer(&mut lock(e), now, req));
+    }
+    if req.cmd == "sa_add" {
+        let n = engines.len();
+        if let Some(a) = answers.iter().find(|a| !ok(a)) {
+            tracing::error!("sa add: worker engines disagree: {a}");
+        }
+        let mut guards: Vec<MutexGuard<'_, Engine>> = engines.iter().map(lock).collect();
+        for (k, g) in guards.iter_mut().enumerate() {
+            g.keep_own_inbound(k, n);
+        }
+        let (first, rest) = guards.split_at_mut(1);
+        let mut rest: Vec<&mut Engine> = rest.iter_mut().map(|g| &mut **g).collect();
+        if let Err(e) = first[0].link_worker_refs(&mut rest, None) {
+            tracing::error!("sa add: {e:#}");
+            return error_response(&format!("{e:#}"));
+        }
+    }
+    if req.cmd == "sa_del" {
+        if let Some(a) = answers.iter().find(|a| ok(a)) {
+            return a.clone();
+        }
+    }
+    answers.swap_remove(0)
+}
+
+/// The answer to one control request, with one engine.
+pub fn answer_one(engine: &mut Engine, info: &Info, now: Duration, req: &Request) -> String {
     match req.cmd.as_str() {
         "status" => {
             let s = status_doc(engine, info, now);

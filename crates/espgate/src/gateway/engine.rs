@@ -18,15 +18,16 @@ use super::status::{ConnectionStatus, Left, LifetimeStatus, SaStatus};
 use super::wireshark::SaKeys;
 use crate::config::{Connection, Encapsulation, LoadedConfig, MssClamp, Protocols};
 use crate::costs::{Costs, CostsReport, Dir};
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use espgate_core::cost::{Probe, Stage};
-use espgate_core::sa::{Encap, Mode, Protocol, SaEvent};
+use espgate_core::sa::{Encap, Mode, Protocol, SaEvent, SharedSeq};
 use espgate_core::sad::{InboundOutcome, SaId, Sad};
 use espgate_core::spd::{Action, Direction, Policy, Spd};
 use espgate_core::wire::flow::{self, Flow};
 use espgate_core::{Drop, PacketBuf, Sa};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Drop reasons of the daemon itself (the core's are [`Drop`]).
@@ -144,7 +145,8 @@ pub struct ConnState {
 impl ConnState {
     /// True when every layer has its outbound SA.
     pub fn can_send(&self) -> bool {
-        self.out_ids.len() == layers(self.conn.protocol).len()
+        let n = self.out_ids.len();
+        n == layers(self.conn.protocol).len() || (self.conn.per_cpu_sas > 1 && n >= 1)
     }
 }
 
@@ -178,6 +180,110 @@ pub struct SaChange {
 }
 
 /// The packet logic; see the module documentation.
+/// The worker (of `n`) that receives the inbound SA with `spi`: ESP-in-UDP
+/// datagrams are steered to socket `SPI % n` of the `SO_REUSEPORT` group
+/// ([`super::sockets::UdpSock::steer_by_spi`]); raw ESP/AH is read by
+/// worker 0 alone.
+pub fn worker_of(encap: Encap, spi: u32, n: usize) -> usize {
+    match encap {
+        Encap::Udp { .. } if n > 1 => spi as usize % n,
+        _ => 0,
+    }
+}
+
+/// An outbound SA's sequence numbers reserved on disk: owned by this
+/// engine, or shared by the copies of the SA that several workers hold
+/// (their numbers come from one [`SharedSeq`]; the reservation is locked
+/// only when it must grow, about once per `seqstate::STEP / 2` packets).
+enum Res {
+    Own(Reservation),
+    Shared {
+        r: Arc<Mutex<Reservation>>,
+        seq: Arc<SharedSeq>,
+        /// This engine's copy of the reservation's low-water mark: below
+        /// it nothing needs the lock.
+        low: u64,
+    },
+}
+
+/// What [`Res::check`] found wrong, if anything.
+enum ResCheck {
+    Ok,
+    /// The extension failed but the next number is still covered.
+    Retry(String),
+    /// The next number is not covered: do not send.
+    Fatal(String),
+}
+
+fn lock(r: &Mutex<Reservation>) -> std::sync::MutexGuard<'_, Reservation> {
+    // A worker that panicked while holding it left a valid reservation
+    // (every write is atomic): keep going.
+    r.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Res {
+    /// Grows the reservation before `next` (the SA's next number) needs it.
+    fn check(&mut self, next: u64) -> ResCheck {
+        fn extend(r: &mut Reservation, next: u64) -> ResCheck {
+            if !r.should_extend(next) {
+                return ResCheck::Ok;
+            }
+            // Once per `seqstate::STEP / 2` packets: a disk write,
+            // amortised, not a per-packet cost.
+            let _cold = crate::alloc_count::cold();
+            match r.extend(next) {
+                Ok(()) => ResCheck::Ok,
+                Err(err) => {
+                    let msg = format!(
+                        "cannot reserve sequence numbers in {}: {err}",
+                        r.path().display()
+                    );
+                    if r.covers(next) {
+                        ResCheck::Retry(msg)
+                    } else {
+                        ResCheck::Fatal(msg)
+                    }
+                }
+            }
+        }
+        match self {
+            Res::Own(r) => extend(r, next),
+            Res::Shared { r, seq, low } => {
+                let next = seq.next();
+                if next < *low {
+                    return ResCheck::Ok;
+                }
+                let mut g = lock(r);
+                let out = extend(&mut g, next);
+                *low = g.low_water();
+                // The shared counter never hands out an unreserved number.
+                seq.set_ceiling(g.reserved());
+                out
+            }
+        }
+    }
+
+    fn reserved(&self) -> u64 {
+        match self {
+            Res::Own(r) => r.reserved(),
+            Res::Shared { r, .. } => lock(r).reserved(),
+        }
+    }
+
+    /// Writes the exact next number (see [`Reservation::release`]).
+    fn release(&mut self, next: u64) {
+        fn write(r: &mut Reservation, next: u64) {
+            if let Err(e) = r.release(next) {
+                tracing::warn!("writing {}: {e}", r.path().display());
+            }
+        }
+        match self {
+            Res::Own(r) => write(r, next),
+            Res::Shared { r, .. } => write(&mut lock(r), next),
+        }
+    }
+}
+
 pub struct Engine {
     sad: Sad,
     spd: Spd,
@@ -187,7 +293,7 @@ pub struct Engine {
     /// By `SaId.0`.
     meta: Vec<Option<SaMeta>>,
     /// Outbound sequence reservations, by `SaId.0`.
-    reservations: Vec<Option<Reservation>>,
+    reservations: Vec<Option<Res>>,
     /// Where outbound SAs added at run time reserve their sequence numbers.
     store: Option<SeqStore>,
     /// The bundle overhead the TUN MTU was sized for at start.
@@ -200,6 +306,12 @@ pub struct Engine {
     /// Per-stage cost accounting, when on (`gateway.cost_accounting`,
     /// `espgate costs on`); `None` keeps the packet paths unprobed.
     costs: Option<Costs>,
+    /// Byte and packet lifetimes of the SAs are divided by this (the
+    /// number of workers holding copies; see [`Engine::for_workers`]).
+    volume_split: u64,
+    /// This engine's worker index: with per-CPU SAs it sends on pair
+    /// `worker % per_cpu_sas`.
+    worker: usize,
 }
 
 impl std::fmt::Debug for Engine {
@@ -427,6 +539,8 @@ impl Engine {
             counters: Counters::default(),
             limiter: RateLimiter::new(Duration::from_secs(1)),
             costs: cfg.gateway.cost_accounting.then(Costs::new),
+            volume_split: 1,
+            worker: 0,
         };
         for (ci, c) in cfg.connections.iter().enumerate() {
             let sas = c.sa_configs();
@@ -458,7 +572,7 @@ impl Engine {
                     Some(st) => {
                         let (start, r) = st.reserve(&sc, &c.name).context(ctx.clone())?;
                         sc.initial_seq = start;
-                        Some(r)
+                        Some(Res::Own(r))
                     }
                     None => None,
                 };
@@ -480,12 +594,16 @@ impl Engine {
                 });
                 e.policy_conn.push(ci);
             }
+            let per_cpu = c.per_cpu_sas > 1;
             e.conns.push(ConnState {
                 conn: c.clone(),
                 out_ids,
                 in_ids,
                 mss: None,
             });
+            if per_cpu {
+                e.refresh_policies(ci);
+            }
         }
         e.sized_overhead = e.max_overhead();
         let tun_mtu = e.tun_mtu(cfg.gateway.mtu);
@@ -632,20 +750,10 @@ impl Engine {
                             continue;
                         };
                         let next = sad.get(*id).map_or(0, Sa::next_seq);
-                        if !r.should_extend(next) {
-                            continue;
-                        }
-                        // Once per `seqstate::STEP` packets: a disk write,
-                        // amortised, not a per-packet cost.
-                        let _cold = crate::alloc_count::cold();
-                        if let Err(err) = r.extend(next) {
-                            let msg = format!(
-                                "cannot reserve sequence numbers in {}: {err}",
-                                r.path().display()
-                            );
-                            if r.covers(next) {
-                                retry_note = Some(msg);
-                            } else {
+                        match r.check(next) {
+                            ResCheck::Ok => {}
+                            ResCheck::Retry(msg) => retry_note = Some(msg),
+                            ResCheck::Fatal(msg) => {
                                 fatal = Some(msg);
                                 break;
                             }
@@ -888,15 +996,160 @@ impl Engine {
         }
     }
 
+    /// One engine per data-plane worker, all from `cfg`: engine 0 reserves
+    /// sequence numbers in `store`; the others hold copies of the same SAs
+    /// (same ids) whose outbound counters and reservations are those of
+    /// engine 0 ([`SharedSeq`]), so no number is used twice whichever
+    /// worker sends. Byte and packet lifetimes are split between the
+    /// copies, each counting its own traffic, so that none outlives the
+    /// configured limit. Inbound SAs are copied too; the sockets steer each
+    /// SPI to one worker, whose copy alone keeps its replay window.
+    pub fn for_workers(
+        cfg: &LoadedConfig,
+        store: Option<&SeqStore>,
+        now: Duration,
+        n: usize,
+    ) -> Result<Vec<Engine>> {
+        let mut engines = vec![Engine::new(cfg, store, now)?];
+        for _ in 1..n {
+            engines.push(Engine::new(cfg, None, now)?);
+        }
+        let (first, rest) = engines.split_at_mut(1);
+        first[0].link_workers(rest, None)?;
+        if n > 1 {
+            for (k, e) in engines.iter_mut().enumerate() {
+                e.keep_own_inbound(k, n);
+                e.volume_split = n as u64;
+                e.worker = k;
+                for ci in 0..e.conns.len() {
+                    e.refresh_policies(ci);
+                }
+                let ids: Vec<SaId> = e.sad.iter().map(|(id, _)| id).collect();
+                for id in ids {
+                    if let Some(sa) = e.sad.get_mut(id) {
+                        sa.split_volume_limits(n as u64);
+                    }
+                }
+            }
+        }
+        Ok(engines)
+    }
+
+    /// Removes the inbound SAs that the sockets steer to another of `n`
+    /// workers (see [`worker_of`]): each inbound SA, and so its replay
+    /// window, lives in exactly one worker's engine.
+    pub fn keep_own_inbound(&mut self, worker: usize, n: usize) {
+        let foreign: Vec<SaId> = self
+            .sad
+            .iter()
+            .filter(|(id, sa)| {
+                self.meta_of(*id).is_some_and(|m| !m.outbound)
+                    && worker_of(sa.config().encap, sa.config().spi, n) != worker
+            })
+            .map(|(id, _)| id)
+            .collect();
+        for id in foreign {
+            self.remove_sa(id);
+        }
+    }
+
+    /// Makes the outbound SAs of `others` (copies of this engine, with the
+    /// same SA ids) take their numbers from this engine's counters and
+    /// reservations; only SA `only` when given (after `sa add`).
+    pub fn link_workers(&mut self, others: &mut [Engine], only: Option<SaId>) -> Result<()> {
+        let mut refs: Vec<&mut Engine> = others.iter_mut().collect();
+        self.link_worker_refs(&mut refs, only)
+    }
+
+    /// [`Engine::link_workers`] over references (engines behind locks).
+    pub fn link_worker_refs(
+        &mut self,
+        others: &mut [&mut Engine],
+        only: Option<SaId>,
+    ) -> Result<()> {
+        let ids: Vec<SaId> = self
+            .sad
+            .iter()
+            .map(|(id, _)| id)
+            .filter(|id| only.is_none_or(|o| o == *id))
+            .filter(|id| self.meta_of(*id).is_some_and(|m| m.outbound))
+            .collect();
+        for id in ids {
+            let spi = self.sad.get(id).map(|sa| sa.config().spi);
+            let Some(sa) = self.sad.get_mut(id) else {
+                continue;
+            };
+            let seq = sa.share_seq();
+            let res = match self
+                .reservations
+                .get_mut(id.0 as usize)
+                .and_then(Option::take)
+            {
+                Some(Res::Own(r)) => {
+                    seq.set_ceiling(r.reserved());
+                    Some(Arc::new(Mutex::new(r)))
+                }
+                Some(Res::Shared { r, .. }) => Some(r),
+                None => None,
+            };
+            if let Some(r) = &res {
+                *slot(&mut self.reservations, id) = Some(Res::Shared {
+                    r: r.clone(),
+                    seq: seq.clone(),
+                    low: lock(r).low_water(),
+                });
+            }
+            let (conn, protocol) = match self.meta_of(id) {
+                Some(m) => (self.conns[m.conn].conn.name.clone(), m.protocol),
+                None => continue,
+            };
+            for e in others.iter_mut() {
+                // Ids differ between engines (each holds only its own
+                // inbound SAs): the copy is found by what it is.
+                let Some(theirs) = spi.and_then(|spi| e.find_sa(&conn, true, protocol, spi)) else {
+                    bail!(
+                        "worker engines disagree: outbound SA {:#010x} of \"{conn}\" is missing \
+                         in one (internal error)",
+                        spi.unwrap_or(0)
+                    );
+                };
+                if let Some(sa) = e.sad.get_mut(theirs) {
+                    sa.join_seq(seq.clone());
+                }
+                *slot(&mut e.reservations, theirs) = res.as_ref().map(|r| Res::Shared {
+                    r: r.clone(),
+                    seq: seq.clone(),
+                    low: lock(r).low_water(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The SA of connection `conn` with `spi`, `protocol` and direction.
+    pub fn find_sa(
+        &self,
+        conn: &str,
+        outbound: bool,
+        protocol: Protocol,
+        spi: u32,
+    ) -> Option<SaId> {
+        self.sad.iter().map(|(id, _)| id).find(|id| {
+            self.meta_of(*id).is_some_and(|m| {
+                m.outbound == outbound
+                    && m.protocol == protocol
+                    && self.conns[m.conn].conn.name == conn
+            }) && self.sad.get(*id).is_some_and(|sa| sa.config().spi == spi)
+        })
+    }
+
     /// On a clean stop: records each outbound SA's exact next sequence
     /// number, so a restart continues without a gap.
     pub fn release_reservations(&mut self) {
         for (i, r) in self.reservations.iter_mut().enumerate() {
             let Some(r) = r else { continue };
             let next = self.sad.get(SaId(i as u32)).map_or(1, Sa::next_seq);
-            if let Err(e) = r.release(next) {
-                tracing::warn!("writing {}: {e}", r.path().display());
-            }
+            r.release(next);
         }
     }
 
@@ -918,8 +1171,14 @@ impl Engine {
     /// Points connection `ci`'s policies at its current outbound bundle,
     /// or DISCARD while a layer has no SA (counted as `no_sa`).
     fn refresh_policies(&mut self, ci: usize) {
-        let action = if self.conns[ci].can_send() {
-            Action::Protect(self.conns[ci].out_ids.clone())
+        let c = &self.conns[ci];
+        let action = if c.can_send() {
+            if c.conn.per_cpu_sas > 1 && c.out_ids.len() > 1 {
+                // Per-CPU SAs: this worker's pair alone.
+                Action::Protect(vec![c.out_ids[self.worker % c.out_ids.len()]])
+            } else {
+                Action::Protect(c.out_ids.clone())
+            }
         } else {
             Action::Discard
         };
@@ -952,9 +1211,7 @@ impl Engine {
             .and_then(Option::take)
         {
             let next = self.sad.get(id).map_or(1, Sa::next_seq);
-            if let Err(e) = r.release(next) {
-                tracing::warn!("writing {}: {e}", r.path().display());
-            }
+            r.release(next);
         }
         self.sad.remove(id);
         let c = &mut self.conns[m.conn];
@@ -1120,10 +1377,11 @@ impl Engine {
             if let Some(store) = &self.store {
                 let (start, r) = store.reserve(&sc, &name).map_err(|e| format!("{e:#}"))?;
                 sc.initial_seq = start;
-                reservation = Some(r);
+                reservation = Some(Res::Own(r));
             }
         }
-        let sa = Sa::new(sc, now).map_err(|e| format!("{what}: {e}"))?;
+        let mut sa = Sa::new(sc, now).map_err(|e| format!("{what}: {e}"))?;
+        sa.split_volume_limits(self.volume_split);
         let id = self.sad.insert(sa).map_err(|e| format!("{what}: {e}"))?;
         *slot(&mut self.meta, id) = Some(SaMeta {
             conn: ci,
@@ -1406,7 +1664,7 @@ impl Engine {
             .reservations
             .get(id.0 as usize)
             .and_then(Option::as_ref)
-            .map(Reservation::reserved);
+            .map(Res::reserved);
         Some(SaStatus {
             connection: self.conns[m.conn].conn.name.clone(),
             direction: if m.outbound { "out" } else { "in" }.into(),
@@ -1846,6 +2104,104 @@ mod tests {
         let mut on = ca;
         on.gateway.cost_accounting = true;
         assert!(Engine::new(&on, None, T).unwrap().costs_report().is_some());
+    }
+
+    #[test]
+    fn worker_engines_share_outbound_numbers_and_split_inbound_sas() {
+        let dir = temp_dir();
+        let store = SeqStore::open(&dir).unwrap();
+        let (ca, cb) = pair("esp", "udp");
+        let mut b = Engine::new(&cb, None, T).unwrap();
+        let mut ws = Engine::for_workers(&ca, Some(&store), T, 2).unwrap();
+        // A's inbound SA 0x1001 is steered to worker 1 (0x1001 % 2) and
+        // lives there only; both hold the outbound SA 0x1002.
+        let spis = |e: &Engine, dir: &str| -> Vec<String> {
+            e.sa_list(T)
+                .into_iter()
+                .filter(|s| s.direction == dir)
+                .map(|s| s.spi)
+                .collect()
+        };
+        assert!(spis(&ws[0], "in").is_empty());
+        assert_eq!(spis(&ws[1], "in"), ["0x00001001"]);
+        for w in &ws {
+            assert_eq!(spis(w, "out"), ["0x00001002"]);
+        }
+        assert_eq!(worker_of(Encap::NAT_T, 0x1001, 2), 1);
+        assert_eq!(worker_of(Encap::None, 0x1001, 2), 0);
+        // Packets sent alternately by both workers: the receiver accepts
+        // every one (a reused number would be a replay drop).
+        for i in 0..10 {
+            assert!(send_one(&mut ws[i % 2], &mut b), "packet {i}");
+        }
+        assert_eq!(b.sa_list(T)[0].highest_seq, Some(10));
+        assert_eq!(b.counters.drops.iter().sum::<u64>(), 0);
+        for w in &ws {
+            assert_eq!(
+                w.sa_list(T)
+                    .iter()
+                    .find(|s| s.direction == "out")
+                    .unwrap()
+                    .next_seq,
+                Some(11)
+            );
+        }
+        // The reservation on disk is shared: a restart after a clean stop
+        // continues at 11.
+        for w in &mut ws {
+            w.release_reservations();
+        }
+        drop(ws);
+        let a = Engine::new(&ca, Some(&store), T).unwrap();
+        assert_eq!(a.sa_list(T)[1].next_seq, Some(11));
+        drop(a);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn per_cpu_sas_give_each_worker_its_own_pair() {
+        let (mut ca, mut cb) = pair("esp", "udp");
+        ca.connections[0].per_cpu_sas = 2;
+        cb.connections[0].per_cpu_sas = 2;
+        // SPI ranges of two pairs each that do not overlap: A sends on
+        // 0x2000, 0x2001 and receives on 0x1001, 0x1002.
+        ca.connections[0].esp.as_mut().unwrap().spi_out = 0x2000;
+        cb.connections[0].esp.as_mut().unwrap().spi_in = 0x2000;
+        let mut aw = Engine::for_workers(&ca, None, T, 2).unwrap();
+        let mut bw = Engine::for_workers(&cb, None, T, 2).unwrap();
+        // Worker w of A sends on 0x2000 + w; B receives 0x2000 + w on
+        // worker (0x2000 + w) % 2 = w, with its own key.
+        for (w, a) in aw.iter_mut().enumerate() {
+            let mut buf = PacketBuf::with_capacity(2000);
+            buf.load(&packet("10.1.0.5", "10.2.0.9", 10));
+            assert!(a.outbound(&mut buf, T).is_some(), "{:?}", a.drops());
+            let wire = buf.as_slice().to_vec();
+            let spi = u32::from_be_bytes(wire[28..32].try_into().unwrap());
+            assert_eq!(spi, 0x2000 + w as u32);
+            assert!(bw[w].inbound(&mut buf, T, "192.0.2.1".parse().unwrap()));
+            // The other worker of B does not hold that SA.
+            buf.load(&wire);
+            assert!(!bw[1 - w].inbound(&mut buf, T, "192.0.2.1".parse().unwrap()));
+        }
+        let outs: Vec<Option<u64>> = aw[0]
+            .sa_list(T)
+            .into_iter()
+            .filter(|s| s.direction == "out")
+            .map(|s| s.next_seq)
+            .collect();
+        // Each pair's counter moved once.
+        assert_eq!(outs, [Some(2), Some(2)]);
+        // Pair 1's keys differ from pair 0's.
+        let keys = aw[0].sa_keys();
+        assert_eq!(
+            keys.len(),
+            3,
+            "two outbound copies, one inbound on worker 0"
+        );
+        assert_ne!(
+            crate::config::per_cpu_key(&[7u8; 20], 1).to_vec(),
+            crate::config::per_cpu_key(&[7u8; 20], 0).to_vec()
+        );
     }
 
     fn send_one(a: &mut Engine, b: &mut Engine) -> bool {

@@ -928,6 +928,7 @@ mod tests {
             listen: Some("0.0.0.0:4500".into()),
             fwmark: None,
             workers: 1,
+            per_worker: Vec::new(),
             offloads: Vec::new(),
             state_dir: "/var/lib/espgate".into(),
             connections: vec![ConnectionStatus {

@@ -24,8 +24,10 @@
 //!   the same loop; [`daemon`]: `espgate up --daemon` (fork, readiness
 //!   report to the parent), the pid file, systemd's `READY=1`.
 //!
-//! Not built yet (and said so in the log when configured): more than one
-//! data-plane thread, IKE. ICMP "fragmentation needed" / "packet too big"
+//! Several data-plane workers (`gateway.workers`): one TUN queue, one
+//! `SO_REUSEPORT` UDP socket and one engine each; ESP-in-UDP is steered to
+//! worker `SPI % n` by a classic BPF program, outbound SA copies share one
+//! sequence counter ([`espgate_core::sa::SharedSeq`]). Not built yet: IKE. ICMP "fragmentation needed" / "packet too big"
 //! for inner packets larger than the tunnel comes from the kernel, since
 //! the TUN MTU is the outer MTU minus the SA overhead.
 
@@ -47,20 +49,12 @@ pub mod wireshark;
 use crate::config::{Encapsulation, LoadedConfig};
 use crate::netdev::{NetChanges, Offloads, Tun};
 use anyhow::{Context, Result};
-use dataplane::{Dataplane, Info, Sockets};
+use dataplane::{Info, Sockets, Worker};
 use espgate_core::wire::proto;
+use std::os::fd::AsFd;
+use std::sync::atomic::AtomicBool;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-/// Logs what the configuration asks for that this version does not do.
-fn log_not_built(cfg: &LoadedConfig) {
-    let g = &cfg.gateway;
-    if g.worker_threads() != 1 {
-        tracing::info!(
-            "gateway.workers asks for {} data-plane threads; this version runs one",
-            g.worker_threads()
-        );
-    }
-}
 
 /// `fragment_inner = false` (every connection agrees; config checks it):
 /// the TUN gets the outer MTU and the kernel fragments oversized outer
@@ -69,8 +63,34 @@ fn fragments_outer(cfg: &LoadedConfig) -> bool {
     cfg.connections.iter().any(|c| !c.fragment_inner)
 }
 
-/// Opens the outer sockets the connections need.
-fn open_sockets(cfg: &LoadedConfig) -> Result<Sockets> {
+/// Opens the outer sockets of `n` workers: per worker one ESP-in-UDP
+/// socket (with several workers, `SO_REUSEPORT` sockets steered by SPI;
+/// if the kernel refuses the steering program, fewer sockets come back
+/// and the gateway runs one worker) and raw senders; the raw receivers go
+/// to worker 0 alone.
+fn open_worker_sockets(cfg: &LoadedConfig, n: usize) -> Result<Vec<Sockets>> {
+    let mut all = Vec::with_capacity(n);
+    for k in 0..n {
+        all.push(open_sockets(cfg, k, n > 1)?);
+    }
+    if n > 1 {
+        if let Some(u) = &all[0].udp {
+            if let Err(e) = u.steer_by_spi(n as u32) {
+                tracing::warn!(
+                    "gateway.workers = {n}: the kernel refused the SPI steering program \
+                     (SO_ATTACH_REUSEPORT_CBPF: {e}); running one data-plane worker"
+                );
+                // Close every reuseport socket before binding a plain one.
+                all.clear();
+                all.push(open_sockets(cfg, 0, false)?);
+            }
+        }
+    }
+    Ok(all)
+}
+
+/// Opens the outer sockets worker `k` needs.
+fn open_sockets(cfg: &LoadedConfig, k: usize, reuseport: bool) -> Result<Sockets> {
     let g = &cfg.gateway;
     let mut s = Sockets::default();
     if cfg
@@ -79,7 +99,7 @@ fn open_sockets(cfg: &LoadedConfig) -> Result<Sockets> {
         .any(|c| c.encap == Encapsulation::Udp)
     {
         s.udp = Some(
-            sockets::UdpSock::open(g.listen, g.fwmark, fragments_outer(cfg))
+            sockets::UdpSock::open_with(g.listen, g.fwmark, fragments_outer(cfg), reuseport)
                 .with_context(|| format!("opening UDP socket on {}", g.listen))?,
         );
     }
@@ -106,6 +126,9 @@ fn open_sockets(cfg: &LoadedConfig) -> Result<Sockets> {
                     format!("opening raw IPv{} socket", if v6 { 6 } else { 4 })
                 })?);
         }
+    }
+    if k > 0 {
+        rx.clear();
     }
     for (v6, p) in rx {
         s.raw_rx.push(sockets::RawRx::open(v6, p).with_context(|| {
@@ -135,12 +158,16 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
     for w in &cfg.warnings {
         tracing::warn!("{w}");
     }
-    log_not_built(&cfg);
     let g = &cfg.gateway;
     // Refuse early, before touching the network, if a daemon runs.
     control::check_not_running(&g.control_socket)?;
+    sockets::set_buffer_size(g.socket_buffer);
+    // The sockets first: whether several workers are possible depends on
+    // the kernel accepting their steering program.
+    let worker_sockets = open_worker_sockets(&cfg, g.worker_threads().max(1))?;
+    let n = worker_sockets.len();
     let store = seqstate::SeqStore::open(&g.state_dir)?;
-    let mut engine = engine::Engine::new(&cfg, Some(&store), Duration::ZERO)?;
+    let engines = engine::Engine::for_workers(&cfg, Some(&store), Duration::ZERO, n)?;
     let overhead = if fragments_outer(&cfg) {
         tracing::info!(
             "fragment_inner = false: TUN MTU = gateway.mtu; ESP-in-UDP datagrams larger than \
@@ -148,18 +175,17 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
         );
         0
     } else {
-        engine.max_overhead()
+        engines[0].max_overhead()
     };
     let plan = setup::plan(&cfg, overhead)?;
     // Dropped in reverse order on any error below: control socket removed,
     // sockets closed, network changes undone, then the TUN deleted.
-    let (tun, tun_offloads) = open_tun(&g.tun, g.offloads)?;
+    let (tun, tun_offloads) = open_tun(&g.tun, g.offloads, n)?;
     let mut net = NetChanges::new()?;
     setup::apply(&plan, &mut net)?;
     if let Some(w) = setup::rp_filter_warning(&cfg) {
         tracing::warn!("{w}");
     }
-    let sockets = open_sockets(&cfg)?;
     let mut metrics = match g.metrics {
         Some(addr) => Some(
             metrics::MetricsServer::bind(addr)
@@ -169,12 +195,14 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
     };
     let mut control = control::ControlServer::bind(&g.control_socket)?;
     tracing::info!(
-        "espgate {} up: TUN {} mtu {}, {} connection(s), {} SA(s), control socket {}{}",
+        "espgate {} up: TUN {} mtu {}, {} connection(s), {} SA(s), {} data-plane worker(s), \
+         control socket {}{}",
         env!("CARGO_PKG_VERSION"),
         tun.name(),
         plan.mtu,
-        engine.conns().len(),
-        engine.sad().len(),
+        engines[0].conns().len(),
+        engines.iter().map(|e| e.sad().len()).max().unwrap_or(0),
+        n,
         control.path().display(),
         metrics
             .as_ref()
@@ -191,30 +219,83 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
             mtu: plan.mtu,
         },
         encap: g.encap.name().to_string(),
-        listen: sockets.udp.as_ref().map(|u| u.local),
+        listen: worker_sockets[0].udp.as_ref().map(|u| u.local),
         fwmark: g.fwmark,
         state_dir: store.dir().display().to_string(),
         offloads: tun_offload_names(&tun, tun_offloads),
         offloads_wanted: g.offloads,
     };
+    let engines: Vec<Mutex<engine::Engine>> = engines.into_iter().map(Mutex::new).collect();
+    let failed = AtomicBool::new(false);
+    let vnet = tun.has_vnet_hdr();
+    let batch = g.batch;
     let result = on_ready().and_then(|()| {
-        Dataplane {
-            engine: &mut engine,
-            tun: &tun,
-            sockets: &sockets,
-            control: &mut control,
-            metrics: metrics.as_mut(),
-            signals: &signals,
-            start,
-            info,
-        }
-        .run()
-        .map(drop)
+        // Workers 1.. stop when this pipe's write end closes.
+        let (stop_rd, stop_wr) = daemon::pipe().context("creating the workers' stop pipe")?;
+        std::thread::scope(|scope| {
+            let mut handles = Vec::new();
+            let queues = tun.queues().iter().zip(&worker_sockets).enumerate();
+            for (k, (tunq, socks)) in queues.skip(1) {
+                let (engines, failed, info) = (&engines, &failed, info.clone());
+                let stop = stop_rd.as_fd();
+                let h = std::thread::Builder::new()
+                    .name(format!("espgate-worker-{k}"))
+                    .spawn_scoped(scope, move || {
+                        Worker {
+                            engines,
+                            me: k,
+                            tun: tunq,
+                            vnet,
+                            sockets: socks,
+                            control: None,
+                            metrics: None,
+                            signals: None,
+                            stop: Some(stop),
+                            failed,
+                            start,
+                            info,
+                            batch,
+                            gro_allowed: false,
+                        }
+                        .run()
+                    })
+                    .context("starting a data-plane worker thread")?;
+                handles.push(h);
+            }
+            let r = Worker {
+                engines: &engines,
+                me: 0,
+                tun: &tun.queues()[0],
+                vnet,
+                sockets: &worker_sockets[0],
+                control: Some(&mut control),
+                metrics: metrics.as_mut(),
+                signals: Some(&signals),
+                stop: None,
+                failed: &failed,
+                start,
+                info,
+                batch,
+                gro_allowed: n == 1,
+            }
+            .run();
+            drop(stop_wr);
+            for (k, h) in handles.into_iter().enumerate() {
+                match h.join() {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::error!("data-plane worker {}: {e:#}", k + 1),
+                    Err(_) => tracing::error!("data-plane worker {} panicked", k + 1),
+                }
+            }
+            r.map(drop)
+        })
     });
-    engine.release_reservations();
+    for e in &engines {
+        dataplane::lock(e).release_reservations();
+    }
     drop(control);
     drop(metrics);
-    drop(sockets);
+    drop(worker_sockets);
     let undone = net.undo();
     drop(tun);
     if let Err(e) = &undone {
@@ -230,9 +311,17 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
 /// the checksum and TCP/UDP segmentation offloads the kernel accepts
 /// (probed flag by flag). A kernel that refuses the vnet header gets a
 /// plain device: offloads are an optimisation, never a reason not to start.
-fn open_tun(name: &str, offloads: bool) -> Result<(Tun, Offloads)> {
+fn open_tun(name: &str, offloads: bool, queues: usize) -> Result<(Tun, Offloads)> {
+    let builder = || {
+        let b = Tun::builder(name).nonblocking(true);
+        if queues > 1 {
+            b.multi_queue(queues)
+        } else {
+            b
+        }
+    };
     if offloads {
-        match Tun::builder(name).nonblocking(true).vnet_hdr(true).open() {
+        match builder().vnet_hdr(true).open() {
             Ok(mut tun) => match tun.set_offloads(Offloads::tcp_udp_gso()) {
                 Ok(got) => {
                     tracing::debug!("TUN {name}: offloads {got}");
@@ -246,10 +335,7 @@ fn open_tun(name: &str, offloads: bool) -> Result<(Tun, Offloads)> {
             Err(e) => tracing::warn!("{e}; retrying without a vnet header (no TUN offloads)"),
         }
     }
-    let tun = Tun::builder(name)
-        .nonblocking(true)
-        .open()
-        .context("opening the TUN device")?;
+    let tun = builder().open().context("opening the TUN device")?;
     Ok((tun, Offloads::NONE))
 }
 

@@ -184,6 +184,11 @@ impl Reservation {
         self.reserved
     }
 
+    /// Extend once the next number to send reaches this.
+    pub fn low_water(&self) -> u64 {
+        self.low_water
+    }
+
     /// The state file.
     pub fn path(&self) -> &Path {
         &self.path

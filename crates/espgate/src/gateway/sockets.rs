@@ -25,10 +25,24 @@ use espgate_core::wire::{ipv4, ipv6, proto, udp};
 use espgate_core::{Drop, PResult, PacketBuf};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 /// Socket buffer size asked for on every outer socket.
-const SOCK_BUF: i32 = 4 << 20;
+pub const DEFAULT_SOCK_BUF: usize = 4 << 20;
+
+/// Socket buffer size of the sockets opened from now on
+/// (`gateway.socket_buffer`; set once at start-up).
+static SOCK_BUF_BYTES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(DEFAULT_SOCK_BUF);
+
+/// Sets the send and receive buffer size of the sockets opened from now on.
+pub fn set_buffer_size(bytes: usize) {
+    SOCK_BUF_BYTES.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn buf_size() -> i32 {
+    i32::try_from(SOCK_BUF_BYTES.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(i32::MAX)
+}
 
 /// TTL / hop limit written into synthetic headers (not checked by the core).
 const SYNTH_TTL: u8 = 64;
@@ -48,10 +62,25 @@ impl UdpSock {
     /// `fragment`, datagrams larger than the path MTU are fragmented by the
     /// kernel (path MTU discovery off, DF clear) rather than refused.
     pub fn open(listen: SocketAddr, mark: Option<u32>, fragment: bool) -> io::Result<UdpSock> {
+        UdpSock::open_with(listen, mark, fragment, false)
+    }
+
+    /// [`UdpSock::open`]; with `reuseport`, `SO_REUSEPORT` is set before
+    /// binding, so that one socket per worker binds the same address (see
+    /// [`UdpSock::steer_by_spi`]).
+    pub fn open_with(
+        listen: SocketAddr,
+        mark: Option<u32>,
+        fragment: bool,
+        reuseport: bool,
+    ) -> io::Result<UdpSock> {
         let v6 = listen.is_ipv6();
         let dom = if v6 { libc::AF_INET6 } else { libc::AF_INET };
         let fd = sys::socket(dom, libc::SOCK_DGRAM, 0)?;
         let b = fd.as_fd();
+        if reuseport {
+            sys::set_int(b, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+        }
         if v6 {
             sys::set_int(b, libc::SOL_IPV6, libc::IPV6_V6ONLY, 0)?;
             sys::set_int(b, libc::SOL_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
@@ -60,7 +89,7 @@ impl UdpSock {
         // On an IPv6 socket these apply to the IPv4 packets it receives.
         sys::set_int(b, libc::SOL_IP, libc::IP_PKTINFO, 1)?;
         sys::set_int(b, libc::SOL_IP, libc::IP_RECVTOS, 1)?;
-        sys::set_buffers(b, SOCK_BUF);
+        sys::set_buffers(b, buf_size());
         if let Some(m) = mark {
             crate::netdev::set_socket_mark(&fd, m)?;
         }
@@ -86,6 +115,58 @@ impl UdpSock {
             v6,
             local: listen,
         })
+    }
+
+    /// Steers the datagrams of this socket's `SO_REUSEPORT` group (`n`
+    /// sockets, bound in order) by ESP SPI: a classic BPF program loads the
+    /// first four bytes of the UDP payload (the SPI of an ESP-in-UDP packet,
+    /// RFC 3948) and picks socket `SPI % n`. A datagram shorter than four
+    /// bytes (a NAT keepalive) ends the program with 0, and an IKE packet
+    /// on port 4500 starts with the zero non-ESP marker: both go to socket
+    /// 0. Each datagram is steered on its own as long as UDP GRO is off.
+    pub fn steer_by_spi(&self, n: u32) -> io::Result<()> {
+        const BPF_LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+        const BPF_ALU_MOD_K: u16 = 0x94; // BPF_ALU | BPF_MOD | BPF_K
+        const BPF_RET_A: u16 = 0x16; // BPF_RET | BPF_A
+        let mut prog = [
+            libc::sock_filter {
+                code: BPF_LD_W_ABS,
+                jt: 0,
+                jf: 0,
+                k: 0,
+            },
+            libc::sock_filter {
+                code: BPF_ALU_MOD_K,
+                jt: 0,
+                jf: 0,
+                k: n.max(1),
+            },
+            libc::sock_filter {
+                code: BPF_RET_A,
+                jt: 0,
+                jf: 0,
+                k: 0,
+            },
+        ];
+        let fprog = libc::sock_fprog {
+            len: prog.len() as u16,
+            filter: prog.as_mut_ptr(),
+        };
+        // SAFETY: `fprog` points at `prog`, both live for the call; the
+        // kernel copies the program.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ATTACH_REUSEPORT_CBPF,
+                (&fprog as *const libc::sock_fprog).cast(),
+                std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// Receives one datagram (without blocking) into `buf`.
@@ -153,7 +234,7 @@ impl RawRx {
             sys::set_int(fd.as_fd(), libc::SOL_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
             sys::set_int(fd.as_fd(), libc::SOL_IPV6, libc::IPV6_RECVTCLASS, 1)?;
         }
-        sys::set_buffers(fd.as_fd(), SOCK_BUF);
+        sys::set_buffers(fd.as_fd(), buf_size());
         Ok(RawRx { fd, v6, proto })
     }
 
@@ -185,7 +266,7 @@ impl RawTx {
             // IPPROTO_RAW implies it on current kernels; say so anyway.
             sys::set_int(fd.as_fd(), libc::SOL_IPV6, libc::IPV6_HDRINCL, 1)?;
         }
-        sys::set_buffers(fd.as_fd(), SOCK_BUF);
+        sys::set_buffers(fd.as_fd(), buf_size());
         if let Some(m) = mark {
             crate::netdev::set_socket_mark(&fd, m)?;
         }
@@ -523,6 +604,49 @@ mod tests {
         match classify(b.as_slice(), 4500).unwrap() {
             Classified::Ipsec(inb) => assert_eq!((inb.offset, inb.end), (40, 80)),
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn reuseport_group_is_steered_by_spi() {
+        // A port free on loopback (bounded tries).
+        let (first, addr) = (0..50u16)
+            .find_map(|i| {
+                let port = 20000 + (std::process::id() as u16 % 20000) + i * 7;
+                let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+                UdpSock::open_with(addr, None, false, true)
+                    .ok()
+                    .map(|s| (s, addr))
+            })
+            .expect("a free loopback port");
+        let second = UdpSock::open_with(addr, None, false, true).unwrap();
+        first.steer_by_spi(2).unwrap();
+        let tx = UdpSock::open("127.0.0.1:0".parse().unwrap(), None, false).unwrap();
+        // SPI 0x1001 is odd: socket 1; 0x1002 even: socket 0; a keepalive
+        // (one byte) and the non-ESP marker: socket 0.
+        let mut buf = [0u8; 64];
+        for (payload, want_second) in [
+            (&[0x00, 0x00, 0x10, 0x01, 9][..], true),
+            (&[0x00, 0x00, 0x10, 0x02, 9][..], false),
+            (&[0xff][..], false),
+            (&[0, 0, 0, 0, 1, 2, 3][..], false),
+        ] {
+            tx.send(payload, addr, 0).unwrap();
+            let (yes, no) = if want_second {
+                (&second, &first)
+            } else {
+                (&first, &second)
+            };
+            let mut got = None;
+            for _ in 0..200 {
+                if let Ok((n, _)) = yes.recv(&mut buf) {
+                    got = Some(n);
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            assert_eq!(got, Some(payload.len()), "{payload:?}");
+            assert!(no.recv(&mut buf).is_err(), "{payload:?} reached both");
         }
     }
 }

@@ -27,6 +27,10 @@ pub struct Status {
     pub fwmark: Option<u32>,
     /// Data-plane threads running.
     pub workers: usize,
+    /// With several workers: each worker's packets from the TUN
+    /// (`tun_rx`) and from the network (`net_rx`), worker 0 first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_worker: Vec<BTreeMap<String, u64>>,
     /// Batching and offloads in use (`udp_gso`, `udp_gro`), as probed at
     /// start-up; an offload the kernel refused is absent.
     #[serde(default)]
@@ -55,6 +59,50 @@ pub struct TunStatus {
     pub name: String,
     /// Its MTU: `gateway.mtu` minus the largest SA overhead.
     pub mtu: u32,
+}
+
+impl Status {
+    /// Adds the document of another worker's engine: its counters and
+    /// drops are summed into these; per SA (by connection, direction,
+    /// protocol and SPI) packets, bytes, dummies and drops are summed, and
+    /// an SA only that worker holds (an inbound SA steered to it) is
+    /// appended to its connection. Lifetimes and sequence numbers are this
+    /// document's (the copies share their counters).
+    pub fn merge_worker(&mut self, other: &Status) {
+        fn add(into: &mut BTreeMap<String, u64>, from: &BTreeMap<String, u64>) {
+            for (k, v) in from {
+                *into.entry(k.clone()).or_insert(0) += v;
+            }
+        }
+        add(&mut self.counters, &other.counters);
+        add(&mut self.drops, &other.drops);
+        for oc in &other.connections {
+            let Some(c) = self.connections.iter_mut().find(|c| c.name == oc.name) else {
+                self.connections.push(oc.clone());
+                continue;
+            };
+            for osa in &oc.sas {
+                let same = |s: &&mut SaStatus| {
+                    s.direction == osa.direction && s.protocol == osa.protocol && s.spi == osa.spi
+                };
+                match c.sas.iter_mut().find(same) {
+                    Some(s) => {
+                        s.packets += osa.packets;
+                        s.bytes += osa.bytes;
+                        s.dummies += osa.dummies;
+                        add(&mut s.drops, &osa.drops);
+                        s.highest_seq = s.highest_seq.max(osa.highest_seq);
+                    }
+                    None => c.sas.push(osa.clone()),
+                }
+            }
+        }
+        if let (Some(c), Some(o)) = (&mut self.costs, &other.costs) {
+            c.merge(o);
+        } else if self.costs.is_none() {
+            self.costs.clone_from(&other.costs);
+        }
+    }
 }
 
 /// One `[[connection]]`.
@@ -435,6 +483,7 @@ mod tests {
             listen: Some("0.0.0.0:4500".into()),
             fwmark: None,
             workers: 1,
+            per_worker: Vec::new(),
             offloads: vec!["udp_gso".into(), "udp_gro".into()],
             state_dir: "/var/lib/espgate".into(),
             connections: vec![ConnectionStatus {
