@@ -56,6 +56,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// Transmit queue length of the TUN device: packets routed into the
+/// tunnel and not read yet.
+const TUN_TXQUEUELEN: u32 = 10_000;
+
 /// `fragment_inner = false` (every connection agrees; config checks it):
 /// the TUN gets the outer MTU and the kernel fragments oversized outer
 /// UDP datagrams instead of the inner packets.
@@ -181,6 +185,13 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
     // Dropped in reverse order on any error below: control socket removed,
     // sockets closed, network changes undone, then the TUN deleted.
     let (tun, tun_offloads) = open_tun(&g.tun, g.offloads, n)?;
+    // Room for bursts that arrive while the worker waits for a CPU (the
+    // default of 500 packets overflows at 64 B on a busy machine).
+    if let Err(e) = crate::netdev::netlink::Netlink::open()
+        .and_then(|mut nl| nl.set_txqueuelen(tun.name(), TUN_TXQUEUELEN))
+    {
+        tracing::warn!("{e}; keeping the kernel's default queue length");
+    }
     let mut net = NetChanges::new()?;
     setup::apply(&plan, &mut net)?;
     if let Some(w) = setup::rp_filter_warning(&cfg) {

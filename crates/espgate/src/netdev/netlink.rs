@@ -374,6 +374,18 @@ impl Netlink {
         self.set_mtu_idx(index, dev, mtu)
     }
 
+    /// Sets the transmit queue length of `dev` (packets the kernel queues
+    /// on it; for a TUN device, packets waiting to be read).
+    pub fn set_txqueuelen(&mut self, dev: &str, len: u32) -> Result<(), NetError> {
+        let mut m = LinkMessage::default();
+        m.header.index = self.index(dev)?;
+        m.attributes.push(LinkAttribute::TxQueueLen(len));
+        self.request(RouteNetlinkMessage::SetLink(m), 0, || {
+            format!("setting txqueuelen {len} on {dev}")
+        })
+        .map(drop)
+    }
+
     /// Brings `dev` up (`up = true`) or down.
     pub fn set_up(&mut self, dev: &str, up: bool) -> Result<(), NetError> {
         let index = self.index(dev)?;
