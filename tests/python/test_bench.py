@@ -55,5 +55,7 @@ def test_bench_errors_are_clear(espgate):
     assert r.returncode != 0 and "--suite rot13" in r.stderr
     r = bench(espgate, "esp", "--size", "20", check=False)
     assert r.returncode != 0 and "--size 20" in r.stderr
-    r = bench(espgate, "tunnel", check=False)
-    assert r.returncode != 0 and "not built yet" in r.stderr
+    r = bench(espgate, "tunnel", "--tests", "bogus", check=False)
+    assert r.returncode != 0 and "--tests bogus" in r.stderr, r.stderr
+    r = bench(espgate, "tunnel", "--peers", "nope", check=False)
+    assert r.returncode != 0 and "--peers nope" in r.stderr, r.stderr

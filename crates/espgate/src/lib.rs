@@ -14,4 +14,5 @@ pub mod costs;
 pub mod demo;
 pub mod gateway;
 pub mod netdev;
+pub mod netlab;
 pub mod pcap_cmd;

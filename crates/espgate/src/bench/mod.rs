@@ -30,6 +30,9 @@
 //! little more than the pipeline row, and every stage includes one clock
 //! reading; the timed rows above are measured with the probe off.
 
+pub mod parallel;
+pub mod tunnel;
+
 use crate::costs::{self, Costs, Dir};
 use anyhow::{anyhow, bail, ensure, Result};
 use espgate_core::cost::{Probe, Stage};

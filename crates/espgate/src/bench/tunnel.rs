@@ -1,0 +1,2047 @@
+//! `espgate bench tunnel`: iperf3 between two sites in network namespaces,
+//! through plain routing, through two espgate gateways and, on request,
+//! through other VPNs (wireguard-go, strongSwan with its userspace ESP,
+//! OpenVPN), all in one run on the same topology ([`crate::netlab`]).
+//!
+//! Each system gets a fresh topology (namespaces made anew), is brought up
+//! and checked with ping, then every test runs `--runs` times (tests
+//! interleaved within a system). A row per system and test gives the
+//! median, minimum and maximum of the receiver's throughput, for UDP the
+//! delivered packet rate and the loss, the ratio to plain routing's median
+//! of the same test in the same run, and the CPU of the gateway processes
+//! (every process in the two gateway namespaces) during the test.
+//!
+//! A system that fails to come up is reported as failed, with the reason,
+//! and the run goes on with the others.
+
+use crate::netlab::{
+    self, in_ns, ip, on_path, random_hex, require_root, run, run_timeout, write_private, Lab,
+    Topology, GW_A, GW_B, HOST_B, NET_A, NET_B,
+};
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+/// The tests run when `--tests` is not given.
+pub const DEFAULT_TESTS: [&str; 4] = ["tcp", "udp64", "udp512", "udp1400"];
+/// The VPNs `--peers` knows.
+pub const PEERS: [&str; 3] = ["wireguard-go", "strongswan", "openvpn"];
+
+const USAGE: &str = "\
+Examples:
+  espgate bench tunnel                      plain routing and espgate, all four tests, 3 runs of 10 s
+  espgate bench tunnel --peers wireguard-go,strongswan,openvpn
+  espgate bench tunnel --tests tcp --runs 5 --mtu 9000 --offloads off --json
+
+Topology (network namespaces <prefix>-ha, -ga, -gb, -hb, made anew for each system):
+  host A 10.1.0.10 -- 10.1.0.1 gateway A 192.0.2.1 -- 192.0.2.2 gateway B 10.2.0.1 -- 10.2.0.10 host B
+iperf3 runs from host A to host B. Tests: tcp is one TCP stream (iperf3 -t TIME); udpN sends
+N-byte UDP payloads as fast as iperf3 can (-u -l N -b 0) and reports what the RECEIVER got:
+its Mbit/s, packets per second and loss %. Each row: median, min and max over the runs,
+the ratio of the median to plain routing's median of the same test in this run, and the
+CPU of each gateway process (median over the runs, % of one core; NAME@gwA / NAME@gwB).
+
+Systems: plain (kernel forwarding, no encryption); espgate (two `espgate up` with generated
+manual keys, ESP-in-UDP, --suite); with --peers: wireguard-go (userspace WireGuard),
+strongswan (charon with kernel-libipsec: IKEv2 PSK, userspace ESP-in-UDP, aes128gcm16),
+openvpn (2.6 userspace, UDP, p2p TLS with self-signed certificates, AES-128-GCM). Missing
+peers are installed with apt-get. A system that fails to come up is reported as failed with
+the reason (and its log's last lines) and the others still run; the exit status is then 1.
+
+Knobs: --mtu sets the MTU of every veth link (espgate's gateway.mtu follows; wireguard-go
+uses MTU-80; openvpn gets --tun-mtu MTU-100 when it is not 1500). --offloads, --workers,
+--batch, --sockbuf and --mss-clamp set espgate's gateway.offloads, gateway.workers,
+gateway.batch, gateway.socket_buffer and the connection's mss_clamp (\"auto\" or \"off\");
+those not given are left at espgate's defaults. All are in the header and in each JSON
+row's \"settings\".
+
+--json prints one JSON list of rows: system, suite (espgate), test, runs, runs_mbps,
+median_mbps, min_mbps, max_mbps, median_pps and loss_percent (UDP; null for tcp),
+ratio_to_plain, cpu {process: %}, error (null unless it failed), settings.
+
+Needs root, iproute2, ping and iperf3. Removes everything it made (namespaces, processes,
+its work directory), also on error and on Ctrl-C; a progress line is shown on stderr when
+it is a terminal. A full run with three peers takes about 12 minutes.";
+
+/// The options of `espgate bench tunnel`.
+#[derive(clap::Args, Debug, Clone)]
+#[command(after_long_help = USAGE)]
+pub struct Args {
+    /// Tests, comma-separated: tcp, udp64, udp512, udp1400 (udpN: N-byte UDP
+    /// payloads) [default: all four].
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub tests: Vec<String>,
+    /// Repetitions of each test per system.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub runs: usize,
+    /// Seconds per iperf3 run.
+    #[arg(long, default_value_t = 10, value_name = "S")]
+    pub time: u32,
+    /// espgate's suites (strongSwan keywords), comma-separated: one espgate
+    /// system each.
+    #[arg(long, value_delimiter = ',', default_value = "aes128gcm16")]
+    pub suite: Vec<String>,
+    /// Other VPNs to measure, comma-separated: wireguard-go, strongswan,
+    /// openvpn (installed with apt-get when missing).
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub peers: Vec<String>,
+    /// One JSON list of rows on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Prefix of the namespace names [default: egbench-PID].
+    #[arg(long, value_name = "P")]
+    pub prefix: Option<String>,
+    /// MTU of every veth link (e.g. 1500 or 9000); espgate's gateway.mtu
+    /// follows.
+    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u32).range(1280..=65535))]
+    pub mtu: u32,
+    /// espgate's gateway.offloads.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub offloads: String,
+    /// espgate's gateway.workers [default: espgate's].
+    #[arg(long, value_name = "N")]
+    pub workers: Option<u32>,
+    /// espgate's gateway.batch [default: espgate's].
+    #[arg(long, value_name = "N")]
+    pub batch: Option<u32>,
+    /// espgate's gateway.socket_buffer, bytes [default: espgate's].
+    #[arg(long, value_name = "BYTES")]
+    pub sockbuf: Option<u64>,
+    /// espgate's MSS clamp: on ("auto") or off.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub mss_clamp: String,
+}
+
+/// One test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Test {
+    /// One TCP stream.
+    Tcp,
+    /// UDP with payloads of this many bytes, unlimited rate.
+    Udp(u32),
+}
+
+impl Test {
+    /// `tcp`, `udp512`.
+    pub fn name(&self) -> String {
+        match self {
+            Test::Tcp => "tcp".into(),
+            Test::Udp(n) => format!("udp{n}"),
+        }
+    }
+
+    /// Parses `tcp` or `udpN`.
+    pub fn parse(s: &str) -> Result<Test> {
+        let s = s.trim();
+        if s == "tcp" {
+            return Ok(Test::Tcp);
+        }
+        let n = s
+            .strip_prefix("udp")
+            .and_then(|n| n.parse::<u32>().ok())
+            .ok_or_else(|| anyhow!("--tests {s}: tcp or udpN (e.g. udp64, udp512, udp1400)"))?;
+        ensure!(
+            (16..=65507).contains(&n),
+            "--tests {s}: UDP payloads of 16 to 65507 bytes"
+        );
+        Ok(Test::Udp(n))
+    }
+
+    /// iperf3 client arguments for a run of `secs` seconds.
+    fn client_args(&self, secs: u32) -> Vec<String> {
+        let mut a = vec!["-t".to_string(), secs.to_string()];
+        if let Test::Udp(n) = self {
+            a.extend(["-u", "-l", &n.to_string(), "-b", "0"].map(String::from));
+        }
+        a.extend(["--connect-timeout", "5000"].map(String::from));
+        a
+    }
+}
+
+/// Another VPN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    /// wireguard-go (userspace WireGuard).
+    WireguardGo,
+    /// strongSwan's charon with kernel-libipsec.
+    Strongswan,
+    /// OpenVPN 2.6.
+    Openvpn,
+}
+
+impl Peer {
+    /// Parses a `--peers` name.
+    pub fn parse(s: &str) -> Result<Peer> {
+        match s.trim() {
+            "wireguard-go" => Ok(Peer::WireguardGo),
+            "strongswan" => Ok(Peer::Strongswan),
+            "openvpn" => Ok(Peer::Openvpn),
+            o => bail!("--peers {o}: one of {}", PEERS.join(", ")),
+        }
+    }
+
+    /// Its name in the rows.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Peer::WireguardGo => "wireguard-go",
+            Peer::Strongswan => "strongswan",
+            Peer::Openvpn => "openvpn",
+        }
+    }
+
+    /// Debian packages that provide it.
+    fn packages(&self) -> &'static [&'static str] {
+        match self {
+            Peer::WireguardGo => &["wireguard-go", "wireguard-tools"],
+            Peer::Strongswan => &[
+                "strongswan-charon",
+                "strongswan-swanctl",
+                "libcharon-extra-plugins",
+                "libstrongswan-standard-plugins",
+            ],
+            Peer::Openvpn => &["openvpn", "openssl"],
+        }
+    }
+
+    /// Whether what it needs is installed.
+    fn installed(&self) -> bool {
+        match self {
+            Peer::WireguardGo => on_path("wireguard-go") && on_path("wg"),
+            Peer::Strongswan => {
+                charon_path().is_some()
+                    && on_path("swanctl")
+                    && plugin_dir().is_some_and(|d| {
+                        d.join("libstrongswan-kernel-libipsec.so").exists()
+                            && d.join("libstrongswan-vici.so").exists()
+                    })
+            }
+            Peer::Openvpn => on_path("openvpn") && on_path("openssl"),
+        }
+    }
+}
+
+/// What is measured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum System {
+    /// Kernel forwarding, no tunnel.
+    Plain,
+    /// Two espgate gateways with this suite.
+    Espgate(String),
+    /// Another VPN.
+    Peer(Peer),
+}
+
+impl System {
+    /// Its name in the rows.
+    pub fn name(&self) -> &str {
+        match self {
+            System::Plain => "plain",
+            System::Espgate(_) => "espgate",
+            System::Peer(p) => p.name(),
+        }
+    }
+}
+
+/// The knobs, reported with every row.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Settings {
+    /// MTU of the veth links (and espgate's gateway.mtu).
+    pub mtu: u32,
+    /// espgate's gateway.offloads.
+    pub offloads: bool,
+    /// espgate's gateway.workers (`None`: espgate's default).
+    pub workers: Option<u32>,
+    /// espgate's gateway.batch (`None`: espgate's default).
+    pub batch: Option<u32>,
+    /// espgate's gateway.socket_buffer in bytes (`None`: espgate's default).
+    pub socket_buffer: Option<u64>,
+    /// espgate's mss_clamp: `auto` (true) or `off`.
+    pub mss_clamp: bool,
+    /// Seconds per run.
+    pub time_s: u32,
+}
+
+impl Settings {
+    /// One line for the table's header.
+    pub fn describe(&self) -> String {
+        let onoff = |b: bool| if b { "on" } else { "off" };
+        let opt = |v: Option<String>| v.unwrap_or_else(|| "default".into());
+        format!(
+            "mtu {}, offloads {}, workers {}, batch {}, sockbuf {}, mss-clamp {} \
+             (all but mtu: espgate only)",
+            self.mtu,
+            onoff(self.offloads),
+            opt(self.workers.map(|v| v.to_string())),
+            opt(self.batch.map(|v| v.to_string())),
+            opt(self.socket_buffer.map(|v| v.to_string())),
+            onoff(self.mss_clamp),
+        )
+    }
+}
+
+/// Checked options.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Tests in order.
+    pub tests: Vec<Test>,
+    /// Runs per test and system.
+    pub runs: usize,
+    /// espgate suites (one system each).
+    pub suites: Vec<String>,
+    /// Other VPNs.
+    pub peers: Vec<Peer>,
+    /// JSON output.
+    pub json: bool,
+    /// Namespace prefix.
+    pub prefix: String,
+    /// The knobs.
+    pub settings: Settings,
+    /// The espgate binary for the gateways.
+    pub exe: PathBuf,
+}
+
+impl Options {
+    /// Checks `args`.
+    pub fn new(args: &Args, exe: PathBuf) -> Result<Options> {
+        let names: Vec<&str> = if args.tests.is_empty() {
+            DEFAULT_TESTS.to_vec()
+        } else {
+            args.tests.iter().map(String::as_str).collect()
+        };
+        let mut tests = Vec::new();
+        for n in names {
+            let t = Test::parse(n)?;
+            if !tests.contains(&t) {
+                tests.push(t);
+            }
+        }
+        ensure!(!tests.is_empty(), "--tests: nothing to run");
+        ensure!(
+            (1..=99).contains(&args.runs),
+            "--runs {}: 1 to 99",
+            args.runs
+        );
+        ensure!(
+            (1..=3600).contains(&args.time),
+            "--time {}: 1 to 3600 seconds",
+            args.time
+        );
+        let mut suites = Vec::new();
+        for s in &args.suite {
+            let suite = s
+                .trim()
+                .parse::<espgate_core::crypto::Suite>()
+                .map_err(|e| anyhow!("--suite {s}: {e}"))?;
+            ensure!(
+                suite.enc.is_some(),
+                "--suite {s}: an AH (integrity-only) suite; the tunnel carries ESP"
+            );
+            suite
+                .check_policy(false)
+                .map_err(|e| anyhow!("--suite {s}: {e}"))?;
+            if !suites.contains(&suite.name()) {
+                suites.push(suite.name());
+            }
+        }
+        ensure!(!suites.is_empty(), "--suite: at least one");
+        let mut peers = Vec::new();
+        for p in &args.peers {
+            let p = Peer::parse(p)?;
+            if !peers.contains(&p) {
+                peers.push(p);
+            }
+        }
+        let prefix = args
+            .prefix
+            .clone()
+            .unwrap_or_else(|| format!("egbench-{}", std::process::id()));
+        ensure!(
+            !prefix.is_empty()
+                && prefix.len() <= 40
+                && prefix
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+            "--prefix {prefix}: 1 to 40 of A-Z a-z 0-9 - _"
+        );
+        Ok(Options {
+            tests,
+            runs: args.runs,
+            suites,
+            peers,
+            json: args.json,
+            prefix,
+            settings: Settings {
+                mtu: args.mtu,
+                offloads: args.offloads == "on",
+                workers: args.workers,
+                batch: args.batch,
+                socket_buffer: args.sockbuf,
+                mss_clamp: args.mss_clamp == "on",
+                time_s: args.time,
+            },
+            exe,
+        })
+    }
+
+    /// The systems in the order they are measured.
+    pub fn systems(&self) -> Vec<System> {
+        let mut v = vec![System::Plain];
+        v.extend(self.suites.iter().cloned().map(System::Espgate));
+        v.extend(self.peers.iter().copied().map(System::Peer));
+        v
+    }
+}
+
+/// What one iperf3 run delivered (receiver side).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// Received Mbit/s.
+    pub mbps: f64,
+    /// UDP: packets delivered per second.
+    pub pps: Option<f64>,
+    /// UDP: lost packets, % of those sent.
+    pub loss_percent: Option<f64>,
+    /// CPU of each gateway process, % of one core.
+    pub cpu: BTreeMap<String, f64>,
+    /// Peak resident memory (VmHWM) of each gateway process after the
+    /// run, MiB.
+    pub rss_mib: BTreeMap<String, f64>,
+}
+
+/// The receiver's numbers from iperf3's `-J` document: Mbit/s and, for
+/// UDP, delivered packets per second and loss %.
+pub fn parse_iperf(test: Test, v: &serde_json::Value) -> Result<(f64, Option<f64>, Option<f64>)> {
+    if let Some(e) = v["error"].as_str() {
+        bail!("iperf3: {e}");
+    }
+    let end = &v["end"];
+    let rx = &end["sum_received"];
+    match test {
+        Test::Tcp => {
+            let bps = rx["bits_per_second"]
+                .as_f64()
+                .ok_or_else(|| anyhow!("no end.sum_received in iperf3's output"))?;
+            Ok((bps / 1e6, None, None))
+        }
+        Test::Udp(size) => {
+            let num = |o: &serde_json::Value, k: &str| o[k].as_f64();
+            // iperf3 >= 3.11 reports the receiver in sum_received; older
+            // ones only in sum (the sender's bytes and the server's losses).
+            let (src, from_sender) = if num(rx, "packets").is_some() {
+                (rx, false)
+            } else {
+                (&end["sum"], true)
+            };
+            let (Some(packets), Some(lost), Some(secs)) = (
+                num(src, "packets"),
+                num(src, "lost_packets"),
+                num(src, "seconds"),
+            ) else {
+                bail!("no UDP receiver summary in iperf3's output");
+            };
+            ensure!(secs > 0.0, "iperf3 reports a run of {secs} s");
+            let delivered = (packets - lost).max(0.0);
+            let mbps = if from_sender {
+                delivered * f64::from(size) * 8.0 / secs / 1e6
+            } else {
+                num(src, "bits_per_second")
+                    .ok_or_else(|| anyhow!("no end.sum_received.bits_per_second"))?
+                    / 1e6
+            };
+            let loss = if packets > 0.0 {
+                lost / packets * 100.0
+            } else {
+                0.0
+            };
+            Ok((mbps, Some(delivered / secs), Some(loss)))
+        }
+    }
+}
+
+/// Median, minimum and maximum (`None` for no values).
+pub fn stats(v: &[f64]) -> Option<(f64, f64, f64)> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    let median = if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    };
+    Some((median, s[0], s[n - 1]))
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    stats(v).map(|s| s.0)
+}
+
+/// One result row (`--json` prints a list of these).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Row {
+    /// `plain`, `espgate`, `wireguard-go`, `strongswan`, `openvpn`.
+    pub system: String,
+    /// espgate's suite (`None` for the others).
+    pub suite: Option<String>,
+    /// `tcp`, `udp64`, …
+    pub test: String,
+    /// Successful runs.
+    pub runs: usize,
+    /// Mbit/s of each successful run.
+    pub runs_mbps: Vec<f64>,
+    /// Median Mbit/s.
+    pub median_mbps: Option<f64>,
+    /// Slowest run.
+    pub min_mbps: Option<f64>,
+    /// Fastest run.
+    pub max_mbps: Option<f64>,
+    /// UDP: median packets per second delivered.
+    pub median_pps: Option<f64>,
+    /// UDP: median loss, %.
+    pub loss_percent: Option<f64>,
+    /// median_mbps / plain routing's median_mbps of the same test.
+    pub ratio_to_plain: Option<f64>,
+    /// Median CPU of each gateway process over the runs, % of one core.
+    pub cpu: BTreeMap<String, f64>,
+    /// Largest peak resident memory (VmHWM) of each gateway process over
+    /// the runs, MiB.
+    pub peak_rss_mib: BTreeMap<String, f64>,
+    /// Why it failed (some or all runs), else `None`.
+    pub error: Option<String>,
+    /// The knobs.
+    pub settings: Settings,
+}
+
+impl Row {
+    /// The row of `system` and `test` from its samples (`error`: why runs
+    /// failed, or why the system did not come up).
+    pub fn new(
+        system: &System,
+        test: Test,
+        samples: &[Sample],
+        error: Option<String>,
+        settings: &Settings,
+    ) -> Row {
+        let mbps: Vec<f64> = samples.iter().map(|s| s.mbps).collect();
+        let st = stats(&mbps);
+        let udp = matches!(test, Test::Udp(_));
+        let of =
+            |f: fn(&Sample) -> Option<f64>| -> Vec<f64> { samples.iter().filter_map(f).collect() };
+        let mut cpu_runs: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        let mut peak_rss_mib: BTreeMap<String, f64> = BTreeMap::new();
+        for s in samples {
+            for (k, v) in &s.cpu {
+                cpu_runs.entry(k.clone()).or_default().push(*v);
+            }
+            for (k, v) in &s.rss_mib {
+                let e = peak_rss_mib.entry(k.clone()).or_insert(0.0);
+                *e = e.max(round(*v, 1));
+            }
+        }
+        Row {
+            system: system.name().to_string(),
+            suite: match system {
+                System::Espgate(s) => Some(s.clone()),
+                _ => None,
+            },
+            test: test.name(),
+            runs: samples.len(),
+            runs_mbps: mbps.iter().map(|v| round(*v, 3)).collect(),
+            median_mbps: st.map(|s| round(s.0, 3)),
+            min_mbps: st.map(|s| round(s.1, 3)),
+            max_mbps: st.map(|s| round(s.2, 3)),
+            median_pps: if udp {
+                median(&of(|s| s.pps)).map(|v| v.round())
+            } else {
+                None
+            },
+            loss_percent: if udp {
+                median(&of(|s| s.loss_percent)).map(|v| round(v, 3))
+            } else {
+                None
+            },
+            ratio_to_plain: None,
+            cpu: cpu_runs
+                .into_iter()
+                .filter_map(|(k, v)| Some((k, round(median(&v)?, 1))))
+                .collect(),
+            peak_rss_mib,
+            error,
+            settings: settings.clone(),
+        }
+    }
+}
+
+fn round(v: f64, digits: i32) -> f64 {
+    let m = 10f64.powi(digits);
+    (v * m).round() / m
+}
+
+/// Sets each row's ratio_to_plain: its median / the median of the plain
+/// row of the same test (none when either is missing or plain's is 0).
+pub fn fill_ratios(rows: &mut [Row]) {
+    let plain: BTreeMap<String, f64> = rows
+        .iter()
+        .filter(|r| r.system == "plain")
+        .filter_map(|r| Some((r.test.clone(), r.median_mbps?)))
+        .collect();
+    for r in rows.iter_mut() {
+        r.ratio_to_plain = match (r.median_mbps, plain.get(&r.test)) {
+            (Some(m), Some(p)) if *p > 0.0 => Some(if r.system == "plain" {
+                1.0
+            } else {
+                round(m / p, 4)
+            }),
+            _ => None,
+        };
+    }
+}
+
+fn fmt_opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map_or_else(|| "-".to_string(), f)
+}
+
+/// The rows as a text table, with the settings above and the reasons for
+/// failures below.
+pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
+    let label = |r: &Row| match &r.suite {
+        Some(s)
+            if rows
+                .iter()
+                .any(|o| o.suite.as_ref().is_some_and(|x| x != s)) =>
+        {
+            format!("{} {s}", r.system)
+        }
+        _ => r.system.clone(),
+    };
+    let w = rows
+        .iter()
+        .map(|r| label(r).len())
+        .max()
+        .unwrap_or(0)
+        .max(6);
+    let suites: Vec<&str> = {
+        let mut s: Vec<&str> = rows.iter().filter_map(|r| r.suite.as_deref()).collect();
+        s.dedup();
+        s
+    };
+    let mut out = format!(
+        "espgate bench tunnel: iperf3 host A -> host B, {runs} run(s) of {} s per test; {}\n",
+        settings.time_s,
+        settings.describe()
+    );
+    if !suites.is_empty() {
+        out += &format!("espgate: ESP-in-UDP, manual keys, {}\n", suites.join(", "));
+    }
+    out += &format!(
+        "Mbit/s, pps (packets delivered per second) and loss: receiver side; vs plain: median / plain routing's median\n\n{:<w$}  {:<7}  {:>10}  {:>10}  {:>10}  {:>9}  {:>6}  {:>8}  {}\n",
+        "system", "test", "median", "min", "max", "pps", "loss", "vs plain", "CPU % of one core (median)"
+    );
+    let mut failures: Vec<(String, Vec<String>)> = Vec::new();
+    for r in rows {
+        let name = label(r);
+        if r.runs == 0 {
+            let reason = r.error.as_deref().unwrap_or("no run succeeded");
+            out += &format!(
+                "{name:<w$}  {:<7}  failed: {}\n",
+                r.test,
+                reason.lines().next().unwrap_or_default()
+            );
+            // One entry per system and reason (a system that did not come
+            // up fails every test the same way).
+            let key = format!("{name}: {reason}");
+            match failures.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, tests)) => tests.push(r.test.clone()),
+                None => failures.push((key, vec![r.test.clone()])),
+            }
+            continue;
+        }
+        let cpu = if r.cpu.is_empty() {
+            "-".to_string()
+        } else {
+            r.cpu
+                .iter()
+                .map(|(n, c)| format!("{n} {c:.0}%"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        out += &format!(
+            "{name:<w$}  {:<7}  {:>10}  {:>10}  {:>10}  {:>9}  {:>6}  {:>8}  {cpu}\n",
+            r.test,
+            fmt_opt(r.median_mbps, |v| format!("{v:.1}")),
+            fmt_opt(r.min_mbps, |v| format!("{v:.1}")),
+            fmt_opt(r.max_mbps, |v| format!("{v:.1}")),
+            fmt_opt(r.median_pps, |v| format!("{v:.0}")),
+            fmt_opt(r.loss_percent, |v| format!("{v:.1}%")),
+            fmt_opt(r.ratio_to_plain, |v| format!("{v:.3}")),
+        );
+        if let Some(e) = &r.error {
+            failures.push((
+                format!(
+                    "{name} {}: {} of {runs} runs failed: {e}",
+                    r.test,
+                    runs.saturating_sub(r.runs)
+                ),
+                Vec::new(),
+            ));
+        }
+    }
+    // Peak memory per system: the largest over its tests.
+    let mut mem: Vec<(String, BTreeMap<String, f64>)> = Vec::new();
+    for r in rows.iter().filter(|r| !r.peak_rss_mib.is_empty()) {
+        let name = label(r);
+        let i = match mem.iter().position(|(n, _)| *n == name) {
+            Some(i) => i,
+            None => {
+                mem.push((name, BTreeMap::new()));
+                mem.len() - 1
+            }
+        };
+        for (k, v) in &r.peak_rss_mib {
+            let e = mem[i].1.entry(k.clone()).or_insert(0.0);
+            *e = e.max(*v);
+        }
+    }
+    if !mem.is_empty() {
+        out += "\npeak resident memory (VmHWM), MiB:";
+        for (name, m) in &mem {
+            let list: Vec<String> = m.iter().map(|(k, v)| format!("{k} {v:.1}")).collect();
+            out += &format!("\n  {name}: {}", list.join(", "));
+        }
+        out += "\n";
+    }
+    if !failures.is_empty() {
+        out += "\nfailures:\n";
+        for (f, tests) in failures {
+            if tests.is_empty() {
+                out += &format!("- {f}\n");
+            } else {
+                out += &format!("- ({}) {f}\n", tests.join(", "));
+            }
+        }
+    }
+    out
+}
+
+/// `espgate bench tunnel`: runs, prints the table or JSON; the exit status.
+pub fn main(args: &Args) -> ExitCode {
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("espgate bench tunnel: cannot find my own binary: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let opts = match Options::new(args, exe) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("espgate bench tunnel: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let progress = |s: &str| {
+        if tty {
+            eprint!("\r\x1b[K{s}");
+        }
+    };
+    let result = run_bench(&opts, progress);
+    if tty {
+        eprint!("\r\x1b[K");
+    }
+    match result {
+        Ok(rows) => {
+            if opts.json {
+                match serde_json::to_string_pretty(&rows) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => {
+                        eprintln!("espgate bench tunnel: {e}");
+                        return ExitCode::from(1);
+                    }
+                }
+            } else {
+                print!("{}", render_table(&rows, &opts.settings, opts.runs));
+            }
+            let failed: Vec<String> = rows
+                .iter()
+                .filter(|r| r.error.is_some())
+                .map(|r| format!("{} {}", r.system, r.test))
+                .collect();
+            if failed.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!(
+                    "espgate bench tunnel: failed (some or all runs): {}",
+                    failed.join(", ")
+                );
+                ExitCode::from(1)
+            }
+        }
+        Err(e) if e.to_string() == "interrupted" => {
+            eprintln!("espgate bench tunnel: interrupted; everything it made is removed");
+            ExitCode::from(130)
+        }
+        Err(e) => {
+            eprintln!("espgate bench tunnel: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Builds the lab and measures every system; the rows in order (system,
+/// then test).
+pub fn run_bench(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Vec<Row>> {
+    netlab::install_signal_handlers();
+    require_root("bench tunnel")?;
+    for (tool, pkg) in [
+        ("ip", "iproute2"),
+        ("ping", "iputils-ping"),
+        ("iperf3", "iperf3"),
+    ] {
+        if !on_path(tool) {
+            bail!("bench tunnel needs {tool}: apt-get install {pkg} (scripts/setup.sh does)");
+        }
+    }
+    let work = std::env::temp_dir().join(format!("{}-work", opts.prefix));
+    let mut lab = Lab::new("bench tunnel", work)?;
+    let r = measure_all(&mut lab, opts, &mut progress);
+    let r = if netlab::interrupted() {
+        Err(anyhow!("interrupted"))
+    } else {
+        r
+    };
+    if r.is_err()
+        || r.as_ref()
+            .is_ok_and(|rows| rows.iter().any(|x| x.error.is_some()))
+    {
+        lab.keep_work = !netlab::interrupted();
+    }
+    drop(lab);
+    r
+}
+
+fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Vec<Row>> {
+    let systems = opts.systems();
+    let per_system = opts.tests.len() * opts.runs;
+    let total = systems.len() * per_system;
+    let mut rows = Vec::new();
+    for (i, sys) in systems.iter().enumerate() {
+        netlab::check_interrupt()?;
+        let done = i * per_system;
+        let doing = match sys {
+            System::Peer(p) if !p.installed() => "installing (apt-get) and setting up",
+            _ => "setting up",
+        };
+        progress(&format!("[{done}/{total}] {doing} {}", sys.name()));
+        lab.remove_namespaces();
+        let topo = Topology::create(lab, &opts.prefix, Some(opts.settings.mtu))?;
+        let up = start(lab, &topo, sys, opts)
+            .and_then(|logs| wait_path(&topo).map_err(|e| with_logs(e, &logs)));
+        if let Err(e) = up {
+            netlab::check_interrupt()?;
+            let e = format!("{} did not come up: {e:#}", sys.name());
+            for t in &opts.tests {
+                rows.push(Row::new(sys, *t, &[], Some(e.clone()), &opts.settings));
+            }
+            lab.remove_namespaces();
+            continue;
+        }
+        let mut samples: Vec<(Vec<Sample>, Option<String>)> =
+            vec![(Vec::new(), None); opts.tests.len()];
+        for run in 1..=opts.runs {
+            for (ti, test) in opts.tests.iter().enumerate() {
+                netlab::check_interrupt()?;
+                let step = done + (run - 1) * opts.tests.len() + ti + 1;
+                progress(&format!(
+                    "[{step}/{total}] {} {} run {run}/{}",
+                    sys.name(),
+                    test.name(),
+                    opts.runs
+                ));
+                match measure(lab, &topo, *test, opts.settings.time_s) {
+                    Ok(s) => samples[ti].0.push(s),
+                    Err(e) => {
+                        netlab::check_interrupt()?;
+                        samples[ti].1.get_or_insert_with(|| format!("{e:#}"));
+                    }
+                }
+            }
+        }
+        for (t, (s, e)) in opts.tests.iter().zip(samples) {
+            rows.push(Row::new(sys, *t, &s, e, &opts.settings));
+        }
+        lab.remove_namespaces();
+    }
+    fill_ratios(&mut rows);
+    Ok(rows)
+}
+
+/// Every process in the gateway namespaces, as (`comm@gwA`, pid).
+fn gateway_processes(topo: &Topology) -> Vec<(String, u32)> {
+    let mut v = Vec::new();
+    for (ns, gw) in [(&topo.ga, "gwA"), (&topo.gb, "gwB")] {
+        for (pid, comm) in netlab::processes_in(ns) {
+            v.push((format!("{comm}@{gw}"), pid));
+        }
+    }
+    v
+}
+
+/// One iperf3 run of `test`.
+fn measure(lab: &mut Lab, topo: &Topology, test: Test, secs: u32) -> Result<Sample> {
+    let procs = gateway_processes(topo);
+    let args = test.client_args(secs);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let r = netlab::iperf3(
+        lab,
+        &topo.ha,
+        &topo.hb,
+        HOST_B,
+        &args,
+        &procs,
+        Duration::from_secs(u64::from(secs) + 30),
+    )?;
+    let (mbps, pps, loss_percent) = parse_iperf(test, &r.json)?;
+    let mut cpu = BTreeMap::new();
+    for (name, pct) in r.cpu {
+        *cpu.entry(name).or_insert(0.0) += pct;
+    }
+    let mut rss_mib = BTreeMap::new();
+    for (name, pid) in &procs {
+        if let Some(k) = netlab::peak_rss_kib(*pid) {
+            *rss_mib.entry(name.clone()).or_insert(0.0) += k as f64 / 1024.0;
+        }
+    }
+    Ok(Sample {
+        mbps,
+        pps,
+        loss_percent,
+        cpu,
+        rss_mib,
+    })
+}
+
+/// Waits (at most 20 s) until host A reaches host B.
+fn wait_path(topo: &Topology) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = String::new();
+    for _ in 0..40 {
+        netlab::check_interrupt()?;
+        match run(&mut in_ns(
+            &topo.ha,
+            &["ping", "-c", "1", "-W", "1", "-q", HOST_B],
+        )) {
+            Ok(_) => return Ok(()),
+            Err(e) => last = format!("{e:#}"),
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bail!("host A cannot ping host B through it: {last}")
+}
+
+/// The last `n` lines of each file, labelled.
+fn log_tail(files: &[PathBuf], n: usize) -> String {
+    let mut out = String::new();
+    for f in files {
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let from = lines.len().saturating_sub(n);
+        out += &format!(
+            "\n--- {} (last {} lines) ---",
+            f.display(),
+            lines.len() - from
+        );
+        for l in &lines[from..] {
+            out += "\n";
+            out += l;
+        }
+    }
+    out
+}
+
+/// `err` with the logs' last lines.
+fn with_logs(err: anyhow::Error, logs: &[PathBuf]) -> anyhow::Error {
+    anyhow!("{err:#}{}", log_tail(logs, 12))
+}
+
+/// Brings `sys` up on `topo` (its processes are the lab's children).
+/// Brings `sys` up; returns its log files.
+fn start(lab: &mut Lab, topo: &Topology, sys: &System, opts: &Options) -> Result<Vec<PathBuf>> {
+    match sys {
+        System::Plain => topo.plain_routes(true).map(|()| Vec::new()),
+        System::Espgate(suite) => start_espgate(lab, topo, suite, opts),
+        System::Peer(p) => {
+            ensure_installed(*p)?;
+            let dir = lab.work.join(p.name());
+            std::fs::create_dir_all(&dir)?;
+            match p {
+                Peer::WireguardGo => start_wireguard(lab, topo, &dir, opts.settings.mtu),
+                Peer::Strongswan => start_strongswan(lab, topo, &dir),
+                Peer::Openvpn => start_openvpn(lab, topo, &dir, opts.settings.mtu),
+            }
+        }
+    }
+}
+
+/// Installs `peer`'s packages with apt-get when they are missing.
+fn ensure_installed(peer: Peer) -> Result<()> {
+    if peer.installed() {
+        return Ok(());
+    }
+    if !on_path("apt-get") {
+        bail!(
+            "{} is not installed and there is no apt-get: install {}",
+            peer.name(),
+            peer.packages().join(" ")
+        );
+    }
+    let install = || {
+        let mut c = Command::new("apt-get");
+        c.args(["install", "-y", "-qq"])
+            .args(peer.packages())
+            .env("DEBIAN_FRONTEND", "noninteractive");
+        // Not cut short by Ctrl-C: a killed dpkg leaves a mess.
+        netlab::run_to_end(&mut c, Duration::from_secs(900))
+    };
+    if let Err(first) = install() {
+        netlab::check_interrupt()?;
+        // Perhaps the package lists are stale or missing.
+        let _ = netlab::run_to_end(
+            Command::new("apt-get").args(["update", "-qq"]),
+            Duration::from_secs(300),
+        );
+        netlab::check_interrupt()?;
+        install().map_err(|e| {
+            anyhow!(
+                "installing {} (apt-get install -y -qq {}) failed: {e:#} (first attempt: {first:#})",
+                peer.name(),
+                peer.packages().join(" ")
+            )
+        })?;
+    }
+    ensure!(
+        peer.installed(),
+        "apt-get installed {} but {} is still missing",
+        peer.packages().join(" "),
+        peer.name()
+    );
+    Ok(())
+}
+
+/// The espgate gateway's configuration for one side.
+#[allow(clippy::too_many_arguments)]
+pub fn espgate_config(
+    suite: &str,
+    local: &str,
+    remote: &str,
+    local_ts: &str,
+    remote_ts: &str,
+    spis: (u32, u32),
+    keys_in: (&str, &str),
+    keys_out: (&str, &str),
+    s: &Settings,
+) -> String {
+    let mut g = format!(
+        "# generated by espgate bench tunnel\n[gateway]\ntun = \"espgate0\"\n\
+         control_socket = \"ctl.sock\"\nstate_dir = \"state\"\nmtu = {}\noffloads = {}\n",
+        s.mtu, s.offloads
+    );
+    if let Some(w) = s.workers {
+        g += &format!("workers = {w}\n");
+    }
+    if let Some(b) = s.batch {
+        g += &format!("batch = {b}\n");
+    }
+    if let Some(b) = s.socket_buffer {
+        g += &format!("socket_buffer = {b}\n");
+    }
+    g += &format!(
+        "\n[[connection]]\nname = \"bench\"\nlocal = \"{local}\"\nremote = \"{remote}\"\n\
+         local_ts = [\"{local_ts}\"]\nremote_ts = [\"{remote_ts}\"]\nmss_clamp = \"{}\"\n\n\
+         [connection.esp]\nsuite = \"{suite}\"\nspi_in = {:#x}\nspi_out = {:#x}\n\
+         enc_in = \"{}\"\nenc_out = \"{}\"\n",
+        if s.mss_clamp { "auto" } else { "off" },
+        spis.0,
+        spis.1,
+        keys_in.0,
+        keys_out.0
+    );
+    if !keys_in.1.is_empty() {
+        g += &format!(
+            "integ_in = \"{}\"\ninteg_out = \"{}\"\n",
+            keys_in.1, keys_out.1
+        );
+    }
+    g
+}
+
+fn start_espgate(
+    lab: &mut Lab,
+    topo: &Topology,
+    suite: &str,
+    opts: &Options,
+) -> Result<Vec<PathBuf>> {
+    let s: espgate_core::crypto::Suite = suite.parse().map_err(|e| anyhow!("{suite}: {e}"))?;
+    let key = |n: usize| -> Result<String> {
+        if n == 0 {
+            Ok(String::new())
+        } else {
+            random_hex(n)
+        }
+    };
+    let ab = (key(s.enc_key_len())?, key(s.integ_key_len())?);
+    let ba = (key(s.enc_key_len())?, key(s.integ_key_len())?);
+    let mut socks = Vec::new();
+    let mut logs = Vec::new();
+    for (side, ns, local, remote, lts, rts, spis, k_in, k_out) in [
+        (
+            "a",
+            &topo.ga,
+            GW_A,
+            GW_B,
+            NET_A,
+            NET_B,
+            (0x1001, 0x1002),
+            &ba,
+            &ab,
+        ),
+        (
+            "b",
+            &topo.gb,
+            GW_B,
+            GW_A,
+            NET_B,
+            NET_A,
+            (0x1002, 0x1001),
+            &ab,
+            &ba,
+        ),
+    ] {
+        let dir = lab.work.join(format!("espgate-{side}"));
+        std::fs::create_dir_all(&dir)?;
+        let cfg = dir.join("gw.toml");
+        let text = espgate_config(
+            suite,
+            local,
+            remote,
+            lts,
+            rts,
+            spis,
+            (&k_in.0, &k_in.1),
+            (&k_out.0, &k_out.1),
+            &opts.settings,
+        );
+        write_private(&cfg, &text)?;
+        let log_path = dir.join("log");
+        netlab::spawn_gateway(
+            lab,
+            &format!("espgate {side}"),
+            ns,
+            &opts.exe,
+            &cfg,
+            &log_path,
+        )?;
+        socks.push(dir.join("ctl.sock"));
+        logs.push(log_path);
+    }
+    for (sock, side) in socks.iter().zip(["a", "b"]) {
+        let what = format!("espgate {side}");
+        wait_for(
+            lab,
+            &[&what],
+            Duration::from_secs(10),
+            "its control socket",
+            || crate::gateway::control::request(sock, "status", Duration::from_secs(2)).is_ok(),
+        )
+        .map_err(|e| with_logs(e, &logs))?;
+    }
+    Ok(logs)
+}
+
+/// Waits (at most `limit`) for `ok`, failing early when child `what` exits.
+fn wait_for(
+    lab: &mut Lab,
+    whats: &[&str],
+    limit: Duration,
+    what_for: &str,
+    mut ok: impl FnMut() -> bool,
+) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        netlab::check_interrupt()?;
+        if ok() {
+            return Ok(());
+        }
+        for w in whats {
+            if let Some(st) = lab.exited(w) {
+                bail!("{w} exited ({st}) before {what_for}");
+            }
+        }
+        if Instant::now() >= deadline {
+            bail!("no {what_for} within {} s", limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Runs `cmd` with `input` on its standard input; its standard output.
+fn run_with_input(cmd: &mut Command, input: &str) -> Result<String> {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {cmd:?}"))?;
+    if let Some(mut i) = child.stdin.take() {
+        i.write_all(input.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    ensure!(
+        out.status.success(),
+        "{cmd:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn start_wireguard(lab: &mut Lab, topo: &Topology, dir: &Path, mtu: u32) -> Result<Vec<PathBuf>> {
+    // The UAPI sockets (/var/run/wireguard/NAME.sock) are shared by all
+    // namespaces: names unique to this run.
+    let pid = std::process::id();
+    let mut keys = Vec::new();
+    for side in ["a", "b"] {
+        let private = run(Command::new("wg").arg("genkey"))?.trim().to_string();
+        let public = run_with_input(Command::new("wg").arg("pubkey"), &private)?;
+        let file = dir.join(format!("{side}.key"));
+        write_private(&file, &format!("{private}\n"))?;
+        keys.push((file, public));
+    }
+    let sides = [
+        ("a", &topo.ga, &keys[0].0, &keys[1].1, GW_B, NET_B),
+        ("b", &topo.gb, &keys[1].0, &keys[0].1, GW_A, NET_A),
+    ];
+    let mut logs = Vec::new();
+    let mut ifaces = Vec::new();
+    for (side, ns, ..) in &sides {
+        let iface = format!("egw{pid}{side}");
+        let log_path = dir.join(format!("{side}.log"));
+        let log = std::fs::File::create(&log_path)?;
+        let what = format!("wireguard-go {side}");
+        lab.spawn(
+            &what,
+            in_ns(ns, &["wireguard-go", &iface])
+                .env("WG_PROCESS_FOREGROUND", "1")
+                .env("LOG_LEVEL", "error")
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log),
+        )?;
+        logs.push(log_path);
+        let sock = PathBuf::from(format!("/var/run/wireguard/{iface}.sock"));
+        wait_for(
+            lab,
+            &[&what],
+            Duration::from_secs(10),
+            "its interface",
+            || sock.exists() && ip(&["-n", ns, "link", "show", &iface]).is_ok(),
+        )
+        .map_err(|e| with_logs(e, &logs))?;
+        ifaces.push(iface);
+    }
+    for ((_, ns, key, peer_pub, peer_addr, remote_net), iface) in sides.iter().zip(&ifaces) {
+        let endpoint = format!("{peer_addr}:51820");
+        run(&mut in_ns(
+            ns,
+            &[
+                "wg",
+                "set",
+                iface,
+                "private-key",
+                &key.to_string_lossy(),
+                "listen-port",
+                "51820",
+                "peer",
+                peer_pub,
+                "endpoint",
+                &endpoint,
+                "allowed-ips",
+                remote_net,
+            ],
+        ))
+        .map_err(|e| with_logs(e, &logs))?;
+        ip(&[
+            "-n",
+            ns,
+            "link",
+            "set",
+            iface,
+            "mtu",
+            &(mtu - 80).to_string(),
+            "up",
+        ])?;
+        ip(&["-n", ns, "route", "add", remote_net, "dev", iface])?;
+    }
+    Ok(logs)
+}
+
+/// `SHA256 Fingerprint=AB:CD:…` from `openssl x509 -fingerprint`: the hex.
+pub fn parse_fingerprint(out: &str) -> Option<String> {
+    let f = out.lines().find(|l| l.contains("Fingerprint="))?;
+    let hex = f.split('=').nth(1)?.trim().to_string();
+    let ok = hex.len() == 95
+        && hex
+            .split(':')
+            .all(|b| b.len() == 2 && b.bytes().all(|c| c.is_ascii_hexdigit()));
+    ok.then_some(hex)
+}
+
+fn start_openvpn(lab: &mut Lab, topo: &Topology, dir: &Path, mtu: u32) -> Result<Vec<PathBuf>> {
+    let mut certs = Vec::new();
+    for side in ["a", "b"] {
+        let (key, crt) = (
+            dir.join(format!("{side}.key")),
+            dir.join(format!("{side}.crt")),
+        );
+        run(Command::new("openssl").args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-keyout",
+            &key.to_string_lossy(),
+            "-out",
+            &crt.to_string_lossy(),
+            "-days",
+            "2",
+            "-nodes",
+            "-subj",
+            &format!("/CN=gw{side}"),
+        ]))
+        .context("making a certificate with openssl")?;
+        let fp = run(Command::new("openssl").args([
+            "x509",
+            "-in",
+            &crt.to_string_lossy(),
+            "-noout",
+            "-fingerprint",
+            "-sha256",
+        ]))?;
+        let fp = parse_fingerprint(&fp)
+            .ok_or_else(|| anyhow!("no SHA-256 fingerprint in openssl's output: {fp}"))?;
+        certs.push((key, crt, fp));
+    }
+    let mut logs = Vec::new();
+    let mut whats = Vec::new();
+    for (i, (side, ns, local, remote, ifc_local, ifc_remote, route, role)) in [
+        (
+            "a",
+            &topo.ga,
+            GW_A,
+            GW_B,
+            "10.99.0.1",
+            "10.99.0.2",
+            "10.2.0.0",
+            "--tls-server",
+        ),
+        (
+            "b",
+            &topo.gb,
+            GW_B,
+            GW_A,
+            "10.99.0.2",
+            "10.99.0.1",
+            "10.1.0.0",
+            "--tls-client",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (key, crt, _) = &certs[i];
+        let peer_fp = &certs[1 - i].2;
+        let log_path = dir.join(format!("{side}.log"));
+        let log = std::fs::File::create(&log_path)?;
+        let (key, crt) = (key.to_string_lossy(), crt.to_string_lossy());
+        let mut args = vec![
+            "openvpn",
+            "--dev",
+            "ovpn0",
+            "--dev-type",
+            "tun",
+            "--proto",
+            "udp",
+            "--local",
+            local,
+            "--lport",
+            "1194",
+            "--remote",
+            remote,
+            "--rport",
+            "1194",
+            "--ifconfig",
+            ifc_local,
+            ifc_remote,
+            "--route",
+            route,
+            "255.255.255.0",
+            role,
+            "--cert",
+            &crt,
+            "--key",
+            &key,
+            "--peer-fingerprint",
+            peer_fp,
+            "--data-ciphers",
+            "AES-128-GCM",
+            "--disable-dco",
+            "--verb",
+            "3",
+        ];
+        if role == "--tls-server" {
+            args.extend(["--dh", "none"]);
+        }
+        let (tun_mtu, mssfix) = ((mtu - 100).to_string(), (mtu - 8).to_string());
+        if mtu != 1500 {
+            args.extend(["--tun-mtu", &tun_mtu, "--mssfix", &mssfix]);
+        }
+        let what = format!("openvpn {side}");
+        lab.spawn(
+            &what,
+            in_ns(ns, &args)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log),
+        )?;
+        logs.push(log_path);
+        whats.push(what);
+    }
+    let whats: Vec<&str> = whats.iter().map(String::as_str).collect();
+    let done = |p: &PathBuf| {
+        std::fs::read_to_string(p).is_ok_and(|t| t.contains("Initialization Sequence Completed"))
+    };
+    wait_for(
+        lab,
+        &whats,
+        Duration::from_secs(30),
+        "\"Initialization Sequence Completed\" from both",
+        || logs.iter().all(done),
+    )
+    .map_err(|e| with_logs(e, &logs))?;
+    Ok(logs)
+}
+
+/// charon, where Debian and others put it.
+fn charon_path() -> Option<PathBuf> {
+    [
+        "/usr/lib/ipsec/charon",
+        "/usr/libexec/ipsec/charon",
+        "/usr/lib/strongswan/charon",
+        "/usr/libexec/strongswan/charon",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.is_file())
+}
+
+/// strongSwan's plugin directory.
+fn plugin_dir() -> Option<PathBuf> {
+    let charon = charon_path()?;
+    let p = charon.parent()?.join("plugins");
+    p.is_dir().then_some(p)
+}
+
+/// strongswan.conf of one charon: kernel-libipsec (userspace ESP, the
+/// kernel has no XFRM here), its own vici socket and log.
+pub fn strongswan_conf(vici: &Path, log: &Path) -> String {
+    format!(
+        "# generated by espgate bench tunnel\n\
+         charon {{\n  \
+           load = random nonce openssl pem pkcs1 x509 pubkey gcm aes sha1 sha2 hmac kdf \
+         kernel-libipsec kernel-netlink socket-default vici\n  \
+           port = 500\n  port_nat_t = 4500\n  \
+           filelog {{\n    log {{\n      path = {}\n      default = 1\n      time_format = %T\n    }}\n  }}\n  \
+           plugins {{\n    vici {{\n      socket = unix://{}\n    }}\n  }}\n\
+         }}\n",
+        log.display(),
+        vici.display()
+    )
+}
+
+/// swanctl.conf of one side: IKEv2 with a PSK, one tunnel-mode child
+/// `net` with ESP aes128gcm16, UDP encapsulation.
+#[allow(clippy::too_many_arguments)]
+pub fn swanctl_conf(
+    local: &str,
+    remote: &str,
+    local_id: &str,
+    remote_id: &str,
+    local_ts: &str,
+    remote_ts: &str,
+    psk: &str,
+) -> String {
+    format!(
+        "connections {{\n  bench {{\n    version = 2\n    local_addrs = {local}\n    remote_addrs = {remote}\n    \
+         encap = yes\n    local {{\n      auth = psk\n      id = {local_id}\n    }}\n    \
+         remote {{\n      auth = psk\n      id = {remote_id}\n    }}\n    \
+         children {{\n      net {{\n        local_ts = {local_ts}\n        remote_ts = {remote_ts}\n        \
+         esp_proposals = aes128gcm16\n        mode = tunnel\n      }}\n    }}\n  }}\n}}\n\
+         secrets {{\n  ike-bench {{\n    id-a = gwa\n    id-b = gwb\n    secret = 0x{psk}\n  }}\n}}\n"
+    )
+}
+
+fn start_strongswan(lab: &mut Lab, topo: &Topology, dir: &Path) -> Result<Vec<PathBuf>> {
+    let charon = charon_path().ok_or_else(|| anyhow!("charon not found"))?;
+    let psk = random_hex(32)?;
+    let mut logs = Vec::new();
+    let mut vicis = Vec::new();
+    let mut whats = Vec::new();
+    for (side, ns, local, remote, lid, rid, lts, rts) in [
+        ("a", &topo.ga, GW_A, GW_B, "gwa", "gwb", NET_A, NET_B),
+        ("b", &topo.gb, GW_B, GW_A, "gwb", "gwa", NET_B, NET_A),
+    ] {
+        let d = dir.join(side);
+        let run_dir = d.join("run");
+        std::fs::create_dir_all(&run_dir)?;
+        let (vici, log, out) = (
+            d.join("charon.vici"),
+            d.join("charon.log"),
+            d.join("stdout"),
+        );
+        let conf = d.join("strongswan.conf");
+        write_private(&conf, &strongswan_conf(&vici, &log))?;
+        write_private(
+            &d.join("swanctl.conf"),
+            &swanctl_conf(local, remote, lid, rid, lts, rts, &psk),
+        )?;
+        let rd = run_dir.to_string_lossy();
+        ensure!(
+            !rd.contains('\'') && !charon.to_string_lossy().contains('\''),
+            "{rd}: a path with a quote"
+        );
+        // charon's pid file is /var/run/charon.pid: a private /run each.
+        let script = format!(
+            "mount --bind '{rd}' /run && exec '{}'",
+            charon.to_string_lossy()
+        );
+        let outf = std::fs::File::create(&out)?;
+        let what = format!("charon {side}");
+        lab.spawn(
+            &what,
+            in_ns(ns, &["unshare", "-m", "sh", "-c", &script])
+                .env("STRONGSWAN_CONF", &conf)
+                .stdin(Stdio::null())
+                .stdout(outf.try_clone()?)
+                .stderr(outf),
+        )?;
+        logs.extend([out, log]);
+        vicis.push((d.join("swanctl.conf"), vici));
+        whats.push(what);
+    }
+    for ((conf, vici), what) in vicis.iter().zip(&whats) {
+        wait_for(
+            lab,
+            &[what],
+            Duration::from_secs(15),
+            "its vici socket",
+            || vici.exists(),
+        )
+        .map_err(|e| with_logs(e, &logs))?;
+        let uri = format!("unix://{}", vici.display());
+        run_timeout(
+            Command::new("swanctl").args([
+                "--load-all",
+                "--file",
+                &conf.to_string_lossy(),
+                "--uri",
+                &uri,
+            ]),
+            Duration::from_secs(30),
+        )
+        .map_err(|e| with_logs(e, &logs))?;
+    }
+    let uri = format!("unix://{}", vicis[0].1.display());
+    run_timeout(
+        Command::new("swanctl").args(["--initiate", "--child", "net", "--uri", &uri]),
+        Duration::from_secs(30),
+    )
+    .map_err(|e| with_logs(e.context("swanctl --initiate"), &logs))?;
+    Ok(logs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TCP_JSON: &str = r#"{"start":{},"intervals":[],"end":{
+        "streams":[],
+        "sum_sent":{"start":0,"end":1.0,"seconds":1.0,"bytes":125000000,"bits_per_second":1000000000.0,"retransmits":3,"sender":true},
+        "sum_received":{"start":0,"end":1.0,"seconds":1.0,"bytes":118750000,"bits_per_second":950000000.0,"sender":true},
+        "cpu_utilization_percent":{}}}"#;
+
+    // iperf 3.12, -u -l 512 -b 0: the receiver got 164179 of 480164.
+    const UDP_JSON: &str = r#"{"start":{},"intervals":[],"end":{
+        "streams":[],
+        "sum":{"start":0,"end":1.000265,"seconds":1.000265,"bytes":247014400,"bits_per_second":1975694377.0976782,"jitter_ms":0.0001,"lost_packets":315985,"packets":482450,"lost_percent":65.4959063115349,"sender":true},
+        "sum_sent":{"start":0,"end":1.000213,"seconds":1.000213,"bytes":247014400,"bits_per_second":1975694377.0976782,"jitter_ms":0,"lost_packets":0,"packets":482450,"lost_percent":0,"sender":true},
+        "sum_received":{"start":0,"end":1.000265,"seconds":1.000265,"bytes":84059648,"bits_per_second":672299024.758439,"jitter_ms":0.0001,"lost_packets":315985,"packets":480164,"lost_percent":65.4959063115349,"sender":false},
+        "cpu_utilization_percent":{}}}"#;
+
+    fn settings() -> Settings {
+        Settings {
+            mtu: 1500,
+            offloads: true,
+            workers: None,
+            batch: Some(32),
+            socket_buffer: None,
+            mss_clamp: true,
+            time_s: 10,
+        }
+    }
+
+    fn sample(mbps: f64, pps: Option<f64>, cpu: &[(&str, f64)]) -> Sample {
+        Sample {
+            mbps,
+            pps,
+            loss_percent: pps.map(|_| 1.0),
+            cpu: cpu.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            rss_mib: cpu
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v / 10.0))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn iperf_tcp_is_the_receiver_rate() {
+        let v: serde_json::Value = serde_json::from_str(TCP_JSON).unwrap();
+        let (mbps, pps, loss) = parse_iperf(Test::Tcp, &v).unwrap();
+        assert_eq!(mbps, 950.0);
+        assert_eq!((pps, loss), (None, None));
+    }
+
+    #[test]
+    fn iperf_udp_is_what_the_receiver_got() {
+        let v: serde_json::Value = serde_json::from_str(UDP_JSON).unwrap();
+        let (mbps, pps, loss) = parse_iperf(Test::Udp(512), &v).unwrap();
+        // Not the sender's 1975 Mbit/s.
+        assert!((mbps - 672.299024758439).abs() < 1e-9, "{mbps}");
+        let delivered = 480164.0 - 315985.0;
+        assert_eq!(delivered * 512.0, 84059648.0);
+        assert!((pps.unwrap() - delivered / 1.000265).abs() < 1e-6);
+        assert!((loss.unwrap() - 315985.0 / 480164.0 * 100.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn iperf_udp_without_sum_received_uses_the_server_losses() {
+        let mut v: serde_json::Value = serde_json::from_str(UDP_JSON).unwrap();
+        v["end"].as_object_mut().unwrap().remove("sum_received");
+        let (mbps, pps, _) = parse_iperf(Test::Udp(512), &v).unwrap();
+        let delivered = 482450.0 - 315985.0;
+        assert!((pps.unwrap() - delivered / 1.000265).abs() < 1e-6);
+        assert!((mbps - delivered * 512.0 * 8.0 / 1.000265 / 1e6).abs() < 1e-9);
+    }
+
+    #[test]
+    fn iperf_errors_are_reported() {
+        let v = serde_json::json!({"start": {}, "error": "unable to connect to server: Connection refused"});
+        let e = parse_iperf(Test::Tcp, &v).unwrap_err().to_string();
+        assert!(e.contains("Connection refused"), "{e}");
+        let e = parse_iperf(Test::Udp(64), &serde_json::json!({"end": {}})).unwrap_err();
+        assert!(e.to_string().contains("UDP receiver"), "{e}");
+    }
+
+    #[test]
+    fn median_min_max() {
+        assert_eq!(stats(&[3.0, 1.0, 2.0]), Some((2.0, 1.0, 3.0)));
+        assert_eq!(stats(&[4.0, 1.0]), Some((2.5, 1.0, 4.0)));
+        assert_eq!(stats(&[7.0]), Some((7.0, 7.0, 7.0)));
+        assert_eq!(stats(&[]), None);
+    }
+
+    fn rows() -> Vec<Row> {
+        let s = settings();
+        let plain = System::Plain;
+        let esp = System::Espgate("aes128gcm16".into());
+        let wg = System::Peer(Peer::WireguardGo);
+        let mut rows = vec![
+            Row::new(
+                &plain,
+                Test::Tcp,
+                &[
+                    sample(9000.0, None, &[]),
+                    sample(10000.0, None, &[]),
+                    sample(11000.0, None, &[]),
+                ],
+                None,
+                &s,
+            ),
+            Row::new(
+                &plain,
+                Test::Udp(512),
+                &[
+                    sample(800.0, Some(195000.0), &[]),
+                    sample(1000.0, Some(200000.0), &[]),
+                ],
+                None,
+                &s,
+            ),
+            Row::new(
+                &esp,
+                Test::Tcp,
+                &[
+                    sample(
+                        2500.0,
+                        None,
+                        &[("espgate@gwA", 90.0), ("espgate@gwB", 50.0)],
+                    ),
+                    sample(
+                        2000.0,
+                        None,
+                        &[("espgate@gwA", 80.0), ("espgate@gwB", 70.0)],
+                    ),
+                    sample(
+                        3000.0,
+                        None,
+                        &[("espgate@gwA", 99.0), ("espgate@gwB", 60.0)],
+                    ),
+                ],
+                None,
+                &s,
+            ),
+            Row::new(
+                &esp,
+                Test::Udp(512),
+                &[sample(450.0, Some(100000.0), &[("espgate@gwA", 100.0)])],
+                Some("iperf3: boom".into()),
+                &s,
+            ),
+            Row::new(
+                &wg,
+                Test::Tcp,
+                &[],
+                Some("wireguard-go did not come up: no interface\nlog line".into()),
+                &s,
+            ),
+            Row::new(
+                &wg,
+                Test::Udp(512),
+                &[],
+                Some("wireguard-go did not come up: no interface\nlog line".into()),
+                &s,
+            ),
+        ];
+        fill_ratios(&mut rows);
+        rows
+    }
+
+    #[test]
+    fn rows_aggregate_runs_and_ratios_use_plain_of_the_same_test() {
+        let r = rows();
+        assert_eq!(r[0].median_mbps, Some(10000.0));
+        assert_eq!(
+            (r[0].min_mbps, r[0].max_mbps),
+            (Some(9000.0), Some(11000.0))
+        );
+        assert_eq!(r[0].ratio_to_plain, Some(1.0));
+        assert_eq!(r[0].median_pps, None);
+        assert_eq!(r[1].median_mbps, Some(900.0));
+        assert_eq!(r[1].median_pps, Some(197500.0));
+        assert_eq!(r[1].loss_percent, Some(1.0));
+        assert_eq!(r[1].ratio_to_plain, Some(1.0));
+        assert_eq!(r[2].median_mbps, Some(2500.0));
+        assert_eq!(r[2].ratio_to_plain, Some(0.25));
+        assert_eq!(r[2].runs, 3);
+        assert_eq!(r[2].runs_mbps, vec![2500.0, 2000.0, 3000.0]);
+        assert_eq!(r[2].cpu["espgate@gwA"], 90.0);
+        assert_eq!(r[2].cpu["espgate@gwB"], 60.0);
+        assert_eq!(r[2].suite.as_deref(), Some("aes128gcm16"));
+        assert_eq!(r[3].ratio_to_plain, Some(0.5));
+        assert_eq!(r[4].runs, 0);
+        assert_eq!((r[4].median_mbps, r[4].ratio_to_plain), (None, None));
+        // Without plain's row, no ratio.
+        let mut only: Vec<Row> = r[2..].to_vec();
+        fill_ratios(&mut only);
+        assert!(only.iter().all(|x| x.ratio_to_plain.is_none()));
+    }
+
+    #[test]
+    fn json_rows_have_the_documented_keys() {
+        let v = serde_json::to_value(rows()).unwrap();
+        for k in [
+            "system",
+            "test",
+            "median_mbps",
+            "min_mbps",
+            "max_mbps",
+            "runs",
+            "runs_mbps",
+            "ratio_to_plain",
+            "cpu",
+            "median_pps",
+            "loss_percent",
+            "error",
+            "settings",
+        ] {
+            assert!(v[0].get(k).is_some(), "{k} missing in {}", v[0]);
+        }
+        assert_eq!(v[3]["settings"]["batch"], 32);
+        assert!(v[3]["settings"]["workers"].is_null());
+        assert_eq!(v[3]["settings"]["mtu"], 1500);
+        assert_eq!(v[2]["cpu"]["espgate@gwA"], 90.0);
+        // Peak memory: the largest over the runs (the helper makes it cpu / 10).
+        assert!(v[2]["peak_rss_mib"]["espgate@gwA"]
+            .as_f64()
+            .is_some_and(|m| m > 0.0));
+        assert_eq!(v[1]["median_pps"], 197500.0);
+        assert!(v[0]["median_pps"].is_null());
+    }
+
+    #[test]
+    fn table_shows_rows_failures_and_settings() {
+        let t = render_table(&rows(), &settings(), 3);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].contains("3 run(s) of 10 s"), "{t}");
+        assert!(
+            lines[0].contains("mtu 1500") && lines[0].contains("batch 32"),
+            "{t}"
+        );
+        assert!(lines[0].contains("workers default"), "{t}");
+        let row = |s: &str, test: &str| {
+            *lines
+                .iter()
+                .find(|l| l.split_whitespace().take(2).eq([s, test]))
+                .unwrap_or_else(|| panic!("no {s} {test} in\n{t}"))
+        };
+        let p = row("plain", "tcp");
+        assert!(
+            p.contains("10000.0") && p.contains("9000.0") && p.contains("1.000"),
+            "{p}"
+        );
+        assert!(p.ends_with("  -"), "{p}");
+        let e = row("espgate", "tcp");
+        assert!(
+            e.contains("0.250") && e.ends_with("espgate@gwA 90%, espgate@gwB 60%"),
+            "{e}"
+        );
+        let u = row("espgate", "udp512");
+        assert!(
+            u.contains("100000") && u.contains("1.0%") && u.contains("0.500"),
+            "{u}"
+        );
+        let w = row("wireguard-go", "tcp");
+        assert!(
+            w.contains("failed: wireguard-go did not come up: no interface"),
+            "{w}"
+        );
+        assert!(!w.contains("log line"), "{w}");
+        let fails = t.split("\nfailures:\n").nth(1).expect("a failures section");
+        assert!(
+            fails.contains("log line")
+                && fails.contains("espgate udp512: 2 of 3 runs failed: iperf3: boom"),
+            "{t}"
+        );
+        assert!(
+            fails.contains("- (tcp, udp512) wireguard-go: wireguard-go did not come up"),
+            "{t}"
+        );
+        assert_eq!(fails.matches("log line").count(), 1, "{t}");
+        let mem = t
+            .split("\npeak resident memory (VmHWM), MiB:\n")
+            .nth(1)
+            .expect("a memory section");
+        assert!(mem.starts_with("  espgate: espgate@gwA "), "{t}");
+        // Columns line up: every measured row is as wide up to the CPU column.
+        let header = lines.iter().find(|l| l.starts_with("system")).unwrap();
+        let at = header.find("CPU").unwrap();
+        assert_eq!(&p[at - 2..at], "  ");
+        assert_eq!(&e[at - 2..at], "  ");
+    }
+
+    #[test]
+    fn options_are_checked_with_the_option_named() {
+        let args = |f: &dyn Fn(&mut Args)| {
+            let mut a = Args {
+                tests: vec![],
+                runs: 3,
+                time: 10,
+                suite: vec!["aes128gcm16".into()],
+                peers: vec![],
+                json: false,
+                prefix: Some("egt-1".into()),
+                mtu: 1500,
+                offloads: "on".into(),
+                workers: None,
+                batch: None,
+                sockbuf: None,
+                mss_clamp: "on".into(),
+            };
+            f(&mut a);
+            Options::new(&a, PathBuf::from("/x"))
+        };
+        let o = args(&|_| {}).unwrap();
+        assert_eq!(
+            o.tests,
+            [Test::Tcp, Test::Udp(64), Test::Udp(512), Test::Udp(1400)]
+        );
+        assert_eq!(
+            o.systems(),
+            [System::Plain, System::Espgate("aes128gcm16".into())]
+        );
+        let o = args(&|a| {
+            a.peers = vec!["openvpn".into(), "wireguard-go".into(), "openvpn".into()];
+            a.tests = vec!["udp512".into(), "tcp".into()];
+        })
+        .unwrap();
+        assert_eq!(o.peers, [Peer::Openvpn, Peer::WireguardGo]);
+        assert_eq!(o.tests, [Test::Udp(512), Test::Tcp]);
+        let err = |f: &dyn Fn(&mut Args)| args(f).unwrap_err().to_string();
+        assert!(err(&|a| a.tests = vec!["icmp".into()]).contains("--tests icmp"));
+        assert!(err(&|a| a.tests = vec!["udp8".into()]).contains("--tests udp8"));
+        assert!(err(&|a| a.peers = vec!["ipsec".into()]).contains("--peers ipsec"));
+        assert!(err(&|a| a.suite = vec!["aes999".into()]).contains("--suite aes999"));
+        assert!(err(&|a| a.suite = vec!["sha256".into()]).contains("AH"));
+        assert!(err(&|a| a.runs = 0).contains("--runs"));
+        assert!(err(&|a| a.time = 0).contains("--time"));
+        assert!(err(&|a| a.prefix = Some("a b".into())).contains("--prefix"));
+        assert!(args(&|a| a.prefix = None)
+            .unwrap()
+            .prefix
+            .starts_with("egbench-"));
+    }
+
+    #[test]
+    fn udp_tests_ask_iperf3_for_unlimited_rate_and_the_payload_size() {
+        assert_eq!(
+            Test::Udp(1400).client_args(5),
+            [
+                "-t",
+                "5",
+                "-u",
+                "-l",
+                "1400",
+                "-b",
+                "0",
+                "--connect-timeout",
+                "5000"
+            ]
+        );
+        assert_eq!(Test::Tcp.client_args(1)[..2], ["-t", "1"]);
+        assert_eq!(Test::parse("udp64").unwrap().name(), "udp64");
+    }
+
+    #[test]
+    fn espgate_config_has_the_knobs_given_and_only_those() {
+        let mut s = settings();
+        let c = espgate_config(
+            "aes128-sha256",
+            GW_A,
+            GW_B,
+            NET_A,
+            NET_B,
+            (0x1001, 0x1002),
+            ("aa", "bb"),
+            ("cc", "dd"),
+            &s,
+        );
+        let v: toml::Value = toml::from_str(&c).unwrap();
+        let g = &v["gateway"];
+        assert_eq!(g["mtu"].as_integer(), Some(1500));
+        assert_eq!(g["offloads"].as_bool(), Some(true));
+        assert_eq!(g["batch"].as_integer(), Some(32));
+        assert!(g.get("socket_buffer").is_none() && g.get("workers").is_none());
+        let conn = &v["connection"][0];
+        assert_eq!(conn["mss_clamp"].as_str(), Some("auto"));
+        let esp = &conn["esp"];
+        assert_eq!(esp["suite"].as_str(), Some("aes128-sha256"));
+        assert_eq!(esp["spi_in"].as_integer(), Some(0x1001));
+        assert_eq!(esp["enc_in"].as_str(), Some("aa"));
+        assert_eq!(esp["integ_in"].as_str(), Some("bb"));
+        assert_eq!(esp["enc_out"].as_str(), Some("cc"));
+        assert_eq!(esp["integ_out"].as_str(), Some("dd"));
+        s.batch = None;
+        s.socket_buffer = Some(1 << 20);
+        s.workers = Some(2);
+        s.offloads = false;
+        s.mss_clamp = false;
+        let c = espgate_config(
+            "aes128gcm16",
+            GW_A,
+            GW_B,
+            NET_A,
+            NET_B,
+            (1, 2),
+            ("aa", ""),
+            ("cc", ""),
+            &s,
+        );
+        let v: toml::Value = toml::from_str(&c).unwrap();
+        let g = &v["gateway"];
+        assert!(g.get("batch").is_none());
+        assert_eq!(g["socket_buffer"].as_integer(), Some(1 << 20));
+        assert_eq!(g["workers"].as_integer(), Some(2));
+        assert_eq!(g["offloads"].as_bool(), Some(false));
+        assert_eq!(v["connection"][0]["mss_clamp"].as_str(), Some("off"));
+        assert!(v["connection"][0]["esp"].get("integ_in").is_none());
+    }
+
+    #[test]
+    fn fingerprints_from_openssl() {
+        let fp = "FE:62:1B:72:AE:D9:33:E7:79:D9:2B:06:F5:B3:2C:7E:A3:55:83:B0:59:A1:CF:95:C3:56:87:C9:82:E6:6F:4A";
+        assert_eq!(
+            parse_fingerprint(&format!("sha256 Fingerprint={fp}\n")).as_deref(),
+            Some(fp)
+        );
+        assert_eq!(parse_fingerprint("SHA1 Fingerprint=AB:CD"), None);
+        assert_eq!(parse_fingerprint("nothing"), None);
+    }
+
+    #[test]
+    fn strongswan_configs_name_their_own_socket_and_libipsec() {
+        let c = strongswan_conf(Path::new("/w/a/charon.vici"), Path::new("/w/a/charon.log"));
+        assert!(c.contains("socket = unix:///w/a/charon.vici"), "{c}");
+        assert!(
+            c.contains("kernel-libipsec kernel-netlink socket-default vici"),
+            "{c}"
+        );
+        let s = swanctl_conf(GW_A, GW_B, "gwa", "gwb", NET_A, NET_B, "00ff");
+        assert!(
+            s.contains("esp_proposals = aes128gcm16") && s.contains("secret = 0x00ff"),
+            "{s}"
+        );
+        assert!(
+            s.contains("local_ts = 10.1.0.0/24") && s.contains("remote_addrs = 192.0.2.2"),
+            "{s}"
+        );
+        // Balanced braces.
+        assert_eq!(s.matches('{').count(), s.matches('}').count());
+        assert_eq!(c.matches('{').count(), c.matches('}').count());
+    }
+
+    #[test]
+    fn log_tails_keep_the_last_lines() {
+        let dir = std::env::temp_dir().join(format!("egtail-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("log");
+        let text: String = (1..=20).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(&f, text).unwrap();
+        let t = log_tail(std::slice::from_ref(&f), 3);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            t.contains("(last 3 lines)") && t.ends_with("line 18\nline 19\nline 20"),
+            "{t}"
+        );
+        assert!(!t.contains("line 17"));
+    }
+}

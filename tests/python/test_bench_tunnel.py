@@ -1,0 +1,194 @@
+"""`espgate bench tunnel` as a user runs it: short runs (one run of one
+second per test) through plain routing, espgate and the other VPNs, the
+JSON rows it documents, a system that fails to come up, bad options and
+Ctrl-C. Speeds are not compared (benchmarks are not timed tests): only
+that every system delivered something and that the numbers agree with
+each other.
+
+Every run uses its own namespace prefix; afterwards no namespace with that
+prefix may remain (the test removes any it finds, then fails). Every wait
+is bounded.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("ip") or not os.path.exists("/dev/net/tun"),
+    reason="bench tunnel creates network namespaces: needs root, iproute2 and /dev/net/tun")
+
+needs_tools = pytest.mark.skipif(
+    not shutil.which("iperf3") or not shutil.which("ping"),
+    reason="needs iperf3 and ping (scripts/setup.sh installs them)")
+
+KEYS = {"system", "suite", "test", "runs", "runs_mbps", "median_mbps", "min_mbps", "max_mbps",
+        "median_pps", "loss_percent", "ratio_to_plain", "cpu", "error", "settings"}
+SETTINGS = {"mtu", "offloads", "workers", "batch", "socket_buffer", "mss_clamp", "time_s"}
+
+
+def namespaces(prefix):
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
+    return [l.split()[0] for l in out.splitlines() if l.split() and l.split()[0].startswith(prefix)]
+
+
+def leftovers(prefix):
+    """Namespaces with `prefix` (deleted here, so a failure does not leak them)."""
+    left = namespaces(prefix)
+    for n in left:
+        subprocess.run(["ip", "netns", "del", n], check=False, timeout=30)
+    return left
+
+
+def bench(espgate, *args, timeout=300, prefix=None):
+    prefix = prefix or f"egtt-{uuid.uuid4().hex[:6]}"
+    try:
+        r = subprocess.run([espgate, "bench", "tunnel", "--prefix", prefix, *args],
+                           capture_output=True, text=True, timeout=timeout)
+    finally:
+        left = leftovers(prefix)
+        # A failed system's logs are kept there; they are in the output too.
+        shutil.rmtree(os.path.join(tempfile.gettempdir(), f"{prefix}-work"), ignore_errors=True)
+    assert not left, f"bench tunnel left {left}"
+    return r
+
+
+def check_rows(rows, systems, tests, espgate_bin):
+    assert isinstance(rows, list)
+    got = [(r["system"], r["test"]) for r in rows]
+    assert got == [(s, t) for s in systems for t in tests], got
+    plain = {r["test"]: r["median_mbps"] for r in rows if r["system"] == "plain"}
+    for r in rows:
+        assert KEYS <= set(r), (KEYS - set(r), r)
+        assert set(r["settings"]) >= SETTINGS, r["settings"]
+        assert r["settings"]["mtu"] == 1500 and r["settings"]["time_s"] == 1
+        assert r["error"] is None, r
+        assert r["runs"] == 1 and len(r["runs_mbps"]) == 1, r
+        assert r["median_mbps"] > 0, r
+        assert r["min_mbps"] <= r["median_mbps"] <= r["max_mbps"], r
+        assert r["runs_mbps"][0] == r["median_mbps"]
+        if r["system"] == "plain":
+            assert r["ratio_to_plain"] == 1.0, r
+            assert r["cpu"] == {}, r
+        else:
+            assert r["ratio_to_plain"] == pytest.approx(r["median_mbps"] / plain[r["test"]], rel=1e-3)
+            # The gateway processes of this system, both sides.
+            names = {k.split("@")[0] for k in r["cpu"]}
+            sides = {k.split("@")[1] for k in r["cpu"]}
+            assert sides == {"gwA", "gwB"}, r["cpu"]
+            assert all(v >= 0 for v in r["cpu"].values()), r["cpu"]
+            # espgate runs as the binary under test (its file name, cut to
+            # the kernel's 15-character comm).
+            want = {"espgate": os.path.basename(espgate_bin)[:15], "wireguard-go": "wireguard-go",
+                    "strongswan": "charon", "openvpn": "openvpn"}[r["system"]]
+            assert want in names, r["cpu"]
+        if r["system"] == "espgate":
+            assert r["suite"] == "aes128gcm16"
+        if r["test"].startswith("udp"):
+            assert r["median_pps"] > 0, r
+            assert 0 <= r["loss_percent"] <= 100, r
+            # Delivered rate and packet rate agree (iperf3 counts payload bytes).
+            size = int(r["test"][3:])
+            assert r["median_mbps"] * 1e6 / 8 / r["median_pps"] == pytest.approx(size, rel=0.05)
+        else:
+            assert r["median_pps"] is None and r["loss_percent"] is None
+
+
+@needs_tools
+def test_plain_and_espgate_json(espgate):
+    r = bench(espgate, "--time", "1", "--runs", "1", "--tests", "tcp,udp512", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    # Nothing but the JSON document on stdout.
+    rows = json.loads(r.stdout)
+    check_rows(rows, ["plain", "espgate"], ["tcp", "udp512"], espgate)
+    print(json.dumps(rows, indent=1))
+
+
+PEER_PACKAGES = {"wireguard-go": ["wireguard-go", "wg"], "openvpn": ["openvpn"], "strongswan": ["swanctl"]}
+
+
+@needs_tools
+@pytest.mark.parametrize("peer", ["wireguard-go", "openvpn", "strongswan"])
+def test_peer_json(espgate, peer):
+    installed = all(shutil.which(t) for t in PEER_PACKAGES[peer])
+    if not installed and not shutil.which("apt-get"):
+        pytest.skip(f"{peer} is not installed and there is no apt-get")
+    r = bench(espgate, "--time", "1", "--runs", "1", "--tests", "tcp,udp512", "--json",
+              "--peers", peer, timeout=900)
+    rows = json.loads(r.stdout)
+    errors = [x["error"] for x in rows if x["error"]]
+    if errors and not installed and "installing" in errors[0]:
+        pytest.skip(f"could not install {peer}: {errors[0][:300]}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    check_rows(rows, ["plain", "espgate", peer], ["tcp", "udp512"], espgate)
+    print(json.dumps([x for x in rows if x["system"] == peer], indent=1))
+
+
+@needs_tools
+def test_a_system_that_does_not_come_up_is_reported_and_the_rest_runs(espgate):
+    # gateway.workers is 0-1024: both espgate gateways refuse to start.
+    r = bench(espgate, "--time", "1", "--runs", "1", "--tests", "tcp", "--workers", "5000")
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert "workers 5000" in lines[0], r.stdout
+    plain = [l for l in lines if l.split()[:2] == ["plain", "tcp"]]
+    assert len(plain) == 1 and "1.000" in plain[0], r.stdout
+    failed = [l for l in lines if l.split()[:2] == ["espgate", "tcp"]]
+    assert len(failed) == 1 and "failed: espgate did not come up" in failed[0], r.stdout
+    # The reason, with the gateway's own log.
+    tail = r.stdout.split("\nfailures:\n", 1)[1]
+    assert "workers" in tail and "log (last" in tail, r.stdout
+    assert "espgate tcp" in r.stderr
+
+
+def test_bad_options_are_refused_before_anything_is_made(espgate):
+    for args, want in [(["--tests", "icmp"], "--tests icmp"), (["--peers", "ipsec"], "--peers ipsec"),
+                       (["--suite", "aes999"], "--suite aes999"), (["--runs", "0"], "--runs 0"),
+                       (["--time", "0"], "--time 0")]:
+        r = bench(espgate, *args, timeout=30)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert want in r.stderr, (args, r.stderr)
+        assert r.stdout == ""
+    r = bench(espgate, timeout=30, prefix="eg/x")
+    assert r.returncode == 2 and "--prefix eg/x" in r.stderr, r.stderr
+
+
+@needs_tools
+def test_interrupted_run_leaves_nothing(espgate):
+    prefix = f"egti-{uuid.uuid4().hex[:6]}"
+    p = subprocess.Popen([espgate, "bench", "tunnel", "--prefix", prefix, "--time", "3", "--runs", "3",
+                          "--tests", "tcp"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Interrupt once the espgate gateways of the second system run.
+        deadline = time.time() + 60
+        seen = False
+        while time.time() < deadline and p.poll() is None:
+            gw = subprocess.run(["ip", "netns", "pids", f"{prefix}-ga"], capture_output=True, text=True,
+                                timeout=10).stdout.split()
+            if gw:
+                seen = True
+                break
+            time.sleep(0.2)
+        assert seen, "the espgate gateways never ran"
+        gw_pids = [int(x) for x in gw]
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 130, out + err
+        assert "interrupted" in err
+        assert out == ""
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+        left = leftovers(prefix)
+    assert not left, f"the interrupted bench left {left}"
+    alive = [x for x in gw_pids if os.path.exists(f"/proc/{x}")]
+    assert not alive, f"gateway processes left: {alive}"
+    assert not os.path.exists(os.path.join(tempfile.gettempdir(), f"{prefix}-work"))
