@@ -62,15 +62,7 @@ pub fn render_table(rows: &[Row]) -> String {
         "path", "throughput", "latency (avg)", "gateway CPU (% of one core)"
     );
     for r in rows {
-        let cpu = if r.cpu.is_empty() {
-            "-".to_string()
-        } else {
-            r.cpu
-                .iter()
-                .map(|(n, c)| format!("{n} {c:.0}%"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let cpu = netlab::cpu_cell(r.cpu.iter().map(|(n, c)| (n, c)));
         out += &format!(
             "{:<w$}  {:>14}  {:>10.3} ms  {cpu}\n",
             r.path,

@@ -658,6 +658,12 @@ fn run_query(target: &ControlArgs, cmd: &str) -> ExitCode {
         serde_json::from_value::<Vec<status::SaStatus>>(doc.clone())
             .map(|s| status::render_sa_list(&s))
     };
+    print_rendered(text)
+}
+
+/// Prints a rendering of the daemon's answer, or says that the answer did
+/// not parse (exit status 1).
+fn print_rendered(text: Result<String, serde_json::Error>) -> ExitCode {
     match text {
         Ok(t) => {
             print!("{t}");
@@ -699,19 +705,10 @@ fn run_costs_query(target: &ControlArgs) -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    match serde_json::from_value::<espgate::costs::CostsReport>(costs.clone()) {
-        Ok(r) => {
-            print!("{}", espgate::costs::render(&r));
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!(
-                "espgate: the daemon's answer does not parse ({e}); is it another version? \
-                 --json shows it as is"
-            );
-            ExitCode::from(1)
-        }
-    }
+    print_rendered(
+        serde_json::from_value::<espgate::costs::CostsReport>(costs.clone())
+            .map(|r| espgate::costs::render(&r)),
+    )
 }
 
 fn run_demo(short: bool, prefix: Option<String>) -> ExitCode {

@@ -89,7 +89,16 @@ pub fn run(cmd: &mut Command) -> Result<String> {
 /// Like [`run`], but kills `cmd` and fails when it takes longer than
 /// `limit`, or when SIGINT / SIGTERM arrives.
 pub fn run_timeout(cmd: &mut Command, limit: Duration) -> Result<String> {
-    let (status, out, err) = run_timeout_raw(cmd, limit)?;
+    let r = run_timeout_raw(cmd, limit)?;
+    checked(cmd, r)
+}
+
+/// Standard output of a finished command, or an error with its status and
+/// standard error (standard output when the error is empty).
+fn checked(
+    cmd: &Command,
+    (status, out, err): (std::process::ExitStatus, String, String),
+) -> Result<String> {
     if !status.success() {
         let why = if err.trim().is_empty() {
             out.trim()
@@ -114,16 +123,8 @@ pub fn run_timeout_raw(
 /// SIGINT / SIGTERM arrives, for what must not be cut short (apt-get); the
 /// caller checks for the interruption afterwards.
 pub fn run_to_end(cmd: &mut Command, limit: Duration) -> Result<String> {
-    let (status, out, err) = run_bounded(cmd, limit, false)?;
-    if !status.success() {
-        let why = if err.trim().is_empty() {
-            out.trim()
-        } else {
-            err.trim()
-        };
-        bail!("{cmd:?} failed ({status}): {why}");
-    }
-    Ok(out)
+    let r = run_bounded(cmd, limit, false)?;
+    checked(cmd, r)
 }
 
 fn run_bounded(
@@ -392,6 +393,19 @@ pub fn processes_in(ns: &str) -> Vec<(u32, String)> {
     }
     out.sort();
     out
+}
+
+/// `name 45%, other 12%` for CPU shares in % of one core; `-` for none.
+pub fn cpu_cell<'a>(cpu: impl IntoIterator<Item = (&'a String, &'a f64)>) -> String {
+    let parts: Vec<String> = cpu
+        .into_iter()
+        .map(|(n, c)| format!("{n} {c:.0}%"))
+        .collect();
+    if parts.is_empty() {
+        "-".to_string()
+    } else {
+        parts.join(", ")
+    }
 }
 
 /// Peak resident memory of process `pid` (`VmHWM` in /proc), in KiB.

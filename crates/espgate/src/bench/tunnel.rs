@@ -661,15 +661,7 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
             }
             continue;
         }
-        let cpu = if r.cpu.is_empty() {
-            "-".to_string()
-        } else {
-            r.cpu
-                .iter()
-                .map(|(n, c)| format!("{n} {c:.0}%"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let cpu = netlab::cpu_cell(&r.cpu);
         out += &format!(
             "{name:<w$}  {:<7}  {:>10}  {:>10}  {:>10}  {:>9}  {:>6}  {:>8}  {cpu}\n",
             r.test,

@@ -1014,9 +1014,9 @@ impl Engine {
         for _ in 1..n {
             engines.push(Engine::new(cfg, None, now)?);
         }
-        let (first, rest) = engines.split_at_mut(1);
-        first[0].link_workers(rest, None)?;
         if n > 1 {
+            let (first, rest) = engines.split_at_mut(1);
+            first[0].link_workers(rest, None)?;
             for (k, e) in engines.iter_mut().enumerate() {
                 e.keep_own_inbound(k, n);
                 e.volume_split = n as u64;
@@ -1067,6 +1067,10 @@ impl Engine {
         others: &mut [&mut Engine],
         only: Option<SaId>,
     ) -> Result<()> {
+        if others.is_empty() {
+            // One worker: its SAs keep their own plain counters.
+            return Ok(());
+        }
         let ids: Vec<SaId> = self
             .sad
             .iter()
