@@ -4,7 +4,7 @@
 //! take packet bytes (and the current time as a value) and return packet
 //! bytes, verdicts and events. See `docs/ARCHITECTURE.md`.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod cost;

@@ -101,7 +101,7 @@ impl fmt::Display for SuiteError {
 
 impl std::error::Error for SuiteError {}
 
-fn parse_enc(s: &str) -> Option<Enc> {
+pub(crate) fn parse_enc(s: &str) -> Option<Enc> {
     Some(match s {
         "null" => Enc::Null,
         "aes128" | "aes128cbc" => Enc::AesCbc(128),
@@ -118,7 +118,7 @@ fn parse_enc(s: &str) -> Option<Enc> {
     })
 }
 
-fn parse_integ(s: &str) -> Option<Integ> {
+pub(crate) fn parse_integ(s: &str) -> Option<Integ> {
     Some(match s {
         "md5" | "md5_96" => Integ::Md5,
         "sha1" | "sha" | "sha1_96" => Integ::Sha1,

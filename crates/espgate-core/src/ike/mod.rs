@@ -1,12 +1,24 @@
-//! IKEv2 (RFC 7296) building blocks.
+//! IKEv2 (RFC 7296), sans-IO.
 //!
-//! Only the message codec lives here so far: [`wire`] parses a datagram into
-//! a typed [`wire::Message`] and emits one back, with every length checked.
-//! There is no state machine and no cryptography yet: the Encrypted (SK) and
-//! Encrypted Fragment (SKF, RFC 7383) payloads are carried as raw bytes, and
-//! once decrypted their inner chain is parsed with
-//! [`wire::parse_payload_chain`]. Like the rest of the core, nothing here
-//! does I/O; unlike the ESP data path, the IKE codec allocates (IKE is not
-//! the packet hot path).
+//! - [`wire`]: parses a datagram into a typed [`wire::Message`] and emits
+//!   one back, with every length checked.
+//! - [`proposal`]: strongSwan proposal strings, SA payload proposals and
+//!   the responder's choice; [`ts`]: traffic selectors and narrowing.
+//! - [`dh`], [`keys`], [`sk`], [`sig`], [`cert`]: key exchange groups, the
+//!   PRF and key derivation, the Encrypted payload, signatures, X.509.
+//! - [`engine`]: the state machine ([`engine::Ike`]), configured with
+//!   [`config::IkeConfig`]: datagrams and time in, datagrams and events out.
+//!
+//! Like the rest of the core, nothing here does I/O; unlike the ESP data
+//! path, IKE allocates (it is not the packet hot path).
 
+pub mod cert;
+pub mod config;
+pub mod dh;
+pub mod engine;
+pub mod keys;
+pub mod proposal;
+pub mod sig;
+pub mod sk;
+pub mod ts;
 pub mod wire;

@@ -1,0 +1,164 @@
+//! What the IKEv2 engine is told about each connection: identities,
+//! authentication, proposals, selectors, lifetimes, liveness and
+//! retransmission settings. The gateway's TOML becomes these types in the
+//! I/O shell; the engine never reads files.
+
+use super::cert::{Certificate, Identity};
+use super::proposal::ProposalSpec;
+use super::sig::{PrivateKey, PublicKey};
+use super::wire::TrafficSelector;
+use crate::sa::Mode;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use zeroize::Zeroizing;
+
+/// How we prove who we are.
+#[derive(Clone)]
+pub enum LocalAuth {
+    /// Pre-shared key (AUTH method 2).
+    Psk(Zeroizing<Vec<u8>>),
+    /// Digital signature (RFC 7427, AUTH method 14), with our certificate
+    /// chain (end entity first) or none for a raw public key.
+    Signature {
+        /// Our private key.
+        key: Arc<PrivateKey>,
+        /// Certificates sent in CERT payloads, end entity first.
+        certs: Vec<Certificate>,
+    },
+}
+
+/// How the peer must prove who it is.
+#[derive(Clone)]
+pub enum RemoteAuth {
+    /// The same pre-shared key.
+    Psk(Zeroizing<Vec<u8>>),
+    /// A signature by this public key (raw public key, configured).
+    PublicKey(PublicKey),
+    /// A signature by the key of a certificate the peer sends, which must
+    /// chain to one of these CA certificates and bind the peer's identity.
+    Ca(Vec<Certificate>),
+}
+
+impl std::fmt::Debug for LocalAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LocalAuth::Psk(_) => "psk",
+            LocalAuth::Signature { .. } => "signature",
+        })
+    }
+}
+
+impl std::fmt::Debug for RemoteAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RemoteAuth::Psk(_) => "psk",
+            RemoteAuth::PublicKey(_) => "pubkey",
+            RemoteAuth::Ca(_) => "ca",
+        })
+    }
+}
+
+/// What to do when the peer stops answering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DpdAction {
+    /// Remove the IKE SA and its child SAs.
+    Clear,
+    /// Remove them, then initiate again until the peer is back.
+    Restart,
+}
+
+/// Retransmission of unanswered requests (RFC 7296 §2.1): timeouts
+/// `timeout × base^n` for n = 0..tries, then the peer is declared dead.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Retransmit {
+    /// First timeout.
+    pub timeout: Duration,
+    /// Back-off factor.
+    pub base: f64,
+    /// Retransmissions before giving up.
+    pub tries: u32,
+}
+
+impl Default for Retransmit {
+    /// strongSwan's defaults: 4 s, ×1.8, 5 retransmissions (≈165 s).
+    fn default() -> Self {
+        Retransmit {
+            timeout: Duration::from_secs(4),
+            base: 1.8,
+            tries: 5,
+        }
+    }
+}
+
+impl Retransmit {
+    /// The wait after transmission number `n` (0 = the first send).
+    pub fn wait(&self, n: u32) -> Duration {
+        let f = self
+            .base
+            .max(1.0)
+            .powi(i32::try_from(n).unwrap_or(i32::MAX).min(30));
+        self.timeout.mul_f64(f.min(1e6))
+    }
+}
+
+/// The child SA a connection negotiates.
+#[derive(Debug, Clone)]
+pub struct ChildConfig {
+    /// Our side's selectors (what we propose as TSi when initiating).
+    pub local_ts: Vec<TrafficSelector>,
+    /// The peer side's selectors.
+    pub remote_ts: Vec<TrafficSelector>,
+    /// Tunnel or transport.
+    pub mode: Mode,
+    /// ESP proposals, preferred first; groups in them are PFS groups for
+    /// CREATE_CHILD_SA.
+    pub proposals: Vec<ProposalSpec>,
+    /// Rekey this long after creation (minus up to `jitter`); zero: never.
+    pub rekey_time: Duration,
+    /// Delete the SA this long after creation if it was not rekeyed.
+    pub life_time: Duration,
+    /// Random reduction of `rekey_time`, so that two peers with the same
+    /// settings rarely rekey at once.
+    pub jitter: Duration,
+}
+
+/// One IKE connection.
+#[derive(Debug, Clone)]
+pub struct IkeConfig {
+    /// Connection name (shared with the data plane's connection).
+    pub name: String,
+    /// Our address.
+    pub local: IpAddr,
+    /// The peer's address.
+    pub remote: IpAddr,
+    /// Our identity (IDi/IDr).
+    pub local_id: Identity,
+    /// The identity the peer must present; `None` accepts any it can
+    /// authenticate.
+    pub remote_id: Option<Identity>,
+    /// How we authenticate.
+    pub local_auth: LocalAuth,
+    /// How the peer must authenticate.
+    pub remote_auth: RemoteAuth,
+    /// IKE proposals, preferred first.
+    pub proposals: Vec<ProposalSpec>,
+    /// The child SA.
+    pub child: ChildConfig,
+    /// Rekey the IKE SA this long after creation (minus up to `jitter`);
+    /// zero: never.
+    pub rekey_time: Duration,
+    /// Random reduction of `rekey_time`.
+    pub jitter: Duration,
+    /// Send a liveness check after this long without hearing from the
+    /// peer; zero: never.
+    pub dpd_delay: Duration,
+    /// What to do with a dead peer.
+    pub dpd_action: DpdAction,
+    /// Retransmission schedule.
+    pub retransmit: Retransmit,
+    /// Make both sides see a NAT (a random NAT_DETECTION_SOURCE_IP hash, as
+    /// strongSwan's `encap = yes`) so that ESP is UDP-encapsulated and IKE
+    /// moves to port 4500.
+    pub force_encap: bool,
+}

@@ -1,0 +1,3427 @@
+//! The IKEv2 state machine (RFC 7296), sans-IO.
+//!
+//! [`Ike`] takes datagrams ([`Ike::handle`]), commands ([`Ike::initiate`],
+//! [`Ike::terminate`]) and the passing of time ([`Ike::handle_timeout`]),
+//! always with the current time as a `Duration` since an epoch the caller
+//! picks. It answers with datagrams to send ([`Ike::poll_transmit`]) and
+//! events ([`Ike::poll_event`]): child SAs to install or remove, IKE SAs up
+//! and down, log lines. It never reads a clock (an optional cost clock can
+//! be lent to it for measurements), never opens a socket.
+
+use super::cert::{verify_chain, Certificate, Identity};
+use super::config::{DpdAction, IkeConfig, LocalAuth, RemoteAuth};
+use super::dh::{Group, KeyExchange};
+use super::keys::{derive_child_keys, derive_ike_keys, psk_auth, signed_octets, IkeKeyInput, Prf};
+use super::proposal::{select, Chosen, ProposalKind};
+use super::sk::{SkCrypto, SkError};
+use super::ts;
+use super::wire::{
+    self, auth_method, cert_encoding, exchange, notify, protocol, Delete, Header, Id, Message,
+    Notify, Payload, TrafficSelector,
+};
+use crate::crypto::Suite;
+use crate::sa::Mode;
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+use zeroize::Zeroizing;
+
+/// A datagram to send. When `local` is the NAT-T port the shell prefixes
+/// the four-byte non-ESP marker (RFC 3948 §2.2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    /// Our address and port to send from.
+    pub local: SocketAddr,
+    /// Where to.
+    pub remote: SocketAddr,
+    /// The IKE message.
+    pub data: Vec<u8>,
+}
+
+/// One direction of a negotiated child SA, ready for the data plane.
+pub struct SaInstall {
+    /// Connection name.
+    pub conn: String,
+    /// We send on it (else we receive on it).
+    pub outbound: bool,
+    /// SPI (chosen by the receiving side).
+    pub spi: u32,
+    /// Cipher suite.
+    pub suite: Suite,
+    /// Encryption key (with salt for AEAD).
+    pub enc_key: Zeroizing<Vec<u8>>,
+    /// Integrity key.
+    pub integ_key: Zeroizing<Vec<u8>>,
+    /// Extended sequence numbers.
+    pub esn: bool,
+    /// Tunnel or transport.
+    pub mode: Mode,
+    /// UDP encapsulation ports (ours, the peer's), when NAT-T is in use.
+    pub encap: Option<(u16, u16)>,
+    /// Our outer address.
+    pub local: IpAddr,
+    /// The peer's outer address.
+    pub remote: IpAddr,
+    /// Negotiated selectors, our side.
+    pub local_ts: Vec<TrafficSelector>,
+    /// Negotiated selectors, the peer's side.
+    pub remote_ts: Vec<TrafficSelector>,
+}
+
+impl fmt::Debug for SaInstall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SaInstall")
+            .field("conn", &self.conn)
+            .field("outbound", &self.outbound)
+            .field("spi", &format_args!("{:#010x}", self.spi))
+            .field("suite", &self.suite.name())
+            .field("esn", &self.esn)
+            .field("encap", &self.encap)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Severity of an [`Event::Log`] line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// Something failed or was refused.
+    Warn,
+    /// A state change an operator wants to see.
+    Info,
+    /// Detail.
+    Debug,
+}
+
+/// What the engine tells the shell.
+#[derive(Debug)]
+pub enum Event {
+    /// Install one direction of a child SA. An outbound install replaces
+    /// the connection's current outbound SA (make-before-break: the old
+    /// inbound SA stays until a [`Event::RemoveSa`]).
+    InstallSa(SaInstall),
+    /// Remove an SA.
+    RemoveSa {
+        /// Connection name.
+        conn: String,
+        /// SPI.
+        spi: u32,
+        /// Direction.
+        outbound: bool,
+    },
+    /// An IKE SA is established (or replaced one by rekeying).
+    IkeUp {
+        /// Connection name.
+        conn: String,
+        /// Negotiated algorithms.
+        algorithms: String,
+    },
+    /// An IKE SA is gone with all its children.
+    IkeDown {
+        /// Connection name.
+        conn: String,
+        /// Why.
+        reason: String,
+    },
+    /// A log line for the operator.
+    Log {
+        /// Severity.
+        level: Level,
+        /// Connection, when known.
+        conn: Option<String>,
+        /// Text (never key material).
+        message: String,
+    },
+}
+
+/// Operations whose cost is accounted (seed 004's breakdown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IkeOp {
+    /// Key pair generation and shared secret computation.
+    Dh,
+    /// Creating our AUTH payload (signature or PSK MAC).
+    AuthCreate,
+    /// Checking the peer's AUTH (signature, certificate chain, PSK MAC).
+    AuthVerify,
+    /// SKEYSEED, prf+ and child KEYMAT.
+    KeyDerivation,
+    /// Encrypting SK payloads.
+    Encrypt,
+    /// Decrypting SK payloads.
+    Decrypt,
+    /// Building messages.
+    Encode,
+    /// Parsing messages.
+    Decode,
+}
+
+impl IkeOp {
+    /// Every operation.
+    pub const ALL: [IkeOp; 8] = [
+        IkeOp::Dh,
+        IkeOp::AuthCreate,
+        IkeOp::AuthVerify,
+        IkeOp::KeyDerivation,
+        IkeOp::Encrypt,
+        IkeOp::Decrypt,
+        IkeOp::Encode,
+        IkeOp::Decode,
+    ];
+
+    /// Name for tables and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            IkeOp::Dh => "dh",
+            IkeOp::AuthCreate => "auth_create",
+            IkeOp::AuthVerify => "auth_verify",
+            IkeOp::KeyDerivation => "key_derivation",
+            IkeOp::Encrypt => "encrypt",
+            IkeOp::Decrypt => "decrypt",
+            IkeOp::Encode => "encode",
+            IkeOp::Decode => "decode",
+        }
+    }
+}
+
+/// Operation counts and cumulative nanoseconds (times only with a clock lent).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IkeCosts {
+    /// Per operation: (count, nanoseconds).
+    pub ops: BTreeMap<IkeOp, (u64, u64)>,
+}
+
+impl IkeCosts {
+    fn add(&mut self, op: IkeOp, ns: u64) {
+        let e = self.ops.entry(op).or_default();
+        e.0 += 1;
+        e.1 += ns;
+    }
+
+    /// Adds another record into this one.
+    pub fn merge(&mut self, o: &IkeCosts) {
+        for (op, (c, n)) in &o.ops {
+            let e = self.ops.entry(*op).or_default();
+            e.0 += c;
+            e.1 += n;
+        }
+    }
+}
+
+/// UDP ports of IKE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ports {
+    /// IKE (500).
+    pub ike: u16,
+    /// NAT-T (4500): IKE with the non-ESP marker, and ESP-in-UDP.
+    pub nat_t: u16,
+}
+
+impl Default for Ports {
+    fn default() -> Self {
+        Ports {
+            ike: 500,
+            nat_t: 4500,
+        }
+    }
+}
+
+/// State of a child SA, for status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildStatus {
+    /// Our inbound SPI.
+    pub spi_in: u32,
+    /// Our outbound SPI.
+    pub spi_out: u32,
+    /// Negotiated algorithms.
+    pub algorithms: String,
+    /// Installed / rekeying / rekeyed (waiting for deletion) / ...
+    pub state: &'static str,
+    /// When it is rekeyed, if scheduled.
+    pub rekey_at: Option<Duration>,
+    /// When it expires.
+    pub expire_at: Option<Duration>,
+    /// Selectors (ours, theirs) as text.
+    pub local_ts: Vec<String>,
+    /// Selectors of the peer side.
+    pub remote_ts: Vec<String>,
+}
+
+/// State of an IKE SA, for status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IkeStatus {
+    /// Connection name.
+    pub conn: String,
+    /// Initiator SPI.
+    pub spi_i: u64,
+    /// Responder SPI.
+    pub spi_r: u64,
+    /// We are the original initiator.
+    pub initiator: bool,
+    /// connecting / established / deleting.
+    pub state: &'static str,
+    /// Peer's IKE address.
+    pub remote: SocketAddr,
+    /// Our IKE address.
+    pub local: SocketAddr,
+    /// The peer's authenticated identity.
+    pub peer_id: Option<String>,
+    /// Negotiated algorithms.
+    pub algorithms: Option<String>,
+    /// When it was established.
+    pub established_at: Option<Duration>,
+    /// When it is rekeyed.
+    pub rekey_at: Option<Duration>,
+    /// NAT detected (or forced): IKE on port 4500, ESP in UDP.
+    pub nat: bool,
+    /// Child SAs.
+    pub children: Vec<ChildStatus>,
+    /// Operation costs of this IKE SA.
+    pub costs: IkeCosts,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Initiator: IKE_SA_INIT sent.
+    InitSent,
+    /// Responder: IKE_SA_INIT answered, waiting for IKE_AUTH.
+    InitDone,
+    /// Initiator: IKE_AUTH sent.
+    AuthSent,
+    /// Authenticated both ways.
+    Established,
+    /// Being deleted (our Delete sent).
+    Deleting,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChildState {
+    Installed,
+    /// We are rekeying it.
+    Rekeying,
+    /// Replaced by a new child; waiting for its deletion.
+    Rekeyed,
+    /// We sent a Delete for it.
+    Deleting,
+}
+
+struct Child {
+    spi_in: u32,
+    spi_out: u32,
+    chosen: Chosen,
+    local_ts: Vec<TrafficSelector>,
+    remote_ts: Vec<TrafficSelector>,
+    state: ChildState,
+    rekey_at: Option<Duration>,
+    expire_at: Option<Duration>,
+    /// A rekey responder holds its new outbound SA until the old SA is
+    /// deleted (or this deadline passes), so that the initiator has its
+    /// new inbound SA before packets arrive on it.
+    pending_out: Option<(SaInstall, Duration)>,
+    /// Our outbound SA of this child is the connection's current one.
+    out_active: bool,
+    /// Nonces of the exchange that created it (rekey collisions, §2.8.1).
+    nonces: (Vec<u8>, Vec<u8>),
+}
+
+enum Req {
+    Init,
+    Auth {
+        spi_in: u32,
+    },
+    Child {
+        spi_in: u32,
+        rekey_of: Option<u32>,
+        ni: Vec<u8>,
+        ke: Option<KeyExchange>,
+    },
+    IkeRekey {
+        new_spi: u64,
+        ni: Vec<u8>,
+        ke: KeyExchange,
+    },
+    Dpd,
+    DeleteChild {
+        spi_in: u32,
+    },
+    DeleteIke,
+}
+
+struct Pending {
+    id: u32,
+    data: Vec<u8>,
+    tries: u32,
+    next_at: Duration,
+    what: Req,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Task {
+    RekeyChild(u32),
+    RekeyIke,
+    Dpd,
+    DeleteChild(u32),
+    DeleteIke,
+}
+
+struct IkeSa {
+    conn: usize,
+    initiator: bool,
+    spi_i: u64,
+    spi_r: u64,
+    state: State,
+    local: SocketAddr,
+    remote: SocketAddr,
+    nat: bool,
+    chosen: Option<Chosen>,
+    sk: Option<SkCrypto>,
+    sk_d: Zeroizing<Vec<u8>>,
+    sk_pi: Zeroizing<Vec<u8>>,
+    sk_pr: Zeroizing<Vec<u8>>,
+    ni: Vec<u8>,
+    nr: Vec<u8>,
+    init_req: Vec<u8>,
+    init_resp: Vec<u8>,
+    ke: Option<KeyExchange>,
+    cookie: Option<Vec<u8>>,
+    group: Group,
+    next_out_id: u32,
+    pending: Option<Pending>,
+    tasks: VecDeque<Task>,
+    next_in_id: u32,
+    last_resp: Option<(u32, Vec<Vec<u8>>)>,
+    children: Vec<Child>,
+    created: Duration,
+    established_at: Option<Duration>,
+    rekey_at: Option<Duration>,
+    last_rx: Duration,
+    peer_id: Option<Identity>,
+    costs: IkeCosts,
+    /// A replaced IKE SA is removed at this time if the peer never deletes it.
+    remove_at: Option<Duration>,
+}
+
+impl IkeSa {
+    fn local_spi(&self) -> u64 {
+        if self.initiator {
+            self.spi_i
+        } else {
+            self.spi_r
+        }
+    }
+
+    fn header(&self, exchange_type: u8, response: bool, message_id: u32) -> Header {
+        Header {
+            spi_i: self.spi_i,
+            spi_r: self.spi_r,
+            minor_version: 0,
+            exchange_type,
+            initiator: self.initiator,
+            version: false,
+            response,
+            message_id,
+        }
+    }
+
+    fn state_name(&self) -> &'static str {
+        match self.state {
+            State::InitSent | State::InitDone | State::AuthSent => "connecting",
+            State::Established => "established",
+            State::Deleting => "deleting",
+        }
+    }
+}
+
+/// Half-open IKE SAs (responder, waiting for IKE_AUTH) expire after this.
+const HALF_OPEN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Nonce length we send (RFC 7296 §2.10: at least half the PRF key size).
+const NONCE_LEN: usize = 32;
+/// A rekey responder switches its outbound SA at the latest this long after
+/// the rekey if the initiator never deletes the old SA.
+const OUTBOUND_SWITCH_DEADLINE: Duration = Duration::from_secs(5);
+/// A replaced IKE SA the peer never deletes is removed after this.
+const OLD_IKE_SA_GRACE: Duration = Duration::from_secs(30);
+/// Retry a failed `restart` connection after this.
+const RESTART_DELAY: Duration = Duration::from_secs(5);
+
+/// The IKEv2 engine of one gateway: every connection's IKE SAs.
+pub struct Ike {
+    conns: Vec<IkeConfig>,
+    sas: Vec<IkeSa>,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<Event>,
+    ports: Ports,
+    cookie_threshold: usize,
+    cookie_secret: Zeroizing<[u8; 32]>,
+    unix_at_epoch: u64,
+    counters: BTreeMap<&'static str, u64>,
+    costs: IkeCosts,
+    clock: Option<fn() -> u64>,
+    child_spis: HashSet<u32>,
+    ike_spis: HashSet<u64>,
+    restart_at: BTreeMap<usize, Duration>,
+}
+
+/// A refused command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandError(pub String);
+
+impl fmt::Display for CommandError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CommandError {}
+
+fn random_bytes(n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    // The CSPRNG failing is not recoverable in any useful way; zeros would
+    // be caught by peers (and never happen with aws-lc).
+    let _ = aws_lc_rs::rand::fill(&mut v);
+    v
+}
+
+fn random_u64() -> u64 {
+    let b = random_bytes(8);
+    u64::from_be_bytes(b.try_into().unwrap_or([1; 8]))
+}
+
+fn nat_hash(spi_i: u64, spi_r: u64, addr: SocketAddr) -> Vec<u8> {
+    let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA1_FOR_LEGACY_USE_ONLY);
+    ctx.update(&spi_i.to_be_bytes());
+    ctx.update(&spi_r.to_be_bytes());
+    match addr.ip() {
+        IpAddr::V4(a) => ctx.update(&a.octets()),
+        IpAddr::V6(a) => ctx.update(&a.octets()),
+    }
+    ctx.update(&addr.port().to_be_bytes());
+    ctx.finish().as_ref().to_vec()
+}
+
+fn notify(t: u16, data: Vec<u8>) -> Payload {
+    Payload::Notify(Notify {
+        protocol: 0,
+        spi: Vec::new(),
+        notify_type: t,
+        data,
+    })
+}
+
+fn find_notify(p: &[Payload], t: u16) -> Option<&Notify> {
+    p.iter().find_map(|x| match x {
+        Payload::Notify(n) if n.notify_type == t => Some(n),
+        _ => None,
+    })
+}
+
+/// The first error notify (types below 16384), if any.
+fn error_notify(p: &[Payload]) -> Option<u16> {
+    p.iter().find_map(|x| match x {
+        Payload::Notify(n) if n.notify_type < 16384 => Some(n.notify_type),
+        _ => None,
+    })
+}
+
+fn notify_name(t: u16) -> String {
+    match t {
+        notify::UNSUPPORTED_CRITICAL_PAYLOAD => "UNSUPPORTED_CRITICAL_PAYLOAD".into(),
+        notify::INVALID_IKE_SPI => "INVALID_IKE_SPI".into(),
+        notify::INVALID_SYNTAX => "INVALID_SYNTAX".into(),
+        notify::INVALID_MESSAGE_ID => "INVALID_MESSAGE_ID".into(),
+        notify::INVALID_SPI => "INVALID_SPI".into(),
+        notify::NO_PROPOSAL_CHOSEN => "NO_PROPOSAL_CHOSEN".into(),
+        notify::INVALID_KE_PAYLOAD => "INVALID_KE_PAYLOAD".into(),
+        notify::AUTHENTICATION_FAILED => "AUTHENTICATION_FAILED".into(),
+        notify::SINGLE_PAIR_REQUIRED => "SINGLE_PAIR_REQUIRED".into(),
+        notify::NO_ADDITIONAL_SAS => "NO_ADDITIONAL_SAS".into(),
+        notify::TS_UNACCEPTABLE => "TS_UNACCEPTABLE".into(),
+        notify::TEMPORARY_FAILURE => "TEMPORARY_FAILURE".into(),
+        notify::CHILD_SA_NOT_FOUND => "CHILD_SA_NOT_FOUND".into(),
+        other => format!("notify {other}"),
+    }
+}
+
+fn get_nonce(p: &[Payload]) -> Option<&[u8]> {
+    p.iter().find_map(|x| match x {
+        // RFC 7296 §3.9: 16 to 256 bytes.
+        Payload::Nonce(n) if (16..=256).contains(&n.len()) => Some(&n[..]),
+        _ => None,
+    })
+}
+
+fn get_sa(p: &[Payload]) -> Option<&[wire::Proposal]> {
+    p.iter().find_map(|x| match x {
+        Payload::Sa(v) => Some(&v[..]),
+        _ => None,
+    })
+}
+
+fn get_ke(p: &[Payload]) -> Option<(u16, &[u8])> {
+    p.iter().find_map(|x| match x {
+        Payload::Ke { group, data } => Some((*group, &data[..])),
+        _ => None,
+    })
+}
+
+fn get_ts(p: &[Payload]) -> Option<(&[TrafficSelector], &[TrafficSelector])> {
+    let i = p.iter().find_map(|x| match x {
+        Payload::TsI(v) => Some(&v[..]),
+        _ => None,
+    })?;
+    let r = p.iter().find_map(|x| match x {
+        Payload::TsR(v) => Some(&v[..]),
+        _ => None,
+    })?;
+    Some((i, r))
+}
+
+fn spi4(v: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(v.try_into().ok()?))
+}
+
+fn after(now: Duration, d: Duration, jitter: Duration) -> Option<Duration> {
+    if d.is_zero() {
+        return None;
+    }
+    let j = if jitter.is_zero() {
+        Duration::ZERO
+    } else {
+        let r = u64::from_be_bytes(random_bytes(8).try_into().unwrap_or([0; 8]));
+        let max = jitter.min(d / 2).as_nanos().max(1);
+        Duration::from_nanos(u64::try_from(u128::from(r) % max).unwrap_or(0))
+    };
+    Some(now + d - j)
+}
+
+impl Ike {
+    /// An engine for these connections.
+    pub fn new(conns: Vec<IkeConfig>, ports: Ports) -> Ike {
+        let mut secret = Zeroizing::new([0u8; 32]);
+        let _ = aws_lc_rs::rand::fill(&mut secret[..]);
+        Ike {
+            conns,
+            sas: Vec::new(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            ports,
+            cookie_threshold: 32,
+            cookie_secret: secret,
+            unix_at_epoch: 0,
+            counters: BTreeMap::new(),
+            costs: IkeCosts::default(),
+            clock: None,
+            child_spis: HashSet::new(),
+            ike_spis: HashSet::new(),
+            restart_at: BTreeMap::new(),
+        }
+    }
+
+    /// Unix time (seconds) at the caller's epoch: certificate validity is
+    /// checked at `unix_at_epoch + now`.
+    pub fn set_unix_time_at_epoch(&mut self, secs: u64) {
+        self.unix_at_epoch = secs;
+    }
+
+    /// Half-open IKE SAs (responder) above which IKE_SA_INIT requests must
+    /// carry a COOKIE (RFC 7296 §2.6). 0 demands cookies always.
+    pub fn set_cookie_threshold(&mut self, n: usize) {
+        self.cookie_threshold = n;
+    }
+
+    /// Lends a monotonic nanosecond clock for the per-operation costs.
+    pub fn set_cost_clock(&mut self, clock: Option<fn() -> u64>) {
+        self.clock = clock;
+    }
+
+    /// The connections.
+    pub fn conns(&self) -> &[IkeConfig] {
+        &self.conns
+    }
+
+    /// Counters: messages, exchanges and every reason a message was dropped.
+    pub fn counters(&self) -> &BTreeMap<&'static str, u64> {
+        &self.counters
+    }
+
+    /// Operation costs of every IKE SA ever handled.
+    pub fn costs(&self) -> &IkeCosts {
+        &self.costs
+    }
+
+    /// Clears the cost records.
+    pub fn reset_costs(&mut self) {
+        self.costs = IkeCosts::default();
+        for sa in &mut self.sas {
+            sa.costs = IkeCosts::default();
+        }
+    }
+
+    /// The next datagram to send.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    fn count(&mut self, what: &'static str) {
+        *self.counters.entry(what).or_default() += 1;
+    }
+
+    fn log(&mut self, level: Level, conn: Option<usize>, message: String) {
+        let conn = conn.and_then(|c| self.conns.get(c)).map(|c| c.name.clone());
+        self.events.push_back(Event::Log {
+            level,
+            conn,
+            message,
+        });
+    }
+
+    fn timed<T>(&mut self, sa: Option<usize>, op: IkeOp, f: impl FnOnce(&mut Self) -> T) -> T {
+        let t0 = self.clock.map(|c| c());
+        let r = f(self);
+        let ns = match (self.clock, t0) {
+            (Some(c), Some(t0)) => c().saturating_sub(t0),
+            _ => 0,
+        };
+        self.costs.add(op, ns);
+        if let Some(s) = sa.and_then(|i| self.sas.get_mut(i)) {
+            s.costs.add(op, ns);
+        }
+        r
+    }
+
+    fn new_child_spi(&mut self) -> u32 {
+        loop {
+            let b = random_bytes(4);
+            let s = u32::from_be_bytes(b.try_into().unwrap_or([0; 4]));
+            // SPIs 1-255 are reserved (RFC 4303 §2.1).
+            if s > 255 && self.child_spis.insert(s) {
+                return s;
+            }
+        }
+    }
+
+    fn new_ike_spi(&mut self) -> u64 {
+        loop {
+            let s = random_u64();
+            if s != 0 && self.ike_spis.insert(s) {
+                return s;
+            }
+        }
+    }
+
+    /// Status of every IKE SA.
+    pub fn status(&self) -> Vec<IkeStatus> {
+        self.sas
+            .iter()
+            .map(|sa| IkeStatus {
+                conn: self.conns[sa.conn].name.clone(),
+                spi_i: sa.spi_i,
+                spi_r: sa.spi_r,
+                initiator: sa.initiator,
+                state: sa.state_name(),
+                remote: sa.remote,
+                local: sa.local,
+                peer_id: sa.peer_id.as_ref().map(|i| i.to_string()),
+                algorithms: sa.chosen.map(|c| c.name()),
+                established_at: sa.established_at,
+                rekey_at: sa.rekey_at,
+                nat: sa.nat,
+                costs: sa.costs.clone(),
+                children: sa
+                    .children
+                    .iter()
+                    .map(|c| ChildStatus {
+                        spi_in: c.spi_in,
+                        spi_out: c.spi_out,
+                        algorithms: c.chosen.name(),
+                        state: match c.state {
+                            ChildState::Installed => "installed",
+                            ChildState::Rekeying => "rekeying",
+                            ChildState::Rekeyed => "rekeyed",
+                            ChildState::Deleting => "deleting",
+                        },
+                        rekey_at: c.rekey_at,
+                        expire_at: c.expire_at,
+                        local_ts: c.local_ts.iter().map(ts::display).collect(),
+                        remote_ts: c.remote_ts.iter().map(ts::display).collect(),
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Fuzzing only: a message of IKE SA number `sa` (in creation order)
+    /// with `body` as its (possibly malformed) decrypted payload chain,
+    /// sealed with that SA's keys, so that a fuzzer reaches the handlers
+    /// behind the integrity check.
+    /// The message ID is the SA's next request ID (or, for a response, the
+    /// next ID it expects from the peer) plus `id_delta`, minus 2.
+    #[cfg(fuzzing)]
+    pub fn fuzz_seal(
+        &mut self,
+        sa: usize,
+        exchange_type: u8,
+        response: bool,
+        id_delta: u8,
+        first: u8,
+        body: &[u8],
+    ) -> Option<Transmit> {
+        let n = self.sas.len();
+        let s = self.sas.get_mut(sa % n.max(1))?;
+        let base = if response {
+            s.next_in_id
+        } else {
+            s.next_out_id
+        };
+        let id = base.wrapping_add(u32::from(id_delta)).wrapping_sub(2);
+        let h = s.header(exchange_type, response, id);
+        let data = s.sk.as_mut()?.seal_raw(&h, first, body).ok()?;
+        Some(Transmit {
+            local: s.local,
+            remote: s.remote,
+            data,
+        })
+    }
+
+    // -----------------------------------------------------------------
+    // Commands
+    // -----------------------------------------------------------------
+
+    fn conn_index(&self, name: &str) -> Result<usize, CommandError> {
+        self.conns
+            .iter()
+            .position(|c| c.name == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = self.conns.iter().map(|c| c.name.as_str()).collect();
+                CommandError(format!(
+                    "no IKE connection named \"{name}\" (IKE connections: {})",
+                    if names.is_empty() {
+                        "none".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                ))
+            })
+    }
+
+    /// Starts an IKE SA (and its child) for connection `name`.
+    pub fn initiate(&mut self, now: Duration, name: &str) -> Result<(), CommandError> {
+        let ci = self.conn_index(name)?;
+        if let Some(sa) = self
+            .sas
+            .iter()
+            .find(|s| s.conn == ci && s.state != State::Deleting)
+        {
+            return Err(CommandError(format!(
+                "connection \"{name}\" already has an IKE SA ({})",
+                sa.state_name()
+            )));
+        }
+        self.restart_at.remove(&ci);
+        self.start_init(now, ci, None, None);
+        Ok(())
+    }
+
+    /// Deletes connection `name`'s IKE SA and its children (an INFORMATIONAL
+    /// Delete; the SAs are removed when the peer answers or gives up).
+    pub fn terminate(&mut self, now: Duration, name: &str) -> Result<(), CommandError> {
+        let ci = self.conn_index(name)?;
+        self.restart_at.remove(&ci);
+        let idx: Vec<usize> = (0..self.sas.len())
+            .filter(|i| self.sas[*i].conn == ci)
+            .collect();
+        if idx.is_empty() {
+            return Err(CommandError(format!(
+                "connection \"{name}\" has no IKE SA to terminate"
+            )));
+        }
+        for i in idx.into_iter().rev() {
+            if self.sas[i].state == State::Established {
+                self.sas[i].tasks.clear();
+                self.sas[i].tasks.push_back(Task::DeleteIke);
+                self.kick(i, now);
+            } else {
+                self.destroy(i, "terminated before it was established".into(), false);
+            }
+        }
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------
+    // Sending
+    // -----------------------------------------------------------------
+
+    fn transmit(&mut self, i: usize, data: Vec<u8>) {
+        let sa = &self.sas[i];
+        self.transmits.push_back(Transmit {
+            local: sa.local,
+            remote: sa.remote,
+            data,
+        });
+        self.count("messages_out");
+    }
+
+    /// Seals (or, for IKE_SA_INIT, emits) a message of SA `i`.
+    fn build(&mut self, i: usize, h: Header, payloads: Vec<Payload>) -> Option<Vec<u8>> {
+        let r = self.timed(Some(i), IkeOp::Encrypt, |s| match s.sas[i].sk.as_mut() {
+            Some(sk) => sk.seal(&h, &payloads).map_err(|e| e.to_string()),
+            None => Message {
+                header: h,
+                payloads,
+            }
+            .emit()
+            .map_err(|e| e.to_string()),
+        });
+        match r {
+            Ok(m) => Some(m),
+            Err(e) => {
+                self.count("build_errors");
+                let c = self.sas[i].conn;
+                self.log(
+                    Level::Warn,
+                    Some(c),
+                    format!("could not build a message: {e}"),
+                );
+                None
+            }
+        }
+    }
+
+    fn send_request(
+        &mut self,
+        i: usize,
+        now: Duration,
+        exch: u8,
+        payloads: Vec<Payload>,
+        what: Req,
+    ) {
+        let id = self.sas[i].next_out_id;
+        let h = self.sas[i].header(exch, false, id);
+        let Some(data) = self.build(i, h, payloads) else {
+            return;
+        };
+        let wait = self.conns[self.sas[i].conn].retransmit.wait(0);
+        self.sas[i].next_out_id = id.wrapping_add(1);
+        self.sas[i].pending = Some(Pending {
+            id,
+            data: data.clone(),
+            tries: 0,
+            next_at: now + wait,
+            what,
+        });
+        self.transmit(i, data);
+    }
+
+    fn reply(&mut self, i: usize, exch: u8, id: u32, payloads: Vec<Payload>) {
+        let h = self.sas[i].header(exch, true, id);
+        let Some(data) = self.build(i, h, payloads) else {
+            return;
+        };
+        self.sas[i].last_resp = Some((id, vec![data.clone()]));
+        self.sas[i].next_in_id = id.wrapping_add(1);
+        self.transmit(i, data);
+    }
+
+    /// An unencrypted answer outside any IKE SA (IKE_SA_INIT errors, cookies).
+    fn reply_plain(
+        &mut self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        req: &Header,
+        payloads: Vec<Payload>,
+    ) {
+        let h = Header {
+            spi_i: req.spi_i,
+            spi_r: 0,
+            minor_version: 0,
+            exchange_type: req.exchange_type,
+            initiator: false,
+            version: false,
+            response: true,
+            message_id: req.message_id,
+        };
+        if let Ok(data) = (Message {
+            header: h,
+            payloads,
+        })
+        .emit()
+        {
+            self.transmits.push_back(Transmit {
+                local,
+                remote,
+                data,
+            });
+            self.count("messages_out");
+        }
+    }
+
+    // -----------------------------------------------------------------
+    // IKE_SA_INIT
+    // -----------------------------------------------------------------
+
+    fn start_init(
+        &mut self,
+        now: Duration,
+        ci: usize,
+        group: Option<Group>,
+        cookie: Option<Vec<u8>>,
+    ) {
+        let c = &self.conns[ci];
+        let Some(first_group) = c.proposals.first().and_then(|p| p.dh.first().copied()) else {
+            self.log(Level::Warn, Some(ci), "no IKE proposal with a group".into());
+            return;
+        };
+        let group = group.unwrap_or(first_group);
+        let local = SocketAddr::new(c.local, self.ports.ike);
+        let remote = SocketAddr::new(c.remote, self.ports.ike);
+        let spi_i = self.new_ike_spi();
+        let sa = IkeSa {
+            conn: ci,
+            initiator: true,
+            spi_i,
+            spi_r: 0,
+            state: State::InitSent,
+            local,
+            remote,
+            nat: false,
+            chosen: None,
+            sk: None,
+            sk_d: Zeroizing::new(Vec::new()),
+            sk_pi: Zeroizing::new(Vec::new()),
+            sk_pr: Zeroizing::new(Vec::new()),
+            ni: random_bytes(NONCE_LEN),
+            nr: Vec::new(),
+            init_req: Vec::new(),
+            init_resp: Vec::new(),
+            ke: None,
+            cookie,
+            group,
+            next_out_id: 0,
+            pending: None,
+            tasks: VecDeque::new(),
+            next_in_id: 0,
+            last_resp: None,
+            children: Vec::new(),
+            created: now,
+            established_at: None,
+            rekey_at: None,
+            last_rx: now,
+            peer_id: None,
+            costs: IkeCosts::default(),
+            remove_at: None,
+        };
+        self.sas.push(sa);
+        let i = self.sas.len() - 1;
+        self.send_init(i, now);
+        self.count("ike_init_sent");
+        self.log(
+            Level::Info,
+            Some(ci),
+            format!(
+                "initiating IKE_SA_INIT to {remote} (group {})",
+                group.name()
+            ),
+        );
+    }
+
+    fn send_init(&mut self, i: usize, now: Duration) {
+        let group = self.sas[i].group;
+        let ke = match self.timed(Some(i), IkeOp::Dh, |_| KeyExchange::generate(group)) {
+            Ok(k) => k,
+            Err(e) => {
+                let c = self.sas[i].conn;
+                self.log(
+                    Level::Warn,
+                    Some(c),
+                    format!("key exchange {}: {e}", group.name()),
+                );
+                return;
+            }
+        };
+        let ci = self.sas[i].conn;
+        let c = &self.conns[ci];
+        let mut payloads = Vec::new();
+        if let Some(ck) = &self.sas[i].cookie {
+            payloads.push(notify(notify::COOKIE, ck.clone()));
+        }
+        let props: Vec<wire::Proposal> = c
+            .proposals
+            .iter()
+            .enumerate()
+            .map(|(n, p)| p.to_wire(u8::try_from(n + 1).unwrap_or(255), &[], None))
+            .collect();
+        payloads.push(Payload::Sa(props));
+        payloads.push(Payload::Ke {
+            group: group.id(),
+            data: ke.public_value().to_vec(),
+        });
+        payloads.push(Payload::Nonce(self.sas[i].ni.clone()));
+        let (spi_i, local, remote) = (self.sas[i].spi_i, self.sas[i].local, self.sas[i].remote);
+        let src = if c.force_encap {
+            random_bytes(20)
+        } else {
+            nat_hash(spi_i, 0, local)
+        };
+        payloads.push(notify(notify::NAT_DETECTION_SOURCE_IP, src));
+        payloads.push(notify(
+            notify::NAT_DETECTION_DESTINATION_IP,
+            nat_hash(spi_i, 0, remote),
+        ));
+        payloads.push(notify(
+            notify::SIGNATURE_HASH_ALGORITHMS,
+            super::sig::encode_hash_algorithms(&super::sig::supported_hash_algorithms()),
+        ));
+        self.sas[i].ke = Some(ke);
+        self.sas[i].next_out_id = 0;
+        self.send_request(i, now, exchange::IKE_SA_INIT, payloads, Req::Init);
+        if let Some(p) = &self.sas[i].pending {
+            self.sas[i].init_req = p.data.clone();
+        }
+    }
+
+    fn cookie_for(&self, ni: &[u8], remote: SocketAddr, spi_i: u64) -> Vec<u8> {
+        // RFC 7296 §2.6: <VersionIDofSecret> | Hash(Ni | IPi | SPIi | <secret>).
+        let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+        ctx.update(ni);
+        match remote.ip() {
+            IpAddr::V4(a) => ctx.update(&a.octets()),
+            IpAddr::V6(a) => ctx.update(&a.octets()),
+        }
+        ctx.update(&spi_i.to_be_bytes());
+        ctx.update(&self.cookie_secret[..]);
+        let mut out = vec![0, 0, 0, 1];
+        out.extend_from_slice(ctx.finish().as_ref());
+        out
+    }
+
+    fn responder_init(
+        &mut self,
+        now: Duration,
+        local: SocketAddr,
+        remote: SocketAddr,
+        data: &[u8],
+        h: Header,
+    ) {
+        // A retransmitted request: answer with the cached response.
+        if let Some(i) = self
+            .sas
+            .iter()
+            .position(|s| !s.initiator && s.spi_i == h.spi_i && s.remote.ip() == remote.ip())
+        {
+            if self.sas[i].state == State::InitDone && !self.sas[i].init_resp.is_empty() {
+                self.count("retransmitted_responses");
+                let d = self.sas[i].init_resp.clone();
+                self.transmit(i, d);
+            } else {
+                self.count("dropped_duplicate_init");
+            }
+            return;
+        }
+        if h.message_id != 0 {
+            self.count("dropped_bad_message_id");
+            return;
+        }
+        let msg = match self.timed(None, IkeOp::Decode, |_| Message::parse(data)) {
+            Ok(m) => m,
+            Err(e) => {
+                self.count("dropped_malformed");
+                self.log(
+                    Level::Debug,
+                    None,
+                    format!("IKE_SA_INIT from {remote}: {e}"),
+                );
+                return;
+            }
+        };
+        let Some(ci) = self.conns.iter().position(|c| c.remote == remote.ip()) else {
+            self.count("dropped_no_connection");
+            self.log(
+                Level::Warn,
+                None,
+                format!("IKE_SA_INIT from {remote}: no connection has this peer address"),
+            );
+            self.reply_plain(
+                local,
+                remote,
+                &h,
+                vec![notify(notify::NO_PROPOSAL_CHOSEN, vec![])],
+            );
+            return;
+        };
+        if let Some(t) = msg.unsupported_critical() {
+            self.reply_plain(
+                local,
+                remote,
+                &h,
+                vec![notify(notify::UNSUPPORTED_CRITICAL_PAYLOAD, vec![t])],
+            );
+            return;
+        }
+        let p = &msg.payloads;
+        let (Some(offered), Some((kg, kdata)), Some(ni)) = (get_sa(p), get_ke(p), get_nonce(p))
+        else {
+            self.count("dropped_malformed");
+            self.reply_plain(
+                local,
+                remote,
+                &h,
+                vec![notify(notify::INVALID_SYNTAX, vec![])],
+            );
+            return;
+        };
+        // Cookies when many SAs are half open.
+        let half_open = self
+            .sas
+            .iter()
+            .filter(|s| s.state == State::InitDone)
+            .count();
+        if half_open >= self.cookie_threshold {
+            let want = self.cookie_for(ni, remote, h.spi_i);
+            let ok = find_notify(p, notify::COOKIE).is_some_and(|n| {
+                aws_lc_rs::constant_time::verify_slices_are_equal(&n.data, &want).is_ok()
+            });
+            if !ok {
+                self.count("cookies_sent");
+                self.reply_plain(local, remote, &h, vec![notify(notify::COOKIE, want)]);
+                return;
+            }
+        }
+        let Some((num, _, chosen)) =
+            select(&self.conns[ci].proposals, offered, ProposalKind::Ike, false)
+        else {
+            self.count("no_proposal_chosen");
+            let offered_names: Vec<String> = offered.iter().map(describe_proposal).collect();
+            self.log(
+                Level::Warn,
+                Some(ci),
+                format!(
+                    "IKE_SA_INIT from {remote}: no proposal acceptable (offered: {}; ours: {})",
+                    offered_names.join(", "),
+                    self.conns[ci]
+                        .proposals
+                        .iter()
+                        .map(|p| p.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+            self.reply_plain(
+                local,
+                remote,
+                &h,
+                vec![notify(notify::NO_PROPOSAL_CHOSEN, vec![])],
+            );
+            return;
+        };
+        let Some(group) = chosen.dh else { return };
+        if kg != group.id() {
+            self.count("invalid_ke_sent");
+            self.reply_plain(
+                local,
+                remote,
+                &h,
+                vec![notify(
+                    notify::INVALID_KE_PAYLOAD,
+                    group.id().to_be_bytes().to_vec(),
+                )],
+            );
+            return;
+        }
+        let ke = match self.timed(None, IkeOp::Dh, |_| KeyExchange::generate(group)) {
+            Ok(k) => k,
+            Err(_) => return,
+        };
+        let g_ir = match self.timed(None, IkeOp::Dh, |_| ke.agree(kdata)) {
+            Ok(g) => g,
+            Err(e) => {
+                self.count("dropped_bad_ke");
+                self.log(
+                    Level::Warn,
+                    Some(ci),
+                    format!("IKE_SA_INIT from {remote}: bad KE: {e}"),
+                );
+                self.reply_plain(
+                    local,
+                    remote,
+                    &h,
+                    vec![notify(notify::INVALID_SYNTAX, vec![])],
+                );
+                return;
+            }
+        };
+        let spi_r = self.new_ike_spi();
+        let c = &self.conns[ci];
+        let our_local = SocketAddr::new(c.local, local.port());
+        let nr = random_bytes(NONCE_LEN);
+        // NAT detection (§2.23): compare the peer's hashes with what we see.
+        let src_ok = find_notify(p, notify::NAT_DETECTION_SOURCE_IP)
+            .map(|n| n.data == nat_hash(h.spi_i, 0, remote));
+        let dst_ok = find_notify(p, notify::NAT_DETECTION_DESTINATION_IP)
+            .map(|n| n.data == nat_hash(h.spi_i, 0, our_local));
+        let nat = src_ok == Some(false) || dst_ok == Some(false) || c.force_encap;
+        let mut out = vec![
+            Payload::Sa(vec![chosen.to_wire(ProposalKind::Ike, num, &[])]),
+            Payload::Ke {
+                group: group.id(),
+                data: ke.public_value().to_vec(),
+            },
+            Payload::Nonce(nr.clone()),
+        ];
+        if src_ok.is_some() {
+            let src = if c.force_encap {
+                random_bytes(20)
+            } else {
+                nat_hash(h.spi_i, spi_r, our_local)
+            };
+            out.push(notify(notify::NAT_DETECTION_SOURCE_IP, src));
+            out.push(notify(
+                notify::NAT_DETECTION_DESTINATION_IP,
+                nat_hash(h.spi_i, spi_r, remote),
+            ));
+        }
+        if let RemoteAuth::Ca(cas) = &c.remote_auth {
+            out.push(certreq(cas));
+        }
+        out.push(notify(
+            notify::SIGNATURE_HASH_ALGORITHMS,
+            super::sig::encode_hash_algorithms(&super::sig::supported_hash_algorithms()),
+        ));
+        let sa = IkeSa {
+            conn: ci,
+            initiator: false,
+            spi_i: h.spi_i,
+            spi_r,
+            state: State::InitDone,
+            local: our_local,
+            remote,
+            nat,
+            chosen: Some(chosen),
+            sk: None,
+            sk_d: Zeroizing::new(Vec::new()),
+            sk_pi: Zeroizing::new(Vec::new()),
+            sk_pr: Zeroizing::new(Vec::new()),
+            ni: ni.to_vec(),
+            nr,
+            init_req: data.to_vec(),
+            init_resp: Vec::new(),
+            ke: None,
+            cookie: None,
+            group,
+            next_out_id: 0,
+            pending: None,
+            tasks: VecDeque::new(),
+            next_in_id: 0,
+            last_resp: None,
+            children: Vec::new(),
+            created: now,
+            established_at: None,
+            rekey_at: None,
+            last_rx: now,
+            peer_id: None,
+            costs: IkeCosts::default(),
+            remove_at: None,
+        };
+        self.sas.push(sa);
+        let i = self.sas.len() - 1;
+        self.reply(i, exchange::IKE_SA_INIT, 0, out);
+        if let Some((_, d)) = &self.sas[i].last_resp {
+            self.sas[i].init_resp = d[0].clone();
+        }
+        if !self.install_ike_keys(i, &g_ir, None) {
+            self.sas.remove(i);
+            return;
+        }
+        self.count("ike_init_answered");
+        self.log(
+            Level::Info,
+            Some(ci),
+            format!(
+                "IKE_SA_INIT from {remote}: chose {}{}",
+                chosen.name(),
+                if nat {
+                    ", NAT detected or forced: ESP in UDP"
+                } else {
+                    ""
+                }
+            ),
+        );
+    }
+
+    /// Derives and installs the IKE SA keys of SA `i` (responder or initiator).
+    fn install_ike_keys(&mut self, i: usize, g_ir: &[u8], old: Option<(Prf, &[u8])>) -> bool {
+        let Some(chosen) = self.sas[i].chosen else {
+            return false;
+        };
+        let Some(prf) = chosen.prf else { return false };
+        let keys = self.timed(Some(i), IkeOp::KeyDerivation, |s| {
+            let sa = &s.sas[i];
+            let input = IkeKeyInput {
+                prf,
+                ni: &sa.ni,
+                nr: &sa.nr,
+                g_ir,
+                spi_i: sa.spi_i,
+                spi_r: sa.spi_r,
+                lens: chosen.key_lens(),
+            };
+            derive_ike_keys(&input, old)
+        });
+        let initiator = self.sas[i].initiator;
+        let (out_keys, in_keys) = if initiator {
+            ((&keys.sk_ei, &keys.sk_ai), (&keys.sk_er, &keys.sk_ar))
+        } else {
+            ((&keys.sk_er, &keys.sk_ar), (&keys.sk_ei, &keys.sk_ai))
+        };
+        match SkCrypto::new(
+            chosen.suite(),
+            (out_keys.0, out_keys.1),
+            (in_keys.0, in_keys.1),
+        ) {
+            Ok(sk) => {
+                let sa = &mut self.sas[i];
+                sa.sk = Some(sk);
+                sa.sk_d = keys.sk_d.clone();
+                sa.sk_pi = keys.sk_pi.clone();
+                sa.sk_pr = keys.sk_pr.clone();
+                true
+            }
+            Err(e) => {
+                let c = self.sas[i].conn;
+                self.log(Level::Warn, Some(c), format!("IKE SA keys: {e}"));
+                false
+            }
+        }
+    }
+
+    fn initiator_init_response(&mut self, i: usize, now: Duration, msg: Message) {
+        let ci = self.sas[i].conn;
+        let p = &msg.payloads;
+        if let Some(ck) = find_notify(p, notify::COOKIE) {
+            if self.sas[i].cookie.is_some() && self.sas[i].cookie.as_ref() == Some(&ck.data) {
+                return;
+            }
+            self.count("cookies_received");
+            self.sas[i].cookie = Some(ck.data.clone());
+            self.sas[i].pending = None;
+            self.send_init(i, now);
+            return;
+        }
+        if let Some(n) = find_notify(p, notify::INVALID_KE_PAYLOAD) {
+            let want = (n.data.len() == 2).then(|| u16::from_be_bytes([n.data[0], n.data[1]]));
+            let ok = want.and_then(Group::from_id).filter(|g| {
+                *g != self.sas[i].group && self.conns[ci].proposals.iter().any(|p| p.dh.contains(g))
+            });
+            self.count("invalid_ke_received");
+            match ok {
+                Some(g) => {
+                    self.log(
+                        Level::Info,
+                        Some(ci),
+                        format!("peer asks for group {}: retrying", g.name()),
+                    );
+                    self.sas[i].group = g;
+                    self.sas[i].pending = None;
+                    self.send_init(i, now);
+                }
+                None => self.fail(
+                    i,
+                    format!("peer asks for key exchange group {want:?}, which we do not offer"),
+                ),
+            }
+            return;
+        }
+        if let Some(e) = error_notify(p) {
+            self.fail(i, format!("peer refused IKE_SA_INIT: {}", notify_name(e)));
+            return;
+        }
+        let (Some(answer), Some((kg, kdata)), Some(nr)) = (get_sa(p), get_ke(p), get_nonce(p))
+        else {
+            self.fail(i, "IKE_SA_INIT response lacks SA, KE or nonce".into());
+            return;
+        };
+        let chosen = match answer {
+            [one] => Chosen::from_answer(one, &self.conns[ci].proposals, ProposalKind::Ike, false),
+            _ => None,
+        };
+        let Some(chosen) =
+            chosen.filter(|c| c.dh == Some(self.sas[i].group) && kg == self.sas[i].group.id())
+        else {
+            self.fail(
+                i,
+                "IKE_SA_INIT response chose a proposal or group we did not offer".into(),
+            );
+            return;
+        };
+        let Some(ke) = self.sas[i].ke.take() else {
+            return;
+        };
+        let g_ir = match self.timed(Some(i), IkeOp::Dh, |_| ke.agree(kdata)) {
+            Ok(g) => g,
+            Err(e) => {
+                self.fail(i, format!("peer's key exchange value refused: {e}"));
+                return;
+            }
+        };
+        let (spi_i, spi_r) = (msg.header.spi_i, msg.header.spi_r);
+        let (local, remote) = (self.sas[i].local, self.sas[i].remote);
+        let src_ok = find_notify(p, notify::NAT_DETECTION_SOURCE_IP)
+            .map(|n| n.data == nat_hash(spi_i, spi_r, remote));
+        let dst_ok = find_notify(p, notify::NAT_DETECTION_DESTINATION_IP)
+            .map(|n| n.data == nat_hash(spi_i, spi_r, local));
+        let nat = src_ok == Some(false)
+            || dst_ok == Some(false)
+            || (self.conns[ci].force_encap && src_ok.is_some());
+        {
+            let sa = &mut self.sas[i];
+            sa.spi_r = spi_r;
+            sa.nr = nr.to_vec();
+            sa.chosen = Some(chosen);
+            sa.nat = nat;
+        }
+        if !self.install_ike_keys(i, &g_ir, None) {
+            self.fail(i, "could not key the IKE SA".into());
+            return;
+        }
+        if nat {
+            // §2.23: move to port 4500 after IKE_SA_INIT.
+            let sa = &mut self.sas[i];
+            sa.local.set_port(self.ports.nat_t);
+            sa.remote.set_port(self.ports.nat_t);
+        }
+        let certreq_for_us = p.iter().any(|x| matches!(x, Payload::CertReq { .. }));
+        self.send_auth(i, now, certreq_for_us);
+    }
+
+    // -----------------------------------------------------------------
+    // IKE_AUTH
+    // -----------------------------------------------------------------
+
+    fn our_id(&self, ci: usize) -> Id {
+        let id = &self.conns[ci].local_id;
+        Id {
+            id_type: id.id_type(),
+            data: id.data(),
+        }
+    }
+
+    /// Our AUTH payload (and CERT payloads before it) over `signed`.
+    fn make_auth(&mut self, i: usize, signed: &[u8]) -> Option<Vec<Payload>> {
+        let ci = self.sas[i].conn;
+        let prf = self.sas[i].chosen?.prf?;
+        let auth = self.conns[ci].local_auth.clone();
+        let r = self.timed(Some(i), IkeOp::AuthCreate, |_| match &auth {
+            LocalAuth::Psk(k) => Ok(vec![Payload::Auth {
+                method: auth_method::SHARED_KEY_MIC,
+                data: psk_auth(prf, k, signed).to_vec(),
+            }]),
+            LocalAuth::Signature { key, certs } => {
+                let mut v: Vec<Payload> = certs
+                    .iter()
+                    .map(|c| Payload::Cert {
+                        encoding: cert_encoding::X509_SIGNATURE,
+                        data: c.der().to_vec(),
+                    })
+                    .collect();
+                match key.sign_auth(None, signed) {
+                    Ok(data) => {
+                        v.push(Payload::Auth {
+                            method: auth_method::DIGITAL_SIGNATURE,
+                            data,
+                        });
+                        Ok(v)
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        });
+        match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.log(
+                    Level::Warn,
+                    Some(ci),
+                    format!("could not sign our AUTH: {e}"),
+                );
+                None
+            }
+        }
+    }
+
+    /// Checks the peer's identity and AUTH; `Err` says why not.
+    fn verify_peer(
+        &mut self,
+        i: usize,
+        p: &[Payload],
+        peer_id: &Id,
+        signed: &[u8],
+    ) -> Result<Identity, String> {
+        let ci = self.sas[i].conn;
+        let id = Identity::from_payload(peer_id.id_type, &peer_id.data)
+            .map_err(|e| format!("peer identity: {e}"))?;
+        if let Some(want) = &self.conns[ci].remote_id {
+            if *want != id {
+                return Err(format!("peer identity {id} is not the configured {want}"));
+            }
+        }
+        let Some((method, data)) = p.iter().find_map(|x| match x {
+            Payload::Auth { method, data } => Some((*method, data.clone())),
+            _ => None,
+        }) else {
+            return Err("no AUTH payload".into());
+        };
+        let prf = self.sas[i].chosen.and_then(|c| c.prf).ok_or("no PRF")?;
+        let remote_auth = self.conns[ci].remote_auth.clone();
+        let unix = self.unix_at_epoch + self.sas[i].last_rx.as_secs();
+        let certs: Vec<Vec<u8>> = p
+            .iter()
+            .filter_map(|x| match x {
+                Payload::Cert { encoding, data } if *encoding == cert_encoding::X509_SIGNATURE => {
+                    Some(data.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        self.timed(Some(i), IkeOp::AuthVerify, |_| -> Result<(), String> {
+            match &remote_auth {
+                RemoteAuth::Psk(k) => {
+                    if method != auth_method::SHARED_KEY_MIC {
+                        return Err(format!(
+                            "peer used AUTH method {method}, we expect a pre-shared key (2)"
+                        ));
+                    }
+                    let want = psk_auth(prf, k, signed);
+                    aws_lc_rs::constant_time::verify_slices_are_equal(&want, &data).map_err(|_| {
+                        "pre-shared key AUTH does not verify (different keys?)".to_string()
+                    })
+                }
+                RemoteAuth::PublicKey(pk) => verify_sig(pk, method, &data, signed),
+                RemoteAuth::Ca(cas) => {
+                    let (ee, rest) = certs.split_first().ok_or("peer sent no certificate")?;
+                    let ee =
+                        Certificate::from_der(ee).map_err(|e| format!("peer certificate: {e}"))?;
+                    let inter: Vec<Certificate> = rest
+                        .iter()
+                        .filter_map(|d| Certificate::from_der(d).ok())
+                        .collect();
+                    verify_chain(&ee, &inter, cas, unix)
+                        .map_err(|e| format!("peer certificate: {e}"))?;
+                    if !ee.matches_identity(&id) {
+                        return Err(format!("peer certificate does not bind its identity {id}"));
+                    }
+                    let pk = ee
+                        .public_key()
+                        .map_err(|e| format!("peer certificate key: {e}"))?;
+                    verify_sig(&pk, method, &data, signed)
+                }
+            }
+        })?;
+        Ok(id)
+    }
+
+    fn child_proposals(&self, ci: usize, spi: u32, pfs: Option<&[Group]>) -> Vec<wire::Proposal> {
+        self.conns[ci]
+            .child
+            .proposals
+            .iter()
+            .enumerate()
+            .map(|(n, p)| {
+                let groups: Option<&[Group]> = match pfs {
+                    Some(g) => Some(g),
+                    None => Some(&[]),
+                };
+                p.to_wire(
+                    u8::try_from(n + 1).unwrap_or(255),
+                    &spi.to_be_bytes(),
+                    if pfs.is_some() { Some(&p.dh) } else { groups },
+                )
+            })
+            .collect()
+    }
+
+    fn send_auth(&mut self, i: usize, now: Duration, _certreq: bool) {
+        let ci = self.sas[i].conn;
+        let id = self.our_id(ci);
+        let prf = match self.sas[i].chosen.and_then(|c| c.prf) {
+            Some(p) => p,
+            None => return,
+        };
+        let signed = signed_octets(
+            prf,
+            &self.sas[i].init_req,
+            &self.sas[i].nr,
+            &self.sas[i].sk_pi,
+            id.id_type,
+            &id.data,
+        );
+        let Some(auth) = self.make_auth(i, &signed) else {
+            self.fail(i, "could not create our AUTH payload".into());
+            return;
+        };
+        let spi_in = self.new_child_spi();
+        let c = &self.conns[ci];
+        let mut payloads = vec![Payload::IdI(id)];
+        let (certs, rest): (Vec<Payload>, Vec<Payload>) = auth
+            .into_iter()
+            .partition(|p| matches!(p, Payload::Cert { .. }));
+        payloads.extend(certs);
+        if let RemoteAuth::Ca(cas) = &c.remote_auth {
+            payloads.push(certreq(cas));
+        }
+        payloads.push(notify(notify::INITIAL_CONTACT, vec![]));
+        if let Some(r) = &c.remote_id {
+            payloads.push(Payload::IdR(Id {
+                id_type: r.id_type(),
+                data: r.data(),
+            }));
+        }
+        payloads.extend(rest);
+        if c.child.mode == Mode::Transport {
+            payloads.push(notify(notify::USE_TRANSPORT_MODE, vec![]));
+        }
+        payloads.push(Payload::Sa(self.child_proposals(ci, spi_in, None)));
+        payloads.push(Payload::TsI(c.child.local_ts.clone()));
+        payloads.push(Payload::TsR(c.child.remote_ts.clone()));
+        self.sas[i].state = State::AuthSent;
+        self.send_request(i, now, exchange::IKE_AUTH, payloads, Req::Auth { spi_in });
+    }
+
+    fn responder_auth(&mut self, i: usize, now: Duration, id: u32, p: Vec<Payload>) {
+        let ci = self.sas[i].conn;
+        let Some(peer_id) = p.iter().find_map(|x| match x {
+            Payload::IdI(v) => Some(v.clone()),
+            _ => None,
+        }) else {
+            self.count("auth_failed");
+            self.reply(
+                i,
+                exchange::IKE_AUTH,
+                id,
+                vec![notify(notify::AUTHENTICATION_FAILED, vec![])],
+            );
+            self.destroy(i, "IKE_AUTH without IDi".into(), false);
+            return;
+        };
+        let prf = match self.sas[i].chosen.and_then(|c| c.prf) {
+            Some(p) => p,
+            None => return,
+        };
+        let signed = signed_octets(
+            prf,
+            &self.sas[i].init_req,
+            &self.sas[i].nr,
+            &self.sas[i].sk_pi,
+            peer_id.id_type,
+            &peer_id.data,
+        );
+        let ident = match self.verify_peer(i, &p, &peer_id, &signed) {
+            Ok(x) => x,
+            Err(e) => {
+                self.count("auth_failed");
+                self.log(
+                    Level::Warn,
+                    Some(ci),
+                    format!("authentication of {} failed: {e}", self.sas[i].remote),
+                );
+                self.reply(
+                    i,
+                    exchange::IKE_AUTH,
+                    id,
+                    vec![notify(notify::AUTHENTICATION_FAILED, vec![])],
+                );
+                self.destroy(i, format!("authentication failed: {e}"), false);
+                return;
+            }
+        };
+        let our = self.our_id(ci);
+        let signed_r = signed_octets(
+            prf,
+            &self.sas[i].init_resp,
+            &self.sas[i].ni,
+            &self.sas[i].sk_pr,
+            our.id_type,
+            &our.data,
+        );
+        let Some(auth) = self.make_auth(i, &signed_r) else {
+            self.reply(
+                i,
+                exchange::IKE_AUTH,
+                id,
+                vec![notify(notify::AUTHENTICATION_FAILED, vec![])],
+            );
+            self.destroy(i, "could not create our AUTH payload".into(), false);
+            return;
+        };
+        let mut out = vec![Payload::IdR(our)];
+        out.extend(auth);
+        self.sas[i].peer_id = Some(ident.clone());
+        self.sas[i].state = State::Established;
+        self.sas[i].established_at = Some(now);
+        let c = &self.conns[ci];
+        self.sas[i].rekey_at = after(now, c.rekey_time, c.jitter);
+        // The child SA.
+        let ni = self.sas[i].ni.clone();
+        let nr = self.sas[i].nr.clone();
+        match self.accept_child(i, now, &p, None, &ni, &nr, None) {
+            Ok(child_payloads) => out.extend(child_payloads),
+            Err(n) => out.push(notify(n, vec![])),
+        }
+        self.reply(i, exchange::IKE_AUTH, id, out);
+        self.count("ike_established");
+        self.ike_up(i);
+        let _ = ident;
+    }
+
+    fn ike_up(&mut self, i: usize) {
+        let ci = self.sas[i].conn;
+        let algs = self.sas[i].chosen.map(|c| c.name()).unwrap_or_default();
+        let peer = self.sas[i]
+            .peer_id
+            .as_ref()
+            .map(|x| x.to_string())
+            .unwrap_or_default();
+        let remote = self.sas[i].remote;
+        self.events.push_back(Event::IkeUp {
+            conn: self.conns[ci].name.clone(),
+            algorithms: algs.clone(),
+        });
+        self.log(
+            Level::Info,
+            Some(ci),
+            format!(
+                "IKE SA {:016x}_i {:016x}_r established with {peer} at {remote} ({algs}{})",
+                self.sas[i].spi_i,
+                self.sas[i].spi_r,
+                if self.sas[i].nat {
+                    ", UDP-encapsulated"
+                } else {
+                    ""
+                }
+            ),
+        );
+        self.restart_at.remove(&ci);
+    }
+
+    /// Responder side of a child SA negotiation (IKE_AUTH or CREATE_CHILD_SA):
+    /// chooses the proposal, narrows the selectors, derives the keys and
+    /// installs the SAs. Returns the payloads of the answer, or the error
+    /// notify type.
+    #[allow(clippy::too_many_arguments)]
+    fn accept_child(
+        &mut self,
+        i: usize,
+        now: Duration,
+        p: &[Payload],
+        ke: Option<(u16, &[u8])>,
+        ni: &[u8],
+        nr: &[u8],
+        rekey_of: Option<u32>,
+    ) -> Result<Vec<Payload>, u16> {
+        let ci = self.sas[i].conn;
+        let Some(offered) = get_sa(p) else {
+            return Err(notify::INVALID_SYNTAX);
+        };
+        let Some((ts_i, ts_r)) = get_ts(p) else {
+            return Err(notify::INVALID_SYNTAX);
+        };
+        let Some((num, spi_out, chosen)) = select(
+            &self.conns[ci].child.proposals,
+            offered,
+            ProposalKind::Esp,
+            ke.is_some(),
+        ) else {
+            self.count("no_proposal_chosen");
+            self.log(
+                Level::Warn,
+                Some(ci),
+                "child SA: no acceptable ESP proposal".into(),
+            );
+            return Err(notify::NO_PROPOSAL_CHOSEN);
+        };
+        let Some(spi_out) = spi4(&spi_out) else {
+            return Err(notify::INVALID_SYNTAX);
+        };
+        // The initiator's TSi is its side (our remote), TSr ours.
+        let c = &self.conns[ci];
+        let remote_ts = ts::narrow(ts_i, &c.child.remote_ts);
+        let local_ts = ts::narrow(ts_r, &c.child.local_ts);
+        if remote_ts.is_empty() || local_ts.is_empty() {
+            let join =
+                |v: &[TrafficSelector]| v.iter().map(ts::display).collect::<Vec<_>>().join(",");
+            let msg = format!(
+                "child SA: traffic selectors {} === {} do not meet ours {} === {}",
+                join(ts_i),
+                join(ts_r),
+                join(&c.child.remote_ts),
+                join(&c.child.local_ts),
+            );
+            self.count("ts_unacceptable");
+            self.log(Level::Warn, Some(ci), msg);
+            return Err(notify::TS_UNACCEPTABLE);
+        }
+        let transport = find_notify(p, notify::USE_TRANSPORT_MODE).is_some();
+        if transport != (c.child.mode == Mode::Transport) {
+            self.log(
+                Level::Warn,
+                Some(ci),
+                format!(
+                    "child SA: peer asks for {} mode, we are configured for {}",
+                    if transport { "transport" } else { "tunnel" },
+                    if transport { "tunnel" } else { "transport" }
+                ),
+            );
+            return Err(notify::NO_PROPOSAL_CHOSEN);
+        }
+        let mode = c.child.mode;
+        let mut out_ke = None;
+        let g_ir = match (ke, chosen.dh) {
+            (Some((kg, kd)), Some(g)) => {
+                if kg != g.id() {
+                    return Err(notify::INVALID_KE_PAYLOAD);
+                }
+                let k = self
+                    .timed(Some(i), IkeOp::Dh, |_| KeyExchange::generate(g))
+                    .map_err(|_| notify::NO_PROPOSAL_CHOSEN)?;
+                let s = self
+                    .timed(Some(i), IkeOp::Dh, |_| k.agree(kd))
+                    .map_err(|_| notify::INVALID_SYNTAX)?;
+                out_ke = Some(Payload::Ke {
+                    group: g.id(),
+                    data: k.public_value().to_vec(),
+                });
+                Some(s)
+            }
+            _ => None,
+        };
+        let spi_in = self.new_child_spi();
+        let prf = self.sas[i]
+            .chosen
+            .and_then(|c| c.prf)
+            .ok_or(notify::NO_PROPOSAL_CHOSEN)?;
+        let sk_d = self.sas[i].sk_d.clone();
+        let keys = self
+            .timed(Some(i), IkeOp::KeyDerivation, |_| {
+                derive_child_keys(
+                    prf,
+                    &sk_d,
+                    g_ir.as_deref().map(|v| &v[..]),
+                    ni,
+                    nr,
+                    chosen.key_lens(),
+                )
+            })
+            .ok_or(notify::NO_PROPOSAL_CHOSEN)?;
+        let mut out = vec![Payload::Sa(vec![chosen.to_wire(
+            ProposalKind::Esp,
+            num,
+            &spi_in.to_be_bytes(),
+        )])];
+        if rekey_of.is_some() {
+            out.push(Payload::Nonce(nr.to_vec()));
+            if let Some(k) = out_ke {
+                out.push(k);
+            }
+        }
+        out.push(Payload::TsI(remote_ts.clone()));
+        out.push(Payload::TsR(local_ts.clone()));
+        if mode == Mode::Transport {
+            out.insert(0, notify(notify::USE_TRANSPORT_MODE, vec![]));
+        }
+        // We are the responder of this exchange: i->r keys are our inbound.
+        let (inbound, outbound, mut child) = self.new_child(
+            i,
+            now,
+            false,
+            (spi_in, spi_out),
+            chosen,
+            &keys,
+            (local_ts, remote_ts),
+            mode,
+            (ni, nr),
+        );
+        self.events.push_back(Event::InstallSa(inbound));
+        if rekey_of.is_some() {
+            // Make-before-break: hold our new outbound SA until the initiator
+            // deletes the old one (it has installed its inbound SA by then).
+            child.pending_out = Some((outbound, now + OUTBOUND_SWITCH_DEADLINE));
+        } else {
+            self.events.push_back(Event::InstallSa(outbound));
+            child.out_active = true;
+        }
+        self.log(
+            Level::Info,
+            Some(ci),
+            format!(
+                "child SA {} {:08x}_i {:08x}_o ({}){}",
+                if rekey_of.is_some() {
+                    "rekeyed by peer:"
+                } else {
+                    "established:"
+                },
+                spi_in,
+                spi_out,
+                chosen.name(),
+                rekey_of
+                    .map(|o| format!(", replaces {o:08x}_i"))
+                    .unwrap_or_default()
+            ),
+        );
+        self.count(if rekey_of.is_some() {
+            "child_rekeys"
+        } else {
+            "children_established"
+        });
+        self.sas[i].children.push(child);
+        Ok(out)
+    }
+
+    /// The two SAs of a new child and its record. `initiated`: we started
+    /// the exchange (its initiator-to-responder keys are our outbound ones).
+    #[allow(clippy::too_many_arguments)]
+    fn new_child(
+        &self,
+        i: usize,
+        now: Duration,
+        initiated: bool,
+        (spi_in, spi_out): (u32, u32),
+        chosen: Chosen,
+        keys: &super::keys::ChildKeys,
+        (local_ts, remote_ts): (Vec<TrafficSelector>, Vec<TrafficSelector>),
+        mode: Mode,
+        (ni, nr): (&[u8], &[u8]),
+    ) -> (SaInstall, SaInstall, Child) {
+        let ((ein, iin), (eout, iout)) = if initiated {
+            ((&keys.enc_r, &keys.integ_r), (&keys.enc_i, &keys.integ_i))
+        } else {
+            ((&keys.enc_i, &keys.integ_i), (&keys.enc_r, &keys.integ_r))
+        };
+        let inbound = self.sa_install(
+            i,
+            false,
+            spi_in,
+            &chosen,
+            ein.clone(),
+            iin.clone(),
+            &local_ts,
+            &remote_ts,
+            mode,
+        );
+        let outbound = self.sa_install(
+            i,
+            true,
+            spi_out,
+            &chosen,
+            eout.clone(),
+            iout.clone(),
+            &local_ts,
+            &remote_ts,
+            mode,
+        );
+        let c = &self.conns[self.sas[i].conn].child;
+        let child = Child {
+            spi_in,
+            spi_out,
+            chosen,
+            local_ts,
+            remote_ts,
+            state: ChildState::Installed,
+            rekey_at: after(now, c.rekey_time, c.jitter),
+            expire_at: (!c.life_time.is_zero()).then(|| now + c.life_time),
+            pending_out: None,
+            out_active: false,
+            nonces: (ni.to_vec(), nr.to_vec()),
+        };
+        (inbound, outbound, child)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn sa_install(
+        &self,
+        i: usize,
+        outbound: bool,
+        spi: u32,
+        chosen: &Chosen,
+        enc_key: Zeroizing<Vec<u8>>,
+        integ_key: Zeroizing<Vec<u8>>,
+        local_ts: &[TrafficSelector],
+        remote_ts: &[TrafficSelector],
+        mode: Mode,
+    ) -> SaInstall {
+        let sa = &self.sas[i];
+        SaInstall {
+            conn: self.conns[sa.conn].name.clone(),
+            outbound,
+            spi,
+            suite: chosen.suite(),
+            enc_key,
+            integ_key,
+            esn: chosen.esn,
+            mode,
+            encap: sa.nat.then_some((sa.local.port(), sa.remote.port())),
+            local: sa.local.ip(),
+            remote: sa.remote.ip(),
+            local_ts: local_ts.to_vec(),
+            remote_ts: remote_ts.to_vec(),
+        }
+    }
+
+    fn initiator_auth_response(&mut self, i: usize, now: Duration, spi_in: u32, p: Vec<Payload>) {
+        let ci = self.sas[i].conn;
+        if find_notify(&p, notify::AUTHENTICATION_FAILED).is_some() {
+            self.count("auth_failed");
+            self.child_spis.remove(&spi_in);
+            self.fail(
+                i,
+                "peer refused our authentication (AUTHENTICATION_FAILED)".into(),
+            );
+            return;
+        }
+        let Some(peer_id) = p.iter().find_map(|x| match x {
+            Payload::IdR(v) => Some(v.clone()),
+            _ => None,
+        }) else {
+            self.fail(
+                i,
+                format!(
+                    "IKE_AUTH response without IDr{}",
+                    error_notify(&p)
+                        .map(|n| format!(" ({})", notify_name(n)))
+                        .unwrap_or_default()
+                ),
+            );
+            return;
+        };
+        let prf = match self.sas[i].chosen.and_then(|c| c.prf) {
+            Some(p) => p,
+            None => return,
+        };
+        let init_resp_bytes = self.sas[i].init_resp.clone();
+        let signed = signed_octets(
+            prf,
+            &init_resp_bytes,
+            &self.sas[i].ni,
+            &self.sas[i].sk_pr,
+            peer_id.id_type,
+            &peer_id.data,
+        );
+        match self.verify_peer(i, &p, &peer_id, &signed) {
+            Ok(ident) => self.sas[i].peer_id = Some(ident),
+            Err(e) => {
+                self.count("auth_failed");
+                self.log(
+                    Level::Warn,
+                    Some(ci),
+                    format!("authentication of the responder failed: {e}"),
+                );
+                // §2.21.2: tell the peer with an INFORMATIONAL, then drop the SA.
+                self.sas[i].state = State::Established;
+                self.send_request(
+                    i,
+                    now,
+                    exchange::INFORMATIONAL,
+                    vec![notify(notify::AUTHENTICATION_FAILED, vec![])],
+                    Req::DeleteIke,
+                );
+                self.destroy(i, format!("authentication failed: {e}"), false);
+                return;
+            }
+        }
+        self.sas[i].state = State::Established;
+        self.sas[i].established_at = Some(now);
+        let c = &self.conns[ci];
+        self.sas[i].rekey_at = after(now, c.rekey_time, c.jitter);
+        self.count("ike_established");
+        self.ike_up(i);
+        let ni = self.sas[i].ni.clone();
+        let nr = self.sas[i].nr.clone();
+        self.finish_child(i, now, spi_in, &p, None, &ni, &nr, None);
+    }
+
+    /// Initiator side: reads the responder's child SA answer and installs it.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_child(
+        &mut self,
+        i: usize,
+        now: Duration,
+        spi_in: u32,
+        p: &[Payload],
+        ke: Option<KeyExchange>,
+        ni: &[u8],
+        nr: &[u8],
+        rekey_of: Option<u32>,
+    ) -> bool {
+        let ci = self.sas[i].conn;
+        if let Some(e) = error_notify(p) {
+            self.child_spis.remove(&spi_in);
+            self.count("child_failed");
+            self.log(
+                Level::Warn,
+                Some(ci),
+                format!("child SA refused by peer: {}", notify_name(e)),
+            );
+            return false;
+        }
+        let answer = match get_sa(p) {
+            Some([one]) => Some(one.clone()),
+            _ => None,
+        };
+        let chosen = answer.as_ref().and_then(|a| {
+            Chosen::from_answer(
+                a,
+                &self.conns[ci].child.proposals,
+                ProposalKind::Esp,
+                ke.is_some(),
+            )
+        });
+        let spi_out = answer.as_ref().and_then(|a| spi4(&a.spi));
+        let tsr = get_ts(p).map(|(a, b)| (a.to_vec(), b.to_vec()));
+        let (Some(chosen), Some(spi_out), Some((ts_i, ts_r))) = (chosen, spi_out, tsr) else {
+            self.child_spis.remove(&spi_in);
+            self.count("child_failed");
+            self.log(
+                Level::Warn,
+                Some(ci),
+                "child SA answer invalid (proposal, SPI or selectors)".into(),
+            );
+            return false;
+        };
+        let c = &self.conns[ci];
+        if !ts::covered(&ts_i, &c.child.local_ts) || !ts::covered(&ts_r, &c.child.remote_ts) {
+            self.child_spis.remove(&spi_in);
+            self.count("child_failed");
+            self.log(
+                Level::Warn,
+                Some(ci),
+                "child SA answer widened our traffic selectors".into(),
+            );
+            return false;
+        }
+        let transport = find_notify(p, notify::USE_TRANSPORT_MODE).is_some();
+        if transport != (c.child.mode == Mode::Transport) {
+            self.child_spis.remove(&spi_in);
+            self.log(
+                Level::Warn,
+                Some(ci),
+                "child SA answer has another mode than we asked".into(),
+            );
+            return false;
+        }
+        let mode = c.child.mode;
+        let g_ir = match (&ke, chosen.dh) {
+            (Some(k), Some(g)) if k.group() == g => match get_ke(p) {
+                Some((kg, kd)) if kg == g.id() => {
+                    self.timed(Some(i), IkeOp::Dh, |_| k.agree(kd)).ok()
+                }
+                _ => None,
+            },
+            (None, None) => None,
+            _ => {
+                self.child_spis.remove(&spi_in);
+                self.log(Level::Warn, Some(ci), "child SA answer has a bad KE".into());
+                return false;
+            }
+        };
+        if ke.is_some() && g_ir.is_none() {
+            self.child_spis.remove(&spi_in);
+            self.log(Level::Warn, Some(ci), "child SA answer has a bad KE".into());
+            return false;
+        }
+        let Some(prf) = self.sas[i].chosen.and_then(|c| c.prf) else {
+            return false;
+        };
+        let sk_d = self.sas[i].sk_d.clone();
+        let Some(keys) = self.timed(Some(i), IkeOp::KeyDerivation, |_| {
+            derive_child_keys(
+                prf,
+                &sk_d,
+                g_ir.as_deref().map(|v| &v[..]),
+                ni,
+                nr,
+                chosen.key_lens(),
+            )
+        }) else {
+            return false;
+        };
+        // We initiated this exchange: i->r keys are our outbound.
+        let (inbound, outbound, mut child) = self.new_child(
+            i,
+            now,
+            true,
+            (spi_in, spi_out),
+            chosen,
+            &keys,
+            (ts_i, ts_r),
+            mode,
+            (ni, nr),
+        );
+        child.out_active = true;
+        self.events.push_back(Event::InstallSa(inbound));
+        self.events.push_back(Event::InstallSa(outbound));
+        // Our outbound SA replaced any other of the connection.
+        for o in &mut self.sas[i].children {
+            o.out_active = false;
+        }
+        self.sas[i].children.push(child);
+        self.count(if rekey_of.is_some() {
+            "child_rekeys"
+        } else {
+            "children_established"
+        });
+        self.log(
+            Level::Info,
+            Some(ci),
+            format!(
+                "child SA {} {:08x}_i {:08x}_o ({}){}",
+                if rekey_of.is_some() {
+                    "rekeyed:"
+                } else {
+                    "established:"
+                },
+                spi_in,
+                spi_out,
+                chosen.name(),
+                rekey_of
+                    .map(|o| format!(", replaces {o:08x}_i"))
+                    .unwrap_or_default()
+            ),
+        );
+        true
+    }
+
+    // -----------------------------------------------------------------
+    // Receiving
+    // -----------------------------------------------------------------
+
+    /// One received IKE datagram (without the non-ESP marker), its
+    /// destination (our address and port) and its source.
+    pub fn handle(&mut self, now: Duration, local: SocketAddr, remote: SocketAddr, data: &[u8]) {
+        self.count("messages_in");
+        let h = match Header::parse(data) {
+            Ok((h, _, _)) => h,
+            Err(_) => {
+                self.count("dropped_malformed");
+                return;
+            }
+        };
+        if h.exchange_type == exchange::IKE_SA_INIT && !h.response {
+            if h.spi_r != 0 {
+                self.count("dropped_malformed");
+                return;
+            }
+            self.responder_init(now, local, remote, data, h);
+            return;
+        }
+        let ours = if h.initiator { h.spi_r } else { h.spi_i };
+        let Some(i) = self.sas.iter().position(|s| {
+            s.local_spi() == ours
+                && s.initiator != h.initiator
+                && (s.state == State::InitSent
+                    || (if s.initiator { s.spi_r } else { s.spi_i })
+                        == (if s.initiator { h.spi_r } else { h.spi_i }))
+        }) else {
+            self.count("dropped_unknown_spi");
+            return;
+        };
+        if h.response {
+            self.handle_response(i, now, remote, data, h);
+        } else {
+            self.handle_request(i, now, local, remote, data, h);
+        }
+    }
+
+    fn handle_response(
+        &mut self,
+        i: usize,
+        now: Duration,
+        remote: SocketAddr,
+        data: &[u8],
+        h: Header,
+    ) {
+        let Some(pending) = &self.sas[i].pending else {
+            self.count("dropped_unexpected_response");
+            return;
+        };
+        if pending.id != h.message_id {
+            self.count("dropped_bad_message_id");
+            return;
+        }
+        if h.exchange_type == exchange::IKE_SA_INIT {
+            if self.sas[i].state != State::InitSent {
+                self.count("dropped_unexpected_response");
+                return;
+            }
+            let msg = match self.timed(Some(i), IkeOp::Decode, |_| Message::parse(data)) {
+                Ok(m) => m,
+                Err(_) => {
+                    self.count("dropped_malformed");
+                    return;
+                }
+            };
+            self.sas[i].last_rx = now;
+            if error_notify(&msg.payloads).is_none()
+                && find_notify(&msg.payloads, notify::COOKIE).is_none()
+            {
+                self.sas[i].pending = None;
+                self.sas[i].init_resp = data.to_vec();
+            }
+            self.sas[i].remote = remote;
+            self.initiator_init_response(i, now, msg);
+            if let Some(s) = self.sas.get(i) {
+                if s.state == State::AuthSent && s.init_resp.is_empty() {
+                    // Kept for the AUTH of the responder.
+                }
+            }
+            return;
+        }
+        let Some(p) = self.open(i, data) else { return };
+        self.sas[i].last_rx = now;
+        let Some(pending) = self.sas[i].pending.take() else {
+            return;
+        };
+        match pending.what {
+            Req::Init => {}
+            Req::Auth { spi_in } => self.initiator_auth_response(i, now, spi_in, p),
+            Req::Child {
+                spi_in,
+                rekey_of,
+                ni,
+                ke,
+            } => self.child_response(i, now, spi_in, rekey_of, ni, ke, p),
+            Req::IkeRekey { new_spi, ni, ke } => {
+                self.ike_rekey_response(i, now, new_spi, ni, ke, p)
+            }
+            Req::Dpd => {}
+            Req::DeleteChild { spi_in } => {
+                self.remove_child(i, spi_in);
+            }
+            Req::DeleteIke => {
+                let replaced = self.sas[i].remove_at.is_some();
+                let why = if replaced {
+                    "replaced by rekeying"
+                } else {
+                    "deleted"
+                };
+                self.destroy(i, why.into(), !replaced);
+                return;
+            }
+        }
+        if i < self.sas.len() {
+            self.kick(i, now);
+        }
+    }
+
+    /// Decrypts a message of SA `i`, counting failures.
+    fn open(&mut self, i: usize, data: &[u8]) -> Option<Vec<Payload>> {
+        let r = self.timed(Some(i), IkeOp::Decrypt, |s| match &s.sas[i].sk {
+            Some(sk) => sk.open(data),
+            None => Err(SkError::NotEncrypted),
+        });
+        match r {
+            Ok((_, p)) => Some(p),
+            Err(SkError::Integrity) => {
+                self.count("dropped_integrity");
+                None
+            }
+            Err(e) => {
+                self.count("dropped_malformed");
+                let c = self.sas[i].conn;
+                self.log(Level::Debug, Some(c), format!("message dropped: {e}"));
+                None
+            }
+        }
+    }
+
+    fn handle_request(
+        &mut self,
+        i: usize,
+        now: Duration,
+        _local: SocketAddr,
+        remote: SocketAddr,
+        data: &[u8],
+        h: Header,
+    ) {
+        let sa = &self.sas[i];
+        if let Some((id, resp)) = &sa.last_resp {
+            if *id == h.message_id {
+                // A retransmitted request: the cached response again (§2.1).
+                let resp = resp.clone();
+                self.count("retransmitted_responses");
+                for r in resp {
+                    self.transmit(i, r);
+                }
+                return;
+            }
+        }
+        if h.message_id != sa.next_in_id {
+            self.count("dropped_bad_message_id");
+            return;
+        }
+        let Some(p) = self.open(i, data) else { return };
+        self.sas[i].last_rx = now;
+        // §2.23: a peer behind a NAT may change its port; follow it.
+        if self.sas[i].nat && remote != self.sas[i].remote {
+            self.sas[i].remote = remote;
+        }
+        if let Some(t) = p.iter().find_map(|x| match x {
+            Payload::Unknown {
+                payload_type,
+                critical: true,
+                ..
+            } => Some(*payload_type),
+            _ => None,
+        }) {
+            self.reply(
+                i,
+                h.exchange_type,
+                h.message_id,
+                vec![notify(notify::UNSUPPORTED_CRITICAL_PAYLOAD, vec![t])],
+            );
+            return;
+        }
+        match (h.exchange_type, self.sas[i].state) {
+            (exchange::IKE_AUTH, State::InitDone) => self.responder_auth(i, now, h.message_id, p),
+            (exchange::CREATE_CHILD_SA, State::Established | State::Deleting) => {
+                self.responder_create_child(i, now, h.message_id, p)
+            }
+            (exchange::INFORMATIONAL, State::Established | State::Deleting | State::AuthSent) => {
+                self.responder_informational(i, now, h.message_id, p)
+            }
+            _ => {
+                self.count("dropped_unexpected_request");
+                self.reply(
+                    i,
+                    h.exchange_type,
+                    h.message_id,
+                    vec![notify(notify::INVALID_SYNTAX, vec![])],
+                );
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------
+    // CREATE_CHILD_SA
+    // -----------------------------------------------------------------
+
+    fn responder_create_child(&mut self, i: usize, now: Duration, id: u32, p: Vec<Payload>) {
+        let ci = self.sas[i].conn;
+        let Some(ni) = get_nonce(&p).map(|n| n.to_vec()) else {
+            self.reply(
+                i,
+                exchange::CREATE_CHILD_SA,
+                id,
+                vec![notify(notify::INVALID_SYNTAX, vec![])],
+            );
+            return;
+        };
+        // IKE SA rekey: an SA payload with an IKE proposal.
+        if get_sa(&p).is_some_and(|s| s.iter().any(|x| x.protocol == protocol::IKE)) {
+            self.responder_ike_rekey(i, now, id, &p, ni);
+            return;
+        }
+        let rekey_of = find_notify(&p, notify::REKEY_SA).and_then(|n| spi4(&n.spi));
+        if let Some(old_out) = rekey_of {
+            // The notify names the SPI the peer receives on: our outbound SPI.
+            let Some(child) = self.sas[i].children.iter().find(|c| c.spi_out == old_out) else {
+                self.reply(
+                    i,
+                    exchange::CREATE_CHILD_SA,
+                    id,
+                    vec![notify(notify::CHILD_SA_NOT_FOUND, vec![])],
+                );
+                return;
+            };
+            if child.state == ChildState::Deleting {
+                self.reply(
+                    i,
+                    exchange::CREATE_CHILD_SA,
+                    id,
+                    vec![notify(notify::TEMPORARY_FAILURE, vec![])],
+                );
+                return;
+            }
+        }
+        let nr = random_bytes(NONCE_LEN);
+        let ke = get_ke(&p).map(|(g, d)| (g, d.to_vec()));
+        let r = self.accept_child(
+            i,
+            now,
+            &p,
+            ke.as_ref().map(|(g, d)| (*g, &d[..])),
+            &ni,
+            &nr,
+            rekey_of,
+        );
+        match r {
+            Ok(out) => {
+                if let Some(old_out) = rekey_of {
+                    if let Some(old) = self.sas[i]
+                        .children
+                        .iter_mut()
+                        .find(|c| c.spi_out == old_out)
+                    {
+                        if old.state != ChildState::Rekeying {
+                            old.state = ChildState::Rekeyed;
+                        }
+                        old.rekey_at = None;
+                    }
+                }
+                self.reply(i, exchange::CREATE_CHILD_SA, id, out);
+            }
+            Err(n) => {
+                let data = if n == notify::INVALID_KE_PAYLOAD {
+                    self.conns[ci]
+                        .child
+                        .proposals
+                        .iter()
+                        .find_map(|p| p.dh.first())
+                        .map(|g| g.id().to_be_bytes().to_vec())
+                        .unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
+                self.reply(i, exchange::CREATE_CHILD_SA, id, vec![notify(n, data)]);
+            }
+        }
+    }
+
+    fn start_child_rekey(&mut self, i: usize, now: Duration, old_in: u32) {
+        let ci = self.sas[i].conn;
+        let Some(old) = self.sas[i].children.iter_mut().find(|c| c.spi_in == old_in) else {
+            return;
+        };
+        if old.state != ChildState::Installed {
+            return;
+        }
+        old.state = ChildState::Rekeying;
+        let pfs: Vec<Group> = self.conns[ci]
+            .child
+            .proposals
+            .iter()
+            .flat_map(|p| p.dh.iter().copied())
+            .collect();
+        let ke = match pfs.first() {
+            Some(g) => match self.timed(Some(i), IkeOp::Dh, |_| KeyExchange::generate(*g)) {
+                Ok(k) => Some(k),
+                Err(_) => return,
+            },
+            None => None,
+        };
+        let spi_in = self.new_child_spi();
+        let ni = random_bytes(NONCE_LEN);
+        let c = &self.conns[ci];
+        let mut payloads = vec![Payload::Notify(Notify {
+            protocol: protocol::ESP,
+            spi: old_in.to_be_bytes().to_vec(),
+            notify_type: notify::REKEY_SA,
+            data: Vec::new(),
+        })];
+        if c.child.mode == Mode::Transport {
+            payloads.push(notify(notify::USE_TRANSPORT_MODE, vec![]));
+        }
+        let props = self.child_proposals(ci, spi_in, ke.as_ref().map(|_| &[][..]));
+        payloads.push(Payload::Sa(props));
+        payloads.push(Payload::Nonce(ni.clone()));
+        if let Some(k) = &ke {
+            payloads.push(Payload::Ke {
+                group: k.group().id(),
+                data: k.public_value().to_vec(),
+            });
+        }
+        let old = self.sas[i].children.iter().find(|c| c.spi_in == old_in);
+        let (lts, rts) = old
+            .map(|o| (o.local_ts.clone(), o.remote_ts.clone()))
+            .unwrap_or_default();
+        payloads.push(Payload::TsI(lts));
+        payloads.push(Payload::TsR(rts));
+        self.send_request(
+            i,
+            now,
+            exchange::CREATE_CHILD_SA,
+            payloads,
+            Req::Child {
+                spi_in,
+                rekey_of: Some(old_in),
+                ni,
+                ke,
+            },
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn child_response(
+        &mut self,
+        i: usize,
+        now: Duration,
+        spi_in: u32,
+        rekey_of: Option<u32>,
+        ni: Vec<u8>,
+        ke: Option<KeyExchange>,
+        p: Vec<Payload>,
+    ) {
+        let ci = self.sas[i].conn;
+        if let Some(n) = find_notify(&p, notify::INVALID_KE_PAYLOAD) {
+            self.child_spis.remove(&spi_in);
+            let want = (n.data.len() == 2)
+                .then(|| u16::from_be_bytes([n.data[0], n.data[1]]))
+                .and_then(Group::from_id);
+            self.log(
+                Level::Info,
+                Some(ci),
+                format!("peer wants PFS group {want:?} for the child rekey; retrying later"),
+            );
+            if let Some(old) =
+                rekey_of.and_then(|o| self.sas[i].children.iter_mut().find(|c| c.spi_in == o))
+            {
+                old.state = ChildState::Installed;
+                old.rekey_at = Some(now + Duration::from_secs(1));
+            }
+            return;
+        }
+        let Some(nr) = get_nonce(&p).map(|n| n.to_vec()) else {
+            if let Some(e) = error_notify(&p) {
+                self.log(
+                    Level::Warn,
+                    Some(ci),
+                    format!("child rekey refused: {}", notify_name(e)),
+                );
+            }
+            self.child_spis.remove(&spi_in);
+            if let Some(old) =
+                rekey_of.and_then(|o| self.sas[i].children.iter_mut().find(|c| c.spi_in == o))
+            {
+                if old.state == ChildState::Rekeying {
+                    old.state = ChildState::Installed;
+                    old.rekey_at = Some(now + Duration::from_secs(10));
+                }
+            }
+            return;
+        };
+        if !self.finish_child(i, now, spi_in, &p, ke, &ni, &nr, rekey_of) {
+            if let Some(old) =
+                rekey_of.and_then(|o| self.sas[i].children.iter_mut().find(|c| c.spi_in == o))
+            {
+                if old.state == ChildState::Rekeying {
+                    old.state = ChildState::Installed;
+                    old.rekey_at = Some(now + Duration::from_secs(10));
+                }
+            }
+            return;
+        }
+        let Some(old_in) = rekey_of else { return };
+        // Collision (§2.8.1): the peer rekeyed the same child meanwhile. The
+        // exchange with the lowest nonce made the redundant SA; its
+        // initiator deletes it.
+        let sa = &self.sas[i];
+        let ours_new = sa.children.iter().find(|c| c.spi_in == spi_in);
+        let peers_new = sa.children.iter().find(|c| {
+            c.spi_in != spi_in
+                && c.state == ChildState::Installed
+                && c.nonces.0 != ni
+                && c.pending_out.is_some()
+        });
+        if let (Some(a), Some(b)) = (ours_new, peers_new) {
+            let min_ours = a.nonces.0.clone().min(a.nonces.1.clone());
+            let min_peer = b.nonces.0.clone().min(b.nonces.1.clone());
+            let b_in = b.spi_in;
+            self.count("rekey_collisions");
+            if min_ours < min_peer {
+                self.log(
+                    Level::Info,
+                    Some(ci),
+                    "simultaneous child rekey: ours lost, deleting our new SA".into(),
+                );
+                self.sas[i].tasks.push_back(Task::DeleteChild(spi_in));
+                // The peer deletes the old SA.
+                if let Some(old) = self.sas[i].children.iter_mut().find(|c| c.spi_in == old_in) {
+                    old.state = ChildState::Rekeyed;
+                }
+                // Our outbound goes on the peer's new SA.
+                self.activate_outbound(i, b_in);
+                return;
+            }
+            self.log(
+                Level::Info,
+                Some(ci),
+                "simultaneous child rekey: ours won".into(),
+            );
+        }
+        if let Some(old) = self.sas[i].children.iter_mut().find(|c| c.spi_in == old_in) {
+            old.state = ChildState::Rekeyed;
+            old.out_active = false;
+        }
+        self.sas[i].tasks.push_front(Task::DeleteChild(old_in));
+    }
+
+    fn activate_outbound(&mut self, i: usize, spi_in: u32) {
+        let Some(c) = self.sas[i].children.iter_mut().find(|c| c.spi_in == spi_in) else {
+            return;
+        };
+        if let Some((out, _)) = c.pending_out.take() {
+            c.out_active = true;
+            let this = c.spi_in;
+            self.events.push_back(Event::InstallSa(out));
+            for o in &mut self.sas[i].children {
+                if o.spi_in != this {
+                    o.out_active = false;
+                }
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------
+    // IKE SA rekey (§2.18)
+    // -----------------------------------------------------------------
+
+    fn start_ike_rekey(&mut self, i: usize, now: Duration) {
+        let ci = self.sas[i].conn;
+        let Some(group) = self.sas[i].chosen.and_then(|c| c.dh) else {
+            return;
+        };
+        let ke = match self.timed(Some(i), IkeOp::Dh, |_| KeyExchange::generate(group)) {
+            Ok(k) => k,
+            Err(_) => return,
+        };
+        let new_spi = self.new_ike_spi();
+        let ni = random_bytes(NONCE_LEN);
+        let props: Vec<wire::Proposal> = self.conns[ci]
+            .proposals
+            .iter()
+            .enumerate()
+            .map(|(n, p)| {
+                p.to_wire(
+                    u8::try_from(n + 1).unwrap_or(255),
+                    &new_spi.to_be_bytes(),
+                    None,
+                )
+            })
+            .collect();
+        let payloads = vec![
+            Payload::Sa(props),
+            Payload::Nonce(ni.clone()),
+            Payload::Ke {
+                group: group.id(),
+                data: ke.public_value().to_vec(),
+            },
+        ];
+        self.send_request(
+            i,
+            now,
+            exchange::CREATE_CHILD_SA,
+            payloads,
+            Req::IkeRekey { new_spi, ni, ke },
+        );
+    }
+
+    fn responder_ike_rekey(
+        &mut self,
+        i: usize,
+        now: Duration,
+        id: u32,
+        p: &[Payload],
+        ni: Vec<u8>,
+    ) {
+        let ci = self.sas[i].conn;
+        let (Some(offered), Some((kg, kd))) = (get_sa(p), get_ke(p)) else {
+            self.reply(
+                i,
+                exchange::CREATE_CHILD_SA,
+                id,
+                vec![notify(notify::INVALID_SYNTAX, vec![])],
+            );
+            return;
+        };
+        let Some((num, peer_spi, chosen)) =
+            select(&self.conns[ci].proposals, offered, ProposalKind::Ike, true)
+        else {
+            self.reply(
+                i,
+                exchange::CREATE_CHILD_SA,
+                id,
+                vec![notify(notify::NO_PROPOSAL_CHOSEN, vec![])],
+            );
+            return;
+        };
+        let Some(peer_spi) = <[u8; 8]>::try_from(&peer_spi[..])
+            .ok()
+            .map(u64::from_be_bytes)
+        else {
+            self.reply(
+                i,
+                exchange::CREATE_CHILD_SA,
+                id,
+                vec![notify(notify::INVALID_SYNTAX, vec![])],
+            );
+            return;
+        };
+        let Some(g) = chosen.dh else { return };
+        if kg != g.id() {
+            self.reply(
+                i,
+                exchange::CREATE_CHILD_SA,
+                id,
+                vec![notify(
+                    notify::INVALID_KE_PAYLOAD,
+                    g.id().to_be_bytes().to_vec(),
+                )],
+            );
+            return;
+        }
+        let Ok(ke) = self.timed(Some(i), IkeOp::Dh, |_| KeyExchange::generate(g)) else {
+            return;
+        };
+        let Ok(g_ir) = self.timed(Some(i), IkeOp::Dh, |_| ke.agree(kd)) else {
+            self.reply(
+                i,
+                exchange::CREATE_CHILD_SA,
+                id,
+                vec![notify(notify::INVALID_SYNTAX, vec![])],
+            );
+            return;
+        };
+        let our_spi = self.new_ike_spi();
+        let nr = random_bytes(NONCE_LEN);
+        let out = vec![
+            Payload::Sa(vec![chosen.to_wire(
+                ProposalKind::Ike,
+                num,
+                &our_spi.to_be_bytes(),
+            )]),
+            Payload::Nonce(nr.clone()),
+            Payload::Ke {
+                group: g.id(),
+                data: ke.public_value().to_vec(),
+            },
+        ];
+        self.reply(i, exchange::CREATE_CHILD_SA, id, out);
+        // The peer initiated the rekey: it is the new SA's initiator.
+        self.rekeyed_ike(i, now, false, peer_spi, our_spi, chosen, ni, nr, &g_ir);
+    }
+
+    fn ike_rekey_response(
+        &mut self,
+        i: usize,
+        now: Duration,
+        new_spi: u64,
+        ni: Vec<u8>,
+        ke: KeyExchange,
+        p: Vec<Payload>,
+    ) {
+        let ci = self.sas[i].conn;
+        let answer = match get_sa(&p) {
+            Some([one]) => Some(one.clone()),
+            _ => None,
+        };
+        let chosen = answer.as_ref().and_then(|a| {
+            Chosen::from_answer(a, &self.conns[ci].proposals, ProposalKind::Ike, true)
+        });
+        let peer_spi = answer
+            .as_ref()
+            .and_then(|a| <[u8; 8]>::try_from(&a.spi[..]).ok())
+            .map(u64::from_be_bytes);
+        let (Some(chosen), Some(peer_spi), Some(nr), Some((kg, kd))) = (
+            chosen,
+            peer_spi,
+            get_nonce(&p).map(|n| n.to_vec()),
+            get_ke(&p),
+        ) else {
+            self.ike_spis.remove(&new_spi);
+            self.log(
+                Level::Warn,
+                Some(ci),
+                format!(
+                    "IKE SA rekey refused or invalid{}; retrying in 10 s",
+                    error_notify(&p)
+                        .map(|n| format!(" ({})", notify_name(n)))
+                        .unwrap_or_default()
+                ),
+            );
+            self.sas[i].rekey_at = Some(now + Duration::from_secs(10));
+            return;
+        };
+        if chosen.dh.map(|g| g.id()) != Some(kg) || ke.group().id() != kg {
+            self.sas[i].rekey_at = Some(now + Duration::from_secs(10));
+            return;
+        }
+        let Ok(g_ir) = self.timed(Some(i), IkeOp::Dh, |_| ke.agree(kd)) else {
+            self.sas[i].rekey_at = Some(now + Duration::from_secs(10));
+            return;
+        };
+        let j = self.rekeyed_ike(i, now, true, new_spi, peer_spi, chosen, ni, nr, &g_ir);
+        if let Some(old) = j {
+            // We initiated: we delete the old IKE SA.
+            self.sas[old].tasks.clear();
+            self.sas[old].tasks.push_back(Task::DeleteIke);
+        }
+    }
+
+    /// Creates the IKE SA that replaces SA `i`, moves the children to it and
+    /// returns the index of the old SA.
+    #[allow(clippy::too_many_arguments)]
+    fn rekeyed_ike(
+        &mut self,
+        i: usize,
+        now: Duration,
+        we_initiated: bool,
+        spi_i: u64,
+        spi_r: u64,
+        chosen: Chosen,
+        ni: Vec<u8>,
+        nr: Vec<u8>,
+        g_ir: &[u8],
+    ) -> Option<usize> {
+        let old_prf = self.sas[i].chosen.and_then(|c| c.prf)?;
+        let old_sk_d = self.sas[i].sk_d.clone();
+        let ci = self.sas[i].conn;
+        let old = &mut self.sas[i];
+        let children = std::mem::take(&mut old.children);
+        let sa = IkeSa {
+            conn: ci,
+            initiator: we_initiated,
+            spi_i,
+            spi_r,
+            state: State::Established,
+            local: old.local,
+            remote: old.remote,
+            nat: old.nat,
+            chosen: Some(chosen),
+            sk: None,
+            sk_d: Zeroizing::new(Vec::new()),
+            sk_pi: Zeroizing::new(Vec::new()),
+            sk_pr: Zeroizing::new(Vec::new()),
+            ni,
+            nr,
+            init_req: Vec::new(),
+            init_resp: Vec::new(),
+            ke: None,
+            cookie: None,
+            group: chosen.dh.unwrap_or(old.group),
+            next_out_id: 0,
+            pending: None,
+            tasks: VecDeque::new(),
+            next_in_id: 0,
+            last_resp: None,
+            children,
+            created: now,
+            established_at: Some(now),
+            rekey_at: after(now, self.conns[ci].rekey_time, self.conns[ci].jitter),
+            last_rx: now,
+            peer_id: old.peer_id.clone(),
+            costs: IkeCosts::default(),
+            remove_at: None,
+        };
+        old.rekey_at = None;
+        old.remove_at = Some(now + OLD_IKE_SA_GRACE);
+        old.state = State::Deleting;
+        // Child tasks move with the children.
+        let moved: Vec<Task> = old
+            .tasks
+            .iter()
+            .copied()
+            .filter(|t| matches!(t, Task::RekeyChild(_) | Task::DeleteChild(_)))
+            .collect();
+        old.tasks
+            .retain(|t| !matches!(t, Task::RekeyChild(_) | Task::DeleteChild(_)));
+        self.sas.push(sa);
+        let j = self.sas.len() - 1;
+        self.sas[j].tasks.extend(moved);
+        if !self.install_ike_keys(j, g_ir, Some((old_prf, &old_sk_d))) {
+            self.sas.remove(j);
+            return None;
+        }
+        self.count("ike_rekeys");
+        let algs = chosen.name();
+        self.events.push_back(Event::IkeUp {
+            conn: self.conns[ci].name.clone(),
+            algorithms: algs.clone(),
+        });
+        self.log(
+            Level::Info,
+            Some(ci),
+            format!("IKE SA rekeyed: {spi_i:016x}_i {spi_r:016x}_r ({algs})"),
+        );
+        self.kick(j, now);
+        Some(i)
+    }
+
+    // -----------------------------------------------------------------
+    // INFORMATIONAL
+    // -----------------------------------------------------------------
+
+    fn responder_informational(&mut self, i: usize, now: Duration, id: u32, p: Vec<Payload>) {
+        let ci = self.sas[i].conn;
+        let mut out = Vec::new();
+        let mut delete_ike = false;
+        for x in &p {
+            match x {
+                Payload::Delete(Delete::Ike) => delete_ike = true,
+                Payload::Delete(Delete::Child {
+                    protocol: proto,
+                    spis,
+                }) if *proto == protocol::ESP => {
+                    let mut ours = Vec::new();
+                    for s in spis {
+                        // The peer names the SPI it receives on: our outbound.
+                        let Some(c) = self.sas[i].children.iter().find(|c| c.spi_out == *s) else {
+                            continue;
+                        };
+                        let spi_in = c.spi_in;
+                        let we_deleting = c.state == ChildState::Deleting;
+                        // A rekey responder switches to the new SA now.
+                        let successor: Option<u32> = self.sas[i]
+                            .children
+                            .iter()
+                            .find(|n| n.pending_out.is_some() && n.spi_in != spi_in)
+                            .map(|n| n.spi_in);
+                        if let Some(n) = successor {
+                            self.activate_outbound(i, n);
+                        }
+                        if !we_deleting {
+                            ours.push(spi_in);
+                        }
+                        self.remove_child(i, spi_in);
+                    }
+                    if !ours.is_empty() {
+                        out.push(Payload::Delete(Delete::Child {
+                            protocol: protocol::ESP,
+                            spis: ours,
+                        }));
+                    }
+                }
+                Payload::Notify(n) if n.notify_type == notify::AUTHENTICATION_FAILED => {
+                    self.log(
+                        Level::Warn,
+                        Some(ci),
+                        "peer says our authentication failed".into(),
+                    );
+                    delete_ike = true;
+                }
+                _ => {}
+            }
+        }
+        self.reply(
+            i,
+            exchange::INFORMATIONAL,
+            id,
+            if delete_ike { Vec::new() } else { out },
+        );
+        if delete_ike {
+            let replaced = self.sas[i].state == State::Deleting
+                && self.sas[i].children.is_empty()
+                && self.sas[i].remove_at.is_some();
+            self.destroy(i, "deleted by peer".into(), !replaced);
+        } else {
+            self.kick(i, now);
+        }
+    }
+
+    fn remove_child(&mut self, i: usize, spi_in: u32) {
+        let ci = self.sas[i].conn;
+        let Some(pos) = self.sas[i].children.iter().position(|c| c.spi_in == spi_in) else {
+            return;
+        };
+        let c = self.sas[i].children.remove(pos);
+        let name = self.conns[ci].name.clone();
+        self.events.push_back(Event::RemoveSa {
+            conn: name.clone(),
+            spi: c.spi_in,
+            outbound: false,
+        });
+        if c.out_active {
+            self.events.push_back(Event::RemoveSa {
+                conn: name,
+                spi: c.spi_out,
+                outbound: true,
+            });
+        }
+        self.child_spis.remove(&c.spi_in);
+        self.log(
+            Level::Info,
+            Some(ci),
+            format!("child SA {:08x}_i {:08x}_o deleted", c.spi_in, c.spi_out),
+        );
+    }
+
+    /// Removes IKE SA `i` with its children; `down`: report the connection down.
+    fn destroy(&mut self, i: usize, reason: String, down: bool) {
+        let spis: Vec<u32> = self.sas[i].children.iter().map(|c| c.spi_in).collect();
+        for s in spis {
+            self.remove_child(i, s);
+        }
+        let sa = self.sas.remove(i);
+        self.ike_spis.remove(&sa.local_spi());
+        let ci = sa.conn;
+        if down || sa.established_at.is_some() && sa.remove_at.is_none() {
+            self.events.push_back(Event::IkeDown {
+                conn: self.conns[ci].name.clone(),
+                reason: reason.clone(),
+            });
+        }
+        self.log(
+            Level::Info,
+            Some(ci),
+            format!(
+                "IKE SA {:016x}_i {:016x}_r removed: {reason}",
+                sa.spi_i, sa.spi_r
+            ),
+        );
+    }
+
+    /// An exchange we started failed before the SA was usable.
+    fn fail(&mut self, i: usize, reason: String) {
+        let ci = self.sas[i].conn;
+        self.count("ike_failed");
+        self.log(Level::Warn, Some(ci), reason.clone());
+        self.destroy(i, reason, true);
+    }
+
+    // -----------------------------------------------------------------
+    // Timers
+    // -----------------------------------------------------------------
+
+    /// When [`Ike::handle_timeout`] wants to be called next.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        let mut t: Option<Duration> = self.restart_at.values().min().copied();
+        let mut at = |d: Option<Duration>| {
+            if let Some(d) = d {
+                t = Some(t.map_or(d, |x| x.min(d)));
+            }
+        };
+        for sa in &self.sas {
+            at(sa.pending.as_ref().map(|p| p.next_at));
+            at(sa.rekey_at);
+            at(sa.remove_at);
+            if sa.state == State::InitDone {
+                at(Some(sa.created + HALF_OPEN_TIMEOUT));
+            }
+            let c = &self.conns[sa.conn];
+            if sa.state == State::Established && !c.dpd_delay.is_zero() && sa.pending.is_none() {
+                at(Some(sa.last_rx + c.dpd_delay));
+            }
+            for ch in &sa.children {
+                at(ch.rekey_at);
+                at(ch.expire_at);
+                at(ch.pending_out.as_ref().map(|p| p.1));
+            }
+        }
+        t
+    }
+
+    /// Retransmissions, rekeys, expiries and liveness checks due at `now`.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        let due: Vec<usize> = self
+            .restart_at
+            .iter()
+            .filter(|(_, t)| **t <= now)
+            .map(|(c, _)| *c)
+            .collect();
+        for ci in due {
+            self.restart_at.remove(&ci);
+            if !self.sas.iter().any(|s| s.conn == ci) {
+                self.log(Level::Info, Some(ci), "restarting the connection".into());
+                self.start_init(now, ci, None, None);
+            }
+        }
+        let mut i = 0;
+        while i < self.sas.len() {
+            if self.timeout_one(i, now) {
+                i += 1;
+            }
+        }
+    }
+
+    /// Handles SA `i`'s timers; false if the SA was removed.
+    fn timeout_one(&mut self, i: usize, now: Duration) -> bool {
+        let ci = self.sas[i].conn;
+        if self.sas[i].state == State::InitDone && now >= self.sas[i].created + HALF_OPEN_TIMEOUT {
+            self.count("half_open_expired");
+            self.destroy(i, "half-open SA expired (no IKE_AUTH)".into(), false);
+            return false;
+        }
+        if self.sas[i].remove_at.is_some_and(|t| now >= t) {
+            self.destroy(i, "replaced by rekeying".into(), false);
+            return false;
+        }
+        // Retransmission.
+        if let Some(p) = &mut self.sas[i].pending {
+            if now >= p.next_at {
+                let r = self.conns[ci].retransmit;
+                if p.tries >= r.tries {
+                    let was_deleting = matches!(p.what, Req::DeleteIke);
+                    self.count("peers_dead");
+                    let reason = format!("no answer after {} retransmissions: peer dead", r.tries);
+                    if self.conns[ci].dpd_action == DpdAction::Restart && !was_deleting {
+                        self.restart_at.insert(ci, now + RESTART_DELAY);
+                    }
+                    self.log(Level::Warn, Some(ci), reason.clone());
+                    self.destroy(i, reason, true);
+                    return false;
+                }
+                p.tries += 1;
+                p.next_at = now + r.wait(p.tries);
+                let d = p.data.clone();
+                self.count("retransmits");
+                self.transmit(i, d);
+            }
+        }
+        // Rekey responder's held outbound SA.
+        let late: Vec<u32> = self.sas[i]
+            .children
+            .iter()
+            .filter(|c| c.pending_out.as_ref().is_some_and(|p| now >= p.1))
+            .map(|c| c.spi_in)
+            .collect();
+        for s in late {
+            self.activate_outbound(i, s);
+        }
+        if self.sas[i].state == State::Established {
+            // Child expiry and rekeys.
+            let expired: Vec<u32> = self.sas[i]
+                .children
+                .iter()
+                .filter(|c| c.expire_at.is_some_and(|t| now >= t))
+                .map(|c| c.spi_in)
+                .collect();
+            for s in expired {
+                self.count("children_expired");
+                self.log(
+                    Level::Warn,
+                    Some(ci),
+                    format!("child SA {s:08x}_i reached its hard lifetime"),
+                );
+                if !self.sas[i].tasks.contains(&Task::DeleteChild(s)) {
+                    self.sas[i].tasks.push_back(Task::DeleteChild(s));
+                }
+                if let Some(c) = self.sas[i].children.iter_mut().find(|c| c.spi_in == s) {
+                    c.expire_at = None;
+                    c.rekey_at = None;
+                }
+            }
+            let rekey: Vec<u32> = self.sas[i]
+                .children
+                .iter()
+                .filter(|c| c.rekey_at.is_some_and(|t| now >= t))
+                .map(|c| c.spi_in)
+                .collect();
+            for s in rekey {
+                if let Some(c) = self.sas[i].children.iter_mut().find(|c| c.spi_in == s) {
+                    c.rekey_at = None;
+                }
+                self.sas[i].tasks.push_back(Task::RekeyChild(s));
+            }
+            if self.sas[i].rekey_at.is_some_and(|t| now >= t) {
+                self.sas[i].rekey_at = None;
+                self.sas[i].tasks.push_back(Task::RekeyIke);
+            }
+            let dpd = self.conns[ci].dpd_delay;
+            if !dpd.is_zero()
+                && self.sas[i].pending.is_none()
+                && now >= self.sas[i].last_rx + dpd
+                && !self.sas[i].tasks.contains(&Task::Dpd)
+            {
+                self.sas[i].tasks.push_back(Task::Dpd);
+            }
+            self.kick(i, now);
+        }
+        true
+    }
+
+    /// Starts the next queued exchange if none is outstanding (window of 1).
+    fn kick(&mut self, i: usize, now: Duration) {
+        while self.sas[i].pending.is_none()
+            && matches!(self.sas[i].state, State::Established | State::Deleting)
+        {
+            let Some(t) = self.sas[i].tasks.pop_front() else {
+                return;
+            };
+            match t {
+                Task::RekeyChild(s) => self.start_child_rekey(i, now, s),
+                Task::RekeyIke => {
+                    if self.sas[i].state == State::Established {
+                        self.start_ike_rekey(i, now);
+                    }
+                }
+                Task::Dpd => {
+                    self.count("dpd_sent");
+                    self.send_request(i, now, exchange::INFORMATIONAL, Vec::new(), Req::Dpd);
+                }
+                Task::DeleteChild(s) => {
+                    let Some(c) = self.sas[i].children.iter_mut().find(|c| c.spi_in == s) else {
+                        continue;
+                    };
+                    c.state = ChildState::Deleting;
+                    let payloads = vec![Payload::Delete(Delete::Child {
+                        protocol: protocol::ESP,
+                        spis: vec![s],
+                    })];
+                    self.send_request(
+                        i,
+                        now,
+                        exchange::INFORMATIONAL,
+                        payloads,
+                        Req::DeleteChild { spi_in: s },
+                    );
+                }
+                Task::DeleteIke => {
+                    self.sas[i].state = State::Deleting;
+                    self.send_request(
+                        i,
+                        now,
+                        exchange::INFORMATIONAL,
+                        vec![Payload::Delete(Delete::Ike)],
+                        Req::DeleteIke,
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn verify_sig(
+    pk: &super::sig::PublicKey,
+    method: u8,
+    data: &[u8],
+    signed: &[u8],
+) -> Result<(), String> {
+    match method {
+        auth_method::DIGITAL_SIGNATURE => pk
+            .verify_auth(data, signed)
+            .map(|_| ())
+            .map_err(|e| format!("signature does not verify: {e}")),
+        auth_method::RSA_SIG | auth_method::ECDSA_256 | auth_method::ECDSA_384 => pk
+            .verify_legacy(method, data, signed)
+            .map_err(|e| format!("signature does not verify: {e}")),
+        auth_method::SHARED_KEY_MIC => {
+            Err("peer used a pre-shared key, we expect a signature".into())
+        }
+        m => Err(format!("AUTH method {m} is not supported")),
+    }
+}
+
+fn certreq(cas: &[Certificate]) -> Payload {
+    let mut data = Vec::new();
+    for c in cas {
+        data.extend_from_slice(&c.spki_sha1());
+    }
+    Payload::CertReq {
+        encoding: cert_encoding::X509_SIGNATURE,
+        data,
+    }
+}
+
+fn describe_proposal(p: &wire::Proposal) -> String {
+    let parts: Vec<String> = p
+        .transforms
+        .iter()
+        .map(|t| match t.key_length() {
+            Some(k) => format!("{}:{}/{}", t.transform_type, t.id, k),
+            None => format!("{}:{}", t.transform_type, t.id),
+        })
+        .collect();
+    format!("#{} [{}]", p.number, parts.join(" "))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,841 @@
+//! Two engines in memory: full handshakes, rekeys, failures and liveness.
+
+use super::*;
+use crate::ike::cert::Identity;
+use crate::ike::config::{ChildConfig, IkeConfig, LocalAuth, RemoteAuth, Retransmit};
+use crate::ike::proposal::ProposalSpec;
+use crate::selector::Prefix;
+use std::collections::BTreeMap;
+
+const A: &str = "192.0.2.1";
+const B: &str = "192.0.2.2";
+
+fn pfx(s: &str) -> Prefix {
+    let (a, l) = s.split_once('/').unwrap();
+    Prefix::new(a.parse().unwrap(), l.parse().unwrap()).unwrap()
+}
+
+fn conf(local: &str, remote: &str, ike: &str, esp: &str, lts: &str, rts: &str) -> IkeConfig {
+    let psk = Zeroizing::new(b"a test pre-shared key, not secret".to_vec());
+    IkeConfig {
+        name: "c".into(),
+        local: local.parse().unwrap(),
+        remote: remote.parse().unwrap(),
+        local_id: Identity::parse(local).unwrap(),
+        remote_id: Some(Identity::parse(remote).unwrap()),
+        local_auth: LocalAuth::Psk(psk.clone()),
+        remote_auth: RemoteAuth::Psk(psk),
+        proposals: ProposalSpec::parse_list(ProposalKind::Ike, ike).unwrap(),
+        child: ChildConfig {
+            local_ts: vec![ts::from_prefix(pfx(lts), 0)],
+            remote_ts: vec![ts::from_prefix(pfx(rts), 0)],
+            mode: Mode::Tunnel,
+            proposals: ProposalSpec::parse_list(ProposalKind::Esp, esp).unwrap(),
+            rekey_time: Duration::ZERO,
+            life_time: Duration::ZERO,
+            jitter: Duration::ZERO,
+        },
+        rekey_time: Duration::ZERO,
+        jitter: Duration::ZERO,
+        dpd_delay: Duration::ZERO,
+        dpd_action: DpdAction::Clear,
+        retransmit: Retransmit {
+            timeout: Duration::from_secs(1),
+            base: 2.0,
+            tries: 3,
+        },
+        force_encap: false,
+    }
+}
+
+/// An installed SA: suite name, encryption key, integrity key.
+type Keys = (String, Vec<u8>, Vec<u8>);
+
+/// What the data plane of one side holds: SAs by (direction, SPI).
+#[derive(Default)]
+struct Plane {
+    sas: BTreeMap<(bool, u32), Keys>,
+    /// The SPI outbound packets use (the last installed outbound SA).
+    current_out: Option<u32>,
+    log: Vec<String>,
+    up: u32,
+    down: Vec<String>,
+}
+
+struct Pair {
+    a: Ike,
+    b: Ike,
+    pa: Plane,
+    pb: Plane,
+    now: Duration,
+    /// Drop messages from A (or B) while set.
+    drop_a: bool,
+    drop_b: bool,
+    delivered: u32,
+}
+
+fn apply(e: &mut Ike, p: &mut Plane) {
+    while let Some(ev) = e.poll_event() {
+        match ev {
+            Event::InstallSa(s) => {
+                p.log.push(format!(
+                    "install {} {:08x}",
+                    if s.outbound { "out" } else { "in" },
+                    s.spi
+                ));
+                if s.outbound {
+                    // Like the gateway: a new outbound SA replaces the old one.
+                    p.current_out = Some(s.spi);
+                    p.sas.retain(|(out, _), _| !*out);
+                }
+                p.sas.insert(
+                    (s.outbound, s.spi),
+                    (s.suite.name(), s.enc_key.to_vec(), s.integ_key.to_vec()),
+                );
+            }
+            Event::RemoveSa { spi, outbound, .. } => {
+                p.log.push(format!(
+                    "remove {} {:08x}",
+                    if outbound { "out" } else { "in" },
+                    spi
+                ));
+                assert!(
+                    p.sas.remove(&(outbound, spi)).is_some(),
+                    "removing an SA not installed: {spi:08x}"
+                );
+                if outbound {
+                    p.current_out = None;
+                }
+            }
+            Event::IkeUp { .. } => p.up += 1,
+            Event::IkeDown { reason, .. } => p.down.push(reason),
+            Event::Log { level, message, .. } => eprintln!("[{level:?}] {message}"),
+        }
+    }
+}
+
+impl Pair {
+    fn new(ca: IkeConfig, cb: IkeConfig) -> Pair {
+        Pair {
+            a: Ike::new(vec![ca], Ports::default()),
+            b: Ike::new(vec![cb], Ports::default()),
+            pa: Plane::default(),
+            pb: Plane::default(),
+            now: Duration::from_secs(1000),
+            drop_a: false,
+            drop_b: false,
+            delivered: 0,
+        }
+    }
+
+    fn psk(ike: &str, esp: &str) -> Pair {
+        Pair::new(
+            conf(A, B, ike, esp, "10.1.0.0/16", "10.2.0.0/16"),
+            conf(B, A, ike, esp, "10.2.0.0/16", "10.1.0.0/16"),
+        )
+    }
+
+    /// Delivers messages until both sides are quiet (bounded).
+    fn run(&mut self) {
+        for _ in 0..200 {
+            let mut moved = false;
+            while let Some(t) = self.a.poll_transmit() {
+                moved = true;
+                if !self.drop_a {
+                    self.delivered += 1;
+                    self.b.handle(self.now, t.remote, t.local, &t.data);
+                }
+            }
+            while let Some(t) = self.b.poll_transmit() {
+                moved = true;
+                if !self.drop_b {
+                    self.delivered += 1;
+                    self.a.handle(self.now, t.remote, t.local, &t.data);
+                }
+            }
+            apply(&mut self.a, &mut self.pa);
+            apply(&mut self.b, &mut self.pb);
+            if !moved {
+                return;
+            }
+        }
+        panic!("the engines never went quiet");
+    }
+
+    /// Advances time to each due timer up to `until`, running exchanges.
+    fn advance(&mut self, d: Duration) {
+        let end = self.now + d;
+        for _ in 0..10_000 {
+            let next = [self.a.poll_timeout(), self.b.poll_timeout()]
+                .into_iter()
+                .flatten()
+                .min();
+            match next {
+                Some(t) if t <= end => {
+                    self.now = self.now.max(t);
+                    self.a.handle_timeout(self.now);
+                    self.b.handle_timeout(self.now);
+                    self.run();
+                }
+                _ => {
+                    self.now = end;
+                    return;
+                }
+            }
+        }
+        panic!("timers never settled");
+    }
+
+    /// Each side's outbound SA is the other's inbound SA with the same keys.
+    fn assert_matched(&self) {
+        let (Some(ao), Some(bo)) = (self.pa.current_out, self.pb.current_out) else {
+            panic!("no outbound SA: {:?} / {:?}", self.pa.log, self.pb.log);
+        };
+        assert_eq!(
+            self.pa.sas.get(&(true, ao)),
+            self.pb.sas.get(&(false, ao)),
+            "A->B SA {ao:08x}"
+        );
+        assert_eq!(
+            self.pb.sas.get(&(true, bo)),
+            self.pa.sas.get(&(false, bo)),
+            "B->A SA {bo:08x}"
+        );
+        assert_ne!(ao, bo);
+    }
+}
+
+fn established(e: &Ike) -> usize {
+    e.status()
+        .iter()
+        .filter(|s| s.state == "established")
+        .count()
+}
+
+#[test]
+fn psk_handshake_for_every_group() {
+    for (ike, esp) in [
+        ("aes128gcm16-prfsha256-x25519", "aes128gcm16"),
+        ("aes256-sha256-modp2048", "aes256-sha256"),
+        ("aes256gcm16-prfsha384-ecp384", "aes256gcm16-esn"),
+        ("chacha20poly1305-prfsha512-ecp256", "chacha20poly1305"),
+        ("aes128-sha512-modp3072", "aes128-sha512"),
+    ] {
+        let mut p = Pair::psk(ike, esp);
+        p.a.initiate(p.now, "c").unwrap();
+        p.run();
+        assert_eq!((established(&p.a), established(&p.b)), (1, 1), "{ike}");
+        assert_eq!(p.pa.sas.len(), 2, "{ike}: {:?}", p.pa.log);
+        assert_eq!(p.pb.sas.len(), 2);
+        p.assert_matched();
+        let st = &p.a.status()[0];
+        assert_eq!(
+            st.algorithms.as_deref(),
+            Some(
+                ProposalSpec::parse(ProposalKind::Ike, ike)
+                    .unwrap()
+                    .name()
+                    .as_str()
+            )
+        );
+        assert_eq!(st.children.len(), 1);
+        assert_eq!(st.peer_id.as_deref(), Some(B));
+        let (suite, _, _) = p.pa.sas.values().next().unwrap();
+        assert_eq!(
+            *suite,
+            ProposalSpec::parse(ProposalKind::Esp, esp).unwrap().encr[0]
+                .name()
+                .to_string()
+                + &ProposalSpec::parse(ProposalKind::Esp, esp)
+                    .unwrap()
+                    .integ
+                    .first()
+                    .map(|i| format!("-{}", i.name()))
+                    .unwrap_or_default()
+        );
+        // Costs were counted: DH twice per side at least.
+        assert!(p.a.costs().ops[&IkeOp::Dh].0 >= 2);
+        assert!(p.b.costs().ops[&IkeOp::AuthVerify].0 == 1);
+    }
+}
+
+#[test]
+fn wrong_psk_fails_both_sides() {
+    let mut ca = conf(
+        A,
+        B,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16",
+        "10.1.0.0/16",
+        "10.2.0.0/16",
+    );
+    let cb = conf(
+        B,
+        A,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16",
+        "10.2.0.0/16",
+        "10.1.0.0/16",
+    );
+    let other = Zeroizing::new(b"another key".to_vec());
+    ca.local_auth = LocalAuth::Psk(other.clone());
+    ca.remote_auth = RemoteAuth::Psk(other);
+    let mut p = Pair::new(ca, cb);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert!(p.a.status().is_empty() && p.b.status().is_empty());
+    assert!(p.pa.sas.is_empty() && p.pb.sas.is_empty());
+    assert_eq!(p.b.counters()["auth_failed"], 1);
+    assert!(
+        p.pa.down
+            .iter()
+            .any(|r| r.contains("AUTHENTICATION_FAILED")),
+        "{:?}",
+        p.pa.down
+    );
+}
+
+#[test]
+fn wrong_identity_fails() {
+    let mut cb = conf(
+        B,
+        A,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16",
+        "10.2.0.0/16",
+        "10.1.0.0/16",
+    );
+    cb.remote_id = Some(Identity::parse("someone.example").unwrap());
+    let ca = conf(
+        A,
+        B,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16",
+        "10.1.0.0/16",
+        "10.2.0.0/16",
+    );
+    let mut p = Pair::new(ca, cb);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert!(p.a.status().is_empty() && p.b.status().is_empty());
+    assert_eq!(p.b.counters()["auth_failed"], 1);
+}
+
+#[test]
+fn no_common_proposal() {
+    let mut p = Pair::new(
+        conf(
+            A,
+            B,
+            "aes128gcm16-prfsha256-x25519",
+            "aes128gcm16",
+            "10.1.0.0/16",
+            "10.2.0.0/16",
+        ),
+        conf(
+            B,
+            A,
+            "aes256-sha256-modp2048",
+            "aes128gcm16",
+            "10.2.0.0/16",
+            "10.1.0.0/16",
+        ),
+    );
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert!(p.a.status().is_empty() && p.b.status().is_empty());
+    assert_eq!(p.b.counters()["no_proposal_chosen"], 1);
+    assert!(p.pa.down.iter().any(|r| r.contains("NO_PROPOSAL_CHOSEN")));
+}
+
+#[test]
+fn invalid_ke_retry_with_the_peers_group() {
+    let mut p = Pair::new(
+        conf(
+            A,
+            B,
+            "aes128gcm16-prfsha256-x25519-ecp256",
+            "aes128gcm16",
+            "10.1.0.0/16",
+            "10.2.0.0/16",
+        ),
+        conf(
+            B,
+            A,
+            "aes128gcm16-prfsha256-ecp256",
+            "aes128gcm16",
+            "10.2.0.0/16",
+            "10.1.0.0/16",
+        ),
+    );
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_eq!(p.b.counters()["invalid_ke_sent"], 1);
+    assert_eq!(p.a.counters()["invalid_ke_received"], 1);
+    assert_eq!(established(&p.a), 1);
+    assert!(p.a.status()[0]
+        .algorithms
+        .as_deref()
+        .unwrap()
+        .ends_with("ecp256"));
+    p.assert_matched();
+}
+
+#[test]
+fn cookie_round_trip_under_half_open_pressure() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.b.set_cookie_threshold(0);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_eq!(p.b.counters()["cookies_sent"], 1);
+    assert_eq!(p.a.counters()["cookies_received"], 1);
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+    p.assert_matched();
+}
+
+#[test]
+fn narrowing_and_ts_unacceptable() {
+    // A asks for 10.0.0.0/8 on its side; B accepts only 10.1.0.0/16 there.
+    let mut p = Pair::new(
+        conf(
+            A,
+            B,
+            "aes128gcm16-prfsha256-x25519",
+            "aes128gcm16",
+            "10.0.0.0/8",
+            "10.2.0.0/16",
+        ),
+        conf(
+            B,
+            A,
+            "aes128gcm16-prfsha256-x25519",
+            "aes128gcm16",
+            "10.2.0.0/16",
+            "10.1.0.0/16",
+        ),
+    );
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let ch = &p.a.status()[0].children[0];
+    assert_eq!(ch.local_ts, ["10.1.0.0-10.1.255.255"]);
+    p.assert_matched();
+
+    let mut p = Pair::new(
+        conf(
+            A,
+            B,
+            "aes128gcm16-prfsha256-x25519",
+            "aes128gcm16",
+            "172.16.0.0/16",
+            "10.2.0.0/16",
+        ),
+        conf(
+            B,
+            A,
+            "aes128gcm16-prfsha256-x25519",
+            "aes128gcm16",
+            "10.2.0.0/16",
+            "10.1.0.0/16",
+        ),
+    );
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    // The IKE SA stands; no child (§1.2).
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+    assert!(p.pa.sas.is_empty() && p.pb.sas.is_empty());
+    assert_eq!(p.b.counters()["ts_unacceptable"], 1);
+}
+
+#[test]
+fn lost_response_is_retransmitted_and_replayed() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.a.initiate(p.now, "c").unwrap();
+    // Lose B's IKE_SA_INIT response once.
+    while let Some(t) = p.a.poll_transmit() {
+        p.b.handle(p.now, t.remote, t.local, &t.data);
+    }
+    while p.b.poll_transmit().is_some() {}
+    p.advance(Duration::from_secs(2));
+    assert_eq!(p.a.counters()["retransmits"], 1);
+    assert_eq!(p.b.counters()["retransmitted_responses"], 1);
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+    // Now lose an IKE_AUTH-era answer: a DPD response.
+    let n =
+        p.b.counters()
+            .get("retransmitted_responses")
+            .copied()
+            .unwrap_or(0);
+    p.a.sas[0].tasks.push_back(Task::Dpd);
+    p.a.kick(0, p.now);
+    while let Some(t) = p.a.poll_transmit() {
+        p.b.handle(p.now, t.remote, t.local, &t.data);
+    }
+    while p.b.poll_transmit().is_some() {}
+    p.advance(Duration::from_secs(2));
+    assert_eq!(p.b.counters()["retransmitted_responses"], n + 1);
+    assert!(p.a.sas[0].pending.is_none());
+}
+
+fn rekeying(ike_rekey: u64, child_rekey: u64) -> Pair {
+    let mut ca = conf(
+        A,
+        B,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16-x25519",
+        "10.1.0.0/16",
+        "10.2.0.0/16",
+    );
+    let mut cb = conf(
+        B,
+        A,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16-x25519",
+        "10.2.0.0/16",
+        "10.1.0.0/16",
+    );
+    ca.child.rekey_time = Duration::from_secs(child_rekey);
+    ca.child.life_time = Duration::from_secs(child_rekey * 3);
+    ca.rekey_time = Duration::from_secs(ike_rekey);
+    cb.child.rekey_time = Duration::from_secs(child_rekey * 10);
+    cb.child.life_time = Duration::from_secs(child_rekey * 30);
+    cb.rekey_time = Duration::from_secs(ike_rekey * 10);
+    Pair::new(ca, cb)
+}
+
+#[test]
+fn child_rekey_is_make_before_break() {
+    let mut p = rekeying(0, 5);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let old_a_out = p.pa.current_out.unwrap();
+    let old_b_out = p.pb.current_out.unwrap();
+    p.pb.log.clear();
+    p.advance(Duration::from_secs(6));
+    assert_eq!(p.a.counters()["child_rekeys"], 1);
+    p.assert_matched();
+    assert_ne!(p.pa.current_out, Some(old_a_out));
+    assert_ne!(p.pb.current_out, Some(old_b_out));
+    // Only the new pair remains on both sides.
+    assert_eq!(p.pa.sas.len(), 2, "{:?}", p.pa.log);
+    assert_eq!(p.pb.sas.len(), 2, "{:?}", p.pb.log);
+    // B (responder) installed its new inbound SA first, switched its
+    // outbound only with the deletion of the old SA, then removed the old inbound.
+    let l = &p.pb.log;
+    assert!(l[0].starts_with("install in "), "{l:?}");
+    let out = l.iter().position(|x| x.starts_with("install out")).unwrap();
+    let rm = l.iter().position(|x| x.starts_with("remove in")).unwrap();
+    assert!(out < rm && out > 0, "{l:?}");
+    // PFS: a KE in the rekey means DH operations beyond the handshake.
+    assert!(p.a.costs().ops[&IkeOp::Dh].0 >= 4);
+    // Many rekeys keep working (seed 001's 5 s lifetime).
+    p.advance(Duration::from_secs(60));
+    assert!(p.a.counters()["child_rekeys"] >= 11, "{:?}", p.a.counters());
+    p.assert_matched();
+    assert_eq!(p.pa.sas.len(), 2);
+    assert_eq!(p.pb.sas.len(), 2);
+}
+
+#[test]
+fn ike_rekey_keeps_children() {
+    let mut p = rekeying(10, 0);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let spis = (p.a.status()[0].spi_i, p.a.status()[0].spi_r);
+    let children_before = p.pa.sas.clone();
+    p.advance(Duration::from_secs(11));
+    assert_eq!(p.a.counters()["ike_rekeys"], 1);
+    assert_eq!(p.b.counters()["ike_rekeys"], 1);
+    let st = p.a.status();
+    assert_eq!(st.len(), 1, "old IKE SA deleted");
+    assert_ne!((st[0].spi_i, st[0].spi_r), spis);
+    assert_eq!(st[0].children.len(), 1);
+    assert_eq!(p.pa.sas, children_before, "children untouched");
+    assert!(
+        p.pa.down.is_empty() && p.pb.down.is_empty(),
+        "{:?} {:?}",
+        p.pa.down,
+        p.pb.down
+    );
+    // The new SA works: a liveness check and a second rekey.
+    p.advance(Duration::from_secs(11));
+    assert_eq!(p.a.counters()["ike_rekeys"], 2);
+    assert_eq!(p.b.status().len(), 1);
+}
+
+#[test]
+fn dpd_detects_a_dead_peer_and_restart_recovers() {
+    let mut ca = conf(
+        A,
+        B,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16",
+        "10.1.0.0/16",
+        "10.2.0.0/16",
+    );
+    ca.dpd_delay = Duration::from_secs(10);
+    ca.dpd_action = DpdAction::Restart;
+    let cb = conf(
+        B,
+        A,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16",
+        "10.2.0.0/16",
+        "10.1.0.0/16",
+    );
+    let mut p = Pair::new(ca, cb);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    p.advance(Duration::from_secs(25));
+    assert!(p.a.counters()["dpd_sent"] >= 2);
+    assert_eq!(established(&p.a), 1);
+    // B dies (loses its state and stops answering).
+    p.b = Ike::new(p.b.conns.clone(), Ports::default());
+    p.drop_b = true;
+    p.advance(Duration::from_secs(30));
+    assert_eq!(p.a.counters()["peers_dead"], 1);
+    assert!(p.pa.sas.is_empty(), "children removed: {:?}", p.pa.log);
+    assert!(p.pa.down.iter().any(|r| r.contains("peer dead")));
+    // B comes back: the restart finds it.
+    p.drop_b = false;
+    p.advance(Duration::from_secs(30));
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+    p.assert_matched();
+}
+
+#[test]
+fn terminate_deletes_both_sides() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert!(
+        p.a.initiate(p.now, "c").is_err(),
+        "one IKE SA per connection"
+    );
+    assert!(p.a.terminate(p.now, "nope").is_err());
+    p.a.terminate(p.now, "c").unwrap();
+    p.run();
+    assert!(p.a.status().is_empty() && p.b.status().is_empty());
+    assert!(p.pa.sas.is_empty() && p.pb.sas.is_empty());
+    assert_eq!(p.pb.down.len(), 1);
+}
+
+#[test]
+fn simultaneous_child_rekey_leaves_one_pair() {
+    for _ in 0..4 {
+        let mut p = rekeying(0, 5);
+        // Both sides rekey at the same instant.
+        p.b.conns[0].child.rekey_time = Duration::from_secs(5);
+        p.a.initiate(p.now, "c").unwrap();
+        p.run();
+        p.now += Duration::from_secs(6);
+        p.a.handle_timeout(p.now);
+        p.b.handle_timeout(p.now);
+        // Cross the two requests before either answer arrives.
+        let ta: Vec<Transmit> = std::iter::from_fn(|| p.a.poll_transmit()).collect();
+        let tb: Vec<Transmit> = std::iter::from_fn(|| p.b.poll_transmit()).collect();
+        for t in ta {
+            p.b.handle(p.now, t.remote, t.local, &t.data);
+        }
+        for t in tb {
+            p.a.handle(p.now, t.remote, t.local, &t.data);
+        }
+        p.run();
+        p.advance(Duration::from_secs(1));
+        assert!(
+            p.a.counters().get("rekey_collisions").copied().unwrap_or(0)
+                + p.b.counters().get("rekey_collisions").copied().unwrap_or(0)
+                >= 1
+        );
+        assert_eq!(p.pa.sas.len(), 2, "{:?}", p.pa.log);
+        assert_eq!(p.pb.sas.len(), 2, "{:?}", p.pb.log);
+        p.assert_matched();
+    }
+}
+
+#[test]
+fn garbage_and_replays_are_counted_not_fatal() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.a.initiate(p.now, "c").unwrap();
+    let first: Vec<Transmit> = std::iter::from_fn(|| p.a.poll_transmit()).collect();
+    for t in &first {
+        p.b.handle(p.now, t.remote, t.local, &t.data);
+    }
+    p.run();
+    let from = SocketAddr::new(A.parse().unwrap(), 500);
+    let to = SocketAddr::new(B.parse().unwrap(), 500);
+    for n in 0..200usize {
+        let junk: Vec<u8> = (0..n).map(|i| (i * 7 + n) as u8).collect();
+        p.b.handle(p.now, to, from, &junk);
+    }
+    // An old IKE_SA_INIT again: answered from cache or ignored, no new SA.
+    p.b.handle(p.now, to, from, &first[0].data);
+    assert!(p.b.counters()["dropped_malformed"] > 0);
+    assert_eq!(p.b.status().len(), 1);
+    assert_eq!(established(&p.b), 1);
+}
+
+// ---------------------------------------------------------------------
+// Signatures (RFC 7427): raw public keys and certificates
+// ---------------------------------------------------------------------
+
+use crate::ike::cert::Certificate;
+use crate::ike::sig::{KeyKind, PrivateKey};
+use std::sync::Arc;
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(format!(
+        "{}/tests/vectors/ike/certs/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+fn cert(name: &str) -> Certificate {
+    Certificate::from_pem(&fixture(name)).unwrap().remove(0)
+}
+
+/// A is "moon.example" (P-256 certificate under ca-p256), B is
+/// "sun.example" (RSA certificate under ca-rsa); each trusts the other's CA.
+fn cert_pair(moon_cert: &str, b_trusts: &str) -> Pair {
+    let mut ca = conf(
+        A,
+        B,
+        "aes256gcm16-prfsha384-ecp384",
+        "aes256gcm16",
+        "10.1.0.0/16",
+        "10.2.0.0/16",
+    );
+    let mut cb = conf(
+        B,
+        A,
+        "aes256gcm16-prfsha384-ecp384",
+        "aes256gcm16",
+        "10.2.0.0/16",
+        "10.1.0.0/16",
+    );
+    ca.local_id = Identity::parse("moon.example").unwrap();
+    ca.remote_id = Some(Identity::parse("sun.example").unwrap());
+    cb.local_id = Identity::parse("sun.example").unwrap();
+    cb.remote_id = Some(Identity::parse("moon.example").unwrap());
+    ca.local_auth = LocalAuth::Signature {
+        key: Arc::new(PrivateKey::from_pem(&fixture("p256.key")).unwrap()),
+        certs: vec![cert(moon_cert)],
+    };
+    ca.remote_auth = RemoteAuth::Ca(vec![cert("ca-rsa.crt")]);
+    cb.local_auth = LocalAuth::Signature {
+        key: Arc::new(PrivateKey::from_pem(&fixture("rsa2048.key")).unwrap()),
+        certs: vec![cert("sun-rsa.crt")],
+    };
+    cb.remote_auth = RemoteAuth::Ca(vec![cert(b_trusts)]);
+    let mut p = Pair::new(ca, cb);
+    // The fixtures are valid from 2026-11-23 for 100 years: check in 2030.
+    p.a.set_unix_time_at_epoch(1_900_000_000);
+    p.b.set_unix_time_at_epoch(1_900_000_000);
+    p
+}
+
+#[test]
+fn certificates_under_a_ca() {
+    let mut p = cert_pair("moon-p256.crt", "ca-p256.crt");
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+    assert_eq!(p.a.status()[0].peer_id.as_deref(), Some("sun.example"));
+    assert_eq!(p.b.status()[0].peer_id.as_deref(), Some("moon.example"));
+    p.assert_matched();
+    assert_eq!(p.a.costs().ops[&IkeOp::AuthCreate].0, 1);
+    assert_eq!(p.a.costs().ops[&IkeOp::AuthVerify].0, 1);
+}
+
+#[test]
+fn certificate_of_another_ca_or_identity_is_refused() {
+    // moon's certificate from a CA with the right name but another key.
+    let mut p = cert_pair("evil-moon.crt", "ca-p256.crt");
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert!(p.a.status().is_empty() && p.b.status().is_empty());
+    assert_eq!(p.b.counters()["auth_failed"], 1);
+    // A valid certificate that does not name the identity A claims.
+    let mut p = cert_pair("cnonly-p256.crt", "ca-p256.crt");
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert!(p.a.status().is_empty() && p.b.status().is_empty());
+    assert_eq!(p.b.counters()["auth_failed"], 1);
+}
+
+#[test]
+fn raw_public_keys_every_kind() {
+    for (ka, kb) in [
+        (KeyKind::Ed25519, KeyKind::EcdsaP256),
+        (KeyKind::EcdsaP384, KeyKind::Ed25519),
+        (KeyKind::EcdsaP256, KeyKind::EcdsaP384),
+    ] {
+        let (a_key, b_key) = (
+            PrivateKey::generate(ka).unwrap(),
+            PrivateKey::generate(kb).unwrap(),
+        );
+        let mut ca = conf(
+            A,
+            B,
+            "aes128gcm16-prfsha256-ecp256",
+            "aes128gcm16",
+            "10.1.0.0/16",
+            "10.2.0.0/16",
+        );
+        let mut cb = conf(
+            B,
+            A,
+            "aes128gcm16-prfsha256-ecp256",
+            "aes128gcm16",
+            "10.2.0.0/16",
+            "10.1.0.0/16",
+        );
+        ca.remote_auth = RemoteAuth::PublicKey(b_key.public_key());
+        cb.remote_auth = RemoteAuth::PublicKey(a_key.public_key());
+        ca.local_auth = LocalAuth::Signature {
+            key: Arc::new(a_key),
+            certs: vec![],
+        };
+        cb.local_auth = LocalAuth::Signature {
+            key: Arc::new(b_key),
+            certs: vec![],
+        };
+        let mut p = Pair::new(ca, cb);
+        p.a.initiate(p.now, "c").unwrap();
+        p.run();
+        assert_eq!(
+            (established(&p.a), established(&p.b)),
+            (1, 1),
+            "{ka:?}/{kb:?}"
+        );
+        p.assert_matched();
+    }
+    // A key B does not expect.
+    let mut ca = conf(
+        A,
+        B,
+        "aes128gcm16-prfsha256-ecp256",
+        "aes128gcm16",
+        "10.1.0.0/16",
+        "10.2.0.0/16",
+    );
+    let mut cb = conf(
+        B,
+        A,
+        "aes128gcm16-prfsha256-ecp256",
+        "aes128gcm16",
+        "10.2.0.0/16",
+        "10.1.0.0/16",
+    );
+    ca.local_auth = LocalAuth::Signature {
+        key: Arc::new(PrivateKey::generate(KeyKind::Ed25519).unwrap()),
+        certs: vec![],
+    };
+    cb.remote_auth =
+        RemoteAuth::PublicKey(PrivateKey::generate(KeyKind::Ed25519).unwrap().public_key());
+    let mut p = Pair::new(ca, cb);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert!(p.b.status().is_empty());
+    assert_eq!(p.b.counters()["auth_failed"], 1);
+}
