@@ -10,7 +10,12 @@
 //!
 //! The schema is documented key by key in `docs/CONFIG.md`.
 
+use crate::ikeconf::{AuthMethod, IkeSettings, StartAction};
 use espgate_core::crypto::{Suite, SuiteError};
+use espgate_core::ike::cert::{Certificate, Identity};
+use espgate_core::ike::config::{DpdAction, LocalAuth, RemoteAuth, Retransmit};
+use espgate_core::ike::proposal::{ProposalKind, ProposalSpec};
+use espgate_core::ike::sig::{PrivateKey, PublicKey};
 use espgate_core::sa::replay::MAX_WINDOW;
 use espgate_core::sa::{Encap, Lifetime, Mode, Protocol, Sa, SaConfig};
 use espgate_core::selector::{PortRange, Prefix, TrafficSelector};
@@ -23,6 +28,7 @@ use std::io::Read;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
@@ -347,6 +353,10 @@ pub struct Connection {
     pub esp: Option<ManualSa>,
     /// The AH SA pair, when `protocol` includes AH.
     pub ah: Option<ManualSa>,
+    /// IKEv2 settings (`[connection.ike]`): the SAs are negotiated, not
+    /// configured, so `esp` and `ah` are `None` and [`Connection::sa_configs`]
+    /// is empty until IKE installs SAs. See [`crate::ikeconf`].
+    pub ike: Option<IkeSettings>,
 }
 
 /// The key of per-CPU SA `k` made from a configured key: `k = 0` is the
@@ -895,6 +905,40 @@ struct RawConnection {
     lifetime: Option<RawLifetime>,
     esp: Option<RawSa>,
     ah: Option<RawSa>,
+    ike: Option<RawIke>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawIke {
+    proposals: Option<Vec<String>>,
+    esp_proposals: Option<Vec<String>>,
+    local_id: Option<String>,
+    remote_id: Option<String>,
+    auth: Option<AuthMethod>,
+    remote_auth: Option<AuthMethod>,
+    psk_file: Option<String>,
+    private_key: Option<String>,
+    cert: Option<String>,
+    ca: Option<String>,
+    remote_public_key: Option<String>,
+    start_action: Option<StartAction>,
+    rekey_time: Option<Scalar>,
+    child_rekey_time: Option<Scalar>,
+    child_life_time: Option<Scalar>,
+    jitter: Option<Scalar>,
+    dpd_delay: Option<Scalar>,
+    dpd_action: Option<DpdActionName>,
+    retransmit_timeout: Option<Scalar>,
+    retransmit_tries: Option<i64>,
+    force_encap: Option<bool>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum DpdActionName {
+    Clear,
+    Restart,
 }
 
 #[derive(Deserialize, Clone, Copy)]
@@ -1238,6 +1282,98 @@ fn read_secret_text(path: &Path, max: u64) -> std::io::Result<Zeroizing<String>>
     Ok(s)
 }
 
+/// Default `[connection.ike]` `proposals`.
+pub const DEFAULT_IKE_PROPOSALS: &[&str] =
+    &["aes128gcm16-prfsha256-x25519", "aes256-sha256-modp2048"];
+/// Default `[connection.ike]` `esp_proposals`.
+pub const DEFAULT_ESP_PROPOSALS: &[&str] = &["aes128gcm16", "aes256-sha256"];
+/// A pre-shared key shorter than this draws a warning.
+const MIN_GOOD_PSK: usize = 20;
+/// Largest certificate file read.
+const MAX_CERT_FILE_BYTES: u64 = 1 << 20;
+
+/// `%any` (any case): accept whatever identity the peer authenticates.
+fn is_any_id(s: &str) -> bool {
+    s.trim().eq_ignore_ascii_case("%any")
+}
+
+fn parse_identity(s: &str) -> Result<Identity, String> {
+    Identity::parse(s).map_err(|e| {
+        format!(
+            "{s:?}: {e} (expected an address, an FQDN such as \"moon.example\", an email \
+             address, a DN such as \"C=CH, O=Example, CN=moon\" or \"@#\" and a hex key id)"
+        )
+    })
+}
+
+fn address_identity(a: IpAddr) -> Identity {
+    match a {
+        IpAddr::V4(a) => Identity::Ipv4(a),
+        IpAddr::V6(a) => Identity::Ipv6(a),
+    }
+}
+
+/// A whole number of seconds the way durations are written (`"1h30m"`).
+fn fmt_secs(mut s: u64) -> String {
+    if s == 0 {
+        return "0s".into();
+    }
+    let mut out = String::new();
+    for (unit, n) in [("d", 86400), ("h", 3600), ("m", 60), ("s", 1)] {
+        if s >= n {
+            out.push_str(&format!("{}{unit}", s / n));
+            s %= n;
+        }
+    }
+    out
+}
+
+/// A PSK file's contents: `0x` and hex digits (whitespace ignored), or
+/// else the bytes themselves, without one final newline (`\n` or `\r\n`).
+/// Messages never quote the input.
+fn parse_psk(raw: &[u8]) -> Result<Zeroizing<Vec<u8>>, String> {
+    let mut t = raw;
+    if let Some(rest) = t.strip_suffix(b"\n") {
+        t = rest.strip_suffix(b"\r").unwrap_or(rest);
+    }
+    let psk = if t.starts_with(b"0x") || t.starts_with(b"0X") {
+        let s = std::str::from_utf8(t).map_err(|_| {
+            "starts with 0x but is not hex (a text key may not start with 0x)".to_string()
+        })?;
+        decode_hex(s).map_err(|e| format!("starts with 0x but is {e}"))?
+    } else {
+        Zeroizing::new(t.to_vec())
+    };
+    if psk.is_empty() {
+        return Err("the pre-shared key is empty".into());
+    }
+    Ok(psk)
+}
+
+/// Reads at most `max` bytes of a file into a buffer that is wiped on drop
+/// (sized from the file's length, so it is not reallocated), with the
+/// permission bits of the file opened.
+fn read_secret_bytes(path: &Path, max: u64) -> std::io::Result<(Zeroizing<Vec<u8>>, u32)> {
+    let f = std::fs::File::open(path)?;
+    let meta = f.metadata()?;
+    if meta.is_dir() {
+        return Err(std::io::Error::other("is a directory"));
+    }
+    #[cfg(unix)]
+    let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
+    #[cfg(not(unix))]
+    let mode = 0;
+    let len = meta.len().min(max) as usize;
+    let mut buf = Zeroizing::new(Vec::with_capacity(len + 1));
+    f.take(max + 1).read_to_end(&mut buf)?;
+    if buf.len() as u64 > max {
+        return Err(std::io::Error::other(format!(
+            "larger than {max} bytes; is this the right file?"
+        )));
+    }
+    Ok((buf, mode))
+}
+
 /// The file's mode when group or others may read it.
 #[cfg(unix)]
 fn group_other_readable(path: &Path) -> Option<u32> {
@@ -1316,6 +1452,26 @@ impl Validator<'_> {
 
     fn file(&mut self, raw: RawFile) -> Option<(Gateway, Vec<Connection>)> {
         let gateway = self.gateway(raw.gateway.unwrap_or_default());
+        // Checked on the raw tables, so that it is reported even when the
+        // connection has other errors.
+        let first_ike = raw
+            .connection
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.ike.is_some());
+        if let (Some(g), Some((i, c))) = (&gateway, first_ike) {
+            if g.workers != 1 {
+                self.err(
+                    vec![key("gateway"), key("workers")],
+                    format!(
+                        "workers = {} but connection \"{}\" (connection[{i}]) uses IKE \
+                         ([connection.ike]): for now IKE needs workers = 1 (the IKE engine \
+                         and the SAs it negotiates live in one data-plane thread)",
+                        g.workers, c.name
+                    ),
+                );
+            }
+        }
         let mut names: HashMap<String, usize> = HashMap::new();
         for (i, c) in raw.connection.iter().enumerate() {
             if let Some(first) = names.get(&c.name) {
@@ -1713,8 +1869,50 @@ impl Validator<'_> {
         let lifetime = self.lifetime(&p("lifetime"), c.lifetime.unwrap_or_default());
         let allow_insecure = c.allow_insecure.unwrap_or(false);
 
+        // IKE instead of manual SAs.
+        let has_ike = c.ike.is_some();
+        if has_ike {
+            if protocol != Protocols::Esp {
+                self.err(
+                    p("protocol"),
+                    format!(
+                        "protocol = \"{}\" but [connection.ike] negotiates ESP SAs only; set \
+                         protocol = \"esp\" (or remove it)",
+                        protocol.name()
+                    ),
+                );
+            }
+            if c.esp.is_some() {
+                self.err(
+                    p("esp"),
+                    "[connection.esp] (manual SAs) and [connection.ike] are both given: with \
+                     IKE the ESP SAs are negotiated; keep one of the two tables",
+                );
+            }
+            if per_cpu_sas > 1 {
+                self.err(
+                    p("per_cpu_sas"),
+                    "per-CPU SAs are manually keyed only: with [connection.ike] set \
+                     per_cpu_sas = 1 (or remove it)",
+                );
+            }
+            if c.esn.is_some() {
+                self.warn(
+                    p("esn"),
+                    "ignored with [connection.ike]: ESN is negotiated; offer it in \
+                     esp_proposals (for example \"aes128gcm16-esn\")",
+                );
+            }
+        }
+        let ike = match c.ike {
+            Some(r) => self.ike(&p("ike"), r, local, remote, encap),
+            None => None,
+        };
+
         // The manual SAs.
         let esp = match (protocol.has_esp(), c.esp) {
+            // Both tables, or IKE: reported above; no manual SA.
+            (_, Some(_)) | (true, None) if has_ike => None,
             (true, Some(r)) => self.manual_sa(&p("esp"), Protocol::Esp, r, allow_insecure),
             (true, None) => {
                 self.err(
@@ -1742,6 +1940,8 @@ impl Validator<'_> {
         };
         let ah = match (protocol.has_ah(), c.ah) {
             (true, Some(r)) => self.manual_sa(&p("ah"), Protocol::Ah, r, allow_insecure),
+            // The protocol is refused above.
+            (true, None) if has_ike => None,
             (true, None) => {
                 self.err(
                     base.clone(),
@@ -1813,6 +2013,7 @@ impl Validator<'_> {
             lifetime: lifetime?,
             esp,
             ah,
+            ike,
         };
         // Last line of defence: everything the core checks when installing.
         let sas = conn.sa_configs();
@@ -2198,6 +2399,550 @@ impl Validator<'_> {
                 self.err(path, format!("key file {}: {e}", file.display()));
                 None
             }
+        }
+    }
+
+    /// Validates `[connection.ike]` and loads the files it names.
+    fn ike(
+        &mut self,
+        base: &[Seg],
+        r: RawIke,
+        local: Option<IpAddr>,
+        remote: Option<IpAddr>,
+        encap: Encapsulation,
+    ) -> Option<IkeSettings> {
+        let before = self.issues.len();
+        let p = |k: &str| at(base, &[k]);
+
+        let proposals = self.proposals(
+            base,
+            "proposals",
+            ProposalKind::Ike,
+            r.proposals,
+            DEFAULT_IKE_PROPOSALS,
+        );
+        let esp_proposals = self.proposals(
+            base,
+            "esp_proposals",
+            ProposalKind::Esp,
+            r.esp_proposals,
+            DEFAULT_ESP_PROPOSALS,
+        );
+
+        // Identities.
+        let local_id = match r.local_id.as_deref() {
+            Some(s) if is_any_id(s) => {
+                self.err(
+                    p("local_id"),
+                    "\"%any\" is for remote_id only: we must tell the peer who we are",
+                );
+                None
+            }
+            Some(s) => self.check(p("local_id"), parse_identity(s)),
+            None => local.map(address_identity),
+        };
+        let remote_id = match r.remote_id.as_deref() {
+            Some(s) if is_any_id(s) => Some(None),
+            Some(s) => self.check(p("remote_id"), parse_identity(s)).map(Some),
+            None => remote.map(|a| Some(address_identity(a))),
+        };
+
+        // Authentication material.
+        let auth = r.auth.unwrap_or(AuthMethod::Psk);
+        let remote_auth = r.remote_auth.unwrap_or(auth);
+        let auth_words = if r.auth.is_some() {
+            format!("auth = \"{}\"", auth.name())
+        } else {
+            format!("auth = \"{}\" (the default)", auth.name())
+        };
+        let remote_auth_words = if r.remote_auth.is_some() {
+            format!("remote_auth = \"{}\"", remote_auth.name())
+        } else {
+            format!(
+                "remote_auth = \"{}\" (the default: as auth)",
+                remote_auth.name()
+            )
+        };
+        let uses_psk = auth == AuthMethod::Psk || remote_auth == AuthMethod::Psk;
+        let psk = match (&r.psk_file, uses_psk) {
+            (Some(f), true) => self.psk_file(p("psk_file"), f),
+            (None, true) => {
+                let who = if auth == AuthMethod::Psk {
+                    &auth_words
+                } else {
+                    &remote_auth_words
+                };
+                self.err(
+                    base.to_vec(),
+                    format!(
+                        "{who} needs psk_file = \"PATH\": a file with mode 0600 holding the \
+                         pre-shared key (make one with `espgate keygen --type psk --out PATH`)"
+                    ),
+                );
+                None
+            }
+            (Some(_), false) => {
+                self.err(
+                    p("psk_file"),
+                    "psk_file is not used: neither auth nor remote_auth is \"psk\"; remove it",
+                );
+                None
+            }
+            (None, false) => None,
+        };
+
+        let local_auth = match auth {
+            AuthMethod::Psk => {
+                for k in ["private_key", "cert"] {
+                    let given = if k == "cert" {
+                        r.cert.is_some()
+                    } else {
+                        r.private_key.is_some()
+                    };
+                    if given {
+                        self.err(
+                            p(k),
+                            format!(
+                                "{k} is only used with auth = \"pubkey\", but {auth_words}; \
+                                 set auth = \"pubkey\" or remove {k}"
+                            ),
+                        );
+                    }
+                }
+                psk.clone().map(LocalAuth::Psk)
+            }
+            AuthMethod::Pubkey => {
+                let key = match &r.private_key {
+                    Some(f) => self.private_key_file(p("private_key"), f),
+                    None => {
+                        self.err(
+                            base.to_vec(),
+                            "auth = \"pubkey\" needs private_key = \"PATH\", a PEM private key \
+                             (make one with `espgate keygen --type ed25519 --out PATH`)",
+                        );
+                        None
+                    }
+                };
+                let certs = match &r.cert {
+                    Some(f) => self.cert_file(p("cert"), f),
+                    None => Some(Vec::new()),
+                };
+                if let (Some(key), Some(first)) = (&key, certs.as_ref().and_then(|c| c.first())) {
+                    self.cert_vs_key(base, first, key, local_id.as_ref(), r.local_id.is_some());
+                }
+                match (key, certs) {
+                    (Some(key), Some(certs)) => Some(LocalAuth::Signature {
+                        key: Arc::new(key),
+                        certs,
+                    }),
+                    _ => None,
+                }
+            }
+        };
+
+        let remote_auth = match remote_auth {
+            AuthMethod::Psk => {
+                for (k, given) in [
+                    ("ca", r.ca.is_some()),
+                    ("remote_public_key", r.remote_public_key.is_some()),
+                ] {
+                    if given {
+                        self.err(
+                            p(k),
+                            format!(
+                                "{k} is only used with remote_auth = \"pubkey\", but \
+                                 {remote_auth_words}; set remote_auth = \"pubkey\" or remove {k}"
+                            ),
+                        );
+                    }
+                }
+                psk.map(RemoteAuth::Psk)
+            }
+            AuthMethod::Pubkey => match (&r.ca, &r.remote_public_key) {
+                (Some(_), Some(_)) => {
+                    self.err(
+                        p("remote_public_key"),
+                        "ca and remote_public_key are both given: the peer proves who it is \
+                         with a certificate issued by a CA in ca, or with the raw public key \
+                         remote_public_key; keep one",
+                    );
+                    None
+                }
+                (None, None) => {
+                    self.err(
+                        base.to_vec(),
+                        format!(
+                            "{remote_auth_words} needs ca = \"PATH\" (CA certificates, PEM: the \
+                             peer's certificate must chain to one) or remote_public_key = \
+                             \"PATH\" (the peer's public key, PEM)"
+                        ),
+                    );
+                    None
+                }
+                (Some(f), None) => self.cert_file(p("ca"), f).map(RemoteAuth::Ca),
+                (None, Some(f)) => self
+                    .public_key_file(p("remote_public_key"), f)
+                    .map(RemoteAuth::PublicKey),
+            },
+        };
+
+        // Timers.
+        let dur = |this: &mut Self, k: &str, v: &Option<Scalar>, default: Duration, max: u64| {
+            let d = match v {
+                None => return Some(default),
+                Some(v) => this
+                    .check(p(k), parse_duration(v))?
+                    .unwrap_or(Duration::ZERO),
+            };
+            if d.as_secs() > max {
+                this.err(
+                    p(k),
+                    format!(
+                        "{} is too long: at most {}",
+                        v.as_ref().map_or(String::new(), |v| v.to_string()),
+                        fmt_secs(max)
+                    ),
+                );
+                return None;
+            }
+            Some(d)
+        };
+        const YEAR: u64 = 365 * 86400;
+        let rekey_time = dur(
+            self,
+            "rekey_time",
+            &r.rekey_time,
+            Duration::from_secs(4 * 3600),
+            YEAR,
+        );
+        let child_rekey_time = dur(
+            self,
+            "child_rekey_time",
+            &r.child_rekey_time,
+            Duration::from_secs(3600),
+            YEAR,
+        );
+        let child_life_time = match child_rekey_time {
+            Some(rk) => dur(
+                self,
+                "child_life_time",
+                &r.child_life_time,
+                rk + rk / 10,
+                YEAR,
+            ),
+            None => None,
+        };
+        if let (Some(rk), Some(life)) = (child_rekey_time, child_life_time) {
+            if !rk.is_zero() && !life.is_zero() && life <= rk {
+                self.err(
+                    p("child_life_time"),
+                    format!(
+                        "{} is not above child_rekey_time ({}): the child SA would expire \
+                         before it is rekeyed",
+                        fmt_secs(life.as_secs()),
+                        fmt_secs(rk.as_secs())
+                    ),
+                );
+            } else if rk.is_zero() && !life.is_zero() {
+                self.warn(
+                    p("child_rekey_time"),
+                    format!(
+                        "0: the child SA is never rekeyed, so it is deleted after \
+                         child_life_time ({}) and traffic stops until a new one is negotiated",
+                        fmt_secs(life.as_secs())
+                    ),
+                );
+            }
+        }
+        let jitter = match (rekey_time, child_rekey_time) {
+            (Some(ike_rk), Some(child_rk)) => {
+                let smallest = [ike_rk, child_rk]
+                    .into_iter()
+                    .filter(|d| !d.is_zero())
+                    .min();
+                let default = smallest.map_or(Duration::ZERO, |d| d / 10);
+                let j = dur(self, "jitter", &r.jitter, default, YEAR);
+                if let (Some(j), Some(s)) = (j, smallest) {
+                    if j >= s / 2 && !j.is_zero() {
+                        let which = if s == child_rk {
+                            "child_rekey_time"
+                        } else {
+                            "rekey_time"
+                        };
+                        self.err(
+                            p("jitter"),
+                            format!(
+                                "{} is not below half of {which} ({}): rekeying could come \
+                                 at any moment; use at most 10-20% of it",
+                                fmt_secs(j.as_secs()),
+                                fmt_secs(s.as_secs())
+                            ),
+                        );
+                    }
+                }
+                j
+            }
+            _ => None,
+        };
+        let dpd_delay = dur(
+            self,
+            "dpd_delay",
+            &r.dpd_delay,
+            Duration::from_secs(30),
+            YEAR,
+        );
+        let retransmit_timeout = dur(
+            self,
+            "retransmit_timeout",
+            &r.retransmit_timeout,
+            Retransmit::default().timeout,
+            3600,
+        );
+        if retransmit_timeout.is_some_and(|d| d.is_zero()) {
+            self.err(
+                p("retransmit_timeout"),
+                "0: a request needs at least 1 second to be answered (default \"4s\")",
+            );
+        }
+        let retransmit_tries = r.retransmit_tries.unwrap_or(5);
+        if !(0..=20).contains(&retransmit_tries) {
+            self.err(
+                p("retransmit_tries"),
+                format!("{retransmit_tries}: expected 0 to 20 retransmissions"),
+            );
+        }
+        let dpd_action = match r.dpd_action.unwrap_or(DpdActionName::Clear) {
+            DpdActionName::Clear => DpdAction::Clear,
+            DpdActionName::Restart => DpdAction::Restart,
+        };
+        let force_encap = match (r.force_encap, encap) {
+            (Some(true), Encapsulation::None) => {
+                self.err(
+                    p("force_encap"),
+                    "force_encap = true makes the SAs UDP-encapsulated, but this connection \
+                     has encap = \"none\" (raw ESP); set encap = \"udp\" or remove force_encap",
+                );
+                false
+            }
+            (Some(b), _) => b,
+            (None, e) => e == Encapsulation::Udp,
+        };
+
+        if self.issues.len() != before {
+            return None;
+        }
+        Some(IkeSettings {
+            proposals: proposals?,
+            esp_proposals: esp_proposals?,
+            local_id: local_id?,
+            remote_id: remote_id?,
+            local_auth: local_auth?,
+            remote_auth: remote_auth?,
+            start_action: r.start_action.unwrap_or(StartAction::None),
+            rekey_time: rekey_time?,
+            child_rekey_time: child_rekey_time?,
+            child_life_time: child_life_time?,
+            jitter: jitter?,
+            dpd_delay: dpd_delay?,
+            dpd_action,
+            retransmit: Retransmit {
+                timeout: retransmit_timeout?,
+                tries: retransmit_tries as u32,
+                ..Retransmit::default()
+            },
+            force_encap,
+        })
+    }
+
+    /// A list of proposal strings (each may hold several, comma-separated).
+    fn proposals(
+        &mut self,
+        base: &[Seg],
+        k: &str,
+        kind: ProposalKind,
+        list: Option<Vec<String>>,
+        default: &[&str],
+    ) -> Option<Vec<ProposalSpec>> {
+        let given = list.is_some();
+        let list = list.unwrap_or_else(|| default.iter().map(|s| s.to_string()).collect());
+        if list.is_empty() {
+            self.err(
+                at(base, &[k]),
+                format!(
+                    "an empty list offers nothing; omit {k} for the default {:?}",
+                    default
+                ),
+            );
+            return None;
+        }
+        let mut out = Vec::new();
+        let mut ok = true;
+        for (j, s) in list.iter().enumerate() {
+            let mut path = at(base, &[k]);
+            if given {
+                path.push(Seg::Index(j));
+            }
+            match ProposalSpec::parse_list(kind, s) {
+                Ok(v) if v.is_empty() => {
+                    self.err(path, "an empty proposal");
+                    ok = false;
+                }
+                Ok(v) => out.extend(v),
+                Err(e) => {
+                    self.err(path, format!("{s:?}: {e}"));
+                    ok = false;
+                }
+            }
+        }
+        ok.then_some(out)
+    }
+
+    /// Reads a file named in `[connection.ike]` (at most `max` bytes) into
+    /// a buffer wiped on drop, with the file's permission bits.
+    fn ike_file(
+        &mut self,
+        path: &KeyPath,
+        f: &str,
+        what: &str,
+        max: u64,
+    ) -> Option<(PathBuf, Zeroizing<Vec<u8>>, u32)> {
+        let file = self.base_dir.join(f);
+        match read_secret_bytes(&file, max) {
+            Ok((data, mode)) => Some((file, data, mode)),
+            Err(e) => {
+                self.err(
+                    path.clone(),
+                    format!("cannot read {what} {}: {e}", file.display()),
+                );
+                None
+            }
+        }
+    }
+
+    /// `psk_file`: text (one final newline dropped) or `0x` and hex; the
+    /// file must not be accessible to group or others.
+    fn psk_file(&mut self, path: KeyPath, f: &str) -> Option<Zeroizing<Vec<u8>>> {
+        let (file, data, mode) = self.ike_file(&path, f, "psk_file", MAX_KEY_FILE_BYTES)?;
+        if mode & 0o077 != 0 {
+            self.err(
+                path,
+                format!(
+                    "psk_file {} is readable or writable by group/others (mode {mode:04o}); \
+                     a pre-shared key must be private: chmod 600 it",
+                    file.display()
+                ),
+            );
+            return None;
+        }
+        let psk = match parse_psk(&data) {
+            Ok(k) => k,
+            Err(e) => {
+                self.err(path, format!("psk_file {}: {e}", file.display()));
+                return None;
+            }
+        };
+        if psk.len() < MIN_GOOD_PSK {
+            self.warn(
+                path,
+                format!(
+                    "psk_file {}: a {}-byte pre-shared key can be guessed offline from one \
+                     captured exchange; use at least {MIN_GOOD_PSK} random bytes (`espgate \
+                     keygen --type psk` makes a 32-byte one)",
+                    file.display(),
+                    psk.len()
+                ),
+            );
+        }
+        Some(psk)
+    }
+
+    fn private_key_file(&mut self, path: KeyPath, f: &str) -> Option<PrivateKey> {
+        let (file, data, mode) = self.ike_file(&path, f, "private key file", MAX_KEY_FILE_BYTES)?;
+        if mode & 0o077 != 0 {
+            self.warn(
+                path.clone(),
+                format!(
+                    "private key file {} is readable or writable by group/others (mode \
+                     {mode:04o}); chmod 600 it",
+                    file.display()
+                ),
+            );
+        }
+        self.check(
+            path,
+            PrivateKey::from_pem(&data)
+                .map_err(|e| format!("private key file {}: {e}", file.display())),
+        )
+    }
+
+    fn cert_file(&mut self, path: KeyPath, f: &str) -> Option<Vec<Certificate>> {
+        let (file, data, _) = self.ike_file(&path, f, "certificate file", MAX_CERT_FILE_BYTES)?;
+        self.check(
+            path,
+            Certificate::from_pem(&data)
+                .map_err(|e| format!("certificate file {}: {e}", file.display())),
+        )
+    }
+
+    fn public_key_file(&mut self, path: KeyPath, f: &str) -> Option<PublicKey> {
+        let (file, data, _) = self.ike_file(&path, f, "public key file", MAX_KEY_FILE_BYTES)?;
+        self.check(
+            path,
+            PublicKey::from_pem(&data).map_err(|e| {
+                format!(
+                    "public key file {}: {e} (expected a \"PUBLIC KEY\" PEM block, as \
+                     `espgate keygen --pub` or `openssl pkey -pubout` write)",
+                    file.display()
+                )
+            }),
+        )
+    }
+
+    /// Our certificate must carry our private key's public key, and should
+    /// bind our identity.
+    fn cert_vs_key(
+        &mut self,
+        base: &[Seg],
+        cert: &Certificate,
+        key: &PrivateKey,
+        local_id: Option<&Identity>,
+        local_id_given: bool,
+    ) {
+        let p = |k: &str| at(base, &[k]);
+        let cert_key = match cert.public_key() {
+            Ok(k) => k,
+            Err(e) => {
+                self.err(p("cert"), format!("the first certificate's key: {e}"));
+                return;
+            }
+        };
+        if cert_key.spki_der() != key.public_key().spki_der() {
+            self.err(
+                p("cert"),
+                format!(
+                    "the first certificate (the end entity, subject \"{}\") is not for the \
+                     {} key in private_key: the peer could not verify our signature",
+                    cert.subject_identity(),
+                    key.kind()
+                ),
+            );
+            return;
+        }
+        if let Some(id) = local_id.filter(|id| !cert.matches_identity(id)) {
+            let (k, how) = if local_id_given {
+                ("local_id", "")
+            } else {
+                ("cert", " (local_id defaults to the local address)")
+            };
+            self.warn(
+                p(k),
+                format!(
+                    "the certificate does not bind local_id {id}{how}: a peer that checks \
+                     it will refuse us; set local_id to a name the certificate holds, for \
+                     example its subject: local_id = \"{}\"",
+                    cert.subject_identity()
+                ),
+            );
         }
     }
 
@@ -3667,5 +4412,789 @@ integ_out = "{K20B}"
             )),
             &["per_cpu_sas", "encap = \"udp\""],
         );
+    }
+
+    // -----------------------------------------------------------------
+    // [connection.ike]
+    // -----------------------------------------------------------------
+
+    use crate::ikeconf::{ike_config, start_on_boot};
+    use espgate_core::ike::wire::TrafficSelector as Ts;
+
+    const PSK_HEX: &str = "0x00112233445566778899aabbccddeeff0011223344556677";
+
+    fn write_mode(dir: &Path, name: &str, data: &[u8], mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join(name);
+        std::fs::write(&p, data).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    /// A temp dir with `psk` (mode 0600) holding PSK_HEX.
+    fn ike_dir() -> PathBuf {
+        let d = temp_dir();
+        write_mode(&d, "psk", format!("{PSK_HEX}\n").as_bytes(), 0o600);
+        d
+    }
+
+    /// One IKE connection: `extra` in the connection table, `ike` in its
+    /// IKE table.
+    fn ike_conn(extra: &str, ike: &str) -> String {
+        format!(
+            r#"
+[[connection]]
+name = "ik"
+local = "192.0.2.1"
+remote = "198.51.100.2"
+local_ts = ["10.1.0.0/16"]
+remote_ts = ["10.2.0.0/16"]
+{extra}
+
+[connection.ike]
+{ike}
+"#
+        )
+    }
+
+    fn ike_parse(dir: &Path, text: &str) -> Result<LoadedConfig, ConfigError> {
+        parse(text, dir, "ike.toml")
+    }
+
+    fn ike_ok(dir: &Path, text: &str) -> LoadedConfig {
+        ike_parse(dir, text).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn ike_err(dir: &Path, text: &str) -> String {
+        match ike_parse(dir, text) {
+            Ok(c) => panic!("expected an error, got {c:#?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn specs(kind: ProposalKind, list: &[&str]) -> Vec<ProposalSpec> {
+        list.iter()
+            .map(|s| ProposalSpec::parse(kind, s).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn ike_psk_defaults_and_engine_config() {
+        let d = ike_dir();
+        let c = ike_ok(&d, &ike_conn("", "psk_file = \"psk\""));
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        let k = &c.connections[0];
+        assert!(k.esp.is_none() && k.ah.is_none());
+        let sas = k.sa_configs();
+        assert!(sas.inbound.is_empty() && sas.outbound.is_empty());
+        let s = k.ike.as_ref().unwrap();
+        assert_eq!(
+            s.proposals,
+            specs(
+                ProposalKind::Ike,
+                &["aes128gcm16-prfsha256-x25519", "aes256-sha256-modp2048"]
+            )
+        );
+        assert_eq!(
+            s.esp_proposals,
+            specs(ProposalKind::Esp, &["aes128gcm16", "aes256-sha256"])
+        );
+        assert_eq!(s.local_id, Identity::Ipv4("192.0.2.1".parse().unwrap()));
+        assert_eq!(
+            s.remote_id,
+            Some(Identity::Ipv4("198.51.100.2".parse().unwrap()))
+        );
+        assert_eq!(
+            (s.auth(), s.remote_auth_method()),
+            (AuthMethod::Psk, AuthMethod::Psk)
+        );
+        let want_psk = decode_hex(PSK_HEX).unwrap();
+        match (&s.local_auth, &s.remote_auth) {
+            (LocalAuth::Psk(a), RemoteAuth::Psk(b)) => {
+                assert_eq!((&a[..], &b[..]), (&want_psk[..], &want_psk[..]));
+                assert_eq!(a.len(), 24);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(s.start_action, StartAction::None);
+        assert_eq!(s.rekey_time, Duration::from_secs(4 * 3600));
+        assert_eq!(s.child_rekey_time, Duration::from_secs(3600));
+        assert_eq!(s.child_life_time, Duration::from_secs(3960));
+        assert_eq!(s.jitter, Duration::from_secs(360));
+        assert_eq!(s.dpd_delay, Duration::from_secs(30));
+        assert_eq!(s.dpd_action, DpdAction::Clear);
+        assert_eq!(
+            s.retransmit,
+            Retransmit {
+                timeout: Duration::from_secs(4),
+                base: 1.8,
+                tries: 5
+            }
+        );
+        assert!(s.force_encap, "encap defaults to udp");
+        assert!(!start_on_boot(k));
+
+        let e = ike_config(k).unwrap();
+        assert_eq!(e.name, "ik");
+        assert_eq!(e.local, "192.0.2.1".parse::<IpAddr>().unwrap());
+        assert_eq!(e.remote, "198.51.100.2".parse::<IpAddr>().unwrap());
+        assert_eq!(e.local_id, s.local_id);
+        assert_eq!(e.remote_id, s.remote_id);
+        assert_eq!(e.proposals, s.proposals);
+        assert_eq!(e.child.proposals, s.esp_proposals);
+        assert_eq!(e.child.mode, Mode::Tunnel);
+        assert_eq!(
+            e.child.local_ts,
+            vec![Ts::Ipv4 {
+                ip_protocol: 0,
+                start_port: 0,
+                end_port: 65535,
+                start: "10.1.0.0".parse().unwrap(),
+                end: "10.1.255.255".parse().unwrap(),
+            }]
+        );
+        assert_eq!(
+            e.child.remote_ts,
+            vec![Ts::Ipv4 {
+                ip_protocol: 0,
+                start_port: 0,
+                end_port: 65535,
+                start: "10.2.0.0".parse().unwrap(),
+                end: "10.2.255.255".parse().unwrap(),
+            }]
+        );
+        assert_eq!(
+            (e.child.rekey_time, e.child.life_time, e.child.jitter),
+            (s.child_rekey_time, s.child_life_time, s.jitter)
+        );
+        assert_eq!((e.rekey_time, e.jitter), (s.rekey_time, s.jitter));
+        assert_eq!((e.dpd_delay, e.dpd_action), (s.dpd_delay, s.dpd_action));
+        assert_eq!((e.retransmit, e.force_encap), (s.retransmit, true));
+        assert!(matches!(e.local_auth, LocalAuth::Psk(_)));
+        assert!(matches!(e.remote_auth, RemoteAuth::Psk(_)));
+
+        // A connection without IKE has no engine configuration.
+        let m = parse_str(&minimal()).unwrap();
+        assert!(m.connections[0].ike.is_none());
+        assert!(ike_config(&m.connections[0]).is_none());
+        assert!(!start_on_boot(&m.connections[0]));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn ike_values_are_used() {
+        let d = ike_dir();
+        let c = ike_ok(
+            &d,
+            &ike_conn(
+                "proto = \"icmp\"\nlocal_ts = [\"10.1.0.0/16\", \"2001:db8:1::/48\"]\n\
+                 remote_ts = [\"10.2.0.7/32\", \"2001:db8:2::/48\"]\nencap = \"none\"",
+                r#"psk_file = "psk"
+proposals = ["aes256gcm16-prfsha384-ecp384,chacha20poly1305-prfsha256-x25519"]
+esp_proposals = ["aes256gcm16-esn-x25519"]
+local_id = "moon.example"
+remote_id = "%any"
+start_action = "start"
+rekey_time = "1d"
+child_rekey_time = "10m"
+child_life_time = "15m"
+jitter = "1m"
+dpd_delay = 0
+dpd_action = "restart"
+retransmit_timeout = "2s"
+retransmit_tries = 3"#,
+            )
+            // Two local_ts/remote_ts keys would be a TOML error: drop the defaults.
+            .replacen(
+                "local_ts = [\"10.1.0.0/16\"]\nremote_ts = [\"10.2.0.0/16\"]\n",
+                "",
+                1,
+            ),
+        );
+        let k = &c.connections[0];
+        let s = k.ike.as_ref().unwrap();
+        assert_eq!(
+            s.proposals,
+            specs(
+                ProposalKind::Ike,
+                &[
+                    "aes256gcm16-prfsha384-ecp384",
+                    "chacha20poly1305-prfsha256-x25519"
+                ]
+            )
+        );
+        assert_eq!(s.esp_proposals[0].esn, vec![true]);
+        assert_eq!(s.local_id, Identity::Fqdn("moon.example".into()));
+        assert_eq!(s.remote_id, None);
+        assert!(start_on_boot(k));
+        assert_eq!(
+            (
+                s.rekey_time,
+                s.child_rekey_time,
+                s.child_life_time,
+                s.jitter
+            ),
+            (
+                Duration::from_secs(86400),
+                Duration::from_secs(600),
+                Duration::from_secs(900),
+                Duration::from_secs(60)
+            )
+        );
+        assert_eq!(
+            (s.dpd_delay, s.dpd_action),
+            (Duration::ZERO, DpdAction::Restart)
+        );
+        assert_eq!(
+            (s.retransmit.timeout, s.retransmit.tries),
+            (Duration::from_secs(2), 3)
+        );
+        assert!(!s.force_encap, "encap none: no forced encapsulation");
+        let e = ike_config(k).unwrap();
+        let protos = |v: &[Ts]| {
+            v.iter()
+                .map(|t| match t {
+                    Ts::Ipv4 { ip_protocol, .. } => (4, *ip_protocol),
+                    Ts::Ipv6 { ip_protocol, .. } => (6, *ip_protocol),
+                    other => panic!("{other:?}"),
+                })
+                .collect::<Vec<_>>()
+        };
+        // ICMP per family: 1 for IPv4, 58 for IPv6.
+        assert_eq!(protos(&e.child.local_ts), [(4, 1), (6, 58)]);
+        assert_eq!(protos(&e.child.remote_ts), [(4, 1), (6, 58)]);
+        assert!(matches!(
+            e.child.remote_ts[0],
+            Ts::Ipv4 { start, end, .. } if start == end && start == "10.2.0.7".parse::<std::net::Ipv4Addr>().unwrap()
+        ));
+
+        // Transport mode: the selectors are the two hosts.
+        let c = ike_ok(
+            &d,
+            &ike_conn("mode = \"transport\"", "psk_file = \"psk\"").replacen(
+                "local_ts = [\"10.1.0.0/16\"]\nremote_ts = [\"10.2.0.0/16\"]\n",
+                "",
+                1,
+            ),
+        );
+        let e = ike_config(&c.connections[0]).unwrap();
+        assert_eq!(e.child.mode, Mode::Transport);
+        assert!(matches!(
+            e.child.local_ts[..],
+            [Ts::Ipv4 { start, end, ip_protocol: 0, .. }] if start == end && start.octets() == [192, 0, 2, 1]
+        ));
+
+        // The jitter default follows the smaller rekey time.
+        let c = ike_ok(
+            &d,
+            &ike_conn("", "psk_file = \"psk\"\nrekey_time = \"10m\""),
+        );
+        assert_eq!(
+            c.connections[0].ike.as_ref().unwrap().jitter,
+            Duration::from_secs(60)
+        );
+        // No rekeying at all: no jitter, no lifetime.
+        let c = ike_ok(
+            &d,
+            &ike_conn(
+                "",
+                "psk_file = \"psk\"\nrekey_time = 0\nchild_rekey_time = 0",
+            ),
+        );
+        let s = c.connections[0].ike.as_ref().unwrap();
+        assert_eq!(
+            (s.jitter, s.child_life_time),
+            (Duration::ZERO, Duration::ZERO)
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn psk_files_text_hex_and_permissions() {
+        let d = temp_dir();
+        let load_psk = |data: &[u8], mode: u32| {
+            write_mode(&d, "p", data, mode);
+            ike_parse(&d, &ike_conn("", "psk_file = \"p\""))
+        };
+        let psk_of = |c: &LoadedConfig| match &c.connections[0].ike.as_ref().unwrap().local_auth {
+            LocalAuth::Psk(k) => k.to_vec(),
+            other => panic!("{other:?}"),
+        };
+        let text = b"correct horse battery staple";
+        for (data, want) in [
+            (&b"correct horse battery staple\n"[..], &text[..]),
+            (b"correct horse battery staple\r\n", text),
+            (b"correct horse battery staple", text),
+            // Only one final newline goes.
+            (
+                b"correct horse battery staple\n\n",
+                b"correct horse battery staple\n",
+            ),
+            (
+                b"0X0001020304050607 08090a0b0c0d0e0f\n10111213\n",
+                &[
+                    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
+                ],
+            ),
+        ] {
+            let c = load_psk(data, 0o600).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(psk_of(&c), want, "{:?}", String::from_utf8_lossy(data));
+            assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        }
+        // Group or other access of any kind is refused.
+        for mode in [0o644, 0o640, 0o604, 0o620, 0o602, 0o660] {
+            let e = load_psk(b"correct horse battery staple", mode)
+                .unwrap_err()
+                .to_string();
+            assert_has(
+                &e,
+                &[
+                    "connection[0].ike.psk_file (connection \"ik\")",
+                    "is readable or writable by group/others",
+                    &format!("(mode {mode:04o})"),
+                    "chmod 600",
+                ],
+            );
+            assert!(!e.contains("horse"), "{e}");
+        }
+        assert!(load_psk(b"correct horse battery staple", 0o400).is_ok());
+        // Empty, bad hex, short.
+        for data in [&b""[..], b"\n", b"0x"] {
+            let e = load_psk(data, 0o600).unwrap_err().to_string();
+            assert_has(&e, &["ike.psk_file", "empty"]);
+        }
+        let e = load_psk(b"0xsecretsecretsecret", 0o600)
+            .unwrap_err()
+            .to_string();
+        assert_has(&e, &["ike.psk_file", "starts with 0x but is not hex"]);
+        assert!(!e.contains("secret"), "{e}");
+        let c = load_psk(b"tensecrets", 0o600).unwrap();
+        assert_has(
+            &c.warnings.join("\n"),
+            &["ike.psk_file", "a 10-byte pre-shared key", "at least 20"],
+        );
+        assert!(!c.warnings.join("\n").contains("tensecrets"));
+        // Missing file.
+        let e = ike_err(&d, &ike_conn("", "psk_file = \"nope\""));
+        assert_has(&e, &["ike.psk_file", "cannot read psk_file", "nope"]);
+        // Debug output never shows the key.
+        let c = load_psk(b"correct horse battery staple", 0o600).unwrap();
+        let dbg = format!("{c:?}");
+        assert!(
+            !dbg.contains("horse") && !dbg.contains("99, 111, 114"),
+            "{dbg}"
+        );
+        let c = load_psk(PSK_HEX.as_bytes(), 0o600).unwrap();
+        let dbg = format!("{c:#?}");
+        assert!(
+            !dbg.contains("0011223344") && !dbg.contains("136, 153"),
+            "{dbg}"
+        );
+        assert!(dbg.contains("local_auth: psk"), "{dbg}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn ike_connection_level_errors() {
+        let d = ike_dir();
+        // Both [connection.esp] and [connection.ike].
+        let text = format!(
+            "{}\n[connection.esp]\nsuite = \"aes128gcm16\"\n{}",
+            ike_conn("", "psk_file = \"psk\""),
+            good_esp(0x1001, 0x1002)
+        );
+        assert_has(
+            &ike_err(&d, &text),
+            &["connection[0].esp (connection \"ik\")", "are both given"],
+        );
+        // Only ESP.
+        let e = ike_err(
+            &d,
+            &ike_conn(
+                "protocol = \"esp+ah\"\nencap = \"none\"",
+                "psk_file = \"psk\"",
+            ),
+        );
+        assert_has(&e, &["connection[0].protocol", "negotiates ESP SAs only"]);
+        assert!(!e.contains("needs a [connection"), "{e}");
+        // Per-CPU SAs are manual.
+        assert_has(
+            &ike_err(&d, &ike_conn("per_cpu_sas = 2", "psk_file = \"psk\"")),
+            &["connection[0].per_cpu_sas", "manually keyed only"],
+        );
+        // One worker.
+        for w in ["0", "2"] {
+            let text = format!(
+                "[gateway]\nworkers = {w}\n{}",
+                ike_conn("", "psk_file = \"psk\"")
+            );
+            assert_has(
+                &ike_err(&d, &text),
+                &[
+                    "gateway.workers",
+                    &format!("workers = {w} but connection \"ik\" (connection[0]) uses IKE"),
+                    "needs workers = 1",
+                ],
+            );
+        }
+        // workers = 2 is fine without IKE.
+        assert!(parse_str(&format!("[gateway]\nworkers = 2\n{}", minimal())).is_ok());
+        // esn is negotiated.
+        let c = ike_ok(&d, &ike_conn("esn = true", "psk_file = \"psk\""));
+        assert_has(
+            &c.warnings.join("\n"),
+            &["connection[0].esn", "esp_proposals"],
+        );
+        // Unknown keys and wrong values are refused with their path.
+        assert_has(
+            &ike_err(&d, &ike_conn("", "psk_file = \"psk\"\nsecret = \"x\"")),
+            &["connection[0].ike.secret", "unknown field `secret`"],
+        );
+        assert_has(
+            &ike_err(&d, &ike_conn("", "psk_file = \"psk\"\nauth = \"cert\"")),
+            &[
+                "connection[0].ike.auth",
+                "unknown variant `cert`",
+                "`psk`",
+                "`pubkey`",
+            ],
+        );
+        assert_has(
+            &ike_err(
+                &d,
+                &ike_conn("", "psk_file = \"psk\"\nstart_action = \"trap\""),
+            ),
+            &["connection[0].ike.start_action", "`none`", "`start`"],
+        );
+        assert_has(
+            &ike_err(
+                &d,
+                &ike_conn("", "psk_file = \"psk\"\ndpd_action = \"hold\""),
+            ),
+            &["connection[0].ike.dpd_action", "`clear`", "`restart`"],
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn ike_value_errors_name_their_key() {
+        let d = ike_dir();
+        let cases: &[(&str, &[&str])] = &[
+            ("", &["connection[0].ike (connection \"ik\")", "auth = \"psk\" (the default) needs psk_file"]),
+            (
+                "psk_file = \"psk\"\nproposals = [\"aes128gcm16-prfsha256-x25519\", \"aes999-sha256-modp2048\"]",
+                &["connection[0].ike.proposals[1]", "unknown algorithm 'aes999'"],
+            ),
+            (
+                "psk_file = \"psk\"\nproposals = [\"aes128gcm16-prfsha256\"]",
+                &["ike.proposals[0]", "needs a key exchange group"],
+            ),
+            ("psk_file = \"psk\"\nproposals = []", &["ike.proposals", "an empty list"]),
+            (
+                "psk_file = \"psk\"\nesp_proposals = [\"aes128gcm16-prfsha256\"]",
+                &["ike.esp_proposals[0]", "is a PRF"],
+            ),
+            ("psk_file = \"psk\"\nlocal_id = \"%any\"", &["ike.local_id", "for remote_id only"]),
+            ("psk_file = \"psk\"\nremote_id = \"@\"", &["ike.remote_id", "\"@\""]),
+            (
+                "psk_file = \"psk\"\njitter = \"30m\"",
+                &["ike.jitter", "30m is not below half of child_rekey_time (1h)"],
+            ),
+            (
+                "psk_file = \"psk\"\nrekey_time = \"20m\"\njitter = \"10m\"",
+                &["ike.jitter", "half of rekey_time (20m)"],
+            ),
+            (
+                "psk_file = \"psk\"\nchild_life_time = \"1h\"",
+                &["ike.child_life_time", "1h is not above child_rekey_time (1h)"],
+            ),
+            (
+                "psk_file = \"psk\"\nchild_rekey_time = \"2h\"",
+                &["ike.child_life_time", "2h12m is not above child_rekey_time (2h)"],
+            )
+                // The default life is 1.1 × rekey: always above. (Checked below.)
+                ,
+            ("psk_file = \"psk\"\nrekey_time = \"1x\"", &["ike.rekey_time", "is not a duration"]),
+            ("psk_file = \"psk\"\ndpd_delay = \"400d\"", &["ike.dpd_delay", "too long: at most 365d"]),
+            ("psk_file = \"psk\"\nretransmit_timeout = 0", &["ike.retransmit_timeout", "at least 1 second"]),
+            ("psk_file = \"psk\"\nretransmit_tries = 21", &["ike.retransmit_tries", "0 to 20"]),
+            (
+                "psk_file = \"psk\"\nca = \"x\"",
+                &["ike.ca", "only used with remote_auth = \"pubkey\"", "(the default: as auth)"],
+            ),
+            (
+                "psk_file = \"psk\"\nprivate_key = \"x\"",
+                &["ike.private_key", "only used with auth = \"pubkey\""],
+            ),
+            (
+                "psk_file = \"psk\"\ncert = \"x\"",
+                &["ike.cert", "only used with auth = \"pubkey\""],
+            ),
+            (
+                "auth = \"pubkey\"\nremote_auth = \"psk\"\npsk_file = \"psk\"",
+                &["connection[0].ike (connection \"ik\")", "auth = \"pubkey\" needs private_key"],
+            ),
+        ];
+        for (ike, want) in cases {
+            let text = ike_conn("", ike);
+            if ike.contains("child_rekey_time = \"2h\"") {
+                // Not an error: the default lifetime is 2h12m.
+                let c = ike_ok(&d, &text);
+                assert_eq!(
+                    c.connections[0].ike.as_ref().unwrap().child_life_time,
+                    Duration::from_secs(7920)
+                );
+                continue;
+            }
+            assert_has(&ike_err(&d, &text), want);
+        }
+        // force_encap needs UDP.
+        assert_has(
+            &ike_err(
+                &d,
+                &ike_conn("encap = \"none\"", "psk_file = \"psk\"\nforce_encap = true"),
+            ),
+            &["ike.force_encap", "encap = \"none\""],
+        );
+        let c = ike_ok(&d, &ike_conn("", "psk_file = \"psk\"\nforce_encap = false"));
+        assert!(!c.connections[0].ike.as_ref().unwrap().force_encap);
+        // child_rekey_time = 0 with a lifetime warns.
+        let c = ike_ok(
+            &d,
+            &ike_conn(
+                "",
+                "psk_file = \"psk\"\nchild_rekey_time = 0\nchild_life_time = \"1h\"",
+            ),
+        );
+        assert_has(
+            &c.warnings.join("\n"),
+            &["ike.child_rekey_time", "never rekeyed"],
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A temp dir with the example key files, secrets at mode 0600.
+    fn example_keys_dir() -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let d = temp_dir();
+        std::fs::create_dir(d.join("keys")).unwrap();
+        let src = examples_dir();
+        for f in [
+            "ike-psk.toml",
+            "ike-cert.toml",
+            "keys/ike-psk.secret",
+            "keys/ca.crt",
+            "keys/moon.key",
+            "keys/moon.crt",
+            "keys/sun.key",
+            "keys/sun.crt",
+            "keys/moon-ed25519.key",
+            "keys/moon-ed25519.pub",
+            "keys/venus-ed25519.key",
+            "keys/venus-ed25519.pub",
+        ] {
+            std::fs::copy(src.join(f), d.join(f)).unwrap();
+            let mode = if f.ends_with(".key") || f.ends_with(".secret") {
+                0o600
+            } else {
+                0o644
+            };
+            std::fs::set_permissions(d.join(f), std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        d
+    }
+
+    #[test]
+    fn ike_examples_load() {
+        let d = example_keys_dir();
+        let c = load(&d.join("ike-psk.toml")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        let b = c.connection("site-b").unwrap();
+        let s = b.ike.as_ref().unwrap();
+        assert!(start_on_boot(b));
+        assert_eq!(s.dpd_action, DpdAction::Restart);
+        match &s.local_auth {
+            LocalAuth::Psk(k) => assert_eq!(k.len(), 44),
+            other => panic!("{other:?}"),
+        }
+
+        let c = load(&d.join("ike-cert.toml")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        let sun = c.connection("sun").unwrap();
+        let s = sun.ike.as_ref().unwrap();
+        assert!(start_on_boot(sun));
+        assert_eq!(s.local_id, Identity::Fqdn("moon.example".into()));
+        assert_eq!(s.remote_id, Some(Identity::Fqdn("sun.example".into())));
+        let moon_crt =
+            Certificate::from_pem(&std::fs::read(d.join("keys/moon.crt")).unwrap()).unwrap();
+        match &s.local_auth {
+            LocalAuth::Signature { key, certs } => {
+                assert_eq!(certs, &moon_crt);
+                assert_eq!(
+                    key.public_key().spki_der(),
+                    moon_crt[0].public_key().unwrap().spki_der()
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match &s.remote_auth {
+            RemoteAuth::Ca(cas) => {
+                assert_eq!(cas.len(), 1);
+                let sun_crt =
+                    Certificate::from_pem(&std::fs::read(d.join("keys/sun.crt")).unwrap()).unwrap();
+                // The example chain verifies (openssl verify agrees, see the example).
+                espgate_core::ike::cert::verify_chain(&sun_crt[0], &[], cas, 1_900_000_000)
+                    .unwrap();
+                assert!(sun_crt[0].matches_identity(s.remote_id.as_ref().unwrap()));
+            }
+            other => panic!("{other:?}"),
+        }
+        let venus = c.connection("venus").unwrap();
+        let v = venus.ike.as_ref().unwrap();
+        assert!(!start_on_boot(venus));
+        let venus_pub =
+            PublicKey::from_pem(&std::fs::read(d.join("keys/venus-ed25519.pub")).unwrap()).unwrap();
+        match (&v.local_auth, &v.remote_auth) {
+            (LocalAuth::Signature { key, certs }, RemoteAuth::PublicKey(p)) => {
+                assert!(certs.is_empty());
+                assert_eq!(p, &venus_pub);
+                let moon_pub =
+                    PublicKey::from_pem(&std::fs::read(d.join("keys/moon-ed25519.pub")).unwrap())
+                        .unwrap();
+                assert_eq!(key.public_key(), moon_pub);
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = ike_config(venus).unwrap();
+        assert!(matches!(e.remote_auth, RemoteAuth::PublicKey(_)));
+        // Nothing secret in Debug.
+        let dbg = format!("{c:?}");
+        let key_pem = std::fs::read_to_string(d.join("keys/moon.key")).unwrap();
+        let body = key_pem.lines().nth(1).unwrap();
+        assert!(!dbg.contains(body), "{dbg}");
+
+        // As git checks them out (0644), the PSK example is refused and the
+        // key files warn.
+        use std::os::unix::fs::PermissionsExt;
+        for f in [
+            "keys/ike-psk.secret",
+            "keys/moon.key",
+            "keys/moon-ed25519.key",
+        ] {
+            std::fs::set_permissions(d.join(f), std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let e = load(&d.join("ike-psk.toml")).unwrap_err().to_string();
+        assert_has(
+            &e,
+            &["ike-psk.toml:", "connection[0].ike.psk_file", "chmod 600"],
+        );
+        let c = load(&d.join("ike-cert.toml")).unwrap();
+        assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
+        for w in &c.warnings {
+            assert_has(w, &["ike.private_key", "chmod 600"]);
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn ike_signature_auth_errors() {
+        let d = example_keys_dir();
+        let pk = |ike: &str| format!("auth = \"pubkey\"\n{ike}");
+        let cases: &[(&str, &[&str])] = &[
+            (
+                "private_key = \"keys/moon.key\"",
+                &[
+                    "connection[0].ike (connection \"ik\")",
+                    "remote_auth = \"pubkey\" (the default: as auth) needs ca",
+                ],
+            ),
+            (
+                "private_key = \"keys/moon.key\"\nca = \"keys/ca.crt\"\nremote_public_key = \"keys/venus-ed25519.pub\"",
+                &["ike.remote_public_key", "both given"],
+            ),
+            (
+                "private_key = \"keys/moon.key\"\nca = \"keys/ca.crt\"\npsk_file = \"keys/ike-psk.secret\"",
+                &["ike.psk_file", "not used"],
+            ),
+            (
+                "private_key = \"keys/sun.key\"\ncert = \"keys/moon.crt\"\nca = \"keys/ca.crt\"",
+                &["ike.cert", "is not for the ECDSA P-256 key in private_key"],
+            ),
+            (
+                "private_key = \"keys/moon.crt\"\nca = \"keys/ca.crt\"",
+                &["ike.private_key", "private key file", "no PRIVATE KEY block"],
+            ),
+            (
+                "private_key = \"keys/moon.key\"\nca = \"keys/moon.key\"",
+                &["ike.ca", "certificate file", "no CERTIFICATE block"],
+            ),
+            (
+                "private_key = \"keys/moon.key\"\nremote_public_key = \"keys/moon.crt\"",
+                &["ike.remote_public_key", "public key file", "PUBLIC KEY"],
+            ),
+            (
+                "private_key = \"keys/moon.key\"\nremote_public_key = \"keys/none.pub\"",
+                &["ike.remote_public_key", "cannot read public key file", "none.pub"],
+            ),
+        ];
+        for (ike, want) in cases {
+            assert_has(&ike_err(&d, &ike_conn("", &pk(ike))), want);
+        }
+        // Mixed: we sign, the peer uses the PSK.
+        let c = ike_ok(
+            &d,
+            &ike_conn(
+                "",
+                "auth = \"pubkey\"\nremote_auth = \"psk\"\nprivate_key = \"keys/moon.key\"\n\
+                 psk_file = \"keys/ike-psk.secret\"",
+            ),
+        );
+        let s = c.connections[0].ike.as_ref().unwrap();
+        assert_eq!(
+            (s.auth(), s.remote_auth_method()),
+            (AuthMethod::Pubkey, AuthMethod::Psk)
+        );
+
+        // The certificate binds the default identity (our address is in its
+        // subjectAltName)...
+        let good =
+            "private_key = \"keys/moon.key\"\ncert = \"keys/moon.crt\"\nca = \"keys/ca.crt\"";
+        let c = ike_ok(&d, &ike_conn("", &pk(good)));
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        // ...but not another address, nor another name.
+        let c = ike_ok(
+            &d,
+            &ike_conn("", &pk(good)).replace("local = \"192.0.2.1\"", "local = \"192.0.2.9\""),
+        );
+        assert_has(
+            &c.warnings.join("\n"),
+            &[
+                "connection[0].ike.cert",
+                "does not bind local_id 192.0.2.9 (local_id defaults to the local address)",
+                "local_id = \"C=CH, O=espgate example, CN=moon.example\"",
+            ],
+        );
+        let c = ike_ok(
+            &d,
+            &ike_conn("", &pk(&format!("{good}\nlocal_id = \"sun.example\""))),
+        );
+        assert_has(
+            &c.warnings.join("\n"),
+            &[
+                "connection[0].ike.local_id",
+                "does not bind local_id sun.example",
+            ],
+        );
+        // The subject DN binds.
+        let c = ike_ok(
+            &d,
+            &ike_conn(
+                "",
+                &pk(&format!(
+                    "{good}\nlocal_id = \"C=CH, O=espgate example, CN=moon.example\""
+                )),
+            ),
+        );
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }

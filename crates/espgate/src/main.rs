@@ -106,6 +106,47 @@ enum Cmd {
         #[command(flatten)]
         target: ControlArgs,
     },
+    /// Start the IKE SA and child SA of a connection with [connection.ike]
+    /// on the running gateway (as start_action = "start" does at start-up).
+    Initiate {
+        /// The connection (its name in the configuration).
+        #[arg(value_name = "NAME")]
+        name: String,
+        #[command(flatten)]
+        target: ControlArgs,
+    },
+    /// Delete the IKE SA and child SAs of a connection with
+    /// [connection.ike] on the running gateway (the peer is told).
+    Terminate {
+        /// The connection (its name in the configuration).
+        #[arg(value_name = "NAME")]
+        name: String,
+        #[command(flatten)]
+        target: ControlArgs,
+    },
+    /// Make a private key for IKE signature authentication (PKCS#8 PEM),
+    /// and optionally its public key, or a random pre-shared key.
+    ///
+    /// The key or PSK file is created with mode 0600; an existing file is
+    /// kept unless --force. A PSK is 32 random bytes written as 44 base64
+    /// characters, which are the key (use the same text as the peer's
+    /// secret, e.g. strongSwan's secret = "..."). Certificates are not made
+    /// here: have a CA sign a request for the key (openssl req -new -key).
+    Keygen {
+        /// ed25519, ecdsa-p256, ecdsa-p384 or psk.
+        #[arg(long = "type", value_name = "TYPE", value_parser = espgate::keygen::KeyType::NAMES)]
+        kind: String,
+        /// The private key (or PSK) file to write.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// Also write the public key ("PUBLIC KEY" PEM) here, for the
+        /// peer's remote_public_key.
+        #[arg(long = "pub", value_name = "FILE")]
+        public: Option<PathBuf>,
+        /// Replace existing files.
+        #[arg(long)]
+        force: bool,
+    },
     /// Two sites in network namespaces, over plain routing and through two
     /// espgate gateways: ping, iperf3 and gateway CPU in a table. Needs
     /// root, iproute2, ping and iperf3; removes everything it made, also on
@@ -733,11 +774,24 @@ fn run_demo(short: bool, prefix: Option<String>) -> ExitCode {
     }
 }
 
+fn run_keygen(kind: &str, out: PathBuf, public: Option<PathBuf>, force: bool) -> Result<ExitCode> {
+    let opts = espgate::keygen::Options {
+        kind: kind.parse().map_err(anyhow::Error::msg)?,
+        out,
+        public,
+        force,
+    };
+    for line in espgate::keygen::run(&opts)? {
+        println!("{line}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn not_built(what: &str, issue: u32) -> ExitCode {
     eprintln!(
         "espgate {what} is not built yet (tracked in issue {issue}). \
-         Available today: espgate up, status, costs, sa list|add|del, wireshark-keys, demo, \
-         pcap encrypt|decrypt, suites, bench crypto|esp|tunnel."
+         Available today: espgate up, status, costs, sa list|add|del, initiate, terminate, \
+         keygen, wireshark-keys, demo, pcap encrypt|decrypt, suites, bench crypto|esp|tunnel."
     );
     ExitCode::from(2)
 }
@@ -804,6 +858,20 @@ fn main() -> ExitCode {
             ),
         }),
         Cmd::WiresharkKeys { tshark, target } => Ok(run_wireshark_keys(tshark, &target)),
+        Cmd::Initiate { name, target } => Ok(run_sa_change(
+            &target,
+            &serde_json::json!({"cmd": "initiate", "conn": name}),
+        )),
+        Cmd::Terminate { name, target } => Ok(run_sa_change(
+            &target,
+            &serde_json::json!({"cmd": "terminate", "conn": name}),
+        )),
+        Cmd::Keygen {
+            kind,
+            out,
+            public,
+            force,
+        } => run_keygen(&kind, out, public, force),
         Cmd::Demo { short, prefix } => Ok(run_demo(short, prefix)),
         Cmd::Bench { what } => run_bench(what),
         Cmd::Lab => Ok(not_built("lab", 4)),

@@ -2438,7 +2438,7 @@ impl Ike {
         &mut self,
         i: usize,
         now: Duration,
-        _local: SocketAddr,
+        local: SocketAddr,
         remote: SocketAddr,
         data: &[u8],
         h: Header,
@@ -2461,9 +2461,14 @@ impl Ike {
         }
         let Some(p) = self.open(i, data) else { return };
         self.sas[i].last_rx = now;
-        // §2.23: a peer behind a NAT may change its port; follow it.
-        if self.sas[i].nat && remote != self.sas[i].remote {
-            self.sas[i].remote = remote;
+        // §2.11: answer from where the request arrived to where it came
+        // from (the peer floats to the NAT-T port after IKE_SA_INIT, and a
+        // NAT may change its port, §2.23).
+        let sa = &mut self.sas[i];
+        let moved = local.port() != sa.local.port() || remote != sa.remote;
+        if moved && (sa.nat || local.port() == self.ports.nat_t) {
+            sa.local.set_port(local.port());
+            sa.remote = remote;
         }
         if let Some(t) = p.iter().find_map(|x| match x {
             Payload::Unknown {

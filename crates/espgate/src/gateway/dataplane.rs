@@ -161,6 +161,8 @@ pub struct Worker<'a> {
     /// UDP GRO may be asked for (one worker: the SPI steering of several
     /// needs each datagram on its own).
     pub gro_allowed: bool,
+    /// The IKEv2 engine (worker 0, when a connection uses IKE).
+    pub ike: Option<&'a mut super::ike::IkeShell>,
 }
 
 /// Locks an engine; one whose holder panicked is still consistent enough
@@ -168,6 +170,9 @@ pub struct Worker<'a> {
 pub fn lock(e: &Mutex<Engine>) -> MutexGuard<'_, Engine> {
     e.lock().unwrap_or_else(PoisonError::into_inner)
 }
+
+/// IKE messages from the NAT-T socket waiting for the IKE engine, at most.
+const IKE_QUEUE_MAX: usize = 256;
 
 /// The packet handlers, for one round, with the worker's engine locked.
 struct Dataplane<'a> {
@@ -262,7 +267,15 @@ impl<'a> Worker<'a> {
             if let Some(m) = &self.metrics {
                 m.poll_fds(&mut fds);
             }
-            let wait = next_tick.saturating_duration_since(Instant::now());
+            let ike_at = fds.len();
+            let mut wake = next_tick;
+            if let Some(ike) = &self.ike {
+                fds.push(pfd(ike.fd().as_raw_fd()));
+                if let Some(t) = ike.next_timeout() {
+                    wake = wake.min(self.start + t);
+                }
+            }
+            let wait = wake.saturating_duration_since(Instant::now());
             let wait_ms = i32::try_from(wait.as_millis()).unwrap_or(1000) + 1;
             sys::poll(&mut fds, wait_ms).context("poll")?;
 
@@ -297,6 +310,17 @@ impl<'a> Worker<'a> {
                 }
                 drop(hot);
             }
+            if let Some(ike) = self.ike.as_deref_mut() {
+                let now = self.start.elapsed();
+                if fds.get(ike_at).is_some_and(|p| p.revents != 0) {
+                    ike.on_readable(now);
+                }
+                ike.start(now);
+                let mut guard = lock(&self.engines[self.me]);
+                let mut queue = std::mem::take(&mut guard.ike_rx);
+                ike.pump(&mut queue, &mut guard, self.sockets.udp.as_ref(), now);
+                guard.ike_rx = queue;
+            }
             let ctl = &fds[ctl_at..met_at];
             let now_i = Instant::now();
             let tick = now_i >= next_tick;
@@ -304,23 +328,27 @@ impl<'a> Worker<'a> {
                 if tick || ctl.iter().any(|p| p.revents != 0) {
                     let (engines, info) = (self.engines, &self.info);
                     let now = self.start.elapsed();
+                    let mut ike = self.ike.as_deref_mut();
                     control.service(
                         if tick && ctl.iter().all(|p| p.revents == 0) {
                             &[]
                         } else {
                             ctl
                         },
-                        |r| answer(engines, info, now, r),
+                        |r| answer_with_ike(engines, info, ike.as_deref_mut(), now, r),
                     );
                 }
             }
-            let met = &fds[met_at..];
+            let met = &fds[met_at..ike_at];
             if let Some(m) = self.metrics.as_deref_mut() {
                 if tick || met.iter().any(|p| p.revents != 0) {
                     let (engines, info) = (self.engines, &self.info);
                     let now = self.start.elapsed();
+                    let ike = self.ike.as_deref();
                     m.service(met, || {
-                        super::metrics::render(&status_all(engines, info, now))
+                        let mut s = status_all(engines, info, now);
+                        s.ike = ike.map(|i| i.doc(now));
+                        super::metrics::render(&s)
                     });
                 }
             }
@@ -724,6 +752,22 @@ impl Dataplane<'_> {
             }
             for d in gro_buf[..n].chunks(seg) {
                 let now = self.now();
+                if self.engine.ike_enabled && d.len() > 4 && d[..4] == [0; 4] {
+                    // IKE behind the non-ESP marker (RFC 3948 §2.2): for the
+                    // IKE engine (not the hot path; allocating is fine).
+                    self.engine.counters.net_rx += 1;
+                    self.engine.counters.ike += 1;
+                    if self.engine.ike_rx.len() >= IKE_QUEUE_MAX {
+                        self.engine.gw_drop(GwDrop::IkeQueueFull, now, || {
+                            format!("IKE message from {src}: {IKE_QUEUE_MAX} already waiting")
+                        });
+                        continue;
+                    }
+                    let src = SocketAddr::new(src.ip().to_canonical(), src.port());
+                    let dst = SocketAddr::new(dst.ip().to_canonical(), dst.port());
+                    self.engine.ike_rx.push((dst, src, d[4..].to_vec()));
+                    continue;
+                }
                 buf.load(d);
                 if let Err(e) = push_udp_outer(buf, src, dst, meta.tos.unwrap_or(0)) {
                     self.engine.counters.net_rx += 1;
@@ -801,6 +845,7 @@ pub fn status_doc(engine: &Engine, info: &Info, now: Duration) -> Status {
         drops: engine.drops(),
         counters: engine.counter_map(),
         costs: engine.costs_report(),
+        ike: None,
     }
 }
 
@@ -828,6 +873,43 @@ pub fn status_all(engines: &[Mutex<Engine>], info: &Info, now: Duration) -> Stat
         .insert("hot_path_allocs".into(), crate::alloc_count::hot_allocs());
     s.workers = engines.len();
     s
+}
+
+/// [`answer`], with the IKE commands (`initiate`, `terminate`) and the
+/// IKE SAs in `status`.
+pub fn answer_with_ike(
+    engines: &[Mutex<Engine>],
+    info: &Info,
+    ike: Option<&mut super::ike::IkeShell>,
+    now: Duration,
+    req: &Request,
+) -> String {
+    match (req.cmd.as_str(), ike) {
+        ("initiate" | "terminate", None) => error_response(
+            "no connection of this gateway uses IKE (add a [connection.ike] table to the \
+             configuration)",
+        ),
+        ("initiate" | "terminate", Some(ike)) => {
+            let Some(name) = req.conn.as_deref() else {
+                return error_response("initiate/terminate need \"conn\": the connection's name");
+            };
+            let r = if req.cmd == "initiate" {
+                ike.initiate(now, name)
+            } else {
+                ike.terminate(now, name)
+            };
+            match r {
+                Ok(message) => serde_json::json!({"ok": true, "message": message}).to_string(),
+                Err(e) => error_response(&e.to_string()),
+            }
+        }
+        ("status", Some(ike)) => {
+            let mut s = status_all(engines, info, now);
+            s.ike = Some(ike.doc(now));
+            serde_json::json!({"ok": true, "status": s}).to_string()
+        }
+        _ => answer(engines, info, now, req),
+    }
 }
 
 /// The answer to one control request, over every worker's engine.
@@ -917,7 +999,7 @@ pub fn answer_one(engine: &mut Engine, info: &Info, now: Duration, req: &Request
         }
         other => error_response(&format!(
             "unknown command {other:?}; the commands are status, sa_list, sa_add, sa_del, \
-             wireshark_keys and costs"
+             wireshark_keys, costs, initiate and terminate"
         )),
     }
 }

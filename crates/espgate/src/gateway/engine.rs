@@ -24,7 +24,7 @@ use espgate_core::sa::{Encap, Mode, Protocol, SaEvent, SharedSeq};
 use espgate_core::sad::{InboundOutcome, SaId, Sad};
 use espgate_core::spd::{Action, Direction, Policy, Spd};
 use espgate_core::wire::flow::{self, Flow};
-use espgate_core::{Drop, PacketBuf, Sa};
+use espgate_core::{Drop, PacketBuf, Sa, SaConfig};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -55,11 +55,14 @@ pub enum GwDrop {
     /// could not use (too short, an unknown GSO type, headers that do not
     /// match it).
     BadOffload,
+    /// An IKE message on the NAT-T port found the IKE engine's queue full
+    /// (a flood; the peer retransmits).
+    IkeQueueFull,
 }
 
 impl GwDrop {
     /// All reasons, in index order.
-    pub const ALL: [GwDrop; 8] = [
+    pub const ALL: [GwDrop; 9] = [
         GwDrop::NoPolicy,
         GwDrop::PolicyMismatch,
         GwDrop::SeqReserve,
@@ -68,6 +71,7 @@ impl GwDrop {
         GwDrop::Internal,
         GwDrop::NoSa,
         GwDrop::BadOffload,
+        GwDrop::IkeQueueFull,
     ];
 
     /// Counter name.
@@ -81,6 +85,7 @@ impl GwDrop {
             GwDrop::Internal => "internal_error",
             GwDrop::NoSa => "no_sa",
             GwDrop::BadOffload => "bad_offload",
+            GwDrop::IkeQueueFull => "ike_queue_full",
         }
     }
 }
@@ -166,6 +171,39 @@ struct SaMeta {
     protocol: Protocol,
     /// Installed by `espgate sa add` (not from the configuration).
     added: bool,
+}
+
+/// The most an IKE-negotiated ESP SA of connection `c` can add to a packet:
+/// the worst of its ESP proposals (the TUN MTU is sized at start, before
+/// any SA exists). Zero for a manually keyed connection.
+fn ike_overhead(c: &Connection) -> usize {
+    let Some(ike) = &c.ike else { return 0 };
+    let outer = match (c.mode, c.remote) {
+        (Mode::Transport, _) => 0,
+        (Mode::Tunnel, IpAddr::V6(_)) => 40,
+        (Mode::Tunnel, IpAddr::V4(_)) => 20,
+    };
+    let udp = if c.encap == Encapsulation::Udp { 8 } else { 0 };
+    let mut worst = 0;
+    for p in &ike.esp_proposals {
+        for e in &p.encr {
+            let integs: Vec<Option<espgate_core::crypto::Integ>> = if p.integ.is_empty() {
+                vec![None]
+            } else {
+                p.integ.iter().copied().map(Some).collect()
+            };
+            for i in integs {
+                let suite = espgate_core::crypto::Suite {
+                    enc: Some(*e),
+                    integ: i,
+                };
+                // ESP header 8, IV, padding, pad length + next header 2, ICV.
+                let esp = 8 + suite.iv_len() + (suite.block_len().max(4) - 1) + 2 + suite.icv_len();
+                worst = worst.max(outer + udp + esp);
+            }
+        }
+    }
+    worst
 }
 
 /// What `espgate sa add` / `sa del` changed: the answer to the client
@@ -302,6 +340,12 @@ pub struct Engine {
     nat_t_port: u16,
     /// Counters.
     pub counters: Counters,
+    /// IKE datagrams received on the NAT-T socket (non-ESP marker removed),
+    /// waiting for worker 0's IKE engine: (our address, sender, message).
+    pub ike_rx: super::ike::IkeQueue,
+    /// An IKE engine runs (worker 0 with IKE connections): IKE on the
+    /// NAT-T port is queued for it rather than dropped.
+    pub ike_enabled: bool,
     limiter: RateLimiter,
     /// Per-stage cost accounting, when on (`gateway.cost_accounting`,
     /// `espgate costs on`); `None` keeps the packet paths unprobed.
@@ -537,6 +581,8 @@ impl Engine {
             applied: Vec::with_capacity(espgate_core::sad::MAX_LAYERS),
             nat_t_port: cfg.gateway.listen.port(),
             counters: Counters::default(),
+            ike_rx: Vec::new(),
+            ike_enabled: false,
             limiter: RateLimiter::new(Duration::from_secs(1)),
             costs: cfg.gateway.cost_accounting.then(Costs::new),
             volume_split: 1,
@@ -639,11 +685,13 @@ impl Engine {
         self.conns
             .iter()
             .map(|c| {
-                c.out_ids
+                let configured = c
+                    .out_ids
                     .iter()
                     .filter_map(|id| self.sad.get(*id))
                     .map(Sa::overhead)
-                    .sum::<usize>()
+                    .sum::<usize>();
+                configured.max(ike_overhead(&c.conn))
             })
             .max()
             .unwrap_or(0)
@@ -861,7 +909,9 @@ impl Engine {
             Ok(InboundOutcome::Ike) => {
                 self.counters.ike += 1;
                 if self.limiter.check("ike", now).is_some() {
-                    tracing::info!("ignoring IKE packet from {from}: IKE is not built yet");
+                    tracing::info!(
+                        "ignoring IKE packet from {from}: no connection of this gateway uses IKE"
+                    );
                 }
                 false
             }
@@ -1324,6 +1374,73 @@ impl Engine {
         if has("seq") {
             sc.initial_seq = parsed.initial_seq;
         }
+        self.install_sa(ci, outbound, protocol, sc, true, now)
+    }
+
+    /// Installs a child SA negotiated by IKE (`outbound`: it replaces the
+    /// connection's outbound SA for the next packet; inbound: accepted
+    /// next to the others until removed). Mode, addresses, replay window,
+    /// lifetimes and selectors come from the connection, keys, SPI, suite,
+    /// ESN and UDP ports from the negotiation. Fresh keys per SA: no
+    /// sequence-number reservation on disk is needed to avoid nonce reuse.
+    pub fn install_negotiated(
+        &mut self,
+        s: &espgate_core::ike::engine::SaInstall,
+        now: Duration,
+    ) -> Result<SaChange, String> {
+        let ci = self.conn_index(&s.conn)?;
+        let c = &self.conns[ci].conn;
+        let mut sc = SaConfig::new(s.spi, Protocol::Esp, s.suite, &s.enc_key, &s.integ_key);
+        sc.mode = c.mode;
+        sc.encap = match (c.encap, s.encap) {
+            (Encapsulation::None, _) => Encap::None,
+            (Encapsulation::Udp, ports) => {
+                let (ours, theirs) = ports.unwrap_or((c.local_port, c.remote_port));
+                if s.outbound {
+                    Encap::Udp {
+                        src_port: ours,
+                        dst_port: theirs,
+                    }
+                } else {
+                    Encap::Udp {
+                        src_port: theirs,
+                        dst_port: ours,
+                    }
+                }
+            }
+        };
+        if c.mode == Mode::Tunnel {
+            let (src, dst) = if s.outbound {
+                (c.local, c.remote)
+            } else {
+                (c.remote, c.local)
+            };
+            sc.tunnel_src = Some(src);
+            sc.tunnel_dst = Some(dst);
+        }
+        sc.esn = s.esn;
+        sc.replay_window = c.replay_window;
+        sc.lifetime = c.lifetime;
+        sc.selectors = c.selectors();
+        sc.tfc_pad_to = c.tfc_pad_to;
+        sc.copy_dscp = c.dscp == crate::config::Dscp::Copy;
+        self.install_sa(ci, s.outbound, Protocol::Esp, sc, false, now)
+    }
+
+    /// The common end of `sa add` and IKE installs: checks the SPI and
+    /// keys, reserves sequence numbers (`reserve`, manual keys only),
+    /// inserts the SA and points the connection's policies at it.
+    fn install_sa(
+        &mut self,
+        ci: usize,
+        outbound: bool,
+        protocol: Protocol,
+        mut sc: SaConfig,
+        reserve: bool,
+        now: Duration,
+    ) -> Result<SaChange, String> {
+        let c = &self.conns[ci].conn;
+        let dir = if outbound { "outbound" } else { "inbound" };
         let what = format!(
             "{dir} {} SA {:#010x}",
             protocol.name().to_uppercase(),
@@ -1378,7 +1495,7 @@ impl Engine {
                     }
                 ));
             }
-            if let Some(store) = &self.store {
+            if let Some(store) = self.store.as_ref().filter(|_| reserve) {
                 let (start, r) = store.reserve(&sc, &name).map_err(|e| format!("{e:#}"))?;
                 sc.initial_seq = start;
                 reservation = Some(Res::Own(r));
@@ -1454,7 +1571,11 @@ impl Engine {
                 all.join(", ")
             )
         };
-        tracing::info!("sa add: {message} (run-time change, not in the configuration file)");
+        if reserve {
+            tracing::info!("sa add: {message} (run-time change, not in the configuration file)");
+        } else {
+            tracing::info!("ike: {message}");
+        }
         for w in &warnings {
             tracing::warn!("{w}");
         }

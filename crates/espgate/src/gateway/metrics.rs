@@ -942,6 +942,7 @@ mod tests {
                 remote_ts: vec!["10.2.0.0/24".into()],
                 sas: vec![inbound, sa(conn, "out", "0x00001002", &[])],
             }],
+            ike: None,
             drops: [("replay".to_string(), 2), ("no_policy".to_string(), 5)]
                 .into_iter()
                 .collect(),

@@ -35,6 +35,7 @@ pub mod control;
 pub mod daemon;
 pub mod dataplane;
 pub mod engine;
+pub mod ike;
 pub mod metrics;
 pub mod mss;
 pub mod ratelimit;
@@ -171,7 +172,7 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
     let worker_sockets = open_worker_sockets(&cfg, g.worker_threads().max(1))?;
     let n = worker_sockets.len();
     let store = seqstate::SeqStore::open(&g.state_dir)?;
-    let engines = engine::Engine::for_workers(&cfg, Some(&store), Duration::ZERO, n)?;
+    let mut engines = engine::Engine::for_workers(&cfg, Some(&store), Duration::ZERO, n)?;
     let overhead = if fragments_outer(&cfg) {
         tracing::info!(
             "fragment_inner = false: TUN MTU = gateway.mtu; ESP-in-UDP datagrams larger than \
@@ -204,6 +205,12 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
         ),
         None => None,
     };
+    let mut ike = ike::IkeShell::open(&cfg, worker_sockets[0].udp.as_ref().map(|u| u.local))?;
+    if ike.is_some() {
+        if let Some(e) = engines.first_mut() {
+            e.ike_enabled = true;
+        }
+    }
     let mut control = control::ControlServer::bind(&g.control_socket)?;
     tracing::info!(
         "espgate {} up: TUN {} mtu {}, {} connection(s), {} SA(s), {} data-plane worker(s), \
@@ -267,6 +274,7 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
                             info,
                             batch,
                             gro_allowed: false,
+                            ike: None,
                         }
                         .run()
                     })
@@ -288,6 +296,7 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
                 info,
                 batch,
                 gro_allowed: n == 1,
+                ike: ike.as_mut(),
             }
             .run();
             drop(stop_wr);

@@ -46,6 +46,10 @@ pub struct Status {
     /// Other counters: packets read from / written to the TUN and the
     /// network, NAT keepalives and IKE packets ignored, …
     pub counters: BTreeMap<String, u64>,
+    /// IKEv2: IKE SAs with their children, counters and per-operation
+    /// costs (only when a connection uses IKE).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ike: Option<super::ike::IkeDoc>,
     /// Per-stage costs, present only while cost accounting is on
     /// (`gateway.cost_accounting`, `espgate costs on`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -396,14 +400,17 @@ pub fn render_status(s: &Status) -> String {
         if !missing.is_empty() {
             let _ = writeln!(
                 out,
-                "  no outbound {} SA (removed by `espgate sa del`): outbound traffic is dropped \
-                 (no_sa)",
+                "  no outbound {} SA (not negotiated by IKE yet, or removed by `espgate sa del`): \
+                 outbound traffic is dropped (no_sa)",
                 missing.join("+").to_uppercase()
             );
         }
     }
     if s.connections.iter().flat_map(|c| &c.sas).any(|sa| sa.added) {
         out.push_str(ADDED_NOTE);
+    }
+    if let Some(ike) = &s.ike {
+        render_ike(&mut out, ike);
     }
     let _ = writeln!(out, "\ndrops: {}", counts(&s.drops).replace(',', ", "));
     let _ = writeln!(out, "counters: {}", counts(&s.counters).replace(',', ", "));
@@ -436,6 +443,56 @@ pub fn render_sa_list(sas: &[SaStatus]) -> String {
 
 const ADDED_NOTE: &str =
     "(+ added by `espgate sa add`: a run-time change, gone when the daemon restarts)\n";
+
+/// The IKE part of `espgate status`.
+fn render_ike(out: &mut String, ike: &super::ike::IkeDoc) {
+    let _ = writeln!(out, "\nIKE SAs: {}", ike.sas.len());
+    let opt_secs = |v: Option<u64>| v.map_or("never".to_string(), duration);
+    for sa in &ike.sas {
+        let _ = writeln!(
+            out,
+            "  {}: {}, {}, {} <-> {}{}, peer {}, {}",
+            sa.connection,
+            sa.state,
+            if sa.initiator {
+                "initiator"
+            } else {
+                "responder"
+            },
+            sa.local,
+            sa.remote,
+            if sa.nat { " (NAT-T)" } else { "" },
+            sa.peer_id.as_deref().unwrap_or("-"),
+            sa.algorithms.as_deref().unwrap_or("-"),
+        );
+        let _ = writeln!(
+            out,
+            "    SPIs {}, up {}, rekey in {}",
+            sa.spis,
+            sa.established_secs.map_or("-".to_string(), duration),
+            opt_secs(sa.rekey_in_secs)
+        );
+        for c in &sa.children {
+            let _ = writeln!(
+                out,
+                "    child {}_i {}_o {} {}, rekey in {}, expires in {}: {} === {}",
+                c.spi_in,
+                c.spi_out,
+                c.algorithms,
+                c.state,
+                opt_secs(c.rekey_in_secs),
+                opt_secs(c.expire_in_secs),
+                c.local_ts.join(","),
+                c.remote_ts.join(",")
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "IKE counters: {}",
+        counts(&ike.counters).replace(',', ", ")
+    );
+}
 
 #[cfg(test)]
 mod tests {
@@ -497,6 +554,7 @@ mod tests {
                 remote_ts: vec!["10.2.0.0/24".into()],
                 sas: vec![inbound, sa("out", "0x00001002", &[])],
             }],
+            ike: None,
             drops: [("replay".to_string(), 2), ("unknown_spi".to_string(), 1)]
                 .into_iter()
                 .collect(),
@@ -532,7 +590,9 @@ counters: keepalives=0, tun_rx=3
         s.connections[0].sas.retain(|sa| sa.direction == "in");
         let text = render_status(&s);
         assert!(
-            text.contains("  no outbound ESP SA (removed by `espgate sa del`)"),
+            text.contains(
+                "  no outbound ESP SA (not negotiated by IKE yet, or removed by `espgate sa del`)"
+            ),
             "{text}"
         );
         assert!(!render_status(&sample()).contains("no outbound"));

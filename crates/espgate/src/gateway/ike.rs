@@ -1,0 +1,386 @@
+//! The IKEv2 daemon side: the core's sans-IO engine (`espgate_core::ike`)
+//! driven by worker 0's poll loop. IKE arrives on UDP 500 (its own socket)
+//! and on the NAT-T port behind the four-byte non-ESP marker (the data
+//! plane's socket hands those datagrams over); negotiated child SAs are
+//! installed into the data-plane engine as they come.
+
+use super::engine::Engine;
+use super::sockets::UdpSock;
+use crate::config::LoadedConfig;
+use anyhow::{Context, Result};
+use espgate_core::ike::engine::{CommandError, Event, Ike, IkeOp, IkeStatus, Level, Ports};
+use serde::Serialize;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// The IKE side of the daemon.
+pub struct IkeShell {
+    ike: Ike,
+    /// UDP 500.
+    sock: UdpSock,
+    ports: Ports,
+    /// Connections to initiate once the loop runs (`start_action = "start"`).
+    to_start: Vec<String>,
+    buf: Vec<u8>,
+}
+
+/// Datagrams on the NAT-T socket that carry IKE (non-ESP marker removed),
+/// queued by the data-plane handlers for [`IkeShell::pump`].
+pub type IkeQueue = Vec<(SocketAddr, SocketAddr, Vec<u8>)>;
+
+/// The IKE part of `espgate status`.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Default)]
+pub struct IkeDoc {
+    /// IKE SAs with their child SAs.
+    pub sas: Vec<IkeSaStatus>,
+    /// Engine counters: messages, exchanges, drops by reason.
+    pub counters: std::collections::BTreeMap<String, u64>,
+    /// Per-operation costs over every IKE SA since start (or `costs reset`).
+    pub costs: Vec<IkeOpCost>,
+}
+
+/// One IKE SA in `espgate status`.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct IkeSaStatus {
+    /// Connection name.
+    pub connection: String,
+    /// `spi_i_spi_r` as hex.
+    pub spis: String,
+    /// connecting / established / deleting.
+    pub state: String,
+    /// We initiated it.
+    pub initiator: bool,
+    /// Our IKE endpoint.
+    pub local: String,
+    /// The peer's IKE endpoint.
+    pub remote: String,
+    /// The peer's authenticated identity.
+    pub peer_id: Option<String>,
+    /// Negotiated IKE algorithms.
+    pub algorithms: Option<String>,
+    /// Seconds since it was established.
+    pub established_secs: Option<u64>,
+    /// Seconds until it is rekeyed.
+    pub rekey_in_secs: Option<u64>,
+    /// NAT-T in use.
+    pub nat: bool,
+    /// Child SAs.
+    pub children: Vec<ChildSaStatus>,
+    /// Per-operation cost of this IKE SA (count, microseconds).
+    pub costs: Vec<IkeOpCost>,
+}
+
+/// One child SA in `espgate status`.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct ChildSaStatus {
+    /// Our inbound SPI.
+    pub spi_in: String,
+    /// Our outbound SPI.
+    pub spi_out: String,
+    /// installed / rekeying / rekeyed / deleting.
+    pub state: String,
+    /// ESP algorithms.
+    pub algorithms: String,
+    /// Seconds until rekey.
+    pub rekey_in_secs: Option<u64>,
+    /// Seconds until hard expiry.
+    pub expire_in_secs: Option<u64>,
+    /// Our selectors.
+    pub local_ts: Vec<String>,
+    /// The peer's selectors.
+    pub remote_ts: Vec<String>,
+}
+
+/// Count and cumulative time of one IKE operation.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct IkeOpCost {
+    /// Operation (dh, auth_create, auth_verify, key_derivation, encrypt, decrypt, encode, decode).
+    pub op: String,
+    /// Times done.
+    pub count: u64,
+    /// Total microseconds.
+    pub micros: f64,
+}
+
+/// Monotonic nanoseconds for the engine's cost accounting.
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `ts`, which lives
+    // for the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+fn secs_until(t: Option<Duration>, now: Duration) -> Option<u64> {
+    t.map(|t| t.saturating_sub(now).as_secs())
+}
+
+/// Costs as rows.
+pub fn cost_rows(c: &espgate_core::ike::engine::IkeCosts) -> Vec<IkeOpCost> {
+    IkeOp::ALL
+        .iter()
+        .filter_map(|op| {
+            c.ops.get(op).map(|(n, ns)| IkeOpCost {
+                op: op.name().to_string(),
+                count: *n,
+                micros: *ns as f64 / 1000.0,
+            })
+        })
+        .collect()
+}
+
+impl IkeShell {
+    /// The IKE side for `cfg`'s IKE connections (`None` when it has none).
+    /// Binds UDP 500 on the listen address of `gateway.listen`, marked like
+    /// the data plane's sockets.
+    pub fn open(cfg: &LoadedConfig, nat_t: Option<SocketAddr>) -> Result<Option<IkeShell>> {
+        let conns: Vec<_> = cfg
+            .connections
+            .iter()
+            .filter_map(crate::ikeconf::ike_config)
+            .collect();
+        if conns.is_empty() {
+            return Ok(None);
+        }
+        let g = &cfg.gateway;
+        let nat_t_port = nat_t.map_or(g.listen.port(), |a| a.port());
+        let addr = SocketAddr::new(g.listen.ip(), 500);
+        let sock = UdpSock::open(addr, g.fwmark, false)
+            .with_context(|| format!("opening the IKE socket on {addr}"))?;
+        let ports = Ports {
+            ike: 500,
+            nat_t: nat_t_port,
+        };
+        let to_start = cfg
+            .connections
+            .iter()
+            .filter(|c| crate::ikeconf::start_on_boot(c))
+            .map(|c| c.name.clone())
+            .collect();
+        let mut ike = Ike::new(conns, ports);
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        ike.set_unix_time_at_epoch(unix);
+        ike.set_cost_clock(Some(mono_ns));
+        tracing::info!(
+            "IKEv2 on {addr} and port {nat_t_port} (NAT-T): {} connection(s)",
+            ike.conns().len()
+        );
+        Ok(Some(IkeShell {
+            ike,
+            sock,
+            ports,
+            to_start,
+            buf: vec![0; 65536],
+        }))
+    }
+
+    /// The socket to poll.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.sock.as_fd()
+    }
+
+    /// Initiates the `start_action = "start"` connections (once).
+    pub fn start(&mut self, now: Duration) {
+        for name in std::mem::take(&mut self.to_start) {
+            if let Err(e) = self.ike.initiate(now, &name) {
+                tracing::warn!("ike: {e}");
+            }
+        }
+    }
+
+    /// Reads every waiting datagram on UDP 500.
+    pub fn on_readable(&mut self, now: Duration) {
+        for _ in 0..64 {
+            match self.sock.recv(&mut self.buf) {
+                Ok((n, meta)) => {
+                    let Some(src) = meta.src else { continue };
+                    let src = SocketAddr::new(src.ip().to_canonical(), src.port());
+                    let dst = SocketAddr::new(
+                        meta.dst.map_or(self.sock.local.ip(), |d| d.to_canonical()),
+                        self.ports.ike,
+                    );
+                    let data = self.buf[..n].to_vec();
+                    self.ike.handle(now, dst, src, &data);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    tracing::debug!("ike: receive: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Hands IKE datagrams of the NAT-T socket to the engine, runs due
+    /// timers, sends what the engine wants sent and applies its events to
+    /// the data-plane engine.
+    pub fn pump(
+        &mut self,
+        queue: &mut IkeQueue,
+        engine: &mut Engine,
+        nat_t: Option<&UdpSock>,
+        now: Duration,
+    ) {
+        for (dst, src, data) in queue.drain(..) {
+            self.ike.handle(now, dst, src, &data);
+        }
+        if self.ike.poll_timeout().is_some_and(|t| t <= now) {
+            self.ike.handle_timeout(now);
+        }
+        while let Some(t) = self.ike.poll_transmit() {
+            let r = if t.local.port() == self.ports.ike {
+                self.sock.send(&t.data, t.remote, 0)
+            } else if let Some(u) = nat_t {
+                let mut d = Vec::with_capacity(t.data.len() + 4);
+                d.extend_from_slice(&[0; 4]);
+                d.extend_from_slice(&t.data);
+                u.send(&d, t.remote, 0)
+            } else {
+                Err(std::io::Error::other(
+                    "no NAT-T socket (gateway.encap is not udp)",
+                ))
+            };
+            if let Err(e) = r {
+                tracing::warn!("ike: sending to {}: {e}", t.remote);
+            }
+        }
+        while let Some(ev) = self.ike.poll_event() {
+            match ev {
+                Event::InstallSa(s) => {
+                    if let Err(e) = engine.install_negotiated(&s, now) {
+                        tracing::error!(
+                            "ike: connection \"{}\": installing SA {:#010x}: {e}",
+                            s.conn,
+                            s.spi
+                        );
+                    }
+                }
+                Event::RemoveSa {
+                    conn,
+                    spi,
+                    outbound,
+                } => {
+                    if let Err(e) = engine.del_sa(
+                        spi,
+                        Some(espgate_core::sa::Protocol::Esp),
+                        Some(outbound),
+                        Some(&conn),
+                    ) {
+                        tracing::debug!("ike: connection \"{conn}\": removing SA {spi:#010x}: {e}");
+                    }
+                }
+                Event::IkeUp { conn, algorithms } => {
+                    tracing::debug!("ike: connection \"{conn}\" up ({algorithms})");
+                }
+                Event::IkeDown { conn, reason } => {
+                    tracing::info!("ike: connection \"{conn}\" down: {reason}");
+                }
+                Event::Log {
+                    level,
+                    conn,
+                    message,
+                } => {
+                    let c = conn
+                        .map(|c| format!("connection \"{c}\": "))
+                        .unwrap_or_default();
+                    match level {
+                        Level::Warn => tracing::warn!("ike: {c}{message}"),
+                        Level::Info => tracing::info!("ike: {c}{message}"),
+                        Level::Debug => tracing::debug!("ike: {c}{message}"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// When the engine next needs [`IkeShell::pump`] without input.
+    pub fn next_timeout(&self) -> Option<Duration> {
+        self.ike.poll_timeout()
+    }
+
+    /// `espgate initiate NAME`.
+    pub fn initiate(&mut self, now: Duration, name: &str) -> Result<String, CommandError> {
+        self.ike.initiate(now, name)?;
+        Ok(format!("connection \"{name}\": IKE_SA_INIT sent"))
+    }
+
+    /// `espgate terminate NAME`.
+    pub fn terminate(&mut self, now: Duration, name: &str) -> Result<String, CommandError> {
+        self.ike.terminate(now, name)?;
+        Ok(format!("connection \"{name}\": deleting its IKE SA"))
+    }
+
+    /// IKE SAs for `espgate status`.
+    pub fn status(&self, now: Duration) -> Vec<IkeSaStatus> {
+        self.ike
+            .status()
+            .iter()
+            .map(|s| sa_status(s, now))
+            .collect()
+    }
+
+    /// Engine counters and global costs, for status and metrics.
+    pub fn counters(&self) -> std::collections::BTreeMap<String, u64> {
+        self.ike
+            .counters()
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect()
+    }
+
+    /// Global per-operation costs.
+    pub fn costs(&self) -> Vec<IkeOpCost> {
+        cost_rows(self.ike.costs())
+    }
+
+    /// The IKE part of the status document.
+    pub fn doc(&self, now: Duration) -> IkeDoc {
+        IkeDoc {
+            sas: self.status(now),
+            counters: self.counters(),
+            costs: self.costs(),
+        }
+    }
+
+    /// Clears the cost records.
+    pub fn reset_costs(&mut self) {
+        self.ike.reset_costs();
+    }
+}
+
+fn sa_status(s: &IkeStatus, now: Duration) -> IkeSaStatus {
+    IkeSaStatus {
+        connection: s.conn.clone(),
+        spis: format!("{:016x}_i {:016x}_r", s.spi_i, s.spi_r),
+        state: s.state.to_string(),
+        initiator: s.initiator,
+        local: s.local.to_string(),
+        remote: s.remote.to_string(),
+        peer_id: s.peer_id.clone(),
+        algorithms: s.algorithms.clone(),
+        established_secs: s.established_at.map(|t| now.saturating_sub(t).as_secs()),
+        rekey_in_secs: secs_until(s.rekey_at, now),
+        nat: s.nat,
+        costs: cost_rows(&s.costs),
+        children: s
+            .children
+            .iter()
+            .map(|c| ChildSaStatus {
+                spi_in: format!("{:#010x}", c.spi_in),
+                spi_out: format!("{:#010x}", c.spi_out),
+                state: c.state.to_string(),
+                algorithms: c.algorithms.clone(),
+                rekey_in_secs: secs_until(c.rekey_at, now),
+                expire_in_secs: secs_until(c.expire_at, now),
+                local_ts: c.local_ts.clone(),
+                remote_ts: c.remote_ts.clone(),
+            })
+            .collect(),
+    }
+}
