@@ -15,6 +15,12 @@ command -v ping >/dev/null 2>&1 || need_apt+=(iputils-ping)
 command -v iperf3 >/dev/null 2>&1 || need_apt+=(iperf3)
 command -v strace >/dev/null 2>&1 || need_apt+=(strace)
 command -v tshark >/dev/null 2>&1 || need_apt+=(tshark)
+# strongSwan, the IKEv2 interop peer (tests/python/test_ike_strongswan.py):
+# charon with the kernel-libipsec userspace data plane, swanctl and pki.
+[ -x /usr/lib/ipsec/charon ] && command -v swanctl >/dev/null 2>&1 \
+    && [ -e /usr/lib/ipsec/plugins/libstrongswan-kernel-libipsec.so ] \
+    || need_apt+=(strongswan-charon strongswan-swanctl libcharon-extra-plugins libstrongswan-standard-plugins)
+command -v pki >/dev/null 2>&1 || need_apt+=(strongswan-pki)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: installing ${need_apt[*]}"
     export DEBIAN_FRONTEND=noninteractive
