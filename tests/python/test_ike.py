@@ -122,6 +122,10 @@ def test_psk_tunnel_up_status_terminate_initiate(lab):
     assert len(ins) == 1 and len(outs) == 1, a.status()["connections"]
     assert ins[0]["spi"] == child["spi_in"] and outs[0]["spi"] == child["spi_out"]
     assert outs[0]["packets"] >= 3 and ins[0]["packets"] >= 3
+    r = ctl(a, "status", "--ike-costs")
+    assert "IKE operations since start" in r.stdout and "auth_verify" in r.stdout, r.stdout
+    doc = json.loads(ctl(a, "status", "--ike-costs", "--json").stdout)
+    assert doc["ike"] and {c["op"] for c in doc["costs"]} >= {"dh", "auth_create", "auth_verify"}, doc
     # Human-readable status names the IKE SA.
     r = ctl(a, "status")
     assert "established" in r.stdout and "aes128gcm16-prfsha256-x25519" in r.stdout, r.stdout

@@ -327,3 +327,22 @@ def test_dpd_after_charon_dies_and_recovery(lab):
     wait_for("the tunnel again", lambda: established(d) and charon_established(c), 60, (d,))
     assert_traffic(d, c)
     assert d.stop() == 0
+
+
+def test_fragmented_ike_auth_both_ways(lab):
+    """RFC 7383: with certificates and small fragment sizes on both sides
+    (espgate: gateway.ike_fragment_size = 300; charon: fragment_size = 400),
+    each side sends IKE_AUTH in fragments and reassembles the other's."""
+    d, c = setup(lab, auth="pubkey", ike_extra='start_action = "start"', retransmit="fragment_size = 400")
+    text = d.cfg.read_text().replace('log = "debug"', 'log = "debug"\nike_fragment_size = 300')
+    d.cfg.write_text(text)
+    c.start()
+    d.start()
+    wait_for("the IKE SA", lambda: established(d) and charon_established(c), 30, (d,))
+    counters = ike_status(d)["counters"]
+    assert counters.get("fragmented_messages_out", 0) >= 1, counters
+    assert counters.get("fragmented_messages_in", 0) >= 1, counters
+    assert "EF(" in c.log_text() or "fragment" in c.log_text().lower(), c.log_text()[-3000:]
+    assert_traffic(d, c)
+    assert d.stop() == 0
+

@@ -94,6 +94,9 @@ pub struct Gateway {
     /// Packets handled per ready descriptor before polling again (and the
     /// most datagrams in one GSO send), 1 to 64.
     pub batch: usize,
+    /// IKE messages larger than this are sent as RFC 7383 fragments of at
+    /// most this many bytes (when the peer supports fragmentation).
+    pub ike_fragment_size: usize,
     /// Send and receive buffer size of the outer sockets, bytes.
     pub socket_buffer: usize,
 }
@@ -875,6 +878,7 @@ struct RawGateway {
     offloads: Option<bool>,
     cost_accounting: Option<bool>,
     batch: Option<i64>,
+    ike_fragment_size: Option<i64>,
     socket_buffer: Option<i64>,
 }
 
@@ -1540,6 +1544,13 @@ impl Validator<'_> {
                 format!("{workers} workers: expected 0 (one per CPU) to 1024"),
             );
         }
+        let ike_fragment_size = g.ike_fragment_size.unwrap_or(1200);
+        if !(300..=65000).contains(&ike_fragment_size) {
+            self.err(
+                at(&base, &["ike_fragment_size"]),
+                format!("ike_fragment_size = {ike_fragment_size}: expected 300 to 65000 bytes"),
+            );
+        }
         let batch = g.batch.unwrap_or(64);
         if !(1..=64).contains(&batch) {
             self.err(
@@ -1655,6 +1666,7 @@ impl Validator<'_> {
             offloads: g.offloads.unwrap_or(true),
             cost_accounting: g.cost_accounting.unwrap_or(false),
             batch: batch.clamp(1, 64) as usize,
+            ike_fragment_size: ike_fragment_size.clamp(300, 65000) as usize,
             socket_buffer: socket_buffer.clamp(4096, 1 << 30) as usize,
         })
     }
@@ -3238,6 +3250,7 @@ suite = "aes128gcm16"
         assert_eq!((g.metrics, g.fwmark), (None, None));
         assert!(g.offloads && !g.cost_accounting);
         assert_eq!((g.batch, g.socket_buffer), (64, 4 << 20));
+        assert_eq!(g.ike_fragment_size, 1200);
         let b = c.connection("b").unwrap();
         assert_eq!(b.remote_port, 4500);
         assert_eq!(b.local_port, 4500);
@@ -4160,6 +4173,10 @@ integ_out = "{K20B}"
         assert_has(
             &err(&g("batch = 0")),
             &["gateway.batch", "expected 1 to 64 packets"],
+        );
+        assert_has(
+            &err(&g("ike_fragment_size = 100")),
+            &["gateway.ike_fragment_size", "expected 300 to 65000 bytes"],
         );
         assert_has(
             &err(&g("socket_buffer = 100")),

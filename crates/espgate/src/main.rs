@@ -70,6 +70,11 @@ enum Cmd {
         /// {"cost_accounting": true|false, "costs": {...}}.
         #[arg(long)]
         costs: bool,
+        /// Only the IKEv2 per-operation costs (DH, signatures, key
+        /// derivation, encryption, encoding), over all IKE SAs and per IKE
+        /// SA; always on for IKE connections.
+        #[arg(long, conflicts_with = "costs")]
+        ike_costs: bool,
         #[command(flatten)]
         target: ControlArgs,
     },
@@ -720,6 +725,41 @@ fn print_rendered(text: Result<String, serde_json::Error>) -> ExitCode {
     }
 }
 
+/// `espgate status --ike-costs`: the IKE part's per-operation costs.
+fn run_ike_costs_query(target: &ControlArgs) -> ExitCode {
+    let v = match ask(target, &serde_json::json!({"cmd": "status"})) {
+        Ok(v) => v,
+        Err(c) => return c,
+    };
+    let ike = &v["status"]["ike"];
+    if ike.is_null() {
+        if target.json {
+            println!("{}", serde_json::json!({"ike": false}));
+        } else {
+            println!("no connection of this gateway uses IKE");
+        }
+        return ExitCode::SUCCESS;
+    }
+    if target.json {
+        let out = serde_json::json!({
+            "ike": true,
+            "costs": ike["costs"],
+            "per_sa": ike["sas"].as_array().map(|sas| sas.iter().map(|sa| serde_json::json!({
+                "connection": sa["connection"], "spis": sa["spis"], "costs": sa["costs"]
+            })).collect::<Vec<_>>()),
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).unwrap_or_else(|_| out.to_string())
+        );
+        return ExitCode::SUCCESS;
+    }
+    print_rendered(
+        serde_json::from_value::<espgate::gateway::ike::IkeDoc>(ike.clone())
+            .map(|d| espgate::gateway::ike::render_costs(&d)),
+    )
+}
+
 /// `espgate status --costs`: the status document's per-stage costs.
 fn run_costs_query(target: &ControlArgs) -> ExitCode {
     let v = match ask(target, &serde_json::json!({"cmd": "status"})) {
@@ -826,12 +866,19 @@ fn main() -> ExitCode {
             log_file,
         })),
         Cmd::Status {
+            ike_costs: true,
+            target,
+            ..
+        } => Ok(run_ike_costs_query(&target)),
+        Cmd::Status {
             costs: false,
             target,
+            ..
         } => Ok(run_query(&target, "status")),
         Cmd::Status {
             costs: true,
             target,
+            ..
         } => Ok(run_costs_query(&target)),
         Cmd::Costs { action, target } => Ok(run_sa_change(
             &target,

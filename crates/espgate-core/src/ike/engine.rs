@@ -16,8 +16,8 @@ use super::proposal::{select, Chosen, ProposalKind};
 use super::sk::{SkCrypto, SkError};
 use super::ts;
 use super::wire::{
-    self, auth_method, cert_encoding, exchange, notify, protocol, Delete, Header, Id, Message,
-    Notify, Payload, TrafficSelector,
+    self, auth_method, cert_encoding, exchange, notify, payload, protocol, Delete, Header, Id,
+    Message, Notify, Payload, TrafficSelector,
 };
 use crate::crypto::Suite;
 use crate::sa::Mode;
@@ -348,7 +348,8 @@ enum Req {
 
 struct Pending {
     id: u32,
-    data: Vec<u8>,
+    /// The request's datagrams (several when fragmented).
+    data: Vec<Vec<u8>>,
     tries: u32,
     next_at: Duration,
     what: Req,
@@ -398,7 +399,23 @@ struct IkeSa {
     costs: IkeCosts,
     /// A replaced IKE SA is removed at this time if the peer never deletes it.
     remove_at: Option<Duration>,
+    /// Both sides announced IKEV2_FRAGMENTATION_SUPPORTED (RFC 7383).
+    fragmentation: bool,
+    /// The fragments of the message being received.
+    reasm: Option<Reassembly>,
 }
+
+/// Fragments of one message (RFC 7383 §2.6), by number.
+struct Reassembly {
+    /// (message ID, response flag).
+    key: (u32, bool),
+    total: u16,
+    first: u8,
+    parts: BTreeMap<u16, Vec<u8>>,
+}
+
+/// Fragments per message we reassemble at most.
+const MAX_FRAGMENTS: usize = 64;
 
 impl IkeSa {
     fn local_spi(&self) -> u64 {
@@ -440,6 +457,9 @@ const NONCE_LEN: usize = 32;
 const OUTBOUND_SWITCH_DEADLINE: Duration = Duration::from_secs(5);
 /// A replaced IKE SA the peer never deletes is removed after this.
 const OLD_IKE_SA_GRACE: Duration = Duration::from_secs(30);
+/// RFC 7383 fragment size: an IKE message of 1200 bytes with IPv6, UDP and
+/// the non-ESP marker stays within the IPv6 minimum MTU (1280).
+const DEFAULT_FRAGMENT_SIZE: usize = 1200;
 /// Retry a failed `restart` connection after this.
 const RESTART_DELAY: Duration = Duration::from_secs(5);
 
@@ -459,6 +479,7 @@ pub struct Ike {
     child_spis: HashSet<u32>,
     ike_spis: HashSet<u64>,
     restart_at: BTreeMap<usize, Duration>,
+    fragment_size: usize,
 }
 
 /// A refused command.
@@ -613,6 +634,7 @@ impl Ike {
             child_spis: HashSet::new(),
             ike_spis: HashSet::new(),
             restart_at: BTreeMap::new(),
+            fragment_size: DEFAULT_FRAGMENT_SIZE,
         }
     }
 
@@ -626,6 +648,13 @@ impl Ike {
     /// carry a COOKIE (RFC 7296 §2.6). 0 demands cookies always.
     pub fn set_cookie_threshold(&mut self, n: usize) {
         self.cookie_threshold = n;
+    }
+
+    /// Largest IKE message (bytes) sent unfragmented once both sides
+    /// support RFC 7383 fragmentation; larger ones go as fragments of at
+    /// most this size.
+    pub fn set_fragment_size(&mut self, n: usize) {
+        self.fragment_size = n.max(200);
     }
 
     /// Lends a monotonic nanosecond clock for the per-operation costs.
@@ -855,27 +884,49 @@ impl Ike {
     // Sending
     // -----------------------------------------------------------------
 
-    fn transmit(&mut self, i: usize, data: Vec<u8>) {
+    fn transmit(&mut self, i: usize, datagrams: Vec<Vec<u8>>) {
         let sa = &self.sas[i];
-        self.transmits.push_back(Transmit {
-            local: sa.local,
-            remote: sa.remote,
-            data,
-        });
-        self.count("messages_out");
+        for data in datagrams {
+            self.transmits.push_back(Transmit {
+                local: sa.local,
+                remote: sa.remote,
+                data,
+            });
+            self.counters
+                .entry("messages_out")
+                .and_modify(|n| *n += 1)
+                .or_insert(1);
+        }
     }
 
-    /// Seals (or, for IKE_SA_INIT, emits) a message of SA `i`.
-    fn build(&mut self, i: usize, h: Header, payloads: Vec<Payload>) -> Option<Vec<u8>> {
+    /// Seals (or, for IKE_SA_INIT, emits) a message of SA `i`: one
+    /// datagram, or its RFC 7383 fragments when both sides support them
+    /// and it exceeds the fragment size.
+    fn build(&mut self, i: usize, h: Header, payloads: Vec<Payload>) -> Option<Vec<Vec<u8>>> {
+        let frag = self.sas[i].fragmentation.then_some(self.fragment_size);
         let r = self.timed(Some(i), IkeOp::Encrypt, |s| match s.sas[i].sk.as_mut() {
-            Some(sk) => sk.seal(&h, &payloads).map_err(|e| e.to_string()),
+            Some(sk) => match frag {
+                Some(max) => sk
+                    .seal_fragments(&h, &payloads, max)
+                    .map_err(|e| e.to_string()),
+                None => sk
+                    .seal(&h, &payloads)
+                    .map(|m| vec![m])
+                    .map_err(|e| e.to_string()),
+            },
             None => Message {
                 header: h,
                 payloads,
             }
             .emit()
+            .map(|m| vec![m])
             .map_err(|e| e.to_string()),
         });
+        if let Ok(m) = &r {
+            if m.len() > 1 {
+                self.count("fragmented_messages_out");
+            }
+        }
         match r {
             Ok(m) => Some(m),
             Err(e) => {
@@ -921,7 +972,7 @@ impl Ike {
         let Some(data) = self.build(i, h, payloads) else {
             return;
         };
-        self.sas[i].last_resp = Some((id, vec![data.clone()]));
+        self.sas[i].last_resp = Some((id, data.clone()));
         self.sas[i].next_in_id = id.wrapping_add(1);
         self.transmit(i, data);
     }
@@ -1013,6 +1064,8 @@ impl Ike {
             peer_id: None,
             costs: IkeCosts::default(),
             remove_at: None,
+            fragmentation: false,
+            reasm: None,
         };
         self.sas.push(sa);
         let i = self.sas.len() - 1;
@@ -1071,6 +1124,7 @@ impl Ike {
             notify::NAT_DETECTION_DESTINATION_IP,
             nat_hash(spi_i, 0, remote),
         ));
+        payloads.push(notify(notify::IKEV2_FRAGMENTATION_SUPPORTED, vec![]));
         payloads.push(notify(
             notify::SIGNATURE_HASH_ALGORITHMS,
             super::sig::encode_hash_algorithms(&super::sig::supported_hash_algorithms()),
@@ -1079,7 +1133,7 @@ impl Ike {
         self.sas[i].next_out_id = 0;
         self.send_request(i, now, exchange::IKE_SA_INIT, payloads, Req::Init);
         if let Some(p) = &self.sas[i].pending {
-            self.sas[i].init_req = p.data.clone();
+            self.sas[i].init_req = p.data.first().cloned().unwrap_or_default();
         }
     }
 
@@ -1115,7 +1169,7 @@ impl Ike {
             if self.sas[i].state == State::InitDone && !self.sas[i].init_resp.is_empty() {
                 self.count("retransmitted_responses");
                 let d = self.sas[i].init_resp.clone();
-                self.transmit(i, d);
+                self.transmit(i, vec![d]);
             } else {
                 self.count("dropped_duplicate_init");
             }
@@ -1290,6 +1344,10 @@ impl Ike {
             notify::SIGNATURE_HASH_ALGORITHMS,
             super::sig::encode_hash_algorithms(&super::sig::supported_hash_algorithms()),
         ));
+        let fragmentation = find_notify(p, notify::IKEV2_FRAGMENTATION_SUPPORTED).is_some();
+        if fragmentation {
+            out.push(notify(notify::IKEV2_FRAGMENTATION_SUPPORTED, vec![]));
+        }
         let sa = IkeSa {
             conn: ci,
             initiator: false,
@@ -1324,12 +1382,14 @@ impl Ike {
             peer_id: None,
             costs: IkeCosts::default(),
             remove_at: None,
+            fragmentation,
+            reasm: None,
         };
         self.sas.push(sa);
         let i = self.sas.len() - 1;
         self.reply(i, exchange::IKE_SA_INIT, 0, out);
         if let Some((_, d)) = &self.sas[i].last_resp {
-            self.sas[i].init_resp = d[0].clone();
+            self.sas[i].init_resp = d.first().cloned().unwrap_or_default();
         }
         if !self.install_ike_keys(i, &g_ir, None) {
             self.sas.remove(i);
@@ -1481,6 +1541,7 @@ impl Ike {
             sa.nr = nr.to_vec();
             sa.chosen = Some(chosen);
             sa.nat = nat;
+            sa.fragmentation = find_notify(p, notify::IKEV2_FRAGMENTATION_SUPPORTED).is_some();
         }
         if !self.install_ike_keys(i, &g_ir, None) {
             self.fail(i, "could not key the IKE SA".into());
@@ -2413,8 +2474,12 @@ impl Ike {
         }
     }
 
-    /// Decrypts a message of SA `i`, counting failures.
+    /// Decrypts a message of SA `i`, counting failures. A fragment
+    /// (RFC 7383) is kept until its message is complete: `None` until then.
     fn open(&mut self, i: usize, data: &[u8]) -> Option<Vec<Payload>> {
+        if data.get(16) == Some(&payload::SKF) {
+            return self.open_fragment(i, data);
+        }
         let r = self.timed(Some(i), IkeOp::Decrypt, |s| match &s.sas[i].sk {
             Some(sk) => sk.open(data),
             None => Err(SkError::NotEncrypted),
@@ -2434,6 +2499,73 @@ impl Ike {
         }
     }
 
+    fn open_fragment(&mut self, i: usize, data: &[u8]) -> Option<Vec<Payload>> {
+        let r = self.timed(Some(i), IkeOp::Decrypt, |s| match &s.sas[i].sk {
+            Some(sk) if s.sas[i].fragmentation => sk.open_fragment(data),
+            _ => Err(SkError::NotEncrypted),
+        });
+        let (h, f) = match r {
+            Ok(x) => x,
+            Err(SkError::Integrity) => {
+                self.count("dropped_integrity");
+                return None;
+            }
+            Err(e) => {
+                self.count("dropped_malformed");
+                let c = self.sas[i].conn;
+                self.log(Level::Debug, Some(c), format!("fragment dropped: {e}"));
+                return None;
+            }
+        };
+        self.count("fragments_in");
+        if usize::from(f.total) > MAX_FRAGMENTS {
+            self.count("dropped_too_many_fragments");
+            return None;
+        }
+        let key = (h.message_id, h.response);
+        let sa = &mut self.sas[i];
+        let fresh = sa
+            .reasm
+            .as_ref()
+            .is_none_or(|r| r.key != key || r.total != f.total);
+        if fresh {
+            sa.reasm = Some(Reassembly {
+                key,
+                total: f.total,
+                first: 0,
+                parts: BTreeMap::new(),
+            });
+        }
+        let r = sa.reasm.as_mut()?;
+        if f.number == 1 {
+            r.first = f.first;
+        }
+        r.parts.entry(f.number).or_insert(f.data);
+        if r.parts.len() < usize::from(r.total) {
+            return None;
+        }
+        let r = sa.reasm.take()?;
+        let body: Vec<u8> = r.parts.into_values().flatten().collect();
+        match self.timed(Some(i), IkeOp::Decode, |_| {
+            wire::parse_payload_chain(r.first, &body, true)
+        }) {
+            Ok(p) => {
+                self.count("fragmented_messages_in");
+                Some(p)
+            }
+            Err(e) => {
+                self.count("dropped_malformed");
+                let c = self.sas[i].conn;
+                self.log(
+                    Level::Debug,
+                    Some(c),
+                    format!("reassembled message dropped: {e}"),
+                );
+                None
+            }
+        }
+    }
+
     fn handle_request(
         &mut self,
         i: usize,
@@ -2447,10 +2579,13 @@ impl Ike {
         if let Some((id, resp)) = &sa.last_resp {
             if *id == h.message_id {
                 // A retransmitted request: the cached response again (§2.1).
-                let resp = resp.clone();
-                self.count("retransmitted_responses");
-                for r in resp {
-                    self.transmit(i, r);
+                // A fragmented request is answered once per retransmission:
+                // on its first fragment (RFC 7383 §2.6.1).
+                let skf = data.get(16) == Some(&payload::SKF);
+                if !skf || data.get(32..34) == Some(&[0, 1][..]) {
+                    let resp = resp.clone();
+                    self.count("retransmitted_responses");
+                    self.transmit(i, resp);
                 }
                 return;
             }
@@ -3016,6 +3151,8 @@ impl Ike {
             peer_id: old.peer_id.clone(),
             costs: IkeCosts::default(),
             remove_at: None,
+            fragmentation: old.fragmentation,
+            reasm: None,
         };
         old.rekey_at = None;
         old.remove_at = Some(now + OLD_IKE_SA_GRACE);

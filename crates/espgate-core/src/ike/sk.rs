@@ -106,16 +106,34 @@ impl SkCrypto {
         first: u8,
         body: &[u8],
     ) -> Result<Vec<u8>, SkError> {
+        self.seal_part(header, first, None, body)
+    }
+
+    /// One SK message, or with `fragment` = (number, total) one SKF message.
+    fn seal_part(
+        &mut self,
+        header: &Header,
+        first: u8,
+        fragment: Option<(u16, u16)>,
+        body: &[u8],
+    ) -> Result<Vec<u8>, SkError> {
         let shell = super::wire::Message {
             header: *header,
-            payloads: vec![Payload::Sk {
-                first_payload: first,
-                data: Vec::new(),
+            payloads: vec![match fragment {
+                None => Payload::Sk {
+                    first_payload: first,
+                    data: Vec::new(),
+                },
+                Some((number, total)) => Payload::Skf {
+                    first_payload: first,
+                    number,
+                    total,
+                    data: Vec::new(),
+                },
             }],
         };
         let mut msg = shell.emit()?;
         let hdr_len = msg.len();
-        debug_assert_eq!(hdr_len, HEADER_LEN + PAYLOAD_HEADER_LEN);
         let iv_len = self.out.iv_len();
         let block = self.out.block_len().max(1);
         // Inner payloads + padding + pad length byte, a multiple of the block.
@@ -135,8 +153,9 @@ impl SkCrypto {
             u16::try_from(msg.len() - HEADER_LEN).map_err(|_| SkError::Wire(IkeError::TooBig))?;
         msg[24..28].copy_from_slice(&total.to_be_bytes());
         msg[HEADER_LEN + 2..HEADER_LEN + 4].copy_from_slice(&sk_len.to_be_bytes());
-        let aad: [u8; HEADER_LEN + PAYLOAD_HEADER_LEN] =
-            msg[..hdr_len].try_into().map_err(|_| SkError::BadLength)?;
+        // RFC 5282 §5.1 / RFC 7383 §2.5.3: the AAD is everything before the
+        // IV (IKE header, SK/SKF header, fragment number and total).
+        let aad = msg[..hdr_len].to_vec();
         self.out
             .seal(
                 &mut msg,
@@ -148,6 +167,79 @@ impl SkCrypto {
             )
             .map_err(|_| SkError::BadLength)?;
         Ok(msg)
+    }
+
+    /// [`SkCrypto::seal`], cut into Encrypted Fragment (SKF) messages of at
+    /// most `max_len` bytes each when the whole message would be longer
+    /// (RFC 7383 §2.5). A `max_len` too small for a useful fragment is
+    /// raised to one that carries 4 cipher blocks.
+    pub fn seal_fragments(
+        &mut self,
+        header: &Header,
+        inner: &[Payload],
+        max_len: usize,
+    ) -> Result<Vec<Vec<u8>>, SkError> {
+        let mut body = Vec::new();
+        let first = emit_payload_chain(inner, &mut body)?;
+        if self.overhead() + body.len() <= max_len {
+            return Ok(vec![self.seal_raw(header, first, &body)?]);
+        }
+        // Room for content in one fragment: the SKF header has 4 more bytes.
+        let block = self.out.block_len().max(1);
+        let room = max_len.saturating_sub(self.overhead() + 4);
+        let chunk = (room / block * block).max(block * 4) - 1;
+        let total = body.len().div_ceil(chunk);
+        let total16 = u16::try_from(total).map_err(|_| SkError::Wire(IkeError::TooBig))?;
+        let mut out = Vec::with_capacity(total);
+        for (k, part) in body.chunks(chunk).enumerate() {
+            let number = u16::try_from(k + 1).map_err(|_| SkError::Wire(IkeError::TooBig))?;
+            let f = if number == 1 { first } else { payload::NONE };
+            out.push(self.seal_part(header, f, Some((number, total16)), part)?);
+        }
+        Ok(out)
+    }
+
+    /// Verifies and decrypts one Encrypted Fragment message (RFC 7383):
+    /// its header and fragment (number, total, first payload type, the
+    /// decrypted piece of the inner payload chain).
+    pub fn open_fragment(&self, msg: &[u8]) -> Result<(Header, Fragment), SkError> {
+        let (header, first, length) = Header::parse(msg)?;
+        if usize::try_from(length).ok() != Some(msg.len()) {
+            return Err(SkError::Wire(IkeError::LengthMismatch {
+                header: length,
+                datagram: msg.len(),
+            }));
+        }
+        if first != payload::SKF {
+            return Err(SkError::NotEncrypted);
+        }
+        let hdr_len = HEADER_LEN + PAYLOAD_HEADER_LEN + 4;
+        if msg.len() < hdr_len {
+            return Err(SkError::Wire(IkeError::Truncated));
+        }
+        let inner_first = msg[HEADER_LEN];
+        let skf_len = usize::from(u16::from_be_bytes([
+            msg[HEADER_LEN + 2],
+            msg[HEADER_LEN + 3],
+        ]));
+        if skf_len != msg.len() - HEADER_LEN {
+            return Err(SkError::Wire(IkeError::BadPayloadLength(payload::SKF)));
+        }
+        let number = u16::from_be_bytes([msg[HEADER_LEN + 4], msg[HEADER_LEN + 5]]);
+        let total = u16::from_be_bytes([msg[HEADER_LEN + 6], msg[HEADER_LEN + 7]]);
+        if number == 0 || number > total {
+            return Err(SkError::Wire(IkeError::BadFragment));
+        }
+        let data = self.decrypt(msg, hdr_len)?;
+        Ok((
+            header,
+            Fragment {
+                number,
+                total,
+                first: inner_first,
+                data,
+            },
+        ))
     }
 
     /// Verifies and decrypts a protected message: its header and inner
@@ -175,13 +267,22 @@ impl SkCrypto {
         if sk_len != msg.len() - HEADER_LEN {
             return Err(SkError::Wire(IkeError::BadPayloadLength(payload::SK)));
         }
+        let inner = self.decrypt(msg, hdr_len)?;
+        let payloads = parse_payload_chain(inner_first, &inner, true)?;
+        Ok((header, payloads))
+    }
+}
+
+impl SkCrypto {
+    /// Verifies and decrypts `msg` whose IV starts at `hdr_len` (everything
+    /// before it is authenticated); returns the plaintext without padding.
+    fn decrypt(&self, msg: &[u8], hdr_len: usize) -> Result<Vec<u8>, SkError> {
         let need = hdr_len + self.inp.iv_len() + 1 + self.inp.icv_len();
         if msg.len() < need {
             return Err(SkError::BadLength);
         }
         let mut buf = msg.to_vec();
-        let aad: [u8; HEADER_LEN + PAYLOAD_HEADER_LEN] =
-            msg[..hdr_len].try_into().map_err(|_| SkError::BadLength)?;
+        let aad = msg[..hdr_len].to_vec();
         self.inp
             .open(
                 &mut buf,
@@ -197,13 +298,25 @@ impl SkCrypto {
             })?;
         let plain = &buf[hdr_len + self.inp.iv_len()..buf.len() - self.inp.icv_len()];
         let (&pad, rest) = plain.split_last().ok_or(SkError::BadLength)?;
-        let inner_len = rest
+        let len = rest
             .len()
             .checked_sub(usize::from(pad))
             .ok_or(SkError::BadLength)?;
-        let payloads = parse_payload_chain(inner_first, &rest[..inner_len], true)?;
-        Ok((header, payloads))
+        Ok(rest[..len].to_vec())
     }
+}
+
+/// One decrypted Encrypted Fragment (RFC 7383).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fragment {
+    /// Fragment number, from 1.
+    pub number: u16,
+    /// Number of fragments of the message.
+    pub total: u16,
+    /// Type of the first inner payload (meaningful in fragment 1 only).
+    pub first: u8,
+    /// This fragment's piece of the inner payload chain.
+    pub data: Vec<u8>,
 }
 
 #[cfg(test)]
@@ -281,6 +394,50 @@ mod tests {
         assert_eq!(b.open(&m).unwrap().1, vec![]);
         for n in 0..m.len() {
             assert!(b.open(&m[..n]).is_err());
+        }
+    }
+
+    #[test]
+    fn fragments_reassemble_and_each_is_authenticated() {
+        for suite in ["aes128gcm16", "aes256-sha256"] {
+            let (mut a, b) = pair(suite);
+            let inner = vec![
+                Payload::Nonce(vec![7; 200]),
+                Payload::VendorId(vec![3; 500]),
+                Payload::Nonce(vec![8; 100]),
+            ];
+            let whole = a.seal_fragments(&hdr(), &inner, 2000).unwrap();
+            assert_eq!(whole.len(), 1, "small enough: one SK message");
+            let frags = a.seal_fragments(&hdr(), &inner, 300).unwrap();
+            assert!(frags.len() >= 3, "{}", frags.len());
+            // Any order: reassembled by number.
+            let mut got: Vec<Fragment> = frags
+                .iter()
+                .rev()
+                .map(|f| {
+                    assert!(f.len() <= 300, "{suite}: {} bytes", f.len());
+                    assert!(crate::ike::wire::Message::parse(f).is_ok());
+                    b.open_fragment(f).unwrap().1
+                })
+                .collect();
+            got.sort_by_key(|f| f.number);
+            let mut data = Vec::new();
+            for f in &got {
+                assert_eq!(usize::from(f.total), frags.len());
+                data.extend_from_slice(&f.data);
+            }
+            let p = parse_payload_chain(got[0].first, &data, true).unwrap();
+            assert_eq!(p, inner);
+            // Fragment number and total are authenticated.
+            let mut t = frags[0].clone();
+            t[33] ^= 1;
+            assert!(b.open_fragment(&t).is_err());
+            // A fragment is not an SK message and vice versa.
+            assert_eq!(b.open(&frags[0]).unwrap_err(), SkError::NotEncrypted);
+            assert_eq!(
+                b.open_fragment(&whole[0]).unwrap_err(),
+                SkError::NotEncrypted
+            );
         }
     }
 

@@ -107,7 +107,8 @@ pub struct Counters {
     pub net_tx: u64,
     /// RFC 3948 NAT keepalives received and ignored.
     pub keepalives: u64,
-    /// IKE packets (non-ESP marker) received and ignored: no IKE yet.
+    /// IKE messages received behind the non-ESP marker (queued for the IKE
+    /// engine, or ignored when no connection uses IKE).
     pub ike: u64,
     /// ESP dummy packets (next header 59) discarded.
     pub dummies: u64,

@@ -166,6 +166,7 @@ impl IkeShell {
             .map_or(0, |d| d.as_secs());
         ike.set_unix_time_at_epoch(unix);
         ike.set_cost_clock(Some(mono_ns));
+        ike.set_fragment_size(g.ike_fragment_size);
         tracing::info!(
             "IKEv2 on {addr} and port {nat_t_port} (NAT-T): {} connection(s)",
             ike.conns().len()
@@ -383,4 +384,46 @@ fn sa_status(s: &IkeStatus, now: Duration) -> IkeSaStatus {
             })
             .collect(),
     }
+}
+
+/// The text of `espgate status --ike-costs`: operations over every IKE SA
+/// since start, then per IKE SA.
+pub fn render_costs(d: &IkeDoc) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let table = |out: &mut String, rows: &[IkeOpCost]| {
+        let total: f64 = rows.iter().map(|r| r.micros).sum();
+        let _ = writeln!(
+            out,
+            "  {:<16} {:>8} {:>12} {:>10} {:>6}",
+            "operation", "count", "total us", "us each", "share"
+        );
+        for r in rows {
+            let each = if r.count == 0 {
+                0.0
+            } else {
+                r.micros / r.count as f64
+            };
+            let share = if total > 0.0 {
+                100.0 * r.micros / total
+            } else {
+                0.0
+            };
+            let _ = writeln!(
+                out,
+                "  {:<16} {:>8} {:>12.1} {:>10.1} {:>5.1}%",
+                r.op, r.count, r.micros, each, share
+            );
+        }
+    };
+    let _ = writeln!(
+        out,
+        "IKE operations since start (all IKE SAs, including failed ones):"
+    );
+    table(&mut out, &d.costs);
+    for sa in &d.sas {
+        let _ = writeln!(out, "\n{} {} ({}):", sa.connection, sa.spis, sa.state);
+        table(&mut out, &sa.costs);
+    }
+    out
 }

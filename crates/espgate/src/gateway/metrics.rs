@@ -484,7 +484,8 @@ const COUNTERS: [(&str, &str, &str); 15] = [
     (
         "ike",
         "espgate_ike_packets_total",
-        "IKE packets (non-ESP marker) received and ignored.",
+        "IKE messages received behind the non-ESP marker on the NAT-T port (handed to the IKE \
+         engine, or ignored when no connection uses IKE).",
     ),
     (
         "dummies",
@@ -771,6 +772,48 @@ pub fn render(s: &Status) -> String {
             "Packets that went through each stage of ESP processing, by direction (cost \
              accounting).",
             packets,
+        );
+    }
+    if let Some(ike) = &s.ike {
+        t.family(
+            "espgate_ike_sas",
+            "gauge",
+            "IKE SAs, by connection and state.",
+            ike.sas.iter().map(|sa| {
+                (
+                    vec![
+                        ("connection", sa.connection.clone()),
+                        ("state", sa.state.clone()),
+                    ],
+                    1u64,
+                )
+            }),
+        );
+        t.family(
+            "espgate_ike_events_total",
+            "counter",
+            "IKEv2 engine counters: messages, exchanges, rekeys, retransmissions, dead peers \
+             and every reason a message was dropped.",
+            ike.counters
+                .iter()
+                .map(|(k, v)| (vec![("event", k.clone())], *v)),
+        );
+        t.family(
+            "espgate_ike_operation_seconds_total",
+            "counter",
+            "Time spent in each IKEv2 operation (DH, signatures, key derivation, encryption, \
+             encoding) over all IKE SAs.",
+            ike.costs
+                .iter()
+                .map(|c| (vec![("op", c.op.clone())], c.micros / 1e6)),
+        );
+        t.family(
+            "espgate_ike_operations_total",
+            "counter",
+            "IKEv2 operations done, by kind.",
+            ike.costs
+                .iter()
+                .map(|c| (vec![("op", c.op.clone())], c.count)),
         );
     }
     t.out
@@ -1249,5 +1292,56 @@ mod tests {
         server.service(&[], String::new);
         assert!(server.clients.is_empty());
         drop(c);
+    }
+
+    #[test]
+    fn ike_metrics() {
+        use crate::gateway::ike::{IkeDoc, IkeOpCost, IkeSaStatus};
+        let mut s = sample("to-b");
+        assert!(
+            !render(&s).contains("espgate_ike_sas"),
+            "no IKE part without IKE"
+        );
+        s.ike = Some(IkeDoc {
+            sas: vec![IkeSaStatus {
+                connection: "to-b".into(),
+                spis: "1_i 2_r".into(),
+                state: "established".into(),
+                initiator: true,
+                local: "192.0.2.1:4500".into(),
+                remote: "192.0.2.2:4500".into(),
+                peer_id: Some("192.0.2.2".into()),
+                algorithms: Some("aes128gcm16-prfsha256-x25519".into()),
+                established_secs: Some(5),
+                rekey_in_secs: None,
+                nat: true,
+                children: vec![],
+                costs: vec![],
+            }],
+            counters: [("child_rekeys".to_string(), 3u64)].into_iter().collect(),
+            costs: vec![IkeOpCost {
+                op: "dh".into(),
+                count: 4,
+                micros: 250.0,
+            }],
+        });
+        let text = render(&s);
+        assert!(
+            text.contains("espgate_ike_sas{connection=\"to-b\",state=\"established\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("espgate_ike_events_total{event=\"child_rekeys\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("espgate_ike_operations_total{op=\"dh\"} 4"),
+            "{text}"
+        );
+        assert!(
+            text.contains("espgate_ike_operation_seconds_total{op=\"dh\"} 0.00025"),
+            "{text}"
+        );
+        parse(&text).unwrap();
     }
 }
