@@ -401,6 +401,8 @@ struct IkeSa {
     remove_at: Option<Duration>,
     /// Both sides announced IKEV2_FRAGMENTATION_SUPPORTED (RFC 7383).
     fragmentation: bool,
+    /// The PFS group the peer asked for (INVALID_KE_PAYLOAD) in a rekey.
+    pfs_group: Option<Group>,
     /// The fragments of the message being received.
     reasm: Option<Reassembly>,
 }
@@ -1066,6 +1068,7 @@ impl Ike {
             remove_at: None,
             fragmentation: false,
             reasm: None,
+            pfs_group: None,
         };
         self.sas.push(sa);
         let i = self.sas.len() - 1;
@@ -1384,6 +1387,7 @@ impl Ike {
             remove_at: None,
             fragmentation,
             reasm: None,
+            pfs_group: None,
         };
         self.sas.push(sa);
         let i = self.sas.len() - 1;
@@ -1553,8 +1557,7 @@ impl Ike {
             sa.local.set_port(self.ports.nat_t);
             sa.remote.set_port(self.ports.nat_t);
         }
-        let certreq_for_us = p.iter().any(|x| matches!(x, Payload::CertReq { .. }));
-        self.send_auth(i, now, certreq_for_us);
+        self.send_auth(i, now);
     }
 
     // -----------------------------------------------------------------
@@ -1683,27 +1686,27 @@ impl Ike {
         Ok(id)
     }
 
-    fn child_proposals(&self, ci: usize, spi: u32, pfs: Option<&[Group]>) -> Vec<wire::Proposal> {
+    /// Our ESP proposals with SPI `spi`; `with_pfs`: with their groups (a
+    /// CREATE_CHILD_SA with a KE payload), else without (IKE_AUTH, or a
+    /// CREATE_CHILD_SA without PFS).
+    fn child_proposals(&self, ci: usize, spi: u32, with_pfs: bool) -> Vec<wire::Proposal> {
         self.conns[ci]
             .child
             .proposals
             .iter()
             .enumerate()
             .map(|(n, p)| {
-                let groups: Option<&[Group]> = match pfs {
-                    Some(g) => Some(g),
-                    None => Some(&[]),
-                };
+                let groups: &[Group] = if with_pfs { &p.dh } else { &[] };
                 p.to_wire(
                     u8::try_from(n + 1).unwrap_or(255),
                     &spi.to_be_bytes(),
-                    if pfs.is_some() { Some(&p.dh) } else { groups },
+                    Some(groups),
                 )
             })
             .collect()
     }
 
-    fn send_auth(&mut self, i: usize, now: Duration, _certreq: bool) {
+    fn send_auth(&mut self, i: usize, now: Duration) {
         let ci = self.sas[i].conn;
         let id = self.our_id(ci);
         let prf = match self.sas[i].chosen.and_then(|c| c.prf) {
@@ -1743,7 +1746,7 @@ impl Ike {
         if c.child.mode == Mode::Transport {
             payloads.push(notify(notify::USE_TRANSPORT_MODE, vec![]));
         }
-        payloads.push(Payload::Sa(self.child_proposals(ci, spi_in, None)));
+        payloads.push(Payload::Sa(self.child_proposals(ci, spi_in, false)));
         payloads.push(Payload::TsI(c.child.local_ts.clone()));
         payloads.push(Payload::TsR(c.child.remote_ts.clone()));
         self.sas[i].state = State::AuthSent;
@@ -2742,8 +2745,13 @@ impl Ike {
             .iter()
             .flat_map(|p| p.dh.iter().copied())
             .collect();
-        let ke = match pfs.first() {
-            Some(g) => match self.timed(Some(i), IkeOp::Dh, |_| KeyExchange::generate(*g)) {
+        // The group the peer asked for with INVALID_KE_PAYLOAD, if we offer it.
+        let group = self.sas[i]
+            .pfs_group
+            .filter(|g| pfs.contains(g))
+            .or(pfs.first().copied());
+        let ke = match group {
+            Some(g) => match self.timed(Some(i), IkeOp::Dh, |_| KeyExchange::generate(g)) {
                 Ok(k) => Some(k),
                 Err(_) => return,
             },
@@ -2761,7 +2769,7 @@ impl Ike {
         if c.child.mode == Mode::Transport {
             payloads.push(notify(notify::USE_TRANSPORT_MODE, vec![]));
         }
-        let props = self.child_proposals(ci, spi_in, ke.as_ref().map(|_| &[][..]));
+        let props = self.child_proposals(ci, spi_in, ke.is_some());
         payloads.push(Payload::Sa(props));
         payloads.push(Payload::Nonce(ni.clone()));
         if let Some(k) = &ke {
@@ -2807,11 +2815,30 @@ impl Ike {
             let want = (n.data.len() == 2)
                 .then(|| u16::from_be_bytes([n.data[0], n.data[1]]))
                 .and_then(Group::from_id);
+            let offered = want.filter(|g| {
+                self.conns[ci]
+                    .child
+                    .proposals
+                    .iter()
+                    .any(|p| p.dh.contains(g))
+            });
+            self.count("invalid_ke_received");
             self.log(
                 Level::Info,
                 Some(ci),
-                format!("peer wants PFS group {want:?} for the child rekey; retrying later"),
+                match offered {
+                    Some(g) => format!(
+                        "peer wants PFS group {} for the child rekey: retrying",
+                        g.name()
+                    ),
+                    None => format!(
+                        "peer wants PFS group {want:?}, which we do not offer; retrying later"
+                    ),
+                },
             );
+            if offered.is_some() {
+                self.sas[i].pfs_group = offered;
+            }
             if let Some(old) =
                 rekey_of.and_then(|o| self.sas[i].children.iter_mut().find(|c| c.spi_in == o))
             {
@@ -3153,6 +3180,7 @@ impl Ike {
             remove_at: None,
             fragmentation: old.fragmentation,
             reasm: None,
+            pfs_group: None,
         };
         old.rekey_at = None;
         old.remove_at = Some(now + OLD_IKE_SA_GRACE);

@@ -917,3 +917,225 @@ fn fragmented_ike_auth_and_rekeys() {
     assert!(!q.a.counters().contains_key("fragmented_messages_out"));
     assert!(!q.b.counters().contains_key("fragmented_messages_in"));
 }
+
+// ---------------------------------------------------------------------
+// Crafted requests: the error paths behind the integrity check
+// ---------------------------------------------------------------------
+
+/// Seals `payloads` as A's next request on its IKE SA and hands it to B;
+/// returns B's decrypted answer (None if B did not answer).
+fn crafted(p: &mut Pair, exch: u8, payloads: Vec<Payload>, id_offset: u32) -> Option<Vec<Payload>> {
+    let id = p.a.sas[0].next_out_id + id_offset;
+    let h = p.a.sas[0].header(exch, false, id);
+    let data = p.a.sas[0].sk.as_mut().unwrap().seal(&h, &payloads).unwrap();
+    if id_offset == 0 {
+        p.a.sas[0].next_out_id += 1;
+    }
+    let (local, remote) = (p.a.sas[0].local, p.a.sas[0].remote);
+    p.b.handle(p.now, remote, local, &data);
+    let t = p.b.poll_transmit()?;
+    Some(p.a.sas[0].sk.as_ref().unwrap().open(&t.data).unwrap().1)
+}
+
+fn notify_of(p: &[Payload]) -> Option<(u16, Vec<u8>)> {
+    p.iter().find_map(|x| match x {
+        Payload::Notify(n) => Some((n.notify_type, n.data.clone())),
+        _ => None,
+    })
+}
+
+#[test]
+fn crafted_requests_get_the_right_error_notifies() {
+    let mut p = rekeying(0, 0);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let a_in = p.a.sas[0].children[0].spi_in;
+    let ts = |p: &Pair| {
+        (
+            Payload::TsI(p.a.conns[0].child.local_ts.clone()),
+            Payload::TsR(p.a.conns[0].child.remote_ts.clone()),
+        )
+    };
+    let rekey_notify = |spi: u32| {
+        Payload::Notify(Notify {
+            protocol: protocol::ESP,
+            spi: spi.to_be_bytes().to_vec(),
+            notify_type: notify::REKEY_SA,
+            data: vec![],
+        })
+    };
+    let esp = |p: &Pair, spi: u32, pfs: bool| Payload::Sa(p.a.child_proposals(0, spi, pfs));
+
+    let esp_78 = esp(&p, 0x1234_5678, false);
+    let esp_79 = esp(&p, 0x1234_5679, true);
+    let esp_7a = esp(&p, 0x1234_567a, false);
+
+    // An unknown payload with the critical bit.
+    let ans = crafted(
+        &mut p,
+        exchange::INFORMATIONAL,
+        vec![Payload::Unknown {
+            payload_type: 200,
+            critical: true,
+            body: vec![1],
+        }],
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        notify_of(&ans),
+        Some((notify::UNSUPPORTED_CRITICAL_PAYLOAD, vec![200]))
+    );
+
+    // Rekeying a child SA that does not exist.
+    let (tsi, tsr) = ts(&p);
+    let ans = crafted(
+        &mut p,
+        exchange::CREATE_CHILD_SA,
+        vec![
+            rekey_notify(0xdead_beef),
+            esp_78.clone(),
+            Payload::Nonce(vec![5; 32]),
+            tsi,
+            tsr,
+        ],
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        notify_of(&ans).map(|n| n.0),
+        Some(notify::CHILD_SA_NOT_FOUND)
+    );
+
+    // A PFS KE payload of a group B does not use: INVALID_KE_PAYLOAD naming x25519.
+    let ke = KeyExchange::generate(Group::Ecp256).unwrap();
+    let (tsi, tsr) = ts(&p);
+    let ans = crafted(
+        &mut p,
+        exchange::CREATE_CHILD_SA,
+        vec![
+            rekey_notify(a_in),
+            esp_79.clone(),
+            Payload::Nonce(vec![6; 32]),
+            Payload::Ke {
+                group: Group::Ecp256.id(),
+                data: ke.public_value().to_vec(),
+            },
+            tsi,
+            tsr,
+        ],
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        notify_of(&ans),
+        Some((
+            notify::INVALID_KE_PAYLOAD,
+            Group::Curve25519.id().to_be_bytes().to_vec()
+        ))
+    );
+
+    // Selectors outside B's: TS_UNACCEPTABLE (a new child, not a rekey).
+    let other = ts::from_prefix(pfx("172.16.0.0/12"), 0);
+    let ans = crafted(
+        &mut p,
+        exchange::CREATE_CHILD_SA,
+        vec![
+            esp_7a.clone(),
+            Payload::Nonce(vec![7; 32]),
+            Payload::TsI(vec![other.clone()]),
+            Payload::TsR(vec![other]),
+        ],
+        0,
+    )
+    .unwrap();
+    assert_eq!(notify_of(&ans).map(|n| n.0), Some(notify::TS_UNACCEPTABLE));
+
+    // No acceptable ESP proposal.
+    let chacha = ProposalSpec::parse(ProposalKind::Esp, "chacha20poly1305")
+        .unwrap()
+        .to_wire(1, &[1, 2, 3, 4], Some(&[]));
+    let (tsi, tsr) = ts(&p);
+    let ans = crafted(
+        &mut p,
+        exchange::CREATE_CHILD_SA,
+        vec![
+            Payload::Sa(vec![chacha]),
+            Payload::Nonce(vec![8; 32]),
+            tsi,
+            tsr,
+        ],
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        notify_of(&ans).map(|n| n.0),
+        Some(notify::NO_PROPOSAL_CHOSEN)
+    );
+
+    // A Delete naming no SA of B: an empty answer, nothing removed.
+    let ans = crafted(
+        &mut p,
+        exchange::INFORMATIONAL,
+        vec![Payload::Delete(Delete::Child {
+            protocol: protocol::ESP,
+            spis: vec![7],
+        })],
+        0,
+    )
+    .unwrap();
+    assert!(ans.is_empty());
+    assert_eq!(p.b.status()[0].children.len(), 1);
+
+    // A message ID ahead of the window: dropped without an answer.
+    let before =
+        p.b.counters()
+            .get("dropped_bad_message_id")
+            .copied()
+            .unwrap_or(0);
+    assert!(crafted(&mut p, exchange::INFORMATIONAL, vec![], 5).is_none());
+    assert_eq!(p.b.counters()["dropped_bad_message_id"], before + 1);
+
+    // A tampered message: dropped silently (RFC 7296 §2.21.2).
+    let id = p.a.sas[0].next_out_id;
+    let h = p.a.sas[0].header(exchange::INFORMATIONAL, false, id);
+    let mut data = p.a.sas[0].sk.as_mut().unwrap().seal(&h, &[]).unwrap();
+    let n = data.len();
+    data[n - 1] ^= 1;
+    p.b.handle(p.now, p.a.sas[0].remote, p.a.sas[0].local, &data);
+    assert!(p.b.poll_transmit().is_none());
+    assert_eq!(p.b.counters()["dropped_integrity"], 1);
+
+    // Through all this the SAs stayed up and in step.
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+    p.assert_matched();
+}
+
+#[test]
+fn child_rekey_invalid_ke_retries_with_the_peers_pfs_group() {
+    let mut ca = conf(
+        A,
+        B,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16-x25519-ecp256",
+        "10.1.0.0/16",
+        "10.2.0.0/16",
+    );
+    let cb = conf(
+        B,
+        A,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16-ecp256",
+        "10.2.0.0/16",
+        "10.1.0.0/16",
+    );
+    ca.child.rekey_time = Duration::from_secs(5);
+    let mut p = Pair::new(ca, cb);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    p.advance(Duration::from_secs(7));
+    assert_eq!(p.a.counters()["invalid_ke_received"], 1);
+    assert_eq!(p.a.counters()["child_rekeys"], 1, "{:?}", p.a.counters());
+    assert_eq!(p.a.status()[0].children[0].algorithms, "aes128gcm16-ecp256");
+    p.assert_matched();
+}
