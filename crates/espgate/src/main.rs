@@ -33,13 +33,15 @@ enum Cmd {
     },
     /// List the cipher suites espgate implements (strongSwan keywords).
     Suites,
-    /// Run the gateway (static SAs from the config file), in the
-    /// foreground unless --daemon.
+    /// Run the gateway (static SAs from the config file, IKEv2 for
+    /// connections with [connection.ike]), in the foreground unless
+    /// --daemon.
     ///
     /// Stops cleanly on SIGINT, SIGTERM or SIGHUP: the TUN device, routes,
     /// rules, the control socket and the pid file are removed. Under
     /// systemd (Type=notify) it reports READY=1 once up. Not built yet:
-    /// several data-plane threads, IKE.
+    /// IKE connections with several data-plane workers, per-CPU child SAs
+    /// negotiated by IKE (RFC 9611).
     Up {
         /// Configuration file (docs/CONFIG.md).
         #[arg(short, long, value_name = "FILE")]
@@ -203,6 +205,11 @@ enum BenchCmd {
     /// One SA's outbound pipeline over N crypto threads with in-order
     /// delivery, against the serial loop: packets/s, Gbit/s, speedup.
     Parallel(espgate::bench::parallel::Args),
+    /// Complete IKEv2 handshakes (IKE_SA_INIT + IKE_AUTH, one child SA)
+    /// between two engines in memory, per key-exchange group and auth
+    /// method: handshakes/s and µs per handshake of each operation (DH,
+    /// signatures, key derivation, ...), seed 004's IKE cost table.
+    Ike(espgate::bench::ike::Args),
 }
 
 #[derive(clap::Args)]
@@ -238,6 +245,7 @@ fn run_bench(what: BenchCmd) -> Result<ExitCode> {
         } => (args, direction, true, costs),
         BenchCmd::Tunnel(a) => return Ok(espgate::bench::tunnel::main(&a)),
         BenchCmd::Parallel(a) => return espgate::bench::parallel::main(&a),
+        BenchCmd::Ike(a) => return espgate::bench::ike::main(&a),
     };
     let mut p = bench::Params::new(
         &args.suite,

@@ -437,10 +437,20 @@ mod modp {
             Ok(dh)
         }
 
-        /// Generates a random private exponent (uniform in [1, (p-1)/2),
-        /// aws-lc's default for a safe prime without q) and g^x.
+        /// Generates a random private exponent and g^x. The exponent has
+        /// the upper bound of RFC 3526's estimates of what the group's
+        /// strength calls for (320 bits for modp2048, 420 for modp3072;
+        /// NIST SP 800-56A asks for at least twice the strength, 224 and
+        /// 256 bits), not the prime's full length: a full-length exponent
+        /// buys no security and costs several times the time.
         pub(super) fn generate(group: Group) -> Result<DhKey, DhError> {
             let dh = DhKey::with_group(group)?;
+            let bits: u32 = if group == Group::Modp2048 { 320 } else { 420 };
+            // SAFETY: `dh` is a valid DH; DH_set_length only records the
+            // length of the private exponent DH_generate_key will draw.
+            if unsafe { ffi::DH_set_length(dh.0.as_ptr(), bits) } != 1 {
+                return Err(DhError::Crypto(group));
+            }
             // SAFETY: `dh` is a valid DH with p and g set and no key;
             // DH_generate_key allocates the key pair inside it.
             if unsafe { ffi::DH_generate_key(dh.0.as_ptr()) } != 1 {
@@ -470,6 +480,19 @@ mod modp {
         }
 
         /// g^x, big-endian, padded to the prime's length.
+        /// Bits of the private exponent (tests).
+        #[cfg(test)]
+        pub(super) fn private_bits(&self) -> u32 {
+            // SAFETY: `self.0` is a valid DH; the returned pointer is
+            // borrowed from it (null without a key).
+            let x = unsafe { ffi::DH_get0_priv_key(self.0.as_ptr()) };
+            if x.is_null() {
+                return 0;
+            }
+            // SAFETY: `x` is a valid BIGNUM owned by `self.0`.
+            unsafe { ffi::BN_num_bits(x) }
+        }
+
         pub(super) fn public_value(&self, group: Group) -> Result<Vec<u8>, DhError> {
             // SAFETY: `self.0` is a valid DH; the returned pointer is
             // borrowed from it (or null if no key was generated).
@@ -541,6 +564,24 @@ mod tests {
         assert_eq!(&kr.agree(gi).unwrap()[..], gir, "{group} responder g^ir");
         // The private key survives an agreement: same answer again.
         assert_eq!(&ki.agree(gr).unwrap()[..], gir, "{group} second agree");
+    }
+
+    #[test]
+    fn modp_private_exponents_are_short_but_not_too_short() {
+        for (g, max) in [(Group::Modp2048, 320), (Group::Modp3072, 420)] {
+            let mut bits = Vec::new();
+            for _ in 0..8 {
+                let k = KeyExchange::generate(g).unwrap();
+                let Secret::Modp(d) = &k.secret else {
+                    panic!("not MODP")
+                };
+                bits.push(d.private_bits());
+            }
+            // At most the chosen length, and (all 8 below 224 bits has
+            // probability 2^-800) at least NIST's 2 x strength.
+            assert!(bits.iter().all(|b| *b <= max), "{g:?}: {bits:?}");
+            assert!(bits.iter().any(|b| *b > max - 8), "{g:?}: {bits:?}");
+        }
     }
 
     #[test]

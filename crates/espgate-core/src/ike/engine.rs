@@ -145,13 +145,13 @@ pub enum IkeOp {
     AuthVerify,
     /// SKEYSEED, prf+ and child KEYMAT.
     KeyDerivation,
-    /// Encrypting SK payloads.
+    /// Encoding and encrypting a protected message (SK/SKF).
     Encrypt,
-    /// Decrypting SK payloads.
+    /// Decrypting a protected message and parsing its payloads.
     Decrypt,
-    /// Building messages.
+    /// Encoding a clear message (IKE_SA_INIT).
     Encode,
-    /// Parsing messages.
+    /// Parsing a clear message (IKE_SA_INIT) or a reassembled fragmented one.
     Decode,
 }
 
@@ -906,7 +906,14 @@ impl Ike {
     /// and it exceeds the fragment size.
     fn build(&mut self, i: usize, h: Header, payloads: Vec<Payload>) -> Option<Vec<Vec<u8>>> {
         let frag = self.sas[i].fragmentation.then_some(self.fragment_size);
-        let r = self.timed(Some(i), IkeOp::Encrypt, |s| match s.sas[i].sk.as_mut() {
+        // Sealing includes encoding the inner payloads; a clear message
+        // (IKE_SA_INIT) is only encoded.
+        let op = if self.sas[i].sk.is_some() {
+            IkeOp::Encrypt
+        } else {
+            IkeOp::Encode
+        };
+        let r = self.timed(Some(i), op, |s| match s.sas[i].sk.as_mut() {
             Some(sk) => match frag {
                 Some(max) => sk
                     .seal_fragments(&h, &payloads, max)
@@ -2013,6 +2020,7 @@ impl Ike {
             child.pending_out = Some((outbound, now + OUTBOUND_SWITCH_DEADLINE));
         } else {
             self.events.push_back(Event::InstallSa(outbound));
+            self.outbound_replaced(ci);
             child.out_active = true;
         }
         self.log(
@@ -2324,10 +2332,7 @@ impl Ike {
         child.out_active = true;
         self.events.push_back(Event::InstallSa(inbound));
         self.events.push_back(Event::InstallSa(outbound));
-        // Our outbound SA replaced any other of the connection.
-        for o in &mut self.sas[i].children {
-            o.out_active = false;
-        }
+        self.outbound_replaced(ci);
         self.sas[i].children.push(child);
         self.count(if rekey_of.is_some() {
             "child_rekeys"
@@ -2927,13 +2932,22 @@ impl Ike {
             return;
         };
         if let Some((out, _)) = c.pending_out.take() {
-            c.out_active = true;
-            let this = c.spi_in;
             self.events.push_back(Event::InstallSa(out));
-            for o in &mut self.sas[i].children {
-                if o.spi_in != this {
-                    o.out_active = false;
-                }
+            let ci = self.sas[i].conn;
+            self.outbound_replaced(ci);
+            if let Some(c) = self.sas[i].children.iter_mut().find(|c| c.spi_in == spi_in) {
+                c.out_active = true;
+            }
+        }
+    }
+
+    /// A new outbound SA of connection `ci` replaced the one the data plane
+    /// used: no child (of any of the connection's IKE SAs, e.g. one still
+    /// being deleted) owns the current outbound SA any more.
+    fn outbound_replaced(&mut self, ci: usize) {
+        for sa in self.sas.iter_mut().filter(|s| s.conn == ci) {
+            for c in &mut sa.children {
+                c.out_active = false;
             }
         }
     }

@@ -1139,3 +1139,32 @@ fn child_rekey_invalid_ke_retries_with_the_peers_pfs_group() {
     assert_eq!(p.a.status()[0].children[0].algorithms, "aes128gcm16-ecp256");
     p.assert_matched();
 }
+
+/// Found by the ike_engine fuzzer: `terminate`, then `initiate` while the
+/// old IKE SA is still being deleted (its Delete lost), then `terminate`
+/// again. The old SA's child must not remove the outbound SA the new child
+/// replaced (the harness asserts every removal names an installed SA).
+#[test]
+fn initiate_while_the_old_sa_is_deleting() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    p.a.terminate(p.now, "c").unwrap();
+    p.a.initiate(p.now, "c").unwrap();
+    // The Delete is lost; the new IKE_SA_INIT goes through.
+    let t: Vec<Transmit> = std::iter::from_fn(|| p.a.poll_transmit()).collect();
+    assert_eq!(t.len(), 2);
+    p.b.handle(p.now, t[1].remote, t[1].local, &t[1].data);
+    p.run();
+    assert_eq!(
+        p.a.status().len(),
+        2,
+        "the old SA (deleting) and the new one"
+    );
+    p.assert_matched();
+    p.a.terminate(p.now, "c").unwrap();
+    p.run();
+    p.advance(Duration::from_secs(60));
+    assert!(p.a.status().is_empty());
+    assert!(p.pa.sas.is_empty(), "{:?}", p.pa.log);
+}
