@@ -218,3 +218,35 @@ def test_dpd_detects_dead_peer_and_restart_recovers(lab):
     wait_for("the tunnel again", lambda: established(a) and established(b), 40, (a, b))
     assert_ping(a.ns, "10.2.0.1", "10.1.0.1", daemons=(a, b))
     assert a.stop() == 0 and b.stop() == 0
+
+
+FLOOD = r"""
+import socket, struct, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+dst = (sys.argv[1], 500)
+for i in range(300):
+    s.sendto(bytes([(i * 7 + k) % 256 for k in range(i % 90)]), dst)
+# Well-formed headers of IKE_SA_INIT requests with a broken body.
+for i in range(200):
+    hdr = struct.pack("!QQBBBBII", i + 1, 0, 33, 0x20, 34, 0x08, 0, 28 + 8)
+    s.sendto(hdr + b"\x00\x00\x00\x08\x01\x02\x03\x04", dst)
+"""
+
+
+def test_garbage_is_counted_rate_limited_and_survived(lab):
+    a, b = ike_pair(lab)
+    b.start()
+    a.start()
+    run("ip", "netns", "exec", a.ns, "python3", "-c", FLOOD, "192.0.2.2")
+    wait_for("the flood to be counted",
+             lambda: ike_status(b)["counters"].get("dropped_malformed", 0) >= 400, 10, (b,))
+    c = ike_status(b)["counters"]
+    assert c["messages_in"] >= 450, c
+    # One log line per kind per second, not one per datagram.
+    lines = [line for line in b.log_text().splitlines() if "ike:" in line]
+    assert len(lines) < 60, "\n".join(lines[-20:])
+    # The daemon still works: the tunnel comes up.
+    ctl(a, "initiate", "to-b")
+    wait_for("the IKE SA", lambda: established(a) and established(b), 20, (a, b))
+    assert_ping(a.ns, "10.2.0.1", "10.1.0.1", daemons=(a, b))
+    assert a.stop() == 0 and b.stop() == 0

@@ -22,7 +22,14 @@ pub struct IkeShell {
     /// Connections to initiate once the loop runs (`start_action = "start"`).
     to_start: Vec<String>,
     buf: Vec<u8>,
+    /// Log lines by their first words: when each was last written and how
+    /// many were suppressed since (a flood of IKE_SA_INIT from a spoofed
+    /// peer address must not flood the log).
+    log_limit: std::collections::HashMap<String, (Duration, u64)>,
 }
+
+/// One log line per kind (its first 48 bytes) per second.
+const LOG_PERIOD: Duration = Duration::from_secs(1);
 
 /// Datagrams on the NAT-T socket that carry IKE (non-ESP marker removed),
 /// queued by the data-plane handlers for [`IkeShell::pump`].
@@ -177,6 +184,7 @@ impl IkeShell {
             ports,
             to_start,
             buf: vec![0; 65536],
+            log_limit: std::collections::HashMap::new(),
         }))
     }
 
@@ -290,12 +298,47 @@ impl IkeShell {
                     let c = conn
                         .map(|c| format!("connection \"{c}\": "))
                         .unwrap_or_default();
+                    let Some(suppressed) = self.may_log(&c, &message, now) else {
+                        continue;
+                    };
+                    let message = if suppressed > 0 {
+                        format!("{message} ({suppressed} similar lines suppressed)")
+                    } else {
+                        message
+                    };
                     match level {
                         Level::Warn => tracing::warn!("ike: {c}{message}"),
                         Level::Info => tracing::info!("ike: {c}{message}"),
                         Level::Debug => tracing::debug!("ike: {c}{message}"),
                     }
                 }
+            }
+        }
+    }
+
+    /// Rate limit: `Some(suppressed since the last line)` if this line may
+    /// be written now.
+    fn may_log(&mut self, conn: &str, message: &str, now: Duration) -> Option<u64> {
+        let mut end = message.len().min(48);
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        let key = format!("{conn}{}", &message[..end]);
+        if self.log_limit.len() > 4096 {
+            self.log_limit.clear();
+        }
+        match self.log_limit.get_mut(&key) {
+            Some((last, n)) if now < *last + LOG_PERIOD => {
+                *n += 1;
+                None
+            }
+            Some((last, n)) => {
+                *last = now;
+                Some(std::mem::take(n))
+            }
+            None => {
+                self.log_limit.insert(key, (now, 0));
+                Some(0)
             }
         }
     }
