@@ -35,7 +35,7 @@ pytestmark = [
 PSK = "a pre-shared key for the IKE tests only"
 
 
-def ike_pair(lab, *, a_ike="", b_ike="", psk_b=PSK, encap="udp"):
+def ike_pair(lab, *, a_ike="", b_ike="", psk_b=PSK, encap="udp", extra_gw=""):
     """Two daemons with one IKE connection each (A: 10.1.0.0/24, B: 10.2.0.0/24)."""
     a_ns, b_ns, a_addr, b_addr = lab.pair()
     daemons = []
@@ -54,6 +54,7 @@ encap = "{encap}"
 control_socket = "ctl.sock"
 state_dir = "state"
 log = "debug"
+{extra_gw}
 
 [[connection]]
 name = "to-{"b" if side == "A" else "a"}"
@@ -250,3 +251,34 @@ def test_garbage_is_counted_rate_limited_and_survived(lab):
     wait_for("the IKE SA", lambda: established(a) and established(b), 20, (a, b))
     assert_ping(a.ns, "10.2.0.1", "10.1.0.1", daemons=(a, b))
     assert a.stop() == 0 and b.stop() == 0
+
+
+def test_two_workers_ike_sas_in_every_worker(lab):
+    """gateway.workers = 2: the IKE engine on worker 0 installs each
+    negotiated SA into both workers (inbound in the worker its SPI is
+    steered to, outbound copies on one counter), also across rekeys."""
+    from test_workers import parallel_transfers
+    a, b = ike_pair(lab, a_ike='start_action = "start"\nchild_rekey_time = "4s"\nchild_life_time = "12s"\n'
+                                'jitter = "1s"', extra_gw="workers = 2")
+    b.start()
+    a.start()
+    wait_for("the IKE SA", lambda: established(a) and established(b), 20, (a, b))
+    parallel_transfers(lab, a, b, 2 * 1000 * 1000, 5401)
+    wait_for("a rekey", lambda: ike_status(a)["counters"].get("child_rekeys", 0) >= 2, 20, (a, b))
+    parallel_transfers(lab, a, b, 2 * 1000 * 1000, 5411)
+    for d in (a, b):
+        st = d.status()
+        assert st["workers"] == 2, st
+        sas = st["connections"][0]["sas"]
+        outs = [s for s in sas if s["direction"] == "out"]
+        ins = [s for s in sas if s["direction"] == "in"]
+        # Between rekeys: the current pair (an old inbound SA may linger
+        # until its Delete completes).
+        assert len(outs) == 1 and 1 <= len(ins) <= 2, sas
+        children = [c for sa in ike_status(d)["sas"] for c in sa["children"]]
+        assert outs[0]["spi"] in {c["spi_out"] for c in children}, (sas, children)
+        # Every number used once across both workers.
+        assert outs[0]["next_seq"] == outs[0]["packets"] + 1, outs[0]
+        assert st["drops"].get("replay", 0) == 0 and st["drops"].get("icv_failure", 0) == 0, st["drops"]
+    assert a.stop() == 0 and b.stop() == 0
+

@@ -1456,26 +1456,6 @@ impl Validator<'_> {
 
     fn file(&mut self, raw: RawFile) -> Option<(Gateway, Vec<Connection>)> {
         let gateway = self.gateway(raw.gateway.unwrap_or_default());
-        // Checked on the raw tables, so that it is reported even when the
-        // connection has other errors.
-        let first_ike = raw
-            .connection
-            .iter()
-            .enumerate()
-            .find(|(_, c)| c.ike.is_some());
-        if let (Some(g), Some((i, c))) = (&gateway, first_ike) {
-            if g.workers != 1 {
-                self.err(
-                    vec![key("gateway"), key("workers")],
-                    format!(
-                        "workers = {} but connection \"{}\" (connection[{i}]) uses IKE \
-                         ([connection.ike]): for now IKE needs workers = 1 (the IKE engine \
-                         and the SAs it negotiates live in one data-plane thread)",
-                        g.workers, c.name
-                    ),
-                );
-            }
-        }
         let mut names: HashMap<String, usize> = HashMap::new();
         for (i, c) in raw.connection.iter().enumerate() {
             if let Some(first) = names.get(&c.name) {
@@ -4838,22 +4818,13 @@ retransmit_tries = 3"#,
             &ike_err(&d, &ike_conn("per_cpu_sas = 2", "psk_file = \"psk\"")),
             &["connection[0].per_cpu_sas", "manually keyed only"],
         );
-        // One worker.
-        for w in ["0", "2"] {
-            let text = format!(
-                "[gateway]\nworkers = {w}\n{}",
-                ike_conn("", "psk_file = \"psk\"")
-            );
-            assert_has(
-                &ike_err(&d, &text),
-                &[
-                    "gateway.workers",
-                    &format!("workers = {w} but connection \"ik\" (connection[0]) uses IKE"),
-                    "needs workers = 1",
-                ],
-            );
-        }
-        // workers = 2 is fine without IKE.
+        // Several workers are fine with IKE (the IKE engine runs on worker
+        // 0 and installs each SA into every worker).
+        let text = format!(
+            "[gateway]\nworkers = 2\n{}",
+            ike_conn("", "psk_file = \"psk\"")
+        );
+        ike_ok(&d, &text);
         assert!(parse_str(&format!("[gateway]\nworkers = 2\n{}", minimal())).is_ok());
         // esn is negotiated.
         let c = ike_ok(&d, &ike_conn("esn = true", "psk_file = \"psk\""));

@@ -40,8 +40,7 @@ enum Cmd {
     /// Stops cleanly on SIGINT, SIGTERM or SIGHUP: the TUN device, routes,
     /// rules, the control socket and the pid file are removed. Under
     /// systemd (Type=notify) it reports READY=1 once up. Not built yet:
-    /// IKE connections with several data-plane workers, per-CPU child SAs
-    /// negotiated by IKE (RFC 9611).
+    /// per-CPU child SAs negotiated by IKE (RFC 9611).
     Up {
         /// Configuration file (docs/CONFIG.md).
         #[arg(short, long, value_name = "FILE")]

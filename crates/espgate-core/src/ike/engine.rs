@@ -1808,6 +1808,7 @@ impl Ike {
             }
         };
         let our = self.our_id(ci);
+        let initial_contact = find_notify(&p, notify::INITIAL_CONTACT).is_some();
         let signed_r = signed_octets(
             prf,
             &self.sas[i].init_resp,
@@ -1843,7 +1844,19 @@ impl Ike {
         self.reply(i, exchange::IKE_AUTH, id, out);
         self.count("ike_established");
         self.ike_up(i);
-        let _ = ident;
+        if initial_contact {
+            // §2.4: the peer has no other IKE SA with us any more (it
+            // restarted): drop ours with it, without telling it.
+            let me = (self.sas[i].spi_i, self.sas[i].spi_r);
+            while let Some(j) = self
+                .sas
+                .iter()
+                .position(|s| s.conn == ci && (s.spi_i, s.spi_r) != me)
+            {
+                self.count("initial_contact_cleared");
+                self.destroy(j, format!("{ident} started over (INITIAL_CONTACT)"), false);
+            }
+        }
     }
 
     fn ike_up(&mut self, i: usize) {
@@ -3337,7 +3350,7 @@ impl Ike {
         let sa = self.sas.remove(i);
         self.ike_spis.remove(&sa.local_spi());
         let ci = sa.conn;
-        if down || sa.established_at.is_some() && sa.remove_at.is_none() {
+        if down {
             self.events.push_back(Event::IkeDown {
                 conn: self.conns[ci].name.clone(),
                 reason: reason.clone(),

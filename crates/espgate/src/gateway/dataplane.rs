@@ -316,10 +316,10 @@ impl<'a> Worker<'a> {
                     ike.on_readable(now);
                 }
                 ike.start(now);
-                let mut guard = lock(&self.engines[self.me]);
-                let mut queue = std::mem::take(&mut guard.ike_rx);
-                ike.pump(&mut queue, &mut guard, self.sockets.udp.as_ref(), now);
-                guard.ike_rx = queue;
+                let mut queue = std::mem::take(&mut lock(&self.engines[self.me]).ike_rx);
+                ike.pump(&mut queue, self.engines, self.sockets.udp.as_ref(), now);
+                // Keep the (empty) queue's allocation.
+                lock(&self.engines[self.me]).ike_rx = queue;
             }
             let ctl = &fds[ctl_at..met_at];
             let now_i = Instant::now();

@@ -4,6 +4,7 @@
 //! plane's socket hands those datagrams over); negotiated child SAs are
 //! installed into the data-plane engine as they come.
 
+use super::dataplane::lock;
 use super::engine::Engine;
 use super::sockets::UdpSock;
 use crate::config::LoadedConfig;
@@ -229,10 +230,12 @@ impl IkeShell {
     /// Hands IKE datagrams of the NAT-T socket to the engine, runs due
     /// timers, sends what the engine wants sent and applies its events to
     /// the data-plane engine.
+    /// `engines`: every worker's engine (worker 0 first), locked only
+    /// when the IKE engine has SA changes for them.
     pub fn pump(
         &mut self,
         queue: &mut IkeQueue,
-        engine: &mut Engine,
+        engines: &[std::sync::Mutex<Engine>],
         nat_t: Option<&UdpSock>,
         now: Duration,
     ) {
@@ -262,7 +265,7 @@ impl IkeShell {
         while let Some(ev) = self.ike.poll_event() {
             match ev {
                 Event::InstallSa(s) => {
-                    if let Err(e) = engine.install_negotiated(&s, now) {
+                    if let Err(e) = install_everywhere(engines, &s, now) {
                         tracing::error!(
                             "ike: connection \"{}\": installing SA {:#010x}: {e}",
                             s.conn,
@@ -275,12 +278,22 @@ impl IkeShell {
                     spi,
                     outbound,
                 } => {
-                    if let Err(e) = engine.del_sa(
-                        spi,
-                        Some(espgate_core::sa::Protocol::Esp),
-                        Some(outbound),
-                        Some(&conn),
-                    ) {
+                    // An inbound SA lives in one worker only: removed where found.
+                    let mut removed = 0;
+                    let mut last_err = String::new();
+                    for e in engines {
+                        match lock(e).del_sa(
+                            spi,
+                            Some(espgate_core::sa::Protocol::Esp),
+                            Some(outbound),
+                            Some(&conn),
+                        ) {
+                            Ok(_) => removed += 1,
+                            Err(e) => last_err = e,
+                        }
+                    }
+                    if removed == 0 {
+                        let e = last_err;
                         tracing::debug!("ike: connection \"{conn}\": removing SA {spi:#010x}: {e}");
                     }
                 }
@@ -469,4 +482,36 @@ pub fn render_costs(d: &IkeDoc) -> String {
         table(&mut out, &sa.costs);
     }
     out
+}
+
+/// Installs a negotiated SA into every worker's engine: an inbound SA stays
+/// only with the worker its SPI is steered to, the copies of an outbound SA
+/// take their sequence numbers from worker 0's counter (as `sa add` does).
+fn install_everywhere(
+    engines: &[std::sync::Mutex<Engine>],
+    s: &espgate_core::ike::engine::SaInstall,
+    now: Duration,
+) -> Result<(), String> {
+    let mut guards: Vec<std::sync::MutexGuard<'_, Engine>> = engines.iter().map(lock).collect();
+    for g in guards.iter_mut() {
+        g.install_negotiated(s, now)?;
+    }
+    let n = guards.len();
+    if n > 1 {
+        if s.outbound {
+            let (first, rest) = guards.split_at_mut(1);
+            let mut rest: Vec<&mut Engine> = rest.iter_mut().map(|g| &mut **g).collect();
+            let id = first[0]
+                .find_sa(&s.conn, true, espgate_core::sa::Protocol::Esp, s.spi)
+                .ok_or("the new outbound SA is missing in worker 0")?;
+            first[0]
+                .link_worker_refs(&mut rest, Some(id))
+                .map_err(|e| format!("{e:#}"))?;
+        } else {
+            for (k, g) in guards.iter_mut().enumerate() {
+                g.keep_own_inbound(k, n);
+            }
+        }
+    }
+    Ok(())
 }

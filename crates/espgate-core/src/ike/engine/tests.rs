@@ -1168,3 +1168,26 @@ fn initiate_while_the_old_sa_is_deleting() {
     assert!(p.a.status().is_empty());
     assert!(p.pa.sas.is_empty(), "{:?}", p.pa.log);
 }
+
+/// A peer that restarted (all state lost) sends INITIAL_CONTACT: the
+/// responder drops the stale IKE SA and its children at once instead of
+/// waiting for DPD.
+#[test]
+fn initial_contact_clears_the_stale_sa() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let old = p.b.status()[0].children[0].spi_in;
+    // A restarts: a new engine, a fresh data plane.
+    p.a = Ike::new(p.a.conns.clone(), Ports::default());
+    p.pa = Plane::default();
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let st = p.b.status();
+    assert_eq!(st.len(), 1, "only the new IKE SA");
+    assert_ne!(st[0].children[0].spi_in, old);
+    assert_eq!(p.b.counters()["initial_contact_cleared"], 1);
+    assert_eq!(p.pb.sas.len(), 2, "{:?}", p.pb.log);
+    assert!(p.pb.down.is_empty(), "the connection stayed up");
+    p.assert_matched();
+}
