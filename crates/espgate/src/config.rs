@@ -421,7 +421,6 @@ impl Connection {
     /// The connection's SAs. For `esp+ah` the ESP SA has the connection's
     /// mode and the AH SA is in transport mode over the ESP packet.
     pub fn sa_configs(&self) -> ConnectionSas {
-        let selectors = self.selectors();
         let mut inbound = Vec::new();
         let mut outbound = Vec::new();
         let pairs = [
@@ -451,39 +450,12 @@ impl Connection {
                 let spi = spi.wrapping_add(k);
                 let (enc, integ) = (per_cpu_key(enc, k), per_cpu_key(integ, k));
                 let mut c = SaConfig::new(spi, protocol, sa.suite, &enc, &integ);
-                c.mode = mode;
-                c.encap = match self.encap {
-                    Encapsulation::None => Encap::None,
-                    Encapsulation::Udp if outbound_dir => Encap::Udp {
-                        src_port: self.local_port,
-                        dst_port: self.remote_port,
-                    },
-                    // What inbound packets look like: from the peer's port to ours.
-                    Encapsulation::Udp => Encap::Udp {
-                        src_port: self.remote_port,
-                        dst_port: self.local_port,
-                    },
-                };
-                if mode == Mode::Tunnel {
-                    let (s, d) = if outbound_dir {
-                        (self.local, self.remote)
-                    } else {
-                        (self.remote, self.local)
-                    };
-                    c.tunnel_src = Some(s);
-                    c.tunnel_dst = Some(d);
-                }
-                c.esn = self.esn;
-                c.replay_window = self.replay_window;
-                c.lifetime = self.lifetime;
-                c.selectors = selectors.clone();
-                c.allow_insecure = self.allow_insecure;
-                c.tfc_pad_to = if protocol == Protocol::Esp {
-                    self.tfc_pad_to
-                } else {
-                    None
-                };
-                c.copy_dscp = self.dscp == Dscp::Copy;
+                self.shape_sa(
+                    &mut c,
+                    mode,
+                    outbound_dir,
+                    (self.local_port, self.remote_port),
+                );
                 if outbound_dir {
                     outbound.push(c);
                 } else {
@@ -492,6 +464,52 @@ impl Connection {
             }
         }
         ConnectionSas { inbound, outbound }
+    }
+
+    /// Gives an SA of this connection its connection-wide settings: `mode`,
+    /// UDP encapsulation with `(our port, the peer's port)` (or raw),
+    /// tunnel addresses, ESN, replay window, lifetime, selectors, legacy
+    /// suites, TFC padding (ESP) and DSCP copying. `outbound`: the SA we
+    /// send on; inbound SAs see the peer's port and address as the source.
+    pub fn shape_sa(
+        &self,
+        c: &mut SaConfig,
+        mode: Mode,
+        outbound: bool,
+        (ours, theirs): (u16, u16),
+    ) {
+        c.mode = mode;
+        c.encap = match self.encap {
+            Encapsulation::None => Encap::None,
+            Encapsulation::Udp if outbound => Encap::Udp {
+                src_port: ours,
+                dst_port: theirs,
+            },
+            Encapsulation::Udp => Encap::Udp {
+                src_port: theirs,
+                dst_port: ours,
+            },
+        };
+        if mode == Mode::Tunnel {
+            let (s, d) = if outbound {
+                (self.local, self.remote)
+            } else {
+                (self.remote, self.local)
+            };
+            c.tunnel_src = Some(s);
+            c.tunnel_dst = Some(d);
+        }
+        c.esn = self.esn;
+        c.replay_window = self.replay_window;
+        c.lifetime = self.lifetime;
+        c.selectors = self.selectors();
+        c.allow_insecure = self.allow_insecure;
+        c.tfc_pad_to = if c.protocol == Protocol::Esp {
+            self.tfc_pad_to
+        } else {
+            None
+        };
+        c.copy_dscp = self.dscp == Dscp::Copy;
     }
 }
 

@@ -420,6 +420,56 @@ struct Reassembly {
 const MAX_FRAGMENTS: usize = 64;
 
 impl IkeSa {
+    /// A new IKE SA with nothing negotiated yet: no keys, nonces, children
+    /// or exchanges; the caller fills in what it knows.
+    fn new(
+        conn: usize,
+        initiator: bool,
+        (spi_i, spi_r): (u64, u64),
+        state: State,
+        (local, remote): (SocketAddr, SocketAddr),
+        now: Duration,
+    ) -> IkeSa {
+        IkeSa {
+            conn,
+            initiator,
+            spi_i,
+            spi_r,
+            state,
+            local,
+            remote,
+            nat: false,
+            chosen: None,
+            sk: None,
+            sk_d: Zeroizing::new(Vec::new()),
+            sk_pi: Zeroizing::new(Vec::new()),
+            sk_pr: Zeroizing::new(Vec::new()),
+            ni: Vec::new(),
+            nr: Vec::new(),
+            init_req: Vec::new(),
+            init_resp: Vec::new(),
+            ke: None,
+            cookie: None,
+            group: Group::Curve25519,
+            next_out_id: 0,
+            pending: None,
+            tasks: VecDeque::new(),
+            next_in_id: 0,
+            last_resp: None,
+            children: Vec::new(),
+            created: now,
+            established_at: None,
+            rekey_at: None,
+            last_rx: now,
+            peer_id: None,
+            costs: IkeCosts::default(),
+            remove_at: None,
+            fragmentation: false,
+            reasm: None,
+            pfs_group: None,
+        }
+    }
+
     fn local_spi(&self) -> u64 {
         if self.initiator {
             self.spi_i
@@ -1039,44 +1089,10 @@ impl Ike {
         let local = SocketAddr::new(c.local, self.ports.ike);
         let remote = SocketAddr::new(c.remote, self.ports.ike);
         let spi_i = self.new_ike_spi();
-        let sa = IkeSa {
-            conn: ci,
-            initiator: true,
-            spi_i,
-            spi_r: 0,
-            state: State::InitSent,
-            local,
-            remote,
-            nat: false,
-            chosen: None,
-            sk: None,
-            sk_d: Zeroizing::new(Vec::new()),
-            sk_pi: Zeroizing::new(Vec::new()),
-            sk_pr: Zeroizing::new(Vec::new()),
-            ni: random_bytes(NONCE_LEN),
-            nr: Vec::new(),
-            init_req: Vec::new(),
-            init_resp: Vec::new(),
-            ke: None,
-            cookie,
-            group,
-            next_out_id: 0,
-            pending: None,
-            tasks: VecDeque::new(),
-            next_in_id: 0,
-            last_resp: None,
-            children: Vec::new(),
-            created: now,
-            established_at: None,
-            rekey_at: None,
-            last_rx: now,
-            peer_id: None,
-            costs: IkeCosts::default(),
-            remove_at: None,
-            fragmentation: false,
-            reasm: None,
-            pfs_group: None,
-        };
+        let mut sa = IkeSa::new(ci, true, (spi_i, 0), State::InitSent, (local, remote), now);
+        sa.ni = random_bytes(NONCE_LEN);
+        sa.cookie = cookie;
+        sa.group = group;
         self.sas.push(sa);
         let i = self.sas.len() - 1;
         self.send_init(i, now);
@@ -1358,44 +1374,21 @@ impl Ike {
         if fragmentation {
             out.push(notify(notify::IKEV2_FRAGMENTATION_SUPPORTED, vec![]));
         }
-        let sa = IkeSa {
-            conn: ci,
-            initiator: false,
-            spi_i: h.spi_i,
-            spi_r,
-            state: State::InitDone,
-            local: our_local,
-            remote,
-            nat,
-            chosen: Some(chosen),
-            sk: None,
-            sk_d: Zeroizing::new(Vec::new()),
-            sk_pi: Zeroizing::new(Vec::new()),
-            sk_pr: Zeroizing::new(Vec::new()),
-            ni: ni.to_vec(),
-            nr,
-            init_req: data.to_vec(),
-            init_resp: Vec::new(),
-            ke: None,
-            cookie: None,
-            group,
-            next_out_id: 0,
-            pending: None,
-            tasks: VecDeque::new(),
-            next_in_id: 0,
-            last_resp: None,
-            children: Vec::new(),
-            created: now,
-            established_at: None,
-            rekey_at: None,
-            last_rx: now,
-            peer_id: None,
-            costs: IkeCosts::default(),
-            remove_at: None,
-            fragmentation,
-            reasm: None,
-            pfs_group: None,
-        };
+        let mut sa = IkeSa::new(
+            ci,
+            false,
+            (h.spi_i, spi_r),
+            State::InitDone,
+            (our_local, remote),
+            now,
+        );
+        sa.nat = nat;
+        sa.chosen = Some(chosen);
+        sa.ni = ni.to_vec();
+        sa.nr = nr;
+        sa.init_req = data.to_vec();
+        sa.group = group;
+        sa.fragmentation = fragmentation;
         self.sas.push(sa);
         let i = self.sas.len() - 1;
         self.reply(i, exchange::IKE_SA_INIT, 0, out);
@@ -3171,44 +3164,24 @@ impl Ike {
         let ci = self.sas[i].conn;
         let old = &mut self.sas[i];
         let children = std::mem::take(&mut old.children);
-        let sa = IkeSa {
-            conn: ci,
-            initiator: we_initiated,
-            spi_i,
-            spi_r,
-            state: State::Established,
-            local: old.local,
-            remote: old.remote,
-            nat: old.nat,
-            chosen: Some(chosen),
-            sk: None,
-            sk_d: Zeroizing::new(Vec::new()),
-            sk_pi: Zeroizing::new(Vec::new()),
-            sk_pr: Zeroizing::new(Vec::new()),
-            ni,
-            nr,
-            init_req: Vec::new(),
-            init_resp: Vec::new(),
-            ke: None,
-            cookie: None,
-            group: chosen.dh.unwrap_or(old.group),
-            next_out_id: 0,
-            pending: None,
-            tasks: VecDeque::new(),
-            next_in_id: 0,
-            last_resp: None,
-            children,
-            created: now,
-            established_at: Some(now),
-            rekey_at: after(now, self.conns[ci].rekey_time, self.conns[ci].jitter),
-            last_rx: now,
-            peer_id: old.peer_id.clone(),
-            costs: IkeCosts::default(),
-            remove_at: None,
-            fragmentation: old.fragmentation,
-            reasm: None,
-            pfs_group: None,
-        };
+        let mut sa = IkeSa::new(
+            ci,
+            we_initiated,
+            (spi_i, spi_r),
+            State::Established,
+            (old.local, old.remote),
+            now,
+        );
+        sa.nat = old.nat;
+        sa.chosen = Some(chosen);
+        sa.ni = ni;
+        sa.nr = nr;
+        sa.group = chosen.dh.unwrap_or(old.group);
+        sa.children = children;
+        sa.established_at = Some(now);
+        sa.rekey_at = after(now, self.conns[ci].rekey_time, self.conns[ci].jitter);
+        sa.peer_id = old.peer_id.clone();
+        sa.fragmentation = old.fragmentation;
         old.rekey_at = None;
         old.remove_at = Some(now + OLD_IKE_SA_GRACE);
         old.state = State::Deleting;

@@ -49,65 +49,69 @@ fn proto_meet(a: u8, b: u8) -> Option<u8> {
     }
 }
 
+/// A selector as numbers: (IPv6?, protocol, ports, addresses).
+type Range = (bool, u8, (u16, u16), (u128, u128));
+
+fn range(t: &Ts) -> Option<Range> {
+    Some(match t {
+        Ts::Ipv4 {
+            ip_protocol,
+            start_port,
+            end_port,
+            start,
+            end,
+        } => (
+            false,
+            *ip_protocol,
+            (*start_port, *end_port),
+            (u32::from(*start).into(), u32::from(*end).into()),
+        ),
+        Ts::Ipv6 {
+            ip_protocol,
+            start_port,
+            end_port,
+            start,
+            end,
+        } => (
+            true,
+            *ip_protocol,
+            (*start_port, *end_port),
+            ((*start).into(), (*end).into()),
+        ),
+        Ts::Other { .. } => return None,
+    })
+}
+
 /// The intersection of two selectors, if not empty.
 pub fn intersect(a: &Ts, b: &Ts) -> Option<Ts> {
-    match (a, b) {
-        (
-            Ts::Ipv4 {
-                ip_protocol: pa,
-                start_port: spa,
-                end_port: epa,
-                start: sa,
-                end: ea,
-            },
-            Ts::Ipv4 {
-                ip_protocol: pb,
-                start_port: spb,
-                end_port: epb,
-                start: sb,
-                end: eb,
-            },
-        ) => {
-            let (s, e) = ((*sa).max(*sb), (*ea).min(*eb));
-            let (sp, ep) = ((*spa).max(*spb), (*epa).min(*epb));
-            (s <= e && sp <= ep).then_some(())?;
-            Some(Ts::Ipv4 {
-                ip_protocol: proto_meet(*pa, *pb)?,
-                start_port: sp,
-                end_port: ep,
-                start: s,
-                end: e,
-            })
-        }
-        (
-            Ts::Ipv6 {
-                ip_protocol: pa,
-                start_port: spa,
-                end_port: epa,
-                start: sa,
-                end: ea,
-            },
-            Ts::Ipv6 {
-                ip_protocol: pb,
-                start_port: spb,
-                end_port: epb,
-                start: sb,
-                end: eb,
-            },
-        ) => {
-            let (s, e) = ((*sa).max(*sb), (*ea).min(*eb));
-            let (sp, ep) = ((*spa).max(*spb), (*epa).min(*epb));
-            (s <= e && sp <= ep).then_some(())?;
-            Some(Ts::Ipv6 {
-                ip_protocol: proto_meet(*pa, *pb)?,
-                start_port: sp,
-                end_port: ep,
-                start: s,
-                end: e,
-            })
-        }
-        _ => None,
+    let (v6, pa, (spa, epa), (sa, ea)) = range(a)?;
+    let (v6b, pb, (spb, epb), (sb, eb)) = range(b)?;
+    if v6 != v6b {
+        return None;
     }
+    let (start, end) = (sa.max(sb), ea.min(eb));
+    let (start_port, end_port) = (spa.max(spb), epa.min(epb));
+    if start > end || start_port > end_port {
+        return None;
+    }
+    let ip_protocol = proto_meet(pa, pb)?;
+    Some(if v6 {
+        Ts::Ipv6 {
+            ip_protocol,
+            start_port,
+            end_port,
+            start: Ipv6Addr::from(start),
+            end: Ipv6Addr::from(end),
+        }
+    } else {
+        Ts::Ipv4 {
+            ip_protocol,
+            start_port,
+            end_port,
+            start: Ipv4Addr::from(u32::try_from(start).ok()?),
+            end: Ipv4Addr::from(u32::try_from(end).ok()?),
+        }
+    })
 }
 
 /// Narrowing: every non-empty intersection of an offered selector with
@@ -137,35 +141,21 @@ pub fn covered(inner: &[Ts], outer: &[Ts]) -> bool {
 /// Human-readable form (`10.1.0.0-10.1.255.255`, with `[proto/ports]`
 /// when restricted).
 pub fn display(ts: &Ts) -> String {
-    let (p, sp, ep, s, e) = match ts {
-        Ts::Ipv4 {
-            ip_protocol,
-            start_port,
-            end_port,
-            start,
-            end,
-        } => (
-            *ip_protocol,
-            *start_port,
-            *end_port,
-            start.to_string(),
-            end.to_string(),
-        ),
-        Ts::Ipv6 {
-            ip_protocol,
-            start_port,
-            end_port,
-            start,
-            end,
-        } => (
-            *ip_protocol,
-            *start_port,
-            *end_port,
-            start.to_string(),
-            end.to_string(),
-        ),
-        Ts::Other { ts_type, .. } => return format!("ts-type-{ts_type}"),
+    let Some((v6, p, (sp, ep), (s, e))) = range(ts) else {
+        let t = match ts {
+            Ts::Other { ts_type, .. } => *ts_type,
+            _ => 0,
+        };
+        return format!("ts-type-{t}");
     };
+    let addr = |x: u128| {
+        if v6 {
+            Ipv6Addr::from(x).to_string()
+        } else {
+            Ipv4Addr::from(u32::try_from(x).unwrap_or(0)).to_string()
+        }
+    };
+    let (s, e) = (addr(s), addr(e));
     let mut out = if s == e { s } else { format!("{s}-{e}") };
     if p != 0 || sp != 0 || ep != 65535 {
         out.push_str(&format!("[{p}/{sp}-{ep}]"));

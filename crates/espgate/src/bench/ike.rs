@@ -641,20 +641,7 @@ wall time.";
 /// `espgate bench ike` from its options: prints the table (or JSON).
 pub fn main(args: &Args) -> Result<ExitCode> {
     let p = Params::new(&args.groups, &args.auth, args.seconds, args.min)?;
-    let quiet = args.json || !std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let progress = |s: &str| {
-        if !quiet {
-            eprint!("\r\x1b[K{s}");
-        }
-    };
-    let rows = run(&p, progress)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
-    } else {
-        if !quiet {
-            eprint!("\r\x1b[K");
-        }
-        print!("{}", table(&rows));
+    if super::run_and_print(args.json, |progress| run(&p, progress), table)? {
         println!("{NOTES}");
     }
     Ok(ExitCode::SUCCESS)

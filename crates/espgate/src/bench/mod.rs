@@ -35,6 +35,32 @@ pub mod parallel;
 pub mod tunnel;
 
 use crate::costs::{self, Costs, Dir};
+
+/// Runs a bench that reports progress lines (shown on a terminal, never
+/// with `--json`) and prints its rows as JSON or as `table`; true when the
+/// table was printed (the caller adds its notes).
+pub fn run_and_print<R: serde::Serialize>(
+    json: bool,
+    run: impl FnOnce(&dyn Fn(&str)) -> Result<Vec<R>>,
+    table: impl FnOnce(&[R]) -> String,
+) -> Result<bool> {
+    let quiet = json || !std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let progress = |s: &str| {
+        if !quiet {
+            eprint!("\r\x1b[K{s}");
+        }
+    };
+    let rows = run(&progress)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(false);
+    }
+    if !quiet {
+        eprint!("\r\x1b[K");
+    }
+    print!("{}", table(&rows));
+    Ok(true)
+}
 use anyhow::{anyhow, bail, ensure, Result};
 use espgate_core::cost::{Probe, Stage};
 use espgate_core::crypto::{AuthCtx, Enc, Suite, Transform};

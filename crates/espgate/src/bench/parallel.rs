@@ -801,20 +801,7 @@ pub fn main(args: &Args) -> Result<ExitCode> {
         args.seconds,
         args.repeat,
     )?;
-    let quiet = args.json || !std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let progress = |s: &str| {
-        if !quiet {
-            eprint!("\r\x1b[K{s}");
-        }
-    };
-    let rows = run(&p, progress)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
-    } else {
-        if !quiet {
-            eprint!("\r\x1b[K");
-        }
-        print!("{}", table(&rows));
+    if super::run_and_print(args.json, |progress| run(&p, progress), table)? {
         let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
         println!(
             "{cpus} CPUs. Packets delivered in dispatch order, every configuration checked \

@@ -1392,39 +1392,11 @@ impl Engine {
         let ci = self.conn_index(&s.conn)?;
         let c = &self.conns[ci].conn;
         let mut sc = SaConfig::new(s.spi, Protocol::Esp, s.suite, &s.enc_key, &s.integ_key);
-        sc.mode = c.mode;
-        sc.encap = match (c.encap, s.encap) {
-            (Encapsulation::None, _) => Encap::None,
-            (Encapsulation::Udp, ports) => {
-                let (ours, theirs) = ports.unwrap_or((c.local_port, c.remote_port));
-                if s.outbound {
-                    Encap::Udp {
-                        src_port: ours,
-                        dst_port: theirs,
-                    }
-                } else {
-                    Encap::Udp {
-                        src_port: theirs,
-                        dst_port: ours,
-                    }
-                }
-            }
-        };
-        if c.mode == Mode::Tunnel {
-            let (src, dst) = if s.outbound {
-                (c.local, c.remote)
-            } else {
-                (c.remote, c.local)
-            };
-            sc.tunnel_src = Some(src);
-            sc.tunnel_dst = Some(dst);
-        }
+        let ports = s.encap.unwrap_or((c.local_port, c.remote_port));
+        c.shape_sa(&mut sc, c.mode, s.outbound, ports);
+        // Negotiated, not configured.
         sc.esn = s.esn;
-        sc.replay_window = c.replay_window;
-        sc.lifetime = c.lifetime;
-        sc.selectors = c.selectors();
-        sc.tfc_pad_to = c.tfc_pad_to;
-        sc.copy_dscp = c.dscp == crate::config::Dscp::Copy;
+        sc.allow_insecure = false;
         self.install_sa(ci, s.outbound, Protocol::Esp, sc, false, now)
     }
 
