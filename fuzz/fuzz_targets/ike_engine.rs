@@ -1,4 +1,4 @@
-//! The IKEv2 engine's input path (`espgate_core::ike::engine::Ike`) driven
+//! The IKEv2 engine's input path (`espgate_ike::engine::Ike`) driven
 //! by arbitrary operations between an initiator A and a responder B.
 //!
 //! Input: a sequence of operations, each `kind (1 byte) | len (1 byte) |
@@ -20,11 +20,11 @@
 //! removed without being installed.
 #![no_main]
 
-use espgate_core::ike::cert::Identity;
-use espgate_core::ike::config::{ChildConfig, DpdAction, IkeConfig, LocalAuth, RemoteAuth, Retransmit};
-use espgate_core::ike::engine::{Event, Ike, Ports, Transmit};
-use espgate_core::ike::proposal::{ProposalKind, ProposalSpec};
-use espgate_core::ike::ts;
+use espgate_ike::cert::Identity;
+use espgate_ike::config::{ChildConfig, DpdAction, IkeConfig, LocalAuth, RemoteAuth, Retransmit};
+use espgate_ike::engine::{Event, Ike, Ports, Transmit};
+use espgate_ike::proposal::{ProposalKind, ProposalSpec};
+use espgate_ike::ts;
 use espgate_core::sa::Mode;
 use espgate_core::selector::Prefix;
 use libfuzzer_sys::fuzz_target;

@@ -1,4 +1,4 @@
-//! The IKEv2 message codec (`espgate_core::ike::wire`) on arbitrary bytes.
+//! The IKEv2 message codec (`espgate_ike::wire`) on arbitrary bytes.
 //!
 //! Input layout: the whole input is one IKE datagram for `Message::parse`.
 //! Since random bytes rarely carry a matching Length field and version, the
@@ -11,7 +11,7 @@
 //! that parse to the same value, and re-emitting those gives the same bytes.
 #![no_main]
 
-use espgate_core::ike::wire::{emit_payload_chain, parse_payload_chain, Message, HEADER_LEN};
+use espgate_ike::wire::{emit_payload_chain, parse_payload_chain, Message, HEADER_LEN};
 use libfuzzer_sys::fuzz_target;
 
 fn check_message(b: &[u8]) {
@@ -22,7 +22,7 @@ fn check_message(b: &[u8]) {
         assert_eq!(again, m);
         assert_eq!(again.emit().unwrap(), e);
         // The dispatcher's header-only read agrees with the full parse.
-        let (h, _, len) = espgate_core::ike::wire::Header::parse(b).unwrap();
+        let (h, _, len) = espgate_ike::wire::Header::parse(b).unwrap();
         assert_eq!(h, m.header);
         assert_eq!(len as usize, b.len());
     }

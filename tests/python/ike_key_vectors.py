@@ -3,8 +3,8 @@
 
 Computes SKEYSEED, the seven IKE SA keys, an IKE SA rekey and child SA
 KEYMAT with Python's own hmac/hashlib (not espgate's code), for the
-Rust test crates/espgate-core/tests/ike_keys.rs. Run with --write to
-regenerate crates/espgate-core/tests/vectors/ike-keys/keys.json; test_ike_keys.py
+Rust test crates/espgate-ike/tests/ike_keys.rs. Run with --write to
+regenerate crates/espgate-ike/tests/vectors/ike-keys/keys.json; test_ike_keys.py
 checks the committed file still matches.
 """
 import hashlib
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[2] / "crates/espgate-core/tests/vectors/ike-keys/keys.json"
+OUT = Path(__file__).resolve().parents[2] / "crates/espgate-ike/tests/vectors/ike-keys/keys.json"
 HASH = {"prfsha256": hashlib.sha256, "prfsha384": hashlib.sha384, "prfsha512": hashlib.sha512}
 
 

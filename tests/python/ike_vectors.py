@@ -3,7 +3,7 @@
 
 Each vector is written as `<name>.json` with the message as hex and a flat
 description of the fields Scapy was told to set, keyed the way the Rust test
-`crates/espgate-core/tests/ike_vectors.rs` flattens a parsed `Message`:
+`crates/espgate-ike/tests/ike_vectors.rs` flattens a parsed `Message`:
 
     header.spi_i, header.exchange_type, header.initiator, header.message_id…
     payload.N.type, payload.N.critical
@@ -17,7 +17,7 @@ Values are integers, lowercase hex for bytes, or address strings. The output
 is deterministic (no randomness), so `test_ike_vectors.py` can regenerate it
 and compare with the committed files.
 
-Usage: ike_vectors.py [OUTDIR]   (default: crates/espgate-core/tests/vectors/ike)
+Usage: ike_vectors.py [OUTDIR]   (default: crates/espgate-ike/tests/vectors/ike)
 """
 
 import json
@@ -30,7 +30,7 @@ from scapy.contrib.ikev2 import (IKEv2, IKEv2_SA, IKEv2_Proposal, IKEv2_Transfor
                                  IKEv2_Payload, IPv4TrafficSelector, IPv6TrafficSelector)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-DEFAULT_OUT = ROOT / "crates" / "espgate-core" / "tests" / "vectors" / "ike"
+DEFAULT_OUT = ROOT / "crates" / "espgate-ike" / "tests" / "vectors" / "ike"
 
 # IKE header flags as Scapy spells them.
 FLAG_I, FLAG_R = "Initiator", "Response"

@@ -1,6 +1,6 @@
 """The committed RFC 7296 key-derivation vectors are what the stdlib-hmac
 generator (`ike_key_vectors.py`, a second implementation of §2.13-§2.18)
-produces; `crates/espgate-core/tests/ike_keys.rs` checks espgate against them."""
+produces; `crates/espgate-ike/tests/ike_keys.rs` checks espgate against them."""
 
 import json
 import pathlib
@@ -9,7 +9,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "python" / "ike_key_vectors.py"
-COMMITTED = ROOT / "crates" / "espgate-core" / "tests" / "vectors" / "ike-keys" / "keys.json"
+COMMITTED = ROOT / "crates" / "espgate-ike" / "tests" / "vectors" / "ike-keys" / "keys.json"
 
 
 def test_regenerated_key_vectors_equal_committed():

@@ -1,7 +1,7 @@
 """The committed IKEv2 vectors are exactly what the Scapy generator writes.
 
 `tests/python/ike_vectors.py` builds IKEv2 messages with Scapy's
-`scapy.contrib.ikev2`; `crates/espgate-core/tests/ike_vectors.rs` parses the
+`scapy.contrib.ikev2`; `crates/espgate-ike/tests/ike_vectors.rs` parses the
 committed copies. Regenerating into a temporary directory and comparing
 catches drift between the generator, Scapy and the committed files.
 """
@@ -17,7 +17,7 @@ pytest.importorskip("scapy.contrib.ikev2", reason="Scapy's IKEv2 layer (scapy.co
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "python" / "ike_vectors.py"
-COMMITTED = ROOT / "crates" / "espgate-core" / "tests" / "vectors" / "ike"
+COMMITTED = ROOT / "crates" / "espgate-ike" / "tests" / "vectors" / "ike"
 EXPECTED = {"ike_sa_init_request", "ike_sa_init_response", "ike_auth_encrypted", "ike_auth_fragment",
             "ike_auth_plaintext_ts", "informational_delete", "unknown_critical"}
 

@@ -10,7 +10,6 @@
 pub mod cost;
 pub mod crypto;
 pub mod error;
-pub mod ike;
 pub mod offload;
 pub mod wire;
 

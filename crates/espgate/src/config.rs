@@ -12,14 +12,14 @@
 
 use crate::ikeconf::{AuthMethod, IkeSettings, StartAction};
 use espgate_core::crypto::{Suite, SuiteError};
-use espgate_core::ike::cert::{Certificate, Identity};
-use espgate_core::ike::config::{DpdAction, LocalAuth, RemoteAuth, Retransmit};
-use espgate_core::ike::proposal::{ProposalKind, ProposalSpec};
-use espgate_core::ike::sig::{PrivateKey, PublicKey};
 use espgate_core::sa::replay::MAX_WINDOW;
 use espgate_core::sa::{Encap, Lifetime, Mode, Protocol, Sa, SaConfig};
 use espgate_core::selector::{PortRange, Prefix, TrafficSelector};
 use espgate_core::wire::proto;
+use espgate_ike::cert::{Certificate, Identity};
+use espgate_ike::config::{DpdAction, LocalAuth, RemoteAuth, Retransmit};
+use espgate_ike::proposal::{ProposalKind, ProposalSpec};
+use espgate_ike::sig::{PrivateKey, PublicKey};
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -4434,7 +4434,7 @@ integ_out = "{K20B}"
     // -----------------------------------------------------------------
 
     use crate::ikeconf::{ike_config, start_on_boot};
-    use espgate_core::ike::wire::TrafficSelector as Ts;
+    use espgate_ike::wire::TrafficSelector as Ts;
 
     const PSK_HEX: &str = "0x00112233445566778899aabbccddeeff0011223344556677";
 
@@ -5048,8 +5048,7 @@ retransmit_tries = 3"#,
                 let sun_crt =
                     Certificate::from_pem(&std::fs::read(d.join("keys/sun.crt")).unwrap()).unwrap();
                 // The example chain verifies (openssl verify agrees, see the example).
-                espgate_core::ike::cert::verify_chain(&sun_crt[0], &[], cas, 1_900_000_000)
-                    .unwrap();
+                espgate_ike::cert::verify_chain(&sun_crt[0], &[], cas, 1_900_000_000).unwrap();
                 assert!(sun_crt[0].matches_identity(s.remote_id.as_ref().unwrap()));
             }
             other => panic!("{other:?}"),

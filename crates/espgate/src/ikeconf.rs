@@ -12,13 +12,11 @@
 //! [`Zeroizing`]: zeroize::Zeroizing
 
 use crate::config::Connection;
-use espgate_core::ike::cert::Identity;
-use espgate_core::ike::config::{
-    ChildConfig, DpdAction, IkeConfig, LocalAuth, RemoteAuth, Retransmit,
-};
-use espgate_core::ike::proposal::ProposalSpec;
-use espgate_core::ike::ts;
 use espgate_core::selector::Prefix;
+use espgate_ike::cert::Identity;
+use espgate_ike::config::{ChildConfig, DpdAction, IkeConfig, LocalAuth, RemoteAuth, Retransmit};
+use espgate_ike::proposal::ProposalSpec;
+use espgate_ike::ts;
 use serde::Deserialize;
 use std::time::Duration;
 

@@ -9,7 +9,7 @@
 //! it, so the result has mode 0600 whatever the old file had.
 
 use anyhow::{bail, Context, Result};
-use espgate_core::ike::sig::{generate_psk, KeyKind, PrivateKey};
+use espgate_ike::sig::{generate_psk, KeyKind, PrivateKey};
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -242,7 +242,7 @@ fn fill(f: &mut File, data: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use espgate_core::ike::sig::PublicKey;
+    use espgate_ike::sig::PublicKey;
     use std::os::unix::fs::PermissionsExt;
     use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -11,7 +11,7 @@ mod suite;
 
 pub use cipher::Transform;
 pub use mac::Mac;
-pub(crate) use suite::{parse_enc, parse_integ};
+pub use suite::{parse_enc, parse_integ};
 pub use suite::{Enc, Integ, Suite, SuiteError};
 
 /// What the transform authenticates besides the bytes it encrypts.

@@ -101,7 +101,9 @@ impl fmt::Display for SuiteError {
 
 impl std::error::Error for SuiteError {}
 
-pub(crate) fn parse_enc(s: &str) -> Option<Enc> {
+/// An encryption algorithm by its strongSwan keyword (`aes128gcm16`,
+/// `aes256`, `chacha20poly1305`, …); `None` for an unknown word.
+pub fn parse_enc(s: &str) -> Option<Enc> {
     Some(match s {
         "null" => Enc::Null,
         "aes128" | "aes128cbc" => Enc::AesCbc(128),
@@ -118,7 +120,9 @@ pub(crate) fn parse_enc(s: &str) -> Option<Enc> {
     })
 }
 
-pub(crate) fn parse_integ(s: &str) -> Option<Integ> {
+/// An integrity algorithm by its strongSwan keyword (`sha256`, `sha1`,
+/// `aesxcbc`, …); `None` for an unknown word.
+pub fn parse_integ(s: &str) -> Option<Integ> {
     Some(match s {
         "md5" | "md5_96" => Integ::Md5,
         "sha1" | "sha" | "sha1_96" => Integ::Sha1,

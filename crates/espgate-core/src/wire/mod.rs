@@ -50,13 +50,17 @@ pub mod proto {
     pub const UDPLITE: u8 = 136;
 }
 
+/// The big-endian `u16` at `at`; the caller has checked that `b` holds it
+/// (it panics otherwise, like slice indexing).
 #[inline]
-pub(crate) fn be16(b: &[u8], at: usize) -> u16 {
+pub fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
 }
 
+/// The big-endian `u32` at `at`; the caller has checked that `b` holds it
+/// (it panics otherwise, like slice indexing).
 #[inline]
-pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
+pub fn be32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 

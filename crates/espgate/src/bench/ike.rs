@@ -34,17 +34,15 @@
 //! checked.
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use espgate_core::ike::cert::Identity;
-use espgate_core::ike::config::{
-    ChildConfig, DpdAction, IkeConfig, LocalAuth, RemoteAuth, Retransmit,
-};
-use espgate_core::ike::dh::Group;
-use espgate_core::ike::engine::{Event, Ike, IkeCosts, IkeOp, Level, Ports};
-use espgate_core::ike::proposal::{ProposalKind, ProposalSpec};
-use espgate_core::ike::sig::{generate_psk, KeyKind, PrivateKey};
-use espgate_core::ike::ts;
 use espgate_core::sa::Mode;
 use espgate_core::selector::Prefix;
+use espgate_ike::cert::Identity;
+use espgate_ike::config::{ChildConfig, DpdAction, IkeConfig, LocalAuth, RemoteAuth, Retransmit};
+use espgate_ike::dh::Group;
+use espgate_ike::engine::{Event, Ike, IkeCosts, IkeOp, Level, Ports};
+use espgate_ike::proposal::{ProposalKind, ProposalSpec};
+use espgate_ike::sig::{generate_psk, KeyKind, PrivateKey};
+use espgate_ike::ts;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -338,7 +336,7 @@ impl Credentials {
     }
 }
 
-fn selector(s: &str) -> Result<espgate_core::ike::wire::TrafficSelector> {
+fn selector(s: &str) -> Result<espgate_ike::wire::TrafficSelector> {
     let (a, l) = s.split_once('/').context("prefix")?;
     let p = Prefix::new(a.parse()?, l.parse()?).ok_or_else(|| anyhow!("bad prefix {s}"))?;
     Ok(ts::from_prefix(p, 0))

@@ -1386,7 +1386,7 @@ impl Engine {
     /// sequence-number reservation on disk is needed to avoid nonce reuse.
     pub fn install_negotiated(
         &mut self,
-        s: &espgate_core::ike::engine::SaInstall,
+        s: &espgate_ike::engine::SaInstall,
         now: Duration,
     ) -> Result<SaChange, String> {
         let ci = self.conn_index(&s.conn)?;

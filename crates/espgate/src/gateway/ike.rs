@@ -1,4 +1,4 @@
-//! The IKEv2 daemon side: the core's sans-IO engine (`espgate_core::ike`)
+//! The IKEv2 daemon side: the core's sans-IO engine (`espgate_ike`)
 //! driven by worker 0's poll loop. IKE arrives on UDP 500 (its own socket)
 //! and on the NAT-T port behind the four-byte non-ESP marker (the data
 //! plane's socket hands those datagrams over); negotiated child SAs are
@@ -9,7 +9,7 @@ use super::engine::Engine;
 use super::sockets::UdpSock;
 use crate::config::LoadedConfig;
 use anyhow::{Context, Result};
-use espgate_core::ike::engine::{CommandError, Event, Ike, IkeOp, IkeStatus, Level, Ports};
+use espgate_ike::engine::{CommandError, Event, Ike, IkeOp, IkeStatus, Level, Ports};
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -127,7 +127,7 @@ fn secs_until(t: Option<Duration>, now: Duration) -> Option<u64> {
 }
 
 /// Costs as rows.
-pub fn cost_rows(c: &espgate_core::ike::engine::IkeCosts) -> Vec<IkeOpCost> {
+pub fn cost_rows(c: &espgate_ike::engine::IkeCosts) -> Vec<IkeOpCost> {
     IkeOp::ALL
         .iter()
         .filter_map(|op| {
@@ -489,7 +489,7 @@ pub fn render_costs(d: &IkeDoc) -> String {
 /// take their sequence numbers from worker 0's counter (as `sa add` does).
 fn install_everywhere(
     engines: &[std::sync::Mutex<Engine>],
-    s: &espgate_core::ike::engine::SaInstall,
+    s: &espgate_ike::engine::SaInstall,
     now: Duration,
 ) -> Result<(), String> {
     let mut guards: Vec<std::sync::MutexGuard<'_, Engine>> = engines.iter().map(lock).collect();

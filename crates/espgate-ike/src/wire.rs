@@ -29,7 +29,7 @@
 use core::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use crate::wire::{be16, be32};
+use espgate_core::wire::{be16, be32};
 
 /// Length of the fixed IKE header.
 pub const HEADER_LEN: usize = 28;

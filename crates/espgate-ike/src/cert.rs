@@ -788,7 +788,7 @@ mod tests {
 
     macro_rules! fixture {
         ($name:literal) => {
-            include_bytes!(concat!("../../tests/vectors/ike/certs/", $name)).as_slice()
+            include_bytes!(concat!("../tests/vectors/ike/certs/", $name)).as_slice()
         };
     }
 

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use espgate_core::ike::wire::{Delete, Message, Payload, TrafficSelector};
+use espgate_ike::wire::{Delete, Message, Payload, TrafficSelector};
 
 /// A minimal JSON reader: enough for the vector files (objects, strings
 /// without escapes beyond `\"` and `\\`, integers).

@@ -1,10 +1,10 @@
 //! Two engines in memory: full handshakes, rekeys, failures and liveness.
 
 use super::*;
-use crate::ike::cert::Identity;
-use crate::ike::config::{ChildConfig, IkeConfig, LocalAuth, RemoteAuth, Retransmit};
-use crate::ike::proposal::ProposalSpec;
-use crate::selector::Prefix;
+use crate::cert::Identity;
+use crate::config::{ChildConfig, IkeConfig, LocalAuth, RemoteAuth, Retransmit};
+use crate::proposal::ProposalSpec;
+use espgate_core::selector::Prefix;
 use std::collections::BTreeMap;
 
 const A: &str = "192.0.2.1";
@@ -678,8 +678,8 @@ fn garbage_and_replays_are_counted_not_fatal() {
 // Signatures (RFC 7427): raw public keys and certificates
 // ---------------------------------------------------------------------
 
-use crate::ike::cert::Certificate;
-use crate::ike::sig::{KeyKind, PrivateKey};
+use crate::cert::Certificate;
+use crate::sig::{KeyKind, PrivateKey};
 use std::sync::Arc;
 
 fn fixture(name: &str) -> Vec<u8> {

@@ -3,7 +3,7 @@
 //!
 //! A protected message is `IKE header | SK header | IV | ciphertext | ICV`,
 //! the ciphertext holding the inner payloads, padding and a pad-length
-//! byte. The keyed transform is the ESP one ([`crate::crypto::Transform`]):
+//! byte. The keyed transform is the ESP one ([`espgate_core::crypto::Transform`]):
 //! for AEAD the additional data is the IKE header and the SK header; for
 //! encryption + integrity the MAC covers everything before the ICV.
 
@@ -11,7 +11,7 @@ use super::wire::{
     emit_payload_chain, parse_payload_chain, payload, Header, IkeError, Payload, HEADER_LEN,
     PAYLOAD_HEADER_LEN,
 };
-use crate::crypto::{AuthCtx, Suite, SuiteError, Transform};
+use espgate_core::crypto::{AuthCtx, Suite, SuiteError, Transform};
 use std::fmt;
 
 /// Why a protected message was refused.
@@ -293,7 +293,7 @@ impl SkCrypto {
                 },
             )
             .map_err(|e| match e {
-                crate::Drop::Integrity => SkError::Integrity,
+                espgate_core::Drop::Integrity => SkError::Integrity,
                 _ => SkError::BadLength,
             })?;
         let plain = &buf[hdr_len + self.inp.iv_len()..buf.len() - self.inp.icv_len()];
@@ -322,7 +322,7 @@ pub struct Fragment {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ike::wire::{exchange, Notify};
+    use crate::wire::{exchange, Notify};
 
     fn pair(suite: &str) -> (SkCrypto, SkCrypto) {
         let s: Suite = suite.parse().unwrap();
@@ -374,7 +374,7 @@ mod tests {
                 assert_eq!(h, hdr());
                 assert_eq!(p, inner, "{suite}");
                 // The outer message parses with the plain codec too.
-                assert!(crate::ike::wire::Message::parse(&m).is_ok());
+                assert!(crate::wire::Message::parse(&m).is_ok());
                 // Any flipped bit (header, IV, body, ICV) is caught.
                 for i in [0, 20, 35, m.len() / 2, m.len() - 1] {
                     let mut t = m.clone();
@@ -416,7 +416,7 @@ mod tests {
                 .rev()
                 .map(|f| {
                     assert!(f.len() <= 300, "{suite}: {} bytes", f.len());
-                    assert!(crate::ike::wire::Message::parse(f).is_ok());
+                    assert!(crate::wire::Message::parse(f).is_ok());
                     b.open_fragment(f).unwrap().1
                 })
                 .collect();

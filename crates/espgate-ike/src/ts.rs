@@ -2,7 +2,7 @@
 //! TS payload ranges, and the responder's narrowing (intersection).
 
 use super::wire::TrafficSelector as Ts;
-use crate::selector::Prefix;
+use espgate_core::selector::Prefix;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The range TS of a prefix with an IP protocol (0 = any) and all ports.

@@ -7,7 +7,7 @@ use super::cert::{Certificate, Identity};
 use super::proposal::ProposalSpec;
 use super::sig::{PrivateKey, PublicKey};
 use super::wire::TrafficSelector;
-use crate::sa::Mode;
+use espgate_core::sa::Mode;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;

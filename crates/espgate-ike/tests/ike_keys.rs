@@ -2,9 +2,7 @@
 //! vectors in `vectors/ike-keys/keys.json` come from
 //! `tests/python/ike_key_vectors.py`, written with Python's hmac module.
 
-use espgate_core::ike::keys::{
-    derive_child_keys, derive_ike_keys, psk_auth, IkeKeyInput, KeyLens, Prf,
-};
+use espgate_ike::keys::{derive_child_keys, derive_ike_keys, psk_auth, IkeKeyInput, KeyLens, Prf};
 use serde_json::Value;
 
 fn hx(v: &Value) -> Vec<u8> {

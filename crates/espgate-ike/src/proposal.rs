@@ -5,7 +5,7 @@
 use super::dh::Group;
 use super::keys::{KeyLens, Prf};
 use super::wire::{self, encr, integ as integ_id, protocol, transform_type, Transform};
-use crate::crypto::{parse_enc, parse_integ, Enc, Integ, Suite};
+use espgate_core::crypto::{parse_enc, parse_integ, Enc, Integ, Suite};
 use std::fmt;
 
 /// What a proposal is for.

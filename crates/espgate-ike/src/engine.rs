@@ -19,8 +19,8 @@ use super::wire::{
     self, auth_method, cert_encoding, exchange, notify, payload, protocol, Delete, Header, Id,
     Message, Notify, Payload, TrafficSelector,
 };
-use crate::crypto::Suite;
-use crate::sa::Mode;
+use espgate_core::crypto::Suite;
+use espgate_core::sa::Mode;
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
