@@ -417,7 +417,7 @@ def test_systemd_unit_settings():
     assert svc["Type"] == ["notify"] and svc["Restart"] == ["on-failure"]
     # The defaults of gateway.state_dir and gateway.control_socket.
     assert svc["StateDirectory"] == ["espgate"] and svc["RuntimeDirectory"] == ["espgate"]
-    cfg = (ROOT / "crates/espgate/src/config.rs").read_text()
+    cfg = (ROOT / "crates/espgate-config/src/lib.rs").read_text()
     assert '"/run/espgate/espgate.sock"' in cfg and '"/var/lib/espgate"' in cfg
     assert set(svc["CapabilityBoundingSet"][0].split()) == {"CAP_NET_ADMIN", "CAP_NET_RAW"}
     assert svc["DeviceAllow"] == ["/dev/net/tun rw"]

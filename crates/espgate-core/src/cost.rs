@@ -122,6 +122,41 @@ impl Stage {
     }
 }
 
+/// Which way a packet goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dir {
+    /// Clear packet in, ESP out.
+    Outbound,
+    /// ESP in, clear packet out.
+    Inbound,
+}
+
+impl Dir {
+    /// Both directions.
+    pub const ALL: [Dir; 2] = [Dir::Outbound, Dir::Inbound];
+
+    /// 0 for outbound, 1 for inbound (an array index).
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// `outbound` or `inbound`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Dir::Outbound => "outbound",
+            Dir::Inbound => "inbound",
+        }
+    }
+
+    /// The stages of this direction, in processing order.
+    pub const fn stages(self) -> &'static [Stage] {
+        match self {
+            Dir::Outbound => &Stage::OUTBOUND,
+            Dir::Inbound => &Stage::INBOUND,
+        }
+    }
+}
+
 /// Receives stage boundaries from the packet paths.
 pub trait Probe {
     /// `stage` has just ended: the time since the previous mark (or since

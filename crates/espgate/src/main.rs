@@ -2,8 +2,9 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use espgate::gateway::{control, status};
-use espgate::{config, pcap_cmd};
+use espgate_api::{control, status};
+use espgate_config as config;
+use espgate_lab::pcap as pcap_cmd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -11,7 +12,8 @@ use std::time::Duration;
 /// Counts allocations on the data plane's hot path (`hot_path_allocs` in
 /// `espgate status`); otherwise the system allocator.
 #[global_allocator]
-static ALLOC: espgate::alloc_count::CountingAlloc = espgate::alloc_count::CountingAlloc;
+static ALLOC: espgate_daemon::alloc_count::CountingAlloc =
+    espgate_daemon::alloc_count::CountingAlloc;
 
 #[derive(Parser)]
 #[command(
@@ -140,7 +142,7 @@ enum Cmd {
     /// here: have a CA sign a request for the key (openssl req -new -key).
     Keygen {
         /// ed25519, ecdsa-p256, ecdsa-p384 or psk.
-        #[arg(long = "type", value_name = "TYPE", value_parser = espgate::keygen::KeyType::NAMES)]
+        #[arg(long = "type", value_name = "TYPE", value_parser = espgate_config::keygen::KeyType::NAMES)]
         kind: String,
         /// The private key (or PSK) file to write.
         #[arg(long, value_name = "FILE")]
@@ -200,15 +202,15 @@ enum BenchCmd {
     /// routing, espgate and (--peers) wireguard-go, strongSwan, OpenVPN:
     /// median/min/max Mbit/s, UDP packet rate and loss, ratio to plain
     /// routing, gateway CPU. Needs root and iperf3.
-    Tunnel(espgate::bench::tunnel::Args),
+    Tunnel(espgate_lab::bench::tunnel::Args),
     /// One SA's outbound pipeline over N crypto threads with in-order
     /// delivery, against the serial loop: packets/s, Gbit/s, speedup.
-    Parallel(espgate::bench::parallel::Args),
+    Parallel(espgate_lab::bench::parallel::Args),
     /// Complete IKEv2 handshakes (IKE_SA_INIT + IKE_AUTH, one child SA)
     /// between two engines in memory, per key-exchange group and auth
     /// method: handshakes/s and µs per handshake of each operation (DH,
     /// signatures, key derivation, ...), seed 004's IKE cost table.
-    Ike(espgate::bench::ike::Args),
+    Ike(espgate_lab::bench::ike::Args),
 }
 
 #[derive(clap::Args)]
@@ -234,7 +236,7 @@ struct BenchArgs {
 }
 
 fn run_bench(what: BenchCmd) -> Result<ExitCode> {
-    use espgate::bench;
+    use espgate_lab::bench;
     let (args, direction, is_esp, costs) = match what {
         BenchCmd::Crypto { args } => (args, "both".to_string(), false, false),
         BenchCmd::Esp {
@@ -242,9 +244,9 @@ fn run_bench(what: BenchCmd) -> Result<ExitCode> {
             direction,
             costs,
         } => (args, direction, true, costs),
-        BenchCmd::Tunnel(a) => return Ok(espgate::bench::tunnel::main(&a)),
-        BenchCmd::Parallel(a) => return espgate::bench::parallel::main(&a),
-        BenchCmd::Ike(a) => return espgate::bench::ike::main(&a),
+        BenchCmd::Tunnel(a) => return Ok(espgate_lab::bench::tunnel::main(&a)),
+        BenchCmd::Parallel(a) => return espgate_lab::bench::parallel::main(&a),
+        BenchCmd::Ike(a) => return espgate_lab::bench::ike::main(&a),
     };
     let mut p = bench::Params::new(
         &args.suite,
@@ -463,7 +465,7 @@ fn absolute(path: &Path) -> std::io::Result<PathBuf> {
 }
 
 fn run_up(opts: UpOpts) -> ExitCode {
-    use espgate::gateway::daemon::{self, Outcome, PidFile, Role};
+    use espgate_daemon::daemon::{self, Outcome, PidFile, Role};
     let path = if opts.daemon {
         match absolute(&opts.config) {
             Ok(p) => p,
@@ -557,7 +559,7 @@ fn run_up(opts: UpOpts) -> ExitCode {
             }
             Ok(())
         };
-        espgate::gateway::run_with(cfg, &mut on_ready)
+        espgate_daemon::run_with(cfg, &mut on_ready)
     };
     // Removed last: once it is gone, everything else is undone.
     drop(pid_guard);
@@ -642,7 +644,7 @@ fn run_sa_add(conn: String, dir: String, spec: String, target: &ControlArgs) -> 
 }
 
 fn run_wireshark_keys(tshark: bool, target: &ControlArgs) -> ExitCode {
-    use espgate::gateway::wireshark;
+    use espgate_api::wireshark;
     let v = match ask(target, &serde_json::json!({"cmd": "wireshark_keys"})) {
         Ok(v) => v,
         Err(c) => return c,
@@ -762,8 +764,8 @@ fn run_ike_costs_query(target: &ControlArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     print_rendered(
-        serde_json::from_value::<espgate::gateway::ike::IkeDoc>(ike.clone())
-            .map(|d| espgate::gateway::ike::render_costs(&d)),
+        serde_json::from_value::<espgate_api::ike::IkeDoc>(ike.clone())
+            .map(|d| espgate_api::ike::render_costs(&d)),
     )
 }
 
@@ -794,8 +796,8 @@ fn run_costs_query(target: &ControlArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     print_rendered(
-        serde_json::from_value::<espgate::costs::CostsReport>(costs.clone())
-            .map(|r| espgate::costs::render(&r)),
+        serde_json::from_value::<espgate_api::costs::CostsReport>(costs.clone())
+            .map(|r| espgate_api::costs::render(&r)),
     )
 }
 
@@ -807,8 +809,8 @@ fn run_demo(short: bool, prefix: Option<String>) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let opts = espgate::demo::Options { short, prefix, exe };
-    match espgate::demo::run_demo(&opts) {
+    let opts = espgate_lab::demo::Options { short, prefix, exe };
+    match espgate_lab::demo::run_demo(&opts) {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) if e.to_string() == "interrupted" => {
             eprintln!("espgate demo: interrupted; everything it made is removed");
@@ -822,13 +824,13 @@ fn run_demo(short: bool, prefix: Option<String>) -> ExitCode {
 }
 
 fn run_keygen(kind: &str, out: PathBuf, public: Option<PathBuf>, force: bool) -> Result<ExitCode> {
-    let opts = espgate::keygen::Options {
+    let opts = espgate_config::keygen::Options {
         kind: kind.parse().map_err(anyhow::Error::msg)?,
         out,
         public,
         force,
     };
-    for line in espgate::keygen::run(&opts)? {
+    for line in espgate_config::keygen::run(&opts)? {
         println!("{line}");
     }
     Ok(ExitCode::SUCCESS)

@@ -21,45 +21,12 @@
 //! With accounting off nothing here runs: the gateway holds no `Costs` and
 //! calls the core's unprobed entry points.
 
+pub use espgate_core::cost::Dir;
 use espgate_core::cost::{Probe, Stage};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
-
-/// Which way a packet goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dir {
-    /// Clear packet in, ESP out.
-    Outbound,
-    /// ESP in, clear packet out.
-    Inbound,
-}
-
-impl Dir {
-    /// Both directions.
-    pub const ALL: [Dir; 2] = [Dir::Outbound, Dir::Inbound];
-
-    fn index(self) -> usize {
-        self as usize
-    }
-
-    /// `outbound` or `inbound`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Dir::Outbound => "outbound",
-            Dir::Inbound => "inbound",
-        }
-    }
-
-    /// The stages of this direction, in processing order.
-    pub const fn stages(self) -> &'static [Stage] {
-        match self {
-            Dir::Outbound => &Stage::OUTBOUND,
-            Dir::Inbound => &Stage::INBOUND,
-        }
-    }
-}
 
 /// What the accountant reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,7 +20,7 @@
 //!   `IPV6_HDRINCL`, Linux 4.5+), so AH's ICV over the outer header stays
 //!   valid.
 
-use super::sys;
+use crate::sys;
 use espgate_core::wire::{ipv4, ipv6, proto, udp};
 use espgate_core::{Drop, PResult, PacketBuf};
 use std::io;

@@ -4,13 +4,13 @@
 //! plane's socket hands those datagrams over); negotiated child SAs are
 //! installed into the data-plane engine as they come.
 
-use super::dataplane::lock;
-use super::engine::Engine;
-use super::sockets::UdpSock;
-use crate::config::LoadedConfig;
+use crate::dataplane::lock;
+use crate::engine::Engine;
+use crate::sockets::UdpSock;
 use anyhow::{Context, Result};
+pub use espgate_api::ike::{ChildSaStatus, IkeDoc, IkeOpCost, IkeSaStatus};
+use espgate_config::LoadedConfig;
 use espgate_ike::engine::{CommandError, Event, Ike, IkeOp, IkeStatus, Level, Ports};
-use serde::Serialize;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -35,80 +35,6 @@ const LOG_PERIOD: Duration = Duration::from_secs(1);
 /// Datagrams on the NAT-T socket that carry IKE (non-ESP marker removed),
 /// queued by the data-plane handlers for [`IkeShell::pump`].
 pub type IkeQueue = Vec<(SocketAddr, SocketAddr, Vec<u8>)>;
-
-/// The IKE part of `espgate status`.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Default)]
-pub struct IkeDoc {
-    /// IKE SAs with their child SAs.
-    pub sas: Vec<IkeSaStatus>,
-    /// Engine counters: messages, exchanges, drops by reason.
-    pub counters: std::collections::BTreeMap<String, u64>,
-    /// Per-operation costs over every IKE SA since start (or `costs reset`).
-    pub costs: Vec<IkeOpCost>,
-}
-
-/// One IKE SA in `espgate status`.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
-pub struct IkeSaStatus {
-    /// Connection name.
-    pub connection: String,
-    /// `spi_i_spi_r` as hex.
-    pub spis: String,
-    /// connecting / established / deleting.
-    pub state: String,
-    /// We initiated it.
-    pub initiator: bool,
-    /// Our IKE endpoint.
-    pub local: String,
-    /// The peer's IKE endpoint.
-    pub remote: String,
-    /// The peer's authenticated identity.
-    pub peer_id: Option<String>,
-    /// Negotiated IKE algorithms.
-    pub algorithms: Option<String>,
-    /// Seconds since it was established.
-    pub established_secs: Option<u64>,
-    /// Seconds until it is rekeyed.
-    pub rekey_in_secs: Option<u64>,
-    /// NAT-T in use.
-    pub nat: bool,
-    /// Child SAs.
-    pub children: Vec<ChildSaStatus>,
-    /// Per-operation cost of this IKE SA (count, microseconds).
-    pub costs: Vec<IkeOpCost>,
-}
-
-/// One child SA in `espgate status`.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
-pub struct ChildSaStatus {
-    /// Our inbound SPI.
-    pub spi_in: String,
-    /// Our outbound SPI.
-    pub spi_out: String,
-    /// installed / rekeying / rekeyed / deleting.
-    pub state: String,
-    /// ESP algorithms.
-    pub algorithms: String,
-    /// Seconds until rekey.
-    pub rekey_in_secs: Option<u64>,
-    /// Seconds until hard expiry.
-    pub expire_in_secs: Option<u64>,
-    /// Our selectors.
-    pub local_ts: Vec<String>,
-    /// The peer's selectors.
-    pub remote_ts: Vec<String>,
-}
-
-/// Count and cumulative time of one IKE operation.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
-pub struct IkeOpCost {
-    /// Operation (dh, auth_create, auth_verify, key_derivation, encrypt, decrypt, encode, decode).
-    pub op: String,
-    /// Times done.
-    pub count: u64,
-    /// Total microseconds.
-    pub micros: f64,
-}
 
 /// Monotonic nanoseconds for the engine's cost accounting.
 fn mono_ns() -> u64 {
@@ -148,7 +74,7 @@ impl IkeShell {
         let conns: Vec<_> = cfg
             .connections
             .iter()
-            .filter_map(crate::ikeconf::ike_config)
+            .filter_map(espgate_config::ike::ike_config)
             .collect();
         if conns.is_empty() {
             return Ok(None);
@@ -165,7 +91,7 @@ impl IkeShell {
         let to_start = cfg
             .connections
             .iter()
-            .filter(|c| crate::ikeconf::start_on_boot(c))
+            .filter(|c| espgate_config::ike::start_on_boot(c))
             .map(|c| c.name.clone())
             .collect();
         let mut ike = Ike::new(conns, ports);
@@ -440,48 +366,6 @@ fn sa_status(s: &IkeStatus, now: Duration) -> IkeSaStatus {
             })
             .collect(),
     }
-}
-
-/// The text of `espgate status --ike-costs`: operations over every IKE SA
-/// since start, then per IKE SA.
-pub fn render_costs(d: &IkeDoc) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    let table = |out: &mut String, rows: &[IkeOpCost]| {
-        let total: f64 = rows.iter().map(|r| r.micros).sum();
-        let _ = writeln!(
-            out,
-            "  {:<16} {:>8} {:>12} {:>10} {:>6}",
-            "operation", "count", "total us", "us each", "share"
-        );
-        for r in rows {
-            let each = if r.count == 0 {
-                0.0
-            } else {
-                r.micros / r.count as f64
-            };
-            let share = if total > 0.0 {
-                100.0 * r.micros / total
-            } else {
-                0.0
-            };
-            let _ = writeln!(
-                out,
-                "  {:<16} {:>8} {:>12.1} {:>10.1} {:>5.1}%",
-                r.op, r.count, r.micros, each, share
-            );
-        }
-    };
-    let _ = writeln!(
-        out,
-        "IKE operations since start (all IKE SAs, including failed ones):"
-    );
-    table(&mut out, &d.costs);
-    for sa in &d.sas {
-        let _ = writeln!(out, "\n{} {} ({}):", sa.connection, sa.spis, sa.state);
-        table(&mut out, &sa.costs);
-    }
-    out
 }
 
 /// Installs a negotiated SA into every worker's engine: an inbound SA stays

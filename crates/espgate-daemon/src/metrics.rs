@@ -25,9 +25,9 @@
 //! status document's `costs`; they are absent while it is off and restart
 //! from 0 after `espgate costs reset` (a counter reset to Prometheus).
 
-use super::engine::GwDrop;
-use super::status::{SaStatus, Status};
-use crate::costs::Dir;
+use crate::engine::GwDrop;
+use espgate_api::costs::Dir;
+use espgate_api::status::{SaStatus, Status};
 use espgate_core::Drop;
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
@@ -712,7 +712,7 @@ pub fn render(s: &Status) -> String {
             })
             .collect::<Vec<_>>(),
     );
-    type Pick = fn(&super::status::Left) -> Option<u64>;
+    type Pick = fn(&espgate_api::status::Left) -> Option<u64>;
     let left: [(&str, &str, Pick); 3] = [
         (
             "espgate_sa_lifetime_remaining_seconds",
@@ -923,7 +923,7 @@ pub(crate) fn parse(text: &str) -> Result<std::collections::BTreeMap<String, u64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::status::{ConnectionStatus, Left, LifetimeStatus, TunStatus};
+    use espgate_api::status::{ConnectionStatus, Left, LifetimeStatus, TunStatus};
 
     fn sa(conn: &str, dir: &str, spi: &str, drops: &[(&str, u64)]) -> SaStatus {
         SaStatus {
@@ -1002,7 +1002,7 @@ mod tests {
 
     #[test]
     fn stage_costs_are_exported_only_while_accounting_is_on() {
-        use crate::costs::{ClockKind, Costs};
+        use espgate_api::costs::{ClockKind, Costs};
         use espgate_core::cost::{Probe, Stage};
         let off = render(&sample("site-b"));
         assert!(!off.contains("espgate_stage_"), "{off}");
@@ -1206,7 +1206,7 @@ mod tests {
         while !done() && start.elapsed() < Duration::from_secs(10) {
             fds.clear();
             server.poll_fds(&mut fds);
-            crate::gateway::sys::poll(&mut fds, 20).unwrap();
+            crate::sys::poll(&mut fds, 20).unwrap();
             server.service(&fds, || "espgate_x_total 1\n".to_string());
         }
     }
@@ -1281,7 +1281,7 @@ mod tests {
         for _ in 0..50 {
             fds.clear();
             server.poll_fds(&mut fds);
-            crate::gateway::sys::poll(&mut fds, 20).unwrap();
+            crate::sys::poll(&mut fds, 20).unwrap();
             server.service(&fds, String::new);
             if !server.clients.is_empty() {
                 break;
@@ -1296,7 +1296,7 @@ mod tests {
 
     #[test]
     fn ike_metrics() {
-        use crate::gateway::ike::{IkeDoc, IkeOpCost, IkeSaStatus};
+        use crate::ike::{IkeDoc, IkeOpCost, IkeSaStatus};
         let mut s = sample("to-b");
         assert!(
             !render(&s).contains("espgate_ike_sas"),

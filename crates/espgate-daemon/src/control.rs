@@ -1,37 +1,15 @@
-//! The control socket: a Unix stream socket (mode 0600) at
-//! `gateway.control_socket` speaking newline-delimited JSON. Each request
-//! line gets one response line:
+//! The control socket's server side: a Unix stream socket (mode 0600) at
+//! `gateway.control_socket`, speaking the newline-delimited JSON protocol
+//! of [`espgate_api::control`] (one response line per request line).
 //!
-//! ```text
-//! {"cmd":"status"}   -> {"ok":true,"status":{...}}     (see status::Status)
-//! {"cmd":"sa_list"}  -> {"ok":true,"sas":[{...},...]}  (see status::SaStatus)
-//! {"cmd":"sa_add","conn":"NAME","dir":"in"|"out","spec":"spi=0x…,suite=…,enc=…"}
-//!                    -> {"ok":true,"message":"...","warnings":[...]}
-//! {"cmd":"sa_del","spi":4097[,"proto":"esp"|"ah"][,"dir":"in"|"out"][,"conn":"NAME"]}
-//!                    -> {"ok":true,"message":"...","warnings":[...]}
-//! {"cmd":"wireshark_keys"} -> {"ok":true,"sas":[{...,"enc_key":"hex",...}]}
-//!                                                      (see wireshark::SaKeys)
-//! {"cmd":"costs","action":"on"|"off"|"reset"}
-//!                    -> {"ok":true,"message":"...","warnings":[]}
-//!                       (per-stage cost accounting; the counts are in the
-//!                       status document's "costs" while it is on)
-//! anything else      -> {"ok":false,"error":"..."}
-//! ```
-//!
-//! `sa_add` / `sa_del` change the daemon's SAs until it stops (never the
-//! configuration file); see `Engine::add_sa`. `wireshark_keys` is the only
-//! command that answers with key material; the socket is mode 0600 in a
-//! root-owned directory, and request lines (which carry keys for `sa_add`)
-//! are wiped from memory once parsed.
-//!
-//! The server side is non-blocking and driven by the data-plane loop's
-//! `poll`; a client that does not finish a request within
-//! [`CLIENT_TIMEOUT`] is disconnected, and at most [`MAX_CLIENTS`] are
-//! served at once.
+//! The server is non-blocking and driven by a poll loop; a client that does
+//! not finish a request within [`CLIENT_TIMEOUT`] is disconnected, and at
+//! most [`MAX_CLIENTS`] are served at once. Request lines (which carry keys
+//! for `sa_add`) are wiped from memory once parsed.
 
 use anyhow::{bail, Context, Result};
-use serde::Deserialize;
-use std::io::{self, BufRead, BufReader, Read, Write};
+pub use espgate_api::control::{error_response, parse_request, request, ClientError, Request};
+use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -39,86 +17,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use zeroize::{Zeroize, Zeroizing};
 
-/// Longest request line accepted.
-const MAX_REQUEST: usize = 4096;
+use espgate_api::control::MAX_REQUEST;
 /// Clients served at once.
 pub const MAX_CLIENTS: usize = 16;
 /// How long a client may take.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A request.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-pub struct Request {
-    /// `status`, `sa_list`, `sa_add`, `sa_del`, `wireshark_keys` or `costs`.
-    pub cmd: String,
-    /// `sa_add`, `sa_del`: the connection's name.
-    #[serde(default)]
-    pub conn: Option<String>,
-    /// `sa_add`, `sa_del`: `in` or `out`.
-    #[serde(default)]
-    pub dir: Option<String>,
-    /// `sa_add`: the SA spec (with its keys; wiped on drop).
-    #[serde(default)]
-    pub spec: Option<String>,
-    /// `sa_del`: the SPI.
-    #[serde(default)]
-    pub spi: Option<u32>,
-    /// `sa_del`: `esp` or `ah`.
-    #[serde(default)]
-    pub proto: Option<String>,
-    /// `costs`: `on`, `off` or `reset`.
-    #[serde(default)]
-    pub action: Option<String>,
-}
-
-impl Request {
-    /// A request with only a command.
-    pub fn new(cmd: &str) -> Request {
-        Request {
-            cmd: cmd.to_string(),
-            conn: None,
-            dir: None,
-            spec: None,
-            spi: None,
-            proto: None,
-            action: None,
-        }
-    }
-}
-
-impl std::fmt::Debug for Request {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Request")
-            .field("cmd", &self.cmd)
-            .field("conn", &self.conn)
-            .field("dir", &self.dir)
-            .field("spec", &self.spec.as_ref().map(|_| "(not shown: keys)"))
-            .field("spi", &self.spi)
-            .field("proto", &self.proto)
-            .field("action", &self.action)
-            .finish()
-    }
-}
-
-impl Drop for Request {
-    fn drop(&mut self) {
-        if let Some(s) = &mut self.spec {
-            s.zeroize();
-        }
-    }
-}
-
-/// Parses one request line; the error is the message to send back.
-pub fn parse_request(line: &[u8]) -> Result<Request, String> {
-    serde_json::from_slice::<Request>(line).map_err(|e| {
-        format!("bad request ({e}); send one JSON object per line, e.g. {{\"cmd\":\"status\"}}")
-    })
-}
-
-/// `{"ok":false,"error":…}`.
-pub fn error_response(msg: &str) -> String {
-    serde_json::json!({"ok": false, "error": msg}).to_string()
-}
 
 struct Client {
     stream: UnixStream,
@@ -174,6 +77,36 @@ pub fn check_not_running(path: &Path) -> Result<()> {
     }
 }
 
+/// Binds a Unix stream socket at `path` that only its owner can connect
+/// to, at no moment reachable by others, and without the process-wide
+/// umask (other threads may be creating files meanwhile): the socket is
+/// bound inside a new mode-0700 directory next to `path`, made 0600, then
+/// renamed into place.
+fn bind_private(path: &Path) -> io::Result<UnixListener> {
+    use std::os::unix::fs::DirBuilderExt;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let private = parent.join(format!(".eg{:x}", std::process::id()));
+    if std::fs::symlink_metadata(&private).is_ok() {
+        // Left by a process with our pid that died mid-bind: ours to remove.
+        std::fs::remove_dir_all(&private)?;
+    }
+    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
+    let tmp = private.join("s");
+    let r = (|| {
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))?;
+        let l = UnixListener::bind(&tmp)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::rename(&tmp, path)?;
+        Ok(l)
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    let _ = std::fs::remove_dir(&private);
+    r
+}
+
 impl ControlServer {
     /// Binds `path` with mode 0600 (after [`check_not_running`]), creating
     /// its directory (0755) if needed.
@@ -185,16 +118,8 @@ impl ControlServer {
                     .with_context(|| format!("creating {}", dir.display()))?;
             }
         }
-        // The socket is created with mode 0777 & ~umask: make it 0600 from
-        // the start (the process is single-threaded here).
-        // SAFETY: umask only swaps the process's file-creation mask.
-        let old = unsafe { libc::umask(0o177) };
-        let r = UnixListener::bind(path);
-        // SAFETY: as above, restoring the previous mask.
-        unsafe { libc::umask(old) };
-        let listener = r.with_context(|| format!("binding control socket {}", path.display()))?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .with_context(|| format!("chmod 600 {}", path.display()))?;
+        let listener = bind_private(path)
+            .with_context(|| format!("binding control socket {}", path.display()))?;
         listener.set_nonblocking(true)?;
         let meta = std::fs::metadata(path)?;
         Ok(ControlServer {
@@ -350,84 +275,6 @@ impl Drop for ControlServer {
     }
 }
 
-/// Why a client request failed.
-#[derive(Debug)]
-pub enum ClientError {
-    /// Nothing listens on the socket.
-    NotRunning(PathBuf, io::Error),
-    /// Anything else.
-    Other(anyhow::Error),
-}
-
-impl std::fmt::Display for ClientError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ClientError::NotRunning(p, e) => write!(
-                f,
-                "no espgate daemon is running on control socket {} ({e}); start one with \
-                 `espgate up -c FILE`, or name its socket with -s PATH or its config with -c FILE",
-                p.display()
-            ),
-            ClientError::Other(e) => write!(f, "{e:#}"),
-        }
-    }
-}
-
-/// Sends one request to the daemon at `path` and returns its response
-/// (the whole `{"ok":…}` object; an `ok: false` answer is an error).
-pub fn request(
-    path: &Path,
-    cmd: &str,
-    timeout: Duration,
-) -> Result<serde_json::Value, ClientError> {
-    request_json(path, &serde_json::json!({ "cmd": cmd }), timeout)
-}
-
-/// [`request`] with a whole request object (`{"cmd":…, …}`).
-pub fn request_json(
-    path: &Path,
-    req: &serde_json::Value,
-    timeout: Duration,
-) -> Result<serde_json::Value, ClientError> {
-    let mut s = UnixStream::connect(path).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
-            ClientError::NotRunning(path.to_path_buf(), e)
-        }
-        _ => ClientError::Other(
-            anyhow::Error::new(e).context(format!("connecting to {}", path.display())),
-        ),
-    })?;
-    let other = |e: io::Error, what: &str| {
-        ClientError::Other(anyhow::Error::new(e).context(format!("{what} {}", path.display())))
-    };
-    s.set_read_timeout(Some(timeout))
-        .and_then(|_| s.set_write_timeout(Some(timeout)))
-        .map_err(|e| other(e, "configuring"))?;
-    let req = Zeroizing::new(req.to_string() + "\n");
-    s.write_all(req.as_bytes())
-        .map_err(|e| other(e, "writing to"))?;
-    let mut line = String::new();
-    BufReader::new(&s)
-        .take(64 << 20)
-        .read_line(&mut line)
-        .map_err(|e| other(e, "reading from"))?;
-    if line.is_empty() {
-        return Err(ClientError::Other(anyhow::anyhow!(
-            "the daemon on {} closed the connection without answering",
-            path.display()
-        )));
-    }
-    let v: serde_json::Value = serde_json::from_str(&line)
-        .map_err(|e| ClientError::Other(anyhow::anyhow!("bad answer from the daemon: {e}")))?;
-    if v["ok"] != serde_json::Value::Bool(true) {
-        return Err(ClientError::Other(anyhow::anyhow!(
-            "the daemon refused: {}",
-            v["error"].as_str().unwrap_or("(no reason given)")
-        )));
-    }
-    Ok(v)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -451,7 +298,7 @@ mod tests {
         while !done() && start.elapsed() < Duration::from_secs(10) {
             fds.clear();
             server.poll_fds(&mut fds);
-            crate::gateway::sys::poll(&mut fds, 20).unwrap();
+            crate::sys::poll(&mut fds, 20).unwrap();
             server.service(&fds, |r| match r.cmd.as_str() {
                 "status" => r#"{"ok":true,"status":{"x":1}}"#.to_string(),
                 other => error_response(&format!("unknown command {other:?}")),

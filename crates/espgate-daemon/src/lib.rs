@@ -31,6 +31,7 @@
 //! for inner packets larger than the tunnel comes from the kernel, since
 //! the TUN MTU is the outer MTU minus the SA overhead.
 
+pub mod alloc_count;
 pub mod control;
 pub mod daemon;
 pub mod dataplane;
@@ -38,19 +39,18 @@ pub mod engine;
 pub mod ike;
 pub mod metrics;
 pub mod mss;
+pub mod netdev;
 pub mod ratelimit;
 pub mod seqstate;
 pub mod setup;
 pub mod signals;
 pub mod sockets;
-pub mod status;
 pub mod sys;
-pub mod wireshark;
 
-use crate::config::{Encapsulation, LoadedConfig};
 use crate::netdev::{NetChanges, Offloads, Tun};
 use anyhow::{Context, Result};
 use dataplane::{Info, Sockets, Worker};
+use espgate_config::{Encapsulation, LoadedConfig};
 use espgate_core::wire::proto;
 use std::os::fd::AsFd;
 use std::sync::atomic::AtomicBool;
@@ -232,7 +232,7 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
     }
     let info = Info {
         config: cfg.source.clone(),
-        tun: status::TunStatus {
+        tun: espgate_api::status::TunStatus {
             name: tun.name().to_string(),
             mtu: plan.mtu,
         },

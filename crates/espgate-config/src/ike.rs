@@ -1,5 +1,5 @@
 //! A connection's `[connection.ike]` table, validated and loaded
-//! ([`IkeSettings`], made by [`crate::config`]), and its translation into
+//! ([`IkeSettings`], made by [`crate`]), and its translation into
 //! the core engine's [`IkeConfig`].
 //!
 //! The key files the table names are read by the configuration loader;
@@ -11,7 +11,7 @@
 //!
 //! [`Zeroizing`]: zeroize::Zeroizing
 
-use crate::config::Connection;
+use crate::Connection;
 use espgate_core::selector::Prefix;
 use espgate_ike::cert::Identity;
 use espgate_ike::config::{ChildConfig, DpdAction, IkeConfig, LocalAuth, RemoteAuth, Retransmit};

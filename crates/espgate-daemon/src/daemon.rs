@@ -242,7 +242,7 @@ fn wait_report(mut rd: File, pid: libc::pid_t, log_file: &Path) -> Outcome {
             revents: 0,
         }];
         let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX).max(1);
-        match crate::gateway::sys::poll(&mut fds, ms) {
+        match crate::sys::poll(&mut fds, ms) {
             Ok(0) => continue,
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

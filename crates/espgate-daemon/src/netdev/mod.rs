@@ -4,7 +4,7 @@
 //! change journalled so it can be undone ([`netlink`]).
 //!
 //! ```no_run
-//! use espgate::netdev::{NetChanges, RouteSpec, RuleSpec, IfAddr, Family, Tun};
+//! use espgate_daemon::netdev::{NetChanges, RouteSpec, RuleSpec, IfAddr, Family, Tun};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let tun = Tun::builder("espgate0").multi_queue(2).open()?;
 //! let mut net = NetChanges::new()?;

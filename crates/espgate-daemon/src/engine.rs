@@ -10,15 +10,15 @@
 //! calls [`Engine::outbound`] or [`Engine::inbound`] and sends or writes
 //! what they leave in the buffer. Unit tests run two engines back to back.
 
-use super::control::{error_response, Request};
-use super::mss::{self, MssLimit};
-use super::ratelimit::{suppressed_note, RateLimiter};
-use super::seqstate::{self, Reservation, SeqStore};
-use super::status::{ConnectionStatus, Left, LifetimeStatus, SaStatus};
-use super::wireshark::SaKeys;
-use crate::config::{Connection, Encapsulation, LoadedConfig, MssClamp, Protocols};
-use crate::costs::{Costs, CostsReport, Dir};
+use crate::control::{error_response, Request};
+use crate::mss::{self, MssLimit};
+use crate::ratelimit::{suppressed_note, RateLimiter};
+use crate::seqstate::{self, Reservation, SeqStore};
 use anyhow::{anyhow, bail, Context, Result};
+use espgate_api::costs::{Costs, CostsReport, Dir};
+use espgate_api::status::{ConnectionStatus, Left, LifetimeStatus, SaStatus};
+use espgate_api::wireshark::SaKeys;
+use espgate_config::{Connection, Encapsulation, LoadedConfig, MssClamp, Protocols};
 use espgate_core::cost::{Probe, Stage};
 use espgate_core::sa::{Encap, Mode, Protocol, SaEvent, SharedSeq};
 use espgate_core::sad::{InboundOutcome, SaId, Sad};
@@ -221,7 +221,7 @@ pub struct SaChange {
 /// The packet logic; see the module documentation.
 /// The worker (of `n`) that receives the inbound SA with `spi`: ESP-in-UDP
 /// datagrams are steered to socket `SPI % n` of the `SO_REUSEPORT` group
-/// ([`super::sockets::UdpSock::steer_by_spi`]); raw ESP/AH is read by
+/// ([`crate::sockets::UdpSock::steer_by_spi`]); raw ESP/AH is read by
 /// worker 0 alone.
 pub fn worker_of(encap: Encap, spi: u32, n: usize) -> usize {
     match encap {
@@ -343,7 +343,7 @@ pub struct Engine {
     pub counters: Counters,
     /// IKE datagrams received on the NAT-T socket (non-ESP marker removed),
     /// waiting for worker 0's IKE engine: (our address, sender, message).
-    pub ike_rx: super::ike::IkeQueue,
+    pub ike_rx: crate::ike::IkeQueue,
     /// An IKE engine runs (worker 0 with IKE connections): IKE on the
     /// NAT-T port is queued for it rather than dropped.
     pub ike_enabled: bool,
@@ -1836,7 +1836,7 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config;
+    use espgate_config as config;
     use espgate_core::wire::{ip, ipv4, proto, udp};
     use std::net::Ipv4Addr;
     use std::path::Path;
@@ -2297,8 +2297,8 @@ mod tests {
             "two outbound copies, one inbound on worker 0"
         );
         assert_ne!(
-            crate::config::per_cpu_key(&[7u8; 20], 1).to_vec(),
-            crate::config::per_cpu_key(&[7u8; 20], 0).to_vec()
+            espgate_config::per_cpu_key(&[7u8; 20], 1).to_vec(),
+            espgate_config::per_cpu_key(&[7u8; 20], 0).to_vec()
         );
     }
 
@@ -2577,7 +2577,7 @@ mod tests {
         let (ca, _) = pair("esp", "udp");
         let mut a = Engine::new(&ca, None, T).unwrap();
         let ask = |a: &mut Engine, line: &str| {
-            let req = crate::gateway::control::parse_request(line.as_bytes()).unwrap();
+            let req = crate::control::parse_request(line.as_bytes()).unwrap();
             let v: serde_json::Value = serde_json::from_str(&admin_answer(a, T, &req)).unwrap();
             v
         };

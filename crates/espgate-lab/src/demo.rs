@@ -219,12 +219,12 @@ fn demo_in(lab: &mut Lab, prefix: &str, opts: &Options) -> Result<Vec<Row>> {
     row.path = "espgate tunnel (aes128gcm16)".into();
     rows.push(row);
     // Show that it went through the SAs.
-    let st = crate::gateway::control::request(&daemons[0].2, "sa_list", Duration::from_secs(5))
+    let st = espgate_api::control::request(&daemons[0].2, "sa_list", Duration::from_secs(5))
         .map_err(|e| anyhow!("{e}"))?;
-    let sas: Vec<crate::gateway::status::SaStatus> = serde_json::from_value(st["sas"].clone())?;
+    let sas: Vec<espgate_api::status::SaStatus> = serde_json::from_value(st["sas"].clone())?;
     writeln!(out, "\ngateway A's SAs (espgate sa list):")?;
     out.flush()?;
-    write!(out, "{}", crate::gateway::status::render_sa_list(&sas))?;
+    write!(out, "{}", espgate_api::status::render_sa_list(&sas))?;
     if sas.iter().any(|s| s.packets == 0) {
         bail!("an SA of gateway A carried no packets");
     }

@@ -10,7 +10,10 @@
 //!
 //! The schema is documented key by key in `docs/CONFIG.md`.
 
-use crate::ikeconf::{AuthMethod, IkeSettings, StartAction};
+pub mod ike;
+pub mod keygen;
+
+use crate::ike::{AuthMethod, IkeSettings, StartAction};
 use espgate_core::crypto::{Suite, SuiteError};
 use espgate_core::sa::replay::MAX_WINDOW;
 use espgate_core::sa::{Encap, Lifetime, Mode, Protocol, Sa, SaConfig};
@@ -358,7 +361,7 @@ pub struct Connection {
     pub ah: Option<ManualSa>,
     /// IKEv2 settings (`[connection.ike]`): the SAs are negotiated, not
     /// configured, so `esp` and `ah` are `None` and [`Connection::sa_configs`]
-    /// is empty until IKE installs SAs. See [`crate::ikeconf`].
+    /// is empty until IKE installs SAs. See [`crate::ike`].
     pub ike: Option<IkeSettings>,
 }
 
@@ -4433,7 +4436,7 @@ integ_out = "{K20B}"
     // [connection.ike]
     // -----------------------------------------------------------------
 
-    use crate::ikeconf::{ike_config, start_on_boot};
+    use crate::ike::{ike_config, start_on_boot};
     use espgate_ike::wire::TrafficSelector as Ts;
 
     const PSK_HEX: &str = "0x00112233445566778899aabbccddeeff0011223344556677";

@@ -34,7 +34,7 @@ pub mod ike;
 pub mod parallel;
 pub mod tunnel;
 
-use crate::costs::{self, Costs, Dir};
+use espgate_api::costs::{self, Costs, Dir};
 
 /// Runs a bench that reports progress lines (shown on a terminal, never
 /// with `--json`) and prints its rows as JSON or as `table`; true when the

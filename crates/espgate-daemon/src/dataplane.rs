@@ -3,17 +3,17 @@
 //! [`PacketBuf`]s (one per direction) carry every packet; nothing is
 //! allocated per packet on the forwarding path.
 
-use super::control::{error_response, ControlServer, Request};
-use super::engine::{Engine, GwDrop};
-use super::metrics::MetricsServer;
-use super::signals::{self, Signals};
-use super::sockets::{push_ipv6_outer, push_udp_outer, RawRx, RawTx, UdpSock};
-use super::status::{Status, TunStatus};
-use super::sys;
-use crate::config::Encapsulation;
-use crate::costs::Dir;
+use crate::control::{error_response, ControlServer, Request};
+use crate::engine::{Engine, GwDrop};
+use crate::metrics::MetricsServer;
 use crate::netdev::{TunQueue, VirtioNetHdr, VNET_HDR_LEN};
+use crate::signals::{self, Signals};
+use crate::sockets::{push_ipv6_outer, push_udp_outer, RawRx, RawTx, UdpSock};
+use crate::sys;
 use anyhow::{Context, Result};
+use espgate_api::costs::Dir;
+use espgate_api::status::{Status, TunStatus};
+use espgate_config::Encapsulation;
 use espgate_core::offload::{self, GsoInfo, GsoKind, Push, Segmenter, TcpCoalescer};
 use espgate_core::wire::{ip, proto, udp};
 use espgate_core::PacketBuf;
@@ -162,7 +162,7 @@ pub struct Worker<'a> {
     /// needs each datagram on its own).
     pub gro_allowed: bool,
     /// The IKEv2 engine (worker 0, when a connection uses IKE).
-    pub ike: Option<&'a mut super::ike::IkeShell>,
+    pub ike: Option<&'a mut crate::ike::IkeShell>,
 }
 
 /// Locks an engine; one whose holder panicked is still consistent enough
@@ -348,7 +348,7 @@ impl<'a> Worker<'a> {
                     m.service(met, || {
                         let mut s = status_all(engines, info, now);
                         s.ike = ike.map(|i| i.doc(now));
-                        super::metrics::render(&s)
+                        crate::metrics::render(&s)
                     });
                 }
             }
@@ -880,7 +880,7 @@ pub fn status_all(engines: &[Mutex<Engine>], info: &Info, now: Duration) -> Stat
 pub fn answer_with_ike(
     engines: &[Mutex<Engine>],
     info: &Info,
-    ike: Option<&mut super::ike::IkeShell>,
+    ike: Option<&mut crate::ike::IkeShell>,
     now: Duration,
     req: &Request,
 ) -> String {
@@ -954,13 +954,13 @@ pub fn answer(engines: &[Mutex<Engine>], info: &Info, now: Duration, req: &Reque
 /// held the SA (an inbound SA lives in one worker only).
 fn change_all(engines: &[Mutex<Engine>], now: Duration, req: &Request) -> String {
     let ok = |a: &str| serde_json::from_str::<serde_json::Value>(a).is_ok_and(|v| v["ok"] == true);
-    let first = super::engine::admin_answer(&mut lock(&engines[0]), now, req);
+    let first = crate::engine::admin_answer(&mut lock(&engines[0]), now, req);
     if req.cmd == "sa_add" && !ok(&first) {
         return first;
     }
     let mut answers = vec![first];
     for e in &engines[1..] {
-        answers.push(super::engine::admin_answer(&mut lock(e), now, req));
+        answers.push(crate::engine::admin_answer(&mut lock(e), now, req));
     }
     if req.cmd == "sa_add" {
         let n = engines.len();
@@ -995,7 +995,7 @@ pub fn answer_one(engine: &mut Engine, info: &Info, now: Duration, req: &Request
         }
         "sa_list" => serde_json::json!({"ok": true, "sas": engine.sa_list(now)}).to_string(),
         "sa_add" | "sa_del" | "wireshark_keys" | "costs" => {
-            super::engine::admin_answer(engine, now, req)
+            crate::engine::admin_answer(engine, now, req)
         }
         other => error_response(&format!(
             "unknown command {other:?}; the commands are status, sa_list, sa_add, sa_del, \

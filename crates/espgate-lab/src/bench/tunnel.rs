@@ -1151,7 +1151,7 @@ fn start_espgate(
             &[&what],
             Duration::from_secs(10),
             "its control socket",
-            || crate::gateway::control::request(sock, "status", Duration::from_secs(2)).is_ok(),
+            || espgate_api::control::request(sock, "status", Duration::from_secs(2)).is_ok(),
         )
         .map_err(|e| with_logs(e, &logs))?;
     }

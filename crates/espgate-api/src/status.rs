@@ -49,7 +49,7 @@ pub struct Status {
     /// IKEv2: IKE SAs with their children, counters and per-operation
     /// costs (only when a connection uses IKE).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ike: Option<super::ike::IkeDoc>,
+    pub ike: Option<crate::ike::IkeDoc>,
     /// Per-stage costs, present only while cost accounting is on
     /// (`gateway.cost_accounting`, `espgate costs on`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -445,7 +445,7 @@ const ADDED_NOTE: &str =
     "(+ added by `espgate sa add`: a run-time change, gone when the daemon restarts)\n";
 
 /// The IKE part of `espgate status`.
-fn render_ike(out: &mut String, ike: &super::ike::IkeDoc) {
+fn render_ike(out: &mut String, ike: &crate::ike::IkeDoc) {
     let _ = writeln!(out, "\nIKE SAs: {}", ike.sas.len());
     let opt_secs = |v: Option<u64>| v.map_or("never".to_string(), duration);
     for sa in &ike.sas {

@@ -21,9 +21,9 @@
 //!   suppress_prefixlength 0`, exists for a default route in the tunnel
 //!   table and would let the on-link route win here, so it is not added.)
 
-use crate::config::{Connection, LoadedConfig};
 use crate::netdev::{Family, IfAddr, NetChanges, RouteSpec, RuleSpec};
 use anyhow::{bail, Context, Result};
+use espgate_config::{Connection, LoadedConfig};
 use espgate_core::sa::Mode;
 use std::collections::HashSet;
 
@@ -230,7 +230,7 @@ mod tests {
              enc_in = \"000102030405060708090a0b0c0d0e0f10111213\"\n\
              enc_out = \"101112131415161718191a1b1c1d1e1f20212223\"\n"
         );
-        crate::config::parse(&text, Path::new("/nonexistent"), "t.toml")
+        espgate_config::parse(&text, Path::new("/nonexistent"), "t.toml")
             .unwrap_or_else(|e| panic!("{e}"))
     }
 

@@ -1,0 +1,121 @@
+//! The IKE part of the status document (`espgate status`, `status
+//! --ike-costs`): IKE SAs with their child SAs, engine counters and the
+//! per-operation costs, and their text rendering.
+
+use serde::{Deserialize, Serialize};
+
+/// The IKE part of `espgate status`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct IkeDoc {
+    /// IKE SAs with their child SAs.
+    pub sas: Vec<IkeSaStatus>,
+    /// Engine counters: messages, exchanges, drops by reason.
+    pub counters: std::collections::BTreeMap<String, u64>,
+    /// Per-operation costs over every IKE SA since start (or `costs reset`).
+    pub costs: Vec<IkeOpCost>,
+}
+
+/// One IKE SA in `espgate status`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct IkeSaStatus {
+    /// Connection name.
+    pub connection: String,
+    /// `spi_i_spi_r` as hex.
+    pub spis: String,
+    /// connecting / established / deleting.
+    pub state: String,
+    /// We initiated it.
+    pub initiator: bool,
+    /// Our IKE endpoint.
+    pub local: String,
+    /// The peer's IKE endpoint.
+    pub remote: String,
+    /// The peer's authenticated identity.
+    pub peer_id: Option<String>,
+    /// Negotiated IKE algorithms.
+    pub algorithms: Option<String>,
+    /// Seconds since it was established.
+    pub established_secs: Option<u64>,
+    /// Seconds until it is rekeyed.
+    pub rekey_in_secs: Option<u64>,
+    /// NAT-T in use.
+    pub nat: bool,
+    /// Child SAs.
+    pub children: Vec<ChildSaStatus>,
+    /// Per-operation cost of this IKE SA (count, microseconds).
+    pub costs: Vec<IkeOpCost>,
+}
+
+/// One child SA in `espgate status`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ChildSaStatus {
+    /// Our inbound SPI.
+    pub spi_in: String,
+    /// Our outbound SPI.
+    pub spi_out: String,
+    /// installed / rekeying / rekeyed / deleting.
+    pub state: String,
+    /// ESP algorithms.
+    pub algorithms: String,
+    /// Seconds until rekey.
+    pub rekey_in_secs: Option<u64>,
+    /// Seconds until hard expiry.
+    pub expire_in_secs: Option<u64>,
+    /// Our selectors.
+    pub local_ts: Vec<String>,
+    /// The peer's selectors.
+    pub remote_ts: Vec<String>,
+}
+
+/// Count and cumulative time of one IKE operation.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct IkeOpCost {
+    /// Operation (dh, auth_create, auth_verify, key_derivation, encrypt, decrypt, encode, decode).
+    pub op: String,
+    /// Times done.
+    pub count: u64,
+    /// Total microseconds.
+    pub micros: f64,
+}
+
+/// The text of `espgate status --ike-costs`: operations over every IKE SA
+/// since start, then per IKE SA.
+pub fn render_costs(d: &IkeDoc) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let table = |out: &mut String, rows: &[IkeOpCost]| {
+        let total: f64 = rows.iter().map(|r| r.micros).sum();
+        let _ = writeln!(
+            out,
+            "  {:<16} {:>8} {:>12} {:>10} {:>6}",
+            "operation", "count", "total us", "us each", "share"
+        );
+        for r in rows {
+            let each = if r.count == 0 {
+                0.0
+            } else {
+                r.micros / r.count as f64
+            };
+            let share = if total > 0.0 {
+                100.0 * r.micros / total
+            } else {
+                0.0
+            };
+            let _ = writeln!(
+                out,
+                "  {:<16} {:>8} {:>12.1} {:>10.1} {:>5.1}%",
+                r.op, r.count, r.micros, each, share
+            );
+        }
+    };
+    let _ = writeln!(
+        out,
+        "IKE operations since start (all IKE SAs, including failed ones):"
+    );
+    table(&mut out, &d.costs);
+    for sa in &d.sas {
+        let _ = writeln!(out, "\n{} {} ({}):", sa.connection, sa.spis, sa.state);
+        table(&mut out, &sa.costs);
+    }
+    out
+}
