@@ -34,7 +34,7 @@ use espgate_core::crypto::{AuthCtx, Enc, Mac, Transform};
 use espgate_core::sa::{self, Classified, Mode, Protocol};
 use espgate_core::sad::{InboundError, InboundResult, SaId, Sad, MAX_LAYERS};
 use espgate_core::wire::{ah, esp, flow, ip, proto, udp};
-use espgate_core::{Drop, PacketBuf, Sa, SaConfig};
+use espgate_core::{DropReason, PacketBuf, Sa, SaConfig};
 use espgate_fuzz::{
     addr, clear_ecn, fix_v4_checksum, inbound_configs, inner_packet, ip_packet, outbound_seq,
     sa_ix, stacks, transport_keep, transport_nh, Cursor,
@@ -106,7 +106,7 @@ fn generic(sad: &Sad, input: &[u8], r: &Res, out: &[u8]) {
         }
         Err(e) => {
             // An unknown SPI is reported without an SA.
-            if e.reason == Drop::UnknownSpi {
+            if e.reason == DropReason::UnknownSpi {
                 assert!(e.spi.is_some() && e.sa.is_none(), "{e:?}");
             }
         }
@@ -118,7 +118,7 @@ fn generic(sad: &Sad, input: &[u8], r: &Res, out: &[u8]) {
 enum Expect {
     Packet(Vec<SaId>, Vec<u8>),
     Dummy(SaId),
-    Err(Drop),
+    Err(DropReason),
     /// The model does not predict (e.g. the result is itself IPsec again).
     Unknown,
 }
@@ -130,7 +130,7 @@ enum Expect {
 fn after_transport(ids: Vec<SaId>, out: Vec<u8>) -> Expect {
     match sa::classify(&out, NAT_T) {
         Ok(Classified::Ipsec(_)) => Expect::Unknown,
-        Ok(_) | Err(Drop::NotIpsec) => Expect::Packet(ids, out),
+        Ok(_) | Err(DropReason::NotIpsec) => Expect::Packet(ids, out),
         Err(d) => match espgate_core::wire::ip::parse(&out) {
             Ok(i) if i.protocol != 50 && i.protocol != 51 => Expect::Packet(ids, out),
             _ => Expect::Err(d),
@@ -139,40 +139,40 @@ fn after_transport(ids: Vec<SaId>, out: Vec<u8>) -> Expect {
 }
 
 /// RFC 4303 §2.4 trailer: `(payload_len, next_header)` or the drop.
-fn ref_trailer(p: &[u8]) -> Result<(usize, u8), Drop> {
+fn ref_trailer(p: &[u8]) -> Result<(usize, u8), DropReason> {
     let n = p.len();
     if n < 2 {
-        return Err(Drop::BadLength);
+        return Err(DropReason::BadLength);
     }
     let pad = usize::from(p[n - 2]);
     if pad + 2 > n {
-        return Err(Drop::BadPadding);
+        return Err(DropReason::BadPadding);
     }
     let plen = n - 2 - pad;
     for (i, b) in p[plen..n - 2].iter().enumerate() {
         if usize::from(*b) != i + 1 {
-            return Err(Drop::BadPadding);
+            return Err(DropReason::BadPadding);
         }
     }
     Ok((plen, p[n - 1]))
 }
 
 /// Tunnel-mode inner packet checks and RFC 6040 ECN merge.
-fn ref_tunnel(cfg: &SaConfig, payload: &[u8], nh: u8, outer_tos: u8) -> Result<Vec<u8>, Drop> {
+fn ref_tunnel(cfg: &SaConfig, payload: &[u8], nh: u8, outer_tos: u8) -> Result<Vec<u8>, DropReason> {
     let want = match nh {
         proto::IPV4 => 4,
         proto::IPV6 => 6,
-        _ => return Err(Drop::BadNextHeader),
+        _ => return Err(DropReason::BadNextHeader),
     };
-    let info = ip::parse(payload).map_err(|_| Drop::BadNextHeader)?;
+    let info = ip::parse(payload).map_err(|_| DropReason::BadNextHeader)?;
     if info.version != want {
-        return Err(Drop::BadNextHeader);
+        return Err(DropReason::BadNextHeader);
     }
     let mut inner = payload[..info.packet_len].to_vec();
     let (outer_ecn, inner_ecn) = (outer_tos & 3, info.tos & 3);
     if outer_ecn == 3 && inner_ecn != 3 {
         if inner_ecn == 0 {
-            return Err(Drop::EcnDrop);
+            return Err(DropReason::EcnDrop);
         }
         if want == 4 {
             inner[1] |= 3;
@@ -185,7 +185,7 @@ fn ref_tunnel(cfg: &SaConfig, payload: &[u8], nh: u8, outer_tos: u8) -> Result<V
     Ok(inner)
 }
 
-fn ref_selectors(cfg: &SaConfig, pkt: &[u8]) -> Result<(), Drop> {
+fn ref_selectors(cfg: &SaConfig, pkt: &[u8]) -> Result<(), DropReason> {
     if cfg.selectors.is_empty() {
         return Ok(());
     }
@@ -193,7 +193,7 @@ fn ref_selectors(cfg: &SaConfig, pkt: &[u8]) -> Result<(), Drop> {
     if cfg.selectors.iter().any(|s| s.matches_inbound(&f)) {
         Ok(())
     } else {
-        Err(Drop::SelectorMismatch)
+        Err(DropReason::SelectorMismatch)
     }
 }
 
@@ -311,7 +311,7 @@ fn stacked(c: &mut Cursor<'_>, mutate: bool) {
     let expect = if let Some(id) = dummy {
         Expect::Dummy(id)
     } else if !selectors_ok {
-        Expect::Err(Drop::SelectorMismatch)
+        Expect::Err(DropReason::SelectorMismatch)
     } else if tunnel_end {
         Expect::Packet(exp_ids.clone(), exp_out.clone())
     } else {
@@ -330,7 +330,7 @@ fn stacked(c: &mut Cursor<'_>, mutate: bool) {
             } else {
                 assert_eq!(
                     r2.as_ref().map_err(|e| e.reason),
-                    Err(Drop::Replay),
+                    Err(DropReason::Replay),
                     "replay accepted"
                 );
             }

@@ -36,7 +36,7 @@ use common::*;
 use espgate_core::offload::{
     GsoInfo, GsoKind, Segmenter, TcpCoalescer, MAX_COALESCE_SEGMENTS, MAX_SEGMENTS,
 };
-use espgate_core::Drop;
+use espgate_core::DropReason;
 use espgate_fuzz::Cursor;
 use libfuzzer_sys::fuzz_target;
 
@@ -75,14 +75,14 @@ fn run_raw(data: &[u8]) {
                 "plain packet refused: {e}"
             );
             if info.kind == GsoKind::None {
-                assert_eq!(e, Drop::BadOffload);
+                assert_eq!(e, DropReason::BadOffload);
             }
         }
     }
     if info.kind != GsoKind::None && info.gso_size == 0 {
         assert_eq!(
             Segmenter::new(pkt, &info).map(|_| ()),
-            Err(Drop::BadOffload)
+            Err(DropReason::BadOffload)
         );
     }
 }

@@ -23,7 +23,7 @@
 use espgate_core::crypto::{Suite, SuiteError};
 use espgate_core::sa::{self, Classified, Decapsulated, Encap, Mode, Protocol, SaError};
 use espgate_core::wire::{ip, proto};
-use espgate_core::{Drop, PacketBuf, Sa, SaConfig};
+use espgate_core::{DropReason, PacketBuf, Sa, SaConfig};
 use espgate_fuzz::{fix_v4_checksum, inner_packet, key, transport_nh, Cursor, AH_SUITES};
 use libfuzzer_sys::fuzz_target;
 use std::net::IpAddr;
@@ -149,7 +149,7 @@ fuzz_target!(|data: &[u8]| {
         if let Err(e) = out.encapsulate(&mut b, T0) {
             if synthetic {
                 assert!(
-                    matches!(e, Drop::TooBig | Drop::SeqExhausted),
+                    matches!(e, DropReason::TooBig | DropReason::SeqExhausted),
                     "well-formed {}-byte packet refused outbound: {e} ({cfg:?})",
                     inner.len()
                 );
@@ -231,7 +231,7 @@ fuzz_target!(|data: &[u8]| {
             assert!(rb2.as_slice() == &expected[..]);
             decapsulated += 1;
         } else {
-            assert_eq!(r2, Err(Drop::Replay), "replayed packet accepted");
+            assert_eq!(r2, Err(DropReason::Replay), "replayed packet accepted");
         }
     }
 });

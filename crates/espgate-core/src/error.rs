@@ -1,7 +1,9 @@
-//! Typed reasons for rejecting a packet or an operation.
+//! Why a packet was dropped: one vocabulary for the core's packet paths
+//! and the daemon's I/O around them.
 //!
-//! Every drop has a stable, short name ([`Drop::as_str`]) that counters and
-//! logs are keyed on, so `espgate status` can say *why* packets were lost.
+//! Every reason has a stable, short name ([`DropReason::as_str`]) that
+//! counters, metrics and logs are keyed on, so `espgate status` can say
+//! *why* packets were lost.
 
 use core::fmt;
 
@@ -9,7 +11,7 @@ use core::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 #[repr(u8)]
-pub enum Drop {
+pub enum DropReason {
     /// A header is shorter than its fixed part, or a length field points past the end.
     BadLength,
     /// The IP version nibble is neither 4 nor 6.
@@ -51,79 +53,147 @@ pub enum Drop {
     EcnDrop,
     /// The cipher library refused an operation (should never happen).
     Crypto,
-    /// A TUN offload (virtio-net header) is inconsistent with its packet:
-    /// wrong GSO type for the IP version or protocol, a zero segment size,
-    /// checksum offsets that do not point at the L4 checksum, too many segments.
+    /// A TUN read whose virtio-net header the data plane cannot use: too
+    /// short, an unknown GSO type, or inconsistent with its packet (wrong
+    /// GSO type for the IP version or protocol, a zero segment size,
+    /// checksum offsets that do not point at the L4 checksum, too many
+    /// segments).
     BadOffload,
+    /// An outbound packet matched no policy.
+    NoPolicy,
+    /// An inbound packet was authenticated by SAs that are not exactly one
+    /// connection's inbound bundle (e.g. ESP alone where ESP+AH is due).
+    PolicyMismatch,
+    /// An outbound packet matched a connection that has no outbound SA for
+    /// one of its layers (removed by `espgate sa del`, or not negotiated
+    /// yet).
+    NoSa,
+    /// The sequence-number reservation could not be extended in time (the
+    /// store refused or lags): the packet is not sent.
+    SeqReserve,
+    /// Sending the outer packet failed.
+    SendError,
+    /// Writing the inner packet to the TUN failed.
+    TunWrite,
+    /// An IKE message on the NAT-T port found the IKE engine's queue full
+    /// (a flood; the peer retransmits).
+    IkeQueueFull,
+    /// A packet from an address family or socket no connection uses, or an
+    /// internal inconsistency.
+    Internal,
 }
 
-impl Drop {
+impl DropReason {
     /// All variants, for building counter tables.
-    pub const ALL: [Drop; 20] = [
-        Drop::BadLength,
-        Drop::BadIpVersion,
-        Drop::BadIpHeader,
-        Drop::Fragment,
-        Drop::NotIpsec,
-        Drop::UnknownSpi,
-        Drop::Replay,
-        Drop::Integrity,
-        Drop::BadCiphertextLength,
-        Drop::BadPadding,
-        Drop::BadNextHeader,
-        Drop::SelectorMismatch,
-        Drop::SaExpired,
-        Drop::SeqExhausted,
-        Drop::SeqNotReserved,
-        Drop::TooBig,
-        Drop::Unsupported,
-        Drop::EcnDrop,
-        Drop::Crypto,
-        Drop::BadOffload,
+    pub const ALL: [DropReason; 28] = [
+        DropReason::BadLength,
+        DropReason::BadIpVersion,
+        DropReason::BadIpHeader,
+        DropReason::Fragment,
+        DropReason::NotIpsec,
+        DropReason::UnknownSpi,
+        DropReason::Replay,
+        DropReason::Integrity,
+        DropReason::BadCiphertextLength,
+        DropReason::BadPadding,
+        DropReason::BadNextHeader,
+        DropReason::SelectorMismatch,
+        DropReason::SaExpired,
+        DropReason::SeqExhausted,
+        DropReason::SeqNotReserved,
+        DropReason::TooBig,
+        DropReason::Unsupported,
+        DropReason::EcnDrop,
+        DropReason::Crypto,
+        DropReason::BadOffload,
+        DropReason::NoPolicy,
+        DropReason::PolicyMismatch,
+        DropReason::NoSa,
+        DropReason::SeqReserve,
+        DropReason::SendError,
+        DropReason::TunWrite,
+        DropReason::IkeQueueFull,
+        DropReason::Internal,
     ];
+
+    /// The reasons an SA's own processing counts (`espgate status` per SA,
+    /// `espgate_sa_drops_total`): the packet-processing ones, not the
+    /// daemon's I/O or policy reasons.
+    pub const PER_SA: [DropReason; 19] = [
+        DropReason::BadLength,
+        DropReason::BadIpVersion,
+        DropReason::BadIpHeader,
+        DropReason::Fragment,
+        DropReason::NotIpsec,
+        DropReason::UnknownSpi,
+        DropReason::Replay,
+        DropReason::Integrity,
+        DropReason::BadCiphertextLength,
+        DropReason::BadPadding,
+        DropReason::BadNextHeader,
+        DropReason::SelectorMismatch,
+        DropReason::SaExpired,
+        DropReason::SeqExhausted,
+        DropReason::SeqNotReserved,
+        DropReason::TooBig,
+        DropReason::Unsupported,
+        DropReason::EcnDrop,
+        DropReason::Crypto,
+    ];
+
+    /// Number of reasons (the length of a counter array).
+    pub const COUNT: usize = DropReason::ALL.len();
 
     /// Stable counter name.
     pub const fn as_str(self) -> &'static str {
         match self {
-            Drop::BadLength => "bad_length",
-            Drop::BadIpVersion => "bad_ip_version",
-            Drop::BadIpHeader => "bad_ip_header",
-            Drop::Fragment => "fragment",
-            Drop::NotIpsec => "not_ipsec",
-            Drop::UnknownSpi => "unknown_spi",
-            Drop::Replay => "replay",
-            Drop::Integrity => "icv_failure",
-            Drop::BadCiphertextLength => "bad_ciphertext_length",
-            Drop::BadPadding => "bad_padding",
-            Drop::BadNextHeader => "bad_next_header",
-            Drop::SelectorMismatch => "selector_mismatch",
-            Drop::SaExpired => "sa_expired",
-            Drop::SeqExhausted => "seq_exhausted",
-            Drop::SeqNotReserved => "seq_not_reserved",
-            Drop::TooBig => "too_big",
-            Drop::Unsupported => "unsupported",
-            Drop::EcnDrop => "ecn_drop",
-            Drop::Crypto => "crypto_error",
-            Drop::BadOffload => "offload_mismatch",
+            DropReason::BadLength => "bad_length",
+            DropReason::BadIpVersion => "bad_ip_version",
+            DropReason::BadIpHeader => "bad_ip_header",
+            DropReason::Fragment => "fragment",
+            DropReason::NotIpsec => "not_ipsec",
+            DropReason::UnknownSpi => "unknown_spi",
+            DropReason::Replay => "replay",
+            DropReason::Integrity => "icv_failure",
+            DropReason::BadCiphertextLength => "bad_ciphertext_length",
+            DropReason::BadPadding => "bad_padding",
+            DropReason::BadNextHeader => "bad_next_header",
+            DropReason::SelectorMismatch => "selector_mismatch",
+            DropReason::SaExpired => "sa_expired",
+            DropReason::SeqExhausted => "seq_exhausted",
+            DropReason::SeqNotReserved => "seq_not_reserved",
+            DropReason::TooBig => "too_big",
+            DropReason::Unsupported => "unsupported",
+            DropReason::EcnDrop => "ecn_drop",
+            DropReason::Crypto => "crypto_error",
+            DropReason::BadOffload => "bad_offload",
+            DropReason::NoPolicy => "no_policy",
+            DropReason::PolicyMismatch => "policy_mismatch",
+            DropReason::NoSa => "no_sa",
+            DropReason::SeqReserve => "seq_reserve_failed",
+            DropReason::SendError => "send_error",
+            DropReason::TunWrite => "tun_write_error",
+            DropReason::IkeQueueFull => "ike_queue_full",
+            DropReason::Internal => "internal_error",
         }
     }
 
-    /// Index into a counter array of length `Drop::ALL.len()`.
-    pub fn index(self) -> usize {
+    /// Index into a counter array of length `DropReason::ALL.len()`.
+    pub const fn index(self) -> usize {
         self as usize
     }
 }
 
-impl fmt::Display for Drop {
+impl fmt::Display for DropReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
 }
 
-impl std::error::Error for Drop {}
+impl std::error::Error for DropReason {}
 
 /// Result of packet processing.
-pub type PResult<T> = Result<T, Drop>;
+pub type PResult<T> = Result<T, DropReason>;
 
 #[cfg(test)]
 mod tests {
@@ -131,12 +201,12 @@ mod tests {
 
     #[test]
     fn all_is_in_discriminant_order_and_names_are_unique() {
-        for (i, d) in Drop::ALL.iter().enumerate() {
+        for (i, d) in DropReason::ALL.iter().enumerate() {
             assert_eq!(d.index(), i);
         }
-        let mut names: Vec<_> = Drop::ALL.iter().map(|d| d.as_str()).collect();
+        let mut names: Vec<_> = DropReason::ALL.iter().map(|d| d.as_str()).collect();
         names.sort_unstable();
         names.dedup();
-        assert_eq!(names.len(), Drop::ALL.len());
+        assert_eq!(names.len(), DropReason::ALL.len());
     }
 }

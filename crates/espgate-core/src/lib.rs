@@ -13,7 +13,7 @@ pub mod error;
 pub mod offload;
 pub mod wire;
 
-pub use error::{Drop, PResult};
+pub use error::{DropReason, PResult};
 pub mod buf;
 pub mod sa;
 pub mod sad;

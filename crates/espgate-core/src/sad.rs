@@ -3,7 +3,7 @@
 
 use crate::buf::PacketBuf;
 use crate::cost::{NoProbe, Probe, Stage};
-use crate::error::{Drop, PResult};
+use crate::error::{DropReason, PResult};
 use crate::sa::{classify, Classified, Decapsulated, Mode, Protocol, Sa};
 use rustc_hash::FxHashMap;
 use std::time::Duration;
@@ -46,7 +46,7 @@ pub enum InboundOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InboundError {
     /// Why.
-    pub reason: Drop,
+    pub reason: DropReason,
     /// SA, when the SPI was known.
     pub sa: Option<SaId>,
     /// SPI seen, when the header could be parsed.
@@ -212,10 +212,10 @@ impl Sad {
             };
             let id = self.lookup(inb.protocol, inb.spi);
             probe.mark(Stage::Lookup);
-            let id = id.ok_or_else(|| err(Drop::UnknownSpi, None))?;
+            let id = id.ok_or_else(|| err(DropReason::UnknownSpi, None))?;
             let sa = self
                 .get_mut(id)
-                .ok_or_else(|| err(Drop::UnknownSpi, None))?;
+                .ok_or_else(|| err(DropReason::UnknownSpi, None))?;
             let mode = sa.config().mode;
             match sa
                 .decapsulate_probed(buf, &inb, now, probe)
@@ -247,7 +247,7 @@ impl Sad {
     ) -> PResult<()> {
         for id in ids {
             self.get_mut(*id)
-                .ok_or(Drop::UnknownSpi)?
+                .ok_or(DropReason::UnknownSpi)?
                 .encapsulate_probed(buf, now, probe)?;
         }
         Ok(())

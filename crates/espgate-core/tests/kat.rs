@@ -19,7 +19,7 @@
 //! make a test pass.
 
 use espgate_core::crypto::{AuthCtx, Integ, Mac, Suite, SuiteError, Transform};
-use espgate_core::error::Drop as Reason;
+use espgate_core::error::DropReason as Reason;
 use espgate_core::sa::{Mode, Protocol};
 use espgate_core::sad::{InboundResult, Sad};
 use espgate_core::wire::{checksum, ipv4::Ipv4Repr, proto};

@@ -4,7 +4,7 @@
 //! allocated per packet on the forwarding path.
 
 use crate::control::{error_response, ControlServer, Request};
-use crate::engine::{Engine, GwDrop};
+use crate::engine::Engine;
 use crate::metrics::MetricsServer;
 use crate::netdev::{TunQueue, VirtioNetHdr, VNET_HDR_LEN};
 use crate::signals::{self, Signals};
@@ -16,6 +16,7 @@ use espgate_api::status::{Status, TunStatus};
 use espgate_config::Encapsulation;
 use espgate_core::offload::{self, GsoInfo, GsoKind, Push, Segmenter, TcpCoalescer};
 use espgate_core::wire::{ip, proto, udp};
+use espgate_core::DropReason;
 use espgate_core::PacketBuf;
 use std::collections::BTreeMap;
 use std::io;
@@ -414,7 +415,7 @@ impl Dataplane<'_> {
             let now = self.now();
             let Some(h) = VirtioNetHdr::parse(buf.as_slice()) else {
                 self.engine.counters.tun_rx += 1;
-                self.engine.gw_drop(GwDrop::BadOffload, now, || {
+                self.engine.drop_packet(DropReason::BadOffload, now, || {
                     format!("TUN read of {n} bytes: shorter than a virtio-net header")
                 });
                 continue;
@@ -422,7 +423,7 @@ impl Dataplane<'_> {
             buf.trim_front(VNET_HDR_LEN);
             let Some(info) = gso_info(&h) else {
                 self.engine.counters.tun_rx += 1;
-                self.engine.gw_drop(GwDrop::BadOffload, now, || {
+                self.engine.drop_packet(DropReason::BadOffload, now, || {
                     format!("TUN read with an unknown GSO type {:#x}", h.gso_type)
                 });
                 continue;
@@ -432,7 +433,7 @@ impl Dataplane<'_> {
                     let (at, off) = (usize::from(info.csum_start), usize::from(info.csum_offset));
                     if let Err(d) = offload::complete_checksum(buf.as_mut_slice(), at, off) {
                         self.engine.counters.tun_rx += 1;
-                        self.engine.core_drop(d, now, || {
+                        self.engine.drop_packet(d, now, || {
                             format!("TUN packet with a partial checksum at {at}+{off}")
                         });
                         continue;
@@ -448,7 +449,7 @@ impl Dataplane<'_> {
                 Ok(s) => s,
                 Err(d) => {
                     self.engine.counters.tun_rx += 1;
-                    self.engine.core_drop(d, now, || {
+                    self.engine.drop_packet(d, now, || {
                         format!("TUN super-segment of {} bytes ({h:?})", seg_src.len())
                     });
                     continue;
@@ -459,7 +460,7 @@ impl Dataplane<'_> {
                 if let Err(d) = r {
                     self.engine.counters.tun_rx += 1;
                     self.engine
-                        .core_drop(d, now, || "cutting a TUN super-segment".into());
+                        .drop_packet(d, now, || "cutting a TUN super-segment".into());
                     break;
                 }
                 self.protect(tx, last_tx);
@@ -580,8 +581,9 @@ impl Dataplane<'_> {
                 Err(e) => {
                     let dst = tx.dst;
                     for _ in 0..n {
-                        self.engine
-                            .gw_drop(GwDrop::SendError, now, || format!("sending to {dst}: {e}"));
+                        self.engine.drop_packet(DropReason::SendError, now, || {
+                            format!("sending to {dst}: {e}")
+                        });
                     }
                     return;
                 }
@@ -592,7 +594,7 @@ impl Dataplane<'_> {
                 Ok(_) => self.engine.counters.net_tx += 1,
                 Err(err) => {
                     let dst = tx.dst;
-                    self.engine.gw_drop(GwDrop::SendError, now, || {
+                    self.engine.drop_packet(DropReason::SendError, now, || {
                         format!("sending to {dst}: {err}")
                     })
                 }
@@ -634,7 +636,7 @@ impl Dataplane<'_> {
         self.engine.cost_sent(t, Dir::Outbound, 1);
         match r {
             Ok(_) => self.engine.counters.net_tx += 1,
-            Err(e) => self.engine.gw_drop(GwDrop::SendError, now, || {
+            Err(e) => self.engine.drop_packet(DropReason::SendError, now, || {
                 format!("sending to {remote}: {e}")
             }),
         }
@@ -708,7 +710,7 @@ impl Dataplane<'_> {
             Ok(_) => self.engine.counters.tun_tx += segs as u64,
             Err(e) => {
                 for _ in 0..segs {
-                    self.engine.gw_drop(GwDrop::TunWrite, now, || {
+                    self.engine.drop_packet(DropReason::TunWrite, now, || {
                         format!("writing to {}: {e}", self.tun_name)
                     })
                 }
@@ -758,7 +760,7 @@ impl Dataplane<'_> {
                     self.engine.counters.net_rx += 1;
                     self.engine.counters.ike += 1;
                     if self.engine.ike_rx.len() >= IKE_QUEUE_MAX {
-                        self.engine.gw_drop(GwDrop::IkeQueueFull, now, || {
+                        self.engine.drop_packet(DropReason::IkeQueueFull, now, || {
                             format!("IKE message from {src}: {IKE_QUEUE_MAX} already waiting")
                         });
                         continue;
@@ -771,7 +773,7 @@ impl Dataplane<'_> {
                 buf.load(d);
                 if let Err(e) = push_udp_outer(buf, src, dst, meta.tos.unwrap_or(0)) {
                     self.engine.counters.net_rx += 1;
-                    self.engine.core_drop(e, now, || {
+                    self.engine.drop_packet(e, now, || {
                         format!("datagram from {src} ({} bytes)", d.len())
                     });
                     continue;
@@ -813,7 +815,7 @@ impl Dataplane<'_> {
                 {
                     self.engine.counters.net_rx += 1;
                     self.engine
-                        .core_drop(d, now, || format!("packet from {from} ({n} bytes)"));
+                        .drop_packet(d, now, || format!("packet from {from} ({n} bytes)"));
                     continue;
                 }
             }

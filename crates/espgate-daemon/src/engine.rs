@@ -24,79 +24,17 @@ use espgate_core::sa::{Encap, Mode, Protocol, SaEvent, SharedSeq};
 use espgate_core::sad::{InboundOutcome, SaId, Sad};
 use espgate_core::spd::{Action, Direction, Policy, Spd};
 use espgate_core::wire::flow::{self, Flow};
-use espgate_core::{Drop, PacketBuf, Sa, SaConfig};
+use espgate_core::{DropReason, PacketBuf, Sa, SaConfig};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Drop reasons of the daemon itself (the core's are [`Drop`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum GwDrop {
-    /// An outbound packet matched no policy.
-    NoPolicy,
-    /// An inbound packet was authenticated by SAs that are not exactly one
-    /// connection's inbound bundle (e.g. ESP alone where ESP+AH is due).
-    PolicyMismatch,
-    /// The sequence number reservation could not be written to disk.
-    SeqReserve,
-    /// Sending the outer packet failed.
-    SendError,
-    /// Writing the inner packet to the TUN failed.
-    TunWrite,
-    /// A packet was received from an address family or socket no
-    /// connection uses, or an internal inconsistency.
-    Internal,
-    /// An outbound packet matched a connection that has no outbound SA
-    /// for one of its layers (removed by `espgate sa del`).
-    NoSa,
-    /// A TUN read whose virtio-net header or super-segment the data plane
-    /// could not use (too short, an unknown GSO type, headers that do not
-    /// match it).
-    BadOffload,
-    /// An IKE message on the NAT-T port found the IKE engine's queue full
-    /// (a flood; the peer retransmits).
-    IkeQueueFull,
-}
-
-impl GwDrop {
-    /// All reasons, in index order.
-    pub const ALL: [GwDrop; 9] = [
-        GwDrop::NoPolicy,
-        GwDrop::PolicyMismatch,
-        GwDrop::SeqReserve,
-        GwDrop::SendError,
-        GwDrop::TunWrite,
-        GwDrop::Internal,
-        GwDrop::NoSa,
-        GwDrop::BadOffload,
-        GwDrop::IkeQueueFull,
-    ];
-
-    /// Counter name.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            GwDrop::NoPolicy => "no_policy",
-            GwDrop::PolicyMismatch => "policy_mismatch",
-            GwDrop::SeqReserve => "seq_reserve_failed",
-            GwDrop::SendError => "send_error",
-            GwDrop::TunWrite => "tun_write_error",
-            GwDrop::Internal => "internal_error",
-            GwDrop::NoSa => "no_sa",
-            GwDrop::BadOffload => "bad_offload",
-            GwDrop::IkeQueueFull => "ike_queue_full",
-        }
-    }
-}
-
 /// Packet counters of the daemon.
 #[derive(Debug, Clone, Default)]
 pub struct Counters {
-    /// Core drop reasons, both directions, indexed by [`Drop::index`].
-    pub drops: [u64; Drop::ALL.len()],
-    /// The daemon's own drop reasons, indexed by `GwDrop as usize`.
-    pub gw_drops: [u64; GwDrop::ALL.len()],
+    /// Drops by reason, both directions, indexed by [`DropReason::index`].
+    pub drops: [u64; DropReason::COUNT],
     /// Packets read from the TUN.
     pub tun_rx: u64,
     /// Packets written to the TUN.
@@ -698,23 +636,18 @@ impl Engine {
             .unwrap_or(0)
     }
 
-    /// Counts a daemon-level drop and logs `msg` (rate-limited per reason).
-    pub fn gw_drop(&mut self, d: GwDrop, now: Duration, msg: impl FnOnce() -> String) {
-        self.counters.gw_drops[d as usize] += 1;
+    /// Counts a drop and logs `msg` (rate-limited per reason; `no_policy`
+    /// at info level, the others at warn).
+    pub fn drop_packet(&mut self, d: DropReason, now: Duration, msg: impl FnOnce() -> String) {
+        self.counters.drops[d.index()] += 1;
         if let Some(n) = self.limiter.check(d.as_str(), now) {
             let note = suppressed_note(n);
             match d {
-                GwDrop::NoPolicy => tracing::info!("dropped ({}): {}{note}", d.as_str(), msg()),
+                DropReason::NoPolicy => {
+                    tracing::info!("dropped ({}): {}{note}", d.as_str(), msg())
+                }
                 _ => tracing::warn!("dropped ({}): {}{note}", d.as_str(), msg()),
             }
-        }
-    }
-
-    /// Counts a core drop reason and logs `msg` (rate-limited per reason).
-    pub fn core_drop(&mut self, d: Drop, now: Duration, msg: impl FnOnce() -> String) {
-        self.counters.drops[d.index()] += 1;
-        if let Some(n) = self.limiter.check(d.as_str(), now) {
-            tracing::warn!("dropped ({}): {}{}", d.as_str(), msg(), suppressed_note(n));
         }
     }
 
@@ -729,7 +662,7 @@ impl Engine {
         let f = match flow::of_packet(buf.as_slice()) {
             Ok(f) => f,
             Err(d) => {
-                self.core_drop(d, now, || "unparsable packet from the TUN".into());
+                self.drop_packet(d, now, || "unparsable packet from the TUN".into());
                 return None;
             }
         };
@@ -738,7 +671,7 @@ impl Engine {
             return None;
         }
         let Some(pi) = self.spd.lookup(&f, Direction::Outbound).map(|(i, _)| i) else {
-            self.gw_drop(GwDrop::NoPolicy, now, || {
+            self.drop_packet(DropReason::NoPolicy, now, || {
                 format!(
                     "{} -> {} (protocol {}) from the TUN matches no connection's selectors",
                     f.src, f.dst, f.proto
@@ -768,7 +701,7 @@ impl Engine {
                 missing.join("+").to_uppercase(),
                 c.name
             );
-            self.gw_drop(GwDrop::NoSa, now, || msg);
+            self.drop_packet(DropReason::NoSa, now, || msg);
             return None;
         }
         if let Some(limit) = self.conns[conn].mss {
@@ -779,7 +712,7 @@ impl Engine {
         enum Fail {
             NotProtect,
             Reserve(String),
-            Core(Drop),
+            Core(DropReason),
         }
         let mut retry_note = None;
         let result = {
@@ -829,17 +762,19 @@ impl Engine {
         match result {
             Ok(()) => Some(conn),
             Err(Fail::NotProtect) => {
-                self.gw_drop(GwDrop::NoPolicy, now, || "the policy is not PROTECT".into());
+                self.drop_packet(DropReason::NoPolicy, now, || {
+                    "the policy is not PROTECT".into()
+                });
                 None
             }
             Err(Fail::Reserve(msg)) => {
-                self.gw_drop(GwDrop::SeqReserve, now, || msg);
+                self.drop_packet(DropReason::SeqReserve, now, || msg);
                 None
             }
             Err(Fail::Core(d)) => {
                 let name = &self.conns[conn].conn.name;
                 let msg = format!("outbound {} -> {} on connection \"{name}\"", f.src, f.dst);
-                self.core_drop(d, now, || msg);
+                self.drop_packet(d, now, || msg);
                 None
             }
         }
@@ -892,7 +827,7 @@ impl Engine {
                             )
                         })
                         .collect();
-                    self.gw_drop(GwDrop::PolicyMismatch, now, || {
+                    self.drop_packet(DropReason::PolicyMismatch, now, || {
                         format!(
                             "packet from {from} came through {} but not its connection's whole \
                              inbound bundle",
@@ -924,7 +859,7 @@ impl Engine {
                 let conn =
                     e.sa.and_then(|id| self.meta.get(id.0 as usize).copied().flatten())
                         .map(|m| self.conns[m.conn].conn.name.clone());
-                self.core_drop(e.reason, now, || {
+                self.drop_packet(e.reason, now, || {
                     let spi = e.spi.map(|s| format!(" SPI {s:#010x}")).unwrap_or_default();
                     let conn = conn
                         .map(|c| format!(" (connection \"{c}\")"))
@@ -1698,13 +1633,9 @@ impl Engine {
 
     /// Drops by reason, core and daemon, non-zero only.
     pub fn drops(&self) -> BTreeMap<String, u64> {
-        let core = Drop::ALL
+        DropReason::ALL
             .iter()
-            .map(|d| (d.as_str(), self.counters.drops[d.index()]));
-        let gw = GwDrop::ALL
-            .iter()
-            .map(|d| (d.as_str(), self.counters.gw_drops[*d as usize]));
-        core.chain(gw)
+            .map(|d| (d.as_str(), self.counters.drops[d.index()]))
             .filter(|(_, n)| *n > 0)
             .map(|(k, n)| (k.to_string(), n))
             .collect()
@@ -1776,7 +1707,7 @@ impl Engine {
             packets: st.packets,
             bytes: st.bytes,
             dummies: st.dummies,
-            drops: Drop::ALL
+            drops: DropReason::PER_SA
                 .iter()
                 .filter(|d| st.drops_for(**d) > 0)
                 .map(|d| (d.as_str().to_string(), st.drops_for(*d)))

@@ -15,8 +15,8 @@
 //!
 //! Metric names follow the Prometheus conventions: `espgate_` prefix,
 //! counters end in `_total`, units in the name (`_bytes`, `_seconds`).
-//! Every drop reason the daemon knows (the core's [`Drop::ALL`] and the
-//! daemon's [`GwDrop::ALL`]) is always present, at 0 if nothing was
+//! Every drop reason ([`DropReason::ALL`] globally, [`DropReason::PER_SA`]
+//! per SA) is always present, at 0 if nothing was
 //! dropped for it, so that `rate()` and `increase()` work from the first
 //! scrape.
 //!
@@ -25,10 +25,9 @@
 //! status document's `costs`; they are absent while it is off and restart
 //! from 0 after `espgate costs reset` (a counter reset to Prometheus).
 
-use crate::engine::GwDrop;
 use espgate_api::costs::Dir;
 use espgate_api::status::{SaStatus, Status};
-use espgate_core::Drop;
+use espgate_core::DropReason;
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -537,10 +536,9 @@ const COUNTERS: [(&str, &str, &str); 15] = [
 /// Every drop reason: the core's and the daemon's, plus any other the
 /// document holds.
 fn all_reasons<'a>(extra: impl IntoIterator<Item = &'a String>) -> Vec<String> {
-    let mut v: Vec<String> = Drop::ALL
+    let mut v: Vec<String> = DropReason::ALL
         .iter()
         .map(|d| d.as_str().to_string())
-        .chain(GwDrop::ALL.iter().map(|d| d.as_str().to_string()))
         .collect();
     for k in extra {
         if !v.contains(k) {
@@ -654,7 +652,10 @@ pub fn render(s: &Status) -> String {
     );
     let mut sa_drops = Vec::new();
     for sa in &sas {
-        let mut reasons: Vec<String> = Drop::ALL.iter().map(|d| d.as_str().to_string()).collect();
+        let mut reasons: Vec<String> = DropReason::PER_SA
+            .iter()
+            .map(|d| d.as_str().to_string())
+            .collect();
         for k in sa.drops.keys() {
             if !reasons.contains(k) {
                 reasons.push(k.clone());
@@ -1063,25 +1064,26 @@ mod tests {
     fn every_reason_and_counter_is_present() {
         let text = render(&sample("site-b"));
         let m = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-        for d in Drop::ALL {
+        for d in DropReason::ALL {
             let want = match d.as_str() {
                 "replay" => 2,
+                "no_policy" => 5,
                 _ => 0,
             };
             let key = format!("espgate_drops_total{{reason=\"{}\"}}", d.as_str());
             assert_eq!(m.get(&key), Some(&want), "{key}\n{text}");
-            for (labels, n) in [(SA_IN, want), (SA_OUT, 0)] {
+            // Per SA: the reasons SA processing counts, and only those.
+            let per_sa = DropReason::PER_SA.contains(&d);
+            for (labels, n) in [
+                (SA_IN, if d.as_str() == "replay" { 2 } else { 0 }),
+                (SA_OUT, 0),
+            ] {
                 let key = format!(
                     "espgate_sa_drops_total{{{labels},reason=\"{}\"}}",
                     d.as_str()
                 );
-                assert_eq!(m.get(&key), Some(&n), "{key}");
+                assert_eq!(m.get(&key), per_sa.then_some(&n), "{key}");
             }
-        }
-        for d in GwDrop::ALL {
-            let want = if d == GwDrop::NoPolicy { 5 } else { 0 };
-            let key = format!("espgate_drops_total{{reason=\"{}\"}}", d.as_str());
-            assert_eq!(m.get(&key), Some(&want), "{key}");
         }
         // Counters absent from the document are 0; unknown ones get a name.
         assert_eq!(m["espgate_nat_keepalives_total"], 7);
@@ -1158,7 +1160,7 @@ mod tests {
             .keys()
             .filter(|k| k.starts_with("espgate_drops_total{"))
             .count();
-        assert_eq!(n, Drop::ALL.len() + GwDrop::ALL.len());
+        assert_eq!(n, DropReason::ALL.len());
         assert!(!text.contains("espgate_sa_packets_total"));
         assert_eq!(m["espgate_sas"], 0);
     }

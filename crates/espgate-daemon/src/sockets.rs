@@ -22,7 +22,7 @@
 
 use crate::sys;
 use espgate_core::wire::{ipv4, ipv6, proto, udp};
-use espgate_core::{Drop, PResult, PacketBuf};
+use espgate_core::{DropReason, PResult, PacketBuf};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -309,7 +309,7 @@ pub fn push_udp_outer(
     match (v4(src.ip()), v4(dst.ip())) {
         (Some(s), Some(d)) => {
             if ipv4::MIN_HEADER_LEN + udp_len > usize::from(u16::MAX) {
-                return Err(Drop::TooBig);
+                return Err(DropReason::TooBig);
             }
             let p = buf.push_front(ipv4::MIN_HEADER_LEN + udp::HEADER_LEN);
             ipv4::Ipv4Repr {
@@ -332,7 +332,7 @@ pub fn push_udp_outer(
         }
         _ => {
             if udp_len > usize::from(u16::MAX) {
-                return Err(Drop::TooBig);
+                return Err(DropReason::TooBig);
             }
             let p = buf.push_front(ipv6::HEADER_LEN + udp::HEADER_LEN);
             ipv6::Ipv6Repr {
@@ -366,7 +366,7 @@ pub fn push_ipv6_outer(
 ) -> PResult<()> {
     let payload_len = buf.len();
     if payload_len > usize::from(u16::MAX) {
-        return Err(Drop::TooBig);
+        return Err(DropReason::TooBig);
     }
     let p = buf.push_front(ipv6::HEADER_LEN);
     ipv6::Ipv6Repr {
@@ -477,7 +477,7 @@ mod tests {
             "192.0.2.1:4500".parse().unwrap(),
             0,
         );
-        assert_eq!(r, Err(Drop::TooBig));
+        assert_eq!(r, Err(DropReason::TooBig));
     }
 
     /// One `UDP_SEGMENT` send from three slices arrives as datagrams cut

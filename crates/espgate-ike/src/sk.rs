@@ -293,7 +293,7 @@ impl SkCrypto {
                 },
             )
             .map_err(|e| match e {
-                espgate_core::Drop::Integrity => SkError::Integrity,
+                espgate_core::DropReason::Integrity => SkError::Integrity,
                 _ => SkError::BadLength,
             })?;
         let plain = &buf[hdr_len + self.inp.iv_len()..buf.len() - self.inp.icv_len()];

@@ -4,7 +4,7 @@ use crate::capture::{read_capture, RawIpWriter};
 use anyhow::{bail, Context, Result};
 use espgate_core::sa::{spec, Sa, SaConfig};
 use espgate_core::sad::{InboundResult, SaId, Sad};
-use espgate_core::{Drop, PacketBuf};
+use espgate_core::{DropReason, PacketBuf};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
@@ -37,7 +37,7 @@ pub struct Summary {
 }
 
 impl Summary {
-    fn fail(&mut self, d: Drop) {
+    fn fail(&mut self, d: DropReason) {
         *self.failed.entry(d.as_str()).or_default() += 1;
     }
     fn skip(&mut self, why: &str) {
@@ -118,7 +118,7 @@ pub fn decrypt(cfgs: Vec<SaConfig>, opt: &Options<'_>, log: &mut dyn Write) -> R
             Ok(InboundResult::Dummy(_)) => sum.skip("dummy (next header 59)"),
             Ok(InboundResult::Ike) => sum.skip("IKE"),
             Ok(InboundResult::Keepalive) => sum.skip("NAT keepalive"),
-            Err(e) if e.reason == Drop::NotIpsec => {
+            Err(e) if e.reason == DropReason::NotIpsec => {
                 sum.skip("not IPsec");
                 if opt.passthrough {
                     out.write(p.ts_sec, p.ts_nsec, &p.ip)?;
@@ -189,18 +189,22 @@ pub fn encrypt(cfgs: Vec<SaConfig>, opt: &Options<'_>, log: &mut dyn Write) -> R
 }
 
 /// A sentence for a drop reason, for people reading a terminal.
-pub fn describe(d: Drop) -> String {
+pub fn describe(d: DropReason) -> String {
     let s = match d {
-        Drop::UnknownSpi => "no --sa has this SPI",
-        Drop::Integrity => "ICV check failed (wrong key, wrong suite, or tampered packet)",
-        Drop::Replay => "sequence number already seen or left of the replay window (try seq=)",
-        Drop::BadPadding => "padding invalid after decryption (wrong key or suite?)",
-        Drop::BadNextHeader => "next header does not fit the SA mode (tunnel vs transport?)",
-        Drop::SelectorMismatch => "inner packet outside the SA's traffic selectors",
-        Drop::Fragment => "IP fragment (reassemble first; transport mode needs whole datagrams)",
-        Drop::SeqExhausted => "sequence numbers used up (use esn=yes or a lower seq=)",
-        Drop::SeqNotReserved => "sequence number above the reserved ceiling",
-        Drop::BadLength => "truncated or inconsistent lengths",
+        DropReason::UnknownSpi => "no --sa has this SPI",
+        DropReason::Integrity => "ICV check failed (wrong key, wrong suite, or tampered packet)",
+        DropReason::Replay => {
+            "sequence number already seen or left of the replay window (try seq=)"
+        }
+        DropReason::BadPadding => "padding invalid after decryption (wrong key or suite?)",
+        DropReason::BadNextHeader => "next header does not fit the SA mode (tunnel vs transport?)",
+        DropReason::SelectorMismatch => "inner packet outside the SA's traffic selectors",
+        DropReason::Fragment => {
+            "IP fragment (reassemble first; transport mode needs whole datagrams)"
+        }
+        DropReason::SeqExhausted => "sequence numbers used up (use esn=yes or a lower seq=)",
+        DropReason::SeqNotReserved => "sequence number above the reserved ceiling",
+        DropReason::BadLength => "truncated or inconsistent lengths",
         _ => "",
     };
     if s.is_empty() {

@@ -9,7 +9,7 @@ use espgate_core::offload::{
     MAX_SUPER_LEN,
 };
 use espgate_core::wire::ip;
-use espgate_core::{Drop, PacketBuf};
+use espgate_core::{DropReason, PacketBuf};
 use espgate_fuzz::Cursor;
 
 pub const FIN: u8 = 0x01;
@@ -297,7 +297,7 @@ impl Flow {
 // Segmentation.
 
 /// All packets of one TUN read.
-pub fn split(pkt: &[u8], info: &GsoInfo) -> Result<Vec<Vec<u8>>, Drop> {
+pub fn split(pkt: &[u8], info: &GsoInfo) -> Result<Vec<Vec<u8>>, DropReason> {
     let mut s = Segmenter::new(pkt, info)?;
     let n = s.count();
     assert!((1..=MAX_SEGMENTS).contains(&n), "count {n}");

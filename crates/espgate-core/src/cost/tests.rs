@@ -8,7 +8,7 @@ use crate::crypto::Suite;
 use crate::sa::{Encap, Protocol, Sa, SaConfig};
 use crate::sad::{InboundOutcome, SaId, Sad};
 use crate::wire::udp;
-use crate::Drop;
+use crate::DropReason;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
@@ -82,7 +82,7 @@ fn seal(tx: &mut Sa, probe: &mut FakeProbe) -> Vec<u8> {
     b.as_slice().to_vec()
 }
 
-fn open(rx: &mut Sad, wire: &[u8], probe: &mut FakeProbe) -> Result<Vec<u8>, Drop> {
+fn open(rx: &mut Sad, wire: &[u8], probe: &mut FakeProbe) -> Result<Vec<u8>, DropReason> {
     let mut b = PacketBuf::from_packet(wire);
     let mut applied = Vec::new();
     match rx.decapsulate_into_probed(&mut b, udp::NAT_T_PORT, T0, &mut applied, probe) {
@@ -142,7 +142,11 @@ fn a_replayed_packet_stops_at_replay() {
         let wire = seal(&mut tx, &mut p);
         open(&mut rx, &wire, &mut p).unwrap();
         p.take();
-        assert_eq!(open(&mut rx, &wire, &mut p), Err(Drop::Replay), "{suite}");
+        assert_eq!(
+            open(&mut rx, &wire, &mut p),
+            Err(DropReason::Replay),
+            "{suite}"
+        );
         assert_eq!(p.take(), [Lookup, Replay], "{suite}");
     }
 }
@@ -157,7 +161,7 @@ fn an_icv_failure_stops_where_the_icv_is_checked() {
         p.take();
         assert_eq!(
             open(&mut rx, &wire, &mut p),
-            Err(Drop::Integrity),
+            Err(DropReason::Integrity),
             "{suite}"
         );
         assert_eq!(p.take(), [Lookup, Replay, stops_at], "{suite}");
@@ -174,7 +178,7 @@ fn an_unknown_spi_stops_at_lookup() {
     let mut p = FakeProbe::default();
     let wire = seal(&mut other, &mut p);
     p.take();
-    assert_eq!(open(&mut rx, &wire, &mut p), Err(Drop::UnknownSpi));
+    assert_eq!(open(&mut rx, &wire, &mut p), Err(DropReason::UnknownSpi));
     assert_eq!(p.take(), [Lookup]);
 }
 

@@ -4,7 +4,7 @@ use super::mac::Mac;
 use super::suite::{Enc, Suite, SuiteError};
 use super::AuthCtx;
 use crate::cost::{NoProbe, Probe, Stage};
-use crate::error::{Drop, PResult};
+use crate::error::{DropReason, PResult};
 use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 #[allow(deprecated)]
 use aws_lc_rs::cipher::{
@@ -56,10 +56,10 @@ impl IvPool {
 
     fn take(&mut self, out: &mut [u8]) -> PResult<()> {
         if out.len() > IV_POOL {
-            return aws_lc_rs::rand::fill(out).map_err(|_| Drop::Crypto);
+            return aws_lc_rs::rand::fill(out).map_err(|_| DropReason::Crypto);
         }
         if IV_POOL - self.pos < out.len() {
-            aws_lc_rs::rand::fill(&mut self.bytes[..]).map_err(|_| Drop::Crypto)?;
+            aws_lc_rs::rand::fill(&mut self.bytes[..]).map_err(|_| DropReason::Crypto)?;
             self.pos = 0;
         }
         let end = self.pos + out.len();
@@ -219,7 +219,7 @@ impl Transform {
                 let r = k
                     .enc
                     .less_safe_encrypt(body, enc_context(iv)?)
-                    .map_err(|_| Drop::Crypto);
+                    .map_err(|_| DropReason::Crypto);
                 probe.mark(Stage::Cipher);
                 r?;
             }
@@ -227,7 +227,7 @@ impl Transform {
                 let n = nonce(salt, &pkt[hdr_len..iv_end])?;
                 let tag = key
                     .seal_in_place_separate_tag(n, Aad::from(auth.aad), &mut pkt[iv_end..icv_start])
-                    .map_err(|_| Drop::Crypto);
+                    .map_err(|_| DropReason::Crypto);
                 probe.mark(Stage::Cipher);
                 pkt[icv_start..].copy_from_slice(tag?.as_ref());
                 return Ok(());
@@ -276,7 +276,7 @@ impl Transform {
                 let r = key
                     .open_in_place(n, Aad::from(auth.aad), &mut pkt[iv_end..])
                     .map(|_| ())
-                    .map_err(|_| Drop::Integrity);
+                    .map_err(|_| DropReason::Integrity);
                 probe.mark(Stage::Cipher);
                 return r;
             }
@@ -287,7 +287,7 @@ impl Transform {
                         tag.as_ref(),
                         &pkt[icv_start..],
                     )
-                    .map_err(|_| Drop::Integrity)
+                    .map_err(|_| DropReason::Integrity)
                 });
                 probe.mark(Stage::Cipher);
                 return r;
@@ -299,7 +299,7 @@ impl Transform {
             let ok = mac.verify(&[auth.mac_prefix, data, auth.mac_suffix], icv);
             probe.mark(Stage::Integrity);
             if !ok {
-                return Err(Drop::Integrity);
+                return Err(DropReason::Integrity);
             }
         }
         if let Cipher::Cbc(k) = &self.cipher {
@@ -308,7 +308,7 @@ impl Transform {
                 .dec
                 .decrypt(body, dec_context(iv)?)
                 .map(|_| ())
-                .map_err(|_| Drop::Crypto);
+                .map_err(|_| DropReason::Crypto);
             probe.mark(Stage::Cipher);
             return r;
         }
@@ -319,14 +319,16 @@ impl Transform {
     /// Checks lengths and returns (end of IV, start of ICV).
     fn layout(&self, len: usize, hdr_len: usize) -> PResult<(usize, usize)> {
         let iv_end = hdr_len + self.iv_len();
-        let icv_start = len.checked_sub(self.icv_len()).ok_or(Drop::BadLength)?;
+        let icv_start = len
+            .checked_sub(self.icv_len())
+            .ok_or(DropReason::BadLength)?;
         if icv_start < iv_end {
-            return Err(Drop::BadLength);
+            return Err(DropReason::BadLength);
         }
         if !(icv_start - iv_end).is_multiple_of(self.block_len().max(1))
             && matches!(self.cipher, Cipher::Cbc(_))
         {
-            return Err(Drop::BadCiphertextLength);
+            return Err(DropReason::BadCiphertextLength);
         }
         Ok((iv_end, icv_start))
     }
@@ -362,7 +364,7 @@ fn nonce(salt: &[u8; 4], iv: &[u8]) -> PResult<Nonce> {
     n[..4].copy_from_slice(salt);
     n.get_mut(4..)
         .filter(|d| d.len() == iv.len())
-        .ok_or(Drop::BadLength)?
+        .ok_or(DropReason::BadLength)?
         .copy_from_slice(iv);
     Ok(Nonce::assume_unique_for_key(n))
 }
@@ -380,7 +382,7 @@ fn gmac_tag(
 ) -> PResult<aead::Tag> {
     let seal = |a: &[u8]| {
         key.seal_in_place_separate_tag(n, Aad::from(a), &mut [])
-            .map_err(|_| Drop::Crypto)
+            .map_err(|_| DropReason::Crypto)
     };
     if data.get(..hdr_len) == Some(aad) {
         seal(data)
@@ -395,24 +397,24 @@ fn gmac_tag(
 fn enc_context(iv: &[u8]) -> PResult<EncryptionContext> {
     match iv.len() {
         16 => Ok(EncryptionContext::Iv128(FixedLength::from(
-            <[u8; 16]>::try_from(iv).map_err(|_| Drop::BadLength)?,
+            <[u8; 16]>::try_from(iv).map_err(|_| DropReason::BadLength)?,
         ))),
         8 => Ok(EncryptionContext::Iv64(FixedLength::from(
-            <[u8; 8]>::try_from(iv).map_err(|_| Drop::BadLength)?,
+            <[u8; 8]>::try_from(iv).map_err(|_| DropReason::BadLength)?,
         ))),
-        _ => Err(Drop::BadLength),
+        _ => Err(DropReason::BadLength),
     }
 }
 
 fn dec_context(iv: &[u8]) -> PResult<DecryptionContext> {
     match iv.len() {
         16 => Ok(DecryptionContext::Iv128(FixedLength::from(
-            <[u8; 16]>::try_from(iv).map_err(|_| Drop::BadLength)?,
+            <[u8; 16]>::try_from(iv).map_err(|_| DropReason::BadLength)?,
         ))),
         8 => Ok(DecryptionContext::Iv64(FixedLength::from(
-            <[u8; 8]>::try_from(iv).map_err(|_| Drop::BadLength)?,
+            <[u8; 8]>::try_from(iv).map_err(|_| DropReason::BadLength)?,
         ))),
-        _ => Err(Drop::BadLength),
+        _ => Err(DropReason::BadLength),
     }
 }
 

@@ -31,7 +31,7 @@ mod tests;
 pub use coalesce::{Push, TcpCoalescer, MAX_COALESCE_SEGMENTS, MAX_SUPER_LEN};
 pub use segment::{Segmenter, MAX_SEGMENTS};
 
-use crate::error::{Drop, PResult};
+use crate::error::{DropReason, PResult};
 use crate::wire::{checksum, put16};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -94,7 +94,7 @@ impl GsoKind {
             VIRTIO_NET_HDR_GSO_UDP_L4 if gso_type & VIRTIO_NET_HDR_GSO_ECN == 0 => {
                 Ok(GsoKind::UdpL4)
             }
-            _ => Err(Drop::BadOffload),
+            _ => Err(DropReason::BadOffload),
         }
     }
 
@@ -162,7 +162,7 @@ pub(crate) fn csum_range_ok(len: usize, start: usize, offset: usize) -> bool {
 /// a result of 0 is written as 0xFFFF (which UDP requires and TCP accepts).
 pub fn complete_checksum(pkt: &mut [u8], csum_start: usize, csum_offset: usize) -> PResult<()> {
     if !csum_range_ok(pkt.len(), csum_start, csum_offset) {
-        return Err(Drop::BadOffload);
+        return Err(DropReason::BadOffload);
     }
     let c = match checksum::checksum(&pkt[csum_start..]) {
         0 => 0xffff,

@@ -5,7 +5,7 @@ use super::{
     UDP_CSUM_OFFSET,
 };
 use crate::buf::PacketBuf;
-use crate::error::{Drop, PResult};
+use crate::error::{DropReason, PResult};
 use crate::wire::{be16, be32, checksum, ipv4, ipv6, proto, put16, put32};
 use std::net::IpAddr;
 
@@ -81,13 +81,13 @@ impl<'a> Segmenter<'a> {
             GsoKind::UdpL4 => (None, proto::UDP),
         };
         if info.gso_size == 0 {
-            return Err(Drop::BadOffload);
+            return Err(DropReason::BadOffload);
         }
         let (v6, l4, end, protocol, ip_id) = match pkt.first().map(|b| b >> 4) {
             Some(4) => {
                 let h = ipv4::Ipv4::new_checked(pkt)?;
                 if h.is_fragment() {
-                    return Err(Drop::Fragment);
+                    return Err(DropReason::Fragment);
                 }
                 (
                     false,
@@ -101,51 +101,51 @@ impl<'a> Segmenter<'a> {
                 let h = ipv6::Ipv6::new_checked(pkt)?;
                 let w = ipv6::walk_ext(pkt)?;
                 if w.fragment {
-                    return Err(Drop::Fragment);
+                    return Err(DropReason::Fragment);
                 }
                 if w.routing {
-                    return Err(Drop::Unsupported);
+                    return Err(DropReason::Unsupported);
                 }
                 (true, w.offset, h.packet_len(), w.protocol, 0)
             }
-            Some(_) => return Err(Drop::BadIpVersion),
-            None => return Err(Drop::BadLength),
+            Some(_) => return Err(DropReason::BadIpVersion),
+            None => return Err(DropReason::BadLength),
         };
         if want_v6.is_some_and(|w| w != v6) || protocol != l4_proto {
-            return Err(Drop::BadOffload);
+            return Err(DropReason::BadOffload);
         }
         // Both parsers guarantee l4 <= end <= pkt.len().
         let pkt = &pkt[..end];
         let l4_len = end - l4;
         let (l4_hdr, csum_offset, mode, seq) = if l4_proto == proto::TCP {
             if l4_len < 20 {
-                return Err(Drop::BadLength);
+                return Err(DropReason::BadLength);
             }
             let doff = usize::from(pkt[l4 + 12] >> 4) * 4;
             if doff < 20 || doff > l4_len {
-                return Err(Drop::BadLength);
+                return Err(DropReason::BadLength);
             }
             if pkt[l4 + 13] & (tcp_flags::SYN | tcp_flags::RST) != 0 {
-                return Err(Drop::BadOffload);
+                return Err(DropReason::BadOffload);
             }
             (doff, TCP_CSUM_OFFSET, Mode::Tcp, be32(pkt, l4 + 4))
         } else {
             if l4_len < 8 || usize::from(be16(pkt, l4 + 4)) != l4_len {
-                return Err(Drop::BadLength);
+                return Err(DropReason::BadLength);
             }
             (8, UDP_CSUM_OFFSET, Mode::Udp, 0)
         };
         if info.needs_csum
             && (usize::from(info.csum_start) != l4 || info.csum_offset != csum_offset)
         {
-            return Err(Drop::BadOffload);
+            return Err(DropReason::BadOffload);
         }
         let hdr = l4 + l4_hdr;
         let payload = end - hdr;
         let gso_size = usize::from(info.gso_size);
         let count = payload.div_ceil(gso_size);
         if count == 0 || count > MAX_SEGMENTS {
-            return Err(Drop::BadOffload);
+            return Err(DropReason::BadOffload);
         }
         let (src, dst) = addrs(pkt, v6);
         Ok(Segmenter {
@@ -168,7 +168,7 @@ impl<'a> Segmenter<'a> {
         let mode = if info.needs_csum {
             let (start, offset) = (usize::from(info.csum_start), usize::from(info.csum_offset));
             if !csum_range_ok(pkt.len(), start, offset) {
-                return Err(Drop::BadOffload);
+                return Err(DropReason::BadOffload);
             }
             Mode::Csum { start, offset }
         } else {
@@ -237,17 +237,17 @@ impl<'a> Segmenter<'a> {
     /// Writes segment `i` of a super-segment.
     fn segment(&self, i: usize, out: &mut PacketBuf) -> PResult<()> {
         let off = self.hdr + i * self.gso_size;
-        let rest = self.pkt.get(off..).ok_or(Drop::BadLength)?;
+        let rest = self.pkt.get(off..).ok_or(DropReason::BadLength)?;
         let payload = &rest[..rest.len().min(self.gso_size)];
-        let headers = self.pkt.get(..self.hdr).ok_or(Drop::BadLength)?;
+        let headers = self.pkt.get(..self.hdr).ok_or(DropReason::BadLength)?;
         let len = self.hdr + payload.len();
-        let len16 = u16::try_from(len).map_err(|_| Drop::TooBig)?;
+        let len16 = u16::try_from(len).map_err(|_| DropReason::TooBig)?;
         let b = out.prepare(len);
         b[..self.hdr].copy_from_slice(headers);
         b[self.hdr..].copy_from_slice(payload);
 
         // IP layer. The index is below MAX_SEGMENTS, so it fits a u16.
-        let index = u16::try_from(i).map_err(|_| Drop::BadOffload)?;
+        let index = u16::try_from(i).map_err(|_| DropReason::BadOffload)?;
         if self.v6 {
             ipv6::set_payload_len(b, len16 - ipv6::HEADER_LEN as u16);
         } else {

@@ -559,12 +559,18 @@ fn complete_checksum_in_place_and_bounds() {
         (usize::MAX, 2),
     ] {
         let before = p.clone();
-        assert_eq!(complete_checksum(&mut p, start, off), Err(Drop::BadOffload));
+        assert_eq!(
+            complete_checksum(&mut p, start, off),
+            Err(DropReason::BadOffload)
+        );
         assert_eq!(p, before);
     }
     // The field may be the last two bytes.
     complete_checksum(&mut p, 20, len - 22).unwrap();
-    assert_eq!(complete_checksum(&mut [], 0, 0), Err(Drop::BadOffload));
+    assert_eq!(
+        complete_checksum(&mut [], 0, 0),
+        Err(DropReason::BadOffload)
+    );
 }
 
 #[test]
@@ -576,7 +582,11 @@ fn virtio_gso_types() {
     assert_eq!(GsoKind::from_virtio(0x84), Ok(GsoKind::TcpV6));
     assert_eq!(GsoKind::from_virtio(5), Ok(GsoKind::UdpL4));
     for bad in [3u8, 2, 6, 0x80, 0x85, 0xff] {
-        assert_eq!(GsoKind::from_virtio(bad), Err(Drop::BadOffload), "{bad}");
+        assert_eq!(
+            GsoKind::from_virtio(bad),
+            Err(DropReason::BadOffload),
+            "{bad}"
+        );
     }
     for k in [
         GsoKind::None,
@@ -604,10 +614,13 @@ fn segmenter_rejections() {
     let i4 = tcp4.info(1000);
 
     // Zero segment size.
-    assert_eq!(err(&p4, GsoInfo { gso_size: 0, ..i4 }), Drop::BadOffload);
+    assert_eq!(
+        err(&p4, GsoInfo { gso_size: 0, ..i4 }),
+        DropReason::BadOffload
+    );
     // IP version does not match the kind.
-    assert_eq!(err(&p6, i4), Drop::BadOffload);
-    assert_eq!(err(&p4, tcp6.info(1000)), Drop::BadOffload);
+    assert_eq!(err(&p6, i4), DropReason::BadOffload);
+    assert_eq!(err(&p4, tcp6.info(1000)), DropReason::BadOffload);
     // Protocol does not match the kind.
     assert_eq!(
         err(
@@ -617,7 +630,7 @@ fn segmenter_rejections() {
                 ..udp4.info(1000)
             }
         ),
-        Drop::BadOffload
+        DropReason::BadOffload
     );
     assert_eq!(
         err(
@@ -627,11 +640,11 @@ fn segmenter_rejections() {
                 ..i4
             }
         ),
-        Drop::BadOffload
+        DropReason::BadOffload
     );
     let mut icmp = p4.clone();
     icmp[9] = 1;
-    assert_eq!(err(&icmp, i4), Drop::BadOffload);
+    assert_eq!(err(&icmp, i4), DropReason::BadOffload);
     // Checksum offsets not at the L4 checksum.
     assert_eq!(
         err(
@@ -641,7 +654,7 @@ fn segmenter_rejections() {
                 ..i4
             }
         ),
-        Drop::BadOffload
+        DropReason::BadOffload
     );
     assert_eq!(
         err(
@@ -651,7 +664,7 @@ fn segmenter_rejections() {
                 ..i4
             }
         ),
-        Drop::BadOffload
+        DropReason::BadOffload
     );
     assert_eq!(
         err(
@@ -661,7 +674,7 @@ fn segmenter_rejections() {
                 ..udp4.info(1000)
             }
         ),
-        Drop::BadOffload
+        DropReason::BadOffload
     );
     // SYN or RST in a super-segment.
     for f in [SYN, RST, SYN | ACK] {
@@ -669,7 +682,7 @@ fn segmenter_rejections() {
         s.flags = f;
         assert_eq!(
             err(&s.super_segment(), i4),
-            Drop::BadOffload,
+            DropReason::BadOffload,
             "flags {f:#x}"
         );
     }
@@ -677,16 +690,19 @@ fn segmenter_rejections() {
     let empty = Spec::new(false, false, 0);
     assert_eq!(
         err(&empty.super_segment(), empty.info(1000)),
-        Drop::BadOffload
+        DropReason::BadOffload
     );
     let empty_udp = Spec::new(true, true, 0);
     assert_eq!(
         err(&empty_udp.super_segment(), empty_udp.info(1000)),
-        Drop::BadOffload
+        DropReason::BadOffload
     );
     // Too many segments.
     let big = Spec::new(false, true, MAX_SEGMENTS + 1);
-    assert_eq!(err(&big.super_segment(), big.info(1)), Drop::BadOffload);
+    assert_eq!(
+        err(&big.super_segment(), big.info(1)),
+        DropReason::BadOffload
+    );
     let ok = Spec::new(false, true, MAX_SEGMENTS);
     assert_eq!(
         Segmenter::new(&ok.super_segment(), &ok.info(1))
@@ -697,34 +713,37 @@ fn segmenter_rejections() {
     // Fragments.
     let mut mf = p4.clone();
     mf[6] |= 0x20;
-    assert_eq!(err(&mf, i4), Drop::Fragment);
+    assert_eq!(err(&mf, i4), DropReason::Fragment);
     let mut later = p4.clone();
     later[7] = 1;
-    assert_eq!(err(&later, i4), Drop::Fragment);
+    assert_eq!(err(&later, i4), DropReason::Fragment);
     let mut frag6 = tcp6.clone();
     frag6.ext = 8;
     let mut f6 = frag6.super_segment();
     f6[6] = 44; // the 8-byte header becomes a fragment header
-    assert_eq!(err(&f6, frag6.info(1000)), Drop::Fragment);
+    assert_eq!(err(&f6, frag6.info(1000)), DropReason::Fragment);
     // IPv6 routing header.
     let mut rt6 = f6.clone();
     rt6[6] = 43;
-    assert_eq!(err(&rt6, frag6.info(1000)), Drop::Unsupported);
+    assert_eq!(err(&rt6, frag6.info(1000)), DropReason::Unsupported);
     // Truncated IP packet, bad IHL, unknown version, empty.
-    assert_eq!(err(&p4[..p4.len() - 1], i4), Drop::BadLength);
-    assert_eq!(err(&p6[..p6.len() - 1], tcp6.info(1000)), Drop::BadLength);
+    assert_eq!(err(&p4[..p4.len() - 1], i4), DropReason::BadLength);
+    assert_eq!(
+        err(&p6[..p6.len() - 1], tcp6.info(1000)),
+        DropReason::BadLength
+    );
     let mut ihl = p4.clone();
     ihl[0] = 0x44;
-    assert_eq!(err(&ihl, i4), Drop::BadIpHeader);
+    assert_eq!(err(&ihl, i4), DropReason::BadIpHeader);
     let mut v5 = p4.clone();
     v5[0] = 0x55;
-    assert_eq!(err(&v5, i4), Drop::BadIpVersion);
-    assert_eq!(err(&[], i4), Drop::BadLength);
+    assert_eq!(err(&v5, i4), DropReason::BadIpVersion);
+    assert_eq!(err(&[], i4), DropReason::BadLength);
     // TCP header shorter than 20 bytes, data offset below 20 or past the end.
     let short = &p4[..];
     let mut cut = short[..30].to_vec();
     cut[2..4].copy_from_slice(&30u16.to_be_bytes());
-    assert_eq!(err(&cut, i4), Drop::BadLength);
+    assert_eq!(err(&cut, i4), DropReason::BadLength);
     for doff in [0u8, 4, 0xf] {
         let mut s = Spec::new(false, false, 20);
         s.payload.clear();
@@ -734,15 +753,15 @@ fn segmenter_rejections() {
             gso_size: 1,
             ..s.info(1)
         };
-        assert_eq!(err(&p, i), Drop::BadLength, "doff {doff}");
+        assert_eq!(err(&p, i), DropReason::BadLength, "doff {doff}");
     }
     // UDP length field disagreeing with the IP length, or too short a header.
     let mut ul = u4.clone();
     ul[24..26].copy_from_slice(&100u16.to_be_bytes());
-    assert_eq!(err(&ul, udp4.info(1000)), Drop::BadLength);
+    assert_eq!(err(&ul, udp4.info(1000)), DropReason::BadLength);
     let mut uc = u4[..26].to_vec();
     uc[2..4].copy_from_slice(&26u16.to_be_bytes());
-    assert_eq!(err(&uc, udp4.info(1000)), Drop::BadLength);
+    assert_eq!(err(&uc, udp4.info(1000)), DropReason::BadLength);
     // NEEDS_CSUM without GSO pointing outside the packet.
     let none = |start: u16, off: u16| GsoInfo {
         needs_csum: true,
@@ -750,9 +769,12 @@ fn segmenter_rejections() {
         csum_offset: off,
         ..GsoInfo::NONE
     };
-    assert_eq!(err(&p4, none(p4.len() as u16, 0)), Drop::BadOffload);
-    assert_eq!(err(&p4, none(20, (p4.len() - 21) as u16)), Drop::BadOffload);
-    assert_eq!(err(&[], none(0, 0)), Drop::BadOffload);
+    assert_eq!(err(&p4, none(p4.len() as u16, 0)), DropReason::BadOffload);
+    assert_eq!(
+        err(&p4, none(20, (p4.len() - 21) as u16)),
+        DropReason::BadOffload
+    );
+    assert_eq!(err(&[], none(0, 0)), DropReason::BadOffload);
 }
 
 #[test]

@@ -8,7 +8,7 @@
 use super::{finish_tunnel_inner, fix_transport_header, Decapsulated, Inbound, Mode, Sa};
 use crate::buf::PacketBuf;
 use crate::cost::{Probe, Stage};
-use crate::error::{Drop, PResult};
+use crate::error::{DropReason, PResult};
 use crate::wire::ip::IpInfo;
 use crate::wire::{ah, ipv4, ipv6, proto};
 use std::time::Duration;
@@ -26,7 +26,7 @@ fn ipv4_option_immutable(t: u8) -> bool {
 fn zeroed_header(hdr: &[u8], out: &mut [u8; MAX_PRE_AH]) -> PResult<usize> {
     let n = hdr.len();
     if n > MAX_PRE_AH {
-        return Err(Drop::Unsupported);
+        return Err(DropReason::Unsupported);
     }
     let o = &mut out[..n];
     o.copy_from_slice(hdr);
@@ -34,7 +34,7 @@ fn zeroed_header(hdr: &[u8], out: &mut [u8; MAX_PRE_AH]) -> PResult<usize> {
         Some(4) => {
             let ihl = usize::from(o[0] & 0x0f) * 4;
             if ihl < ipv4::MIN_HEADER_LEN || ihl > n {
-                return Err(Drop::BadIpHeader);
+                return Err(DropReason::BadIpHeader);
             }
             o[1] = 0; // TOS
             o[6] = 0; // flags, fragment offset
@@ -48,9 +48,9 @@ fn zeroed_header(hdr: &[u8], out: &mut [u8; MAX_PRE_AH]) -> PResult<usize> {
                     0 => break,
                     1 => i += 1,
                     t => {
-                        let len = usize::from(*o.get(i + 1).ok_or(Drop::BadIpHeader)?);
+                        let len = usize::from(*o.get(i + 1).ok_or(DropReason::BadIpHeader)?);
                         if len < 2 || i + len > ihl {
-                            return Err(Drop::BadIpHeader);
+                            return Err(DropReason::BadIpHeader);
                         }
                         if !ipv4_option_immutable(t) {
                             o[i..i + len].fill(0);
@@ -62,7 +62,7 @@ fn zeroed_header(hdr: &[u8], out: &mut [u8; MAX_PRE_AH]) -> PResult<usize> {
         }
         Some(6) => {
             if n < ipv6::HEADER_LEN {
-                return Err(Drop::BadLength);
+                return Err(DropReason::BadLength);
             }
             o[0] = 0x60; // keep the version; traffic class and flow label are mutable
             o[1] = 0;
@@ -73,16 +73,16 @@ fn zeroed_header(hdr: &[u8], out: &mut [u8; MAX_PRE_AH]) -> PResult<usize> {
             let mut off = ipv6::HEADER_LEN;
             while off < n {
                 if off + 2 > n {
-                    return Err(Drop::BadLength);
+                    return Err(DropReason::BadLength);
                 }
                 let len = match nh {
                     proto::HOPOPT | proto::IPV6_OPTS => (usize::from(o[off + 1]) + 1) * 8,
-                    proto::IPV6_ROUTE => return Err(Drop::Unsupported),
-                    proto::IPV6_FRAG => return Err(Drop::Fragment),
-                    _ => return Err(Drop::Unsupported),
+                    proto::IPV6_ROUTE => return Err(DropReason::Unsupported),
+                    proto::IPV6_FRAG => return Err(DropReason::Fragment),
+                    _ => return Err(DropReason::Unsupported),
                 };
                 if off + len > n {
-                    return Err(Drop::BadLength);
+                    return Err(DropReason::BadLength);
                 }
                 // Options with the "may change en route" bit have zeroed data.
                 let mut j = off + 2;
@@ -92,9 +92,9 @@ fn zeroed_header(hdr: &[u8], out: &mut [u8; MAX_PRE_AH]) -> PResult<usize> {
                         j += 1;
                         continue;
                     }
-                    let olen = usize::from(*o.get(j + 1).ok_or(Drop::BadLength)?);
+                    let olen = usize::from(*o.get(j + 1).ok_or(DropReason::BadLength)?);
                     if j + 2 + olen > off + len {
-                        return Err(Drop::BadLength);
+                        return Err(DropReason::BadLength);
                     }
                     if t & 0x20 != 0 {
                         o[j + 2..j + 2 + olen].fill(0);
@@ -105,7 +105,7 @@ fn zeroed_header(hdr: &[u8], out: &mut [u8; MAX_PRE_AH]) -> PResult<usize> {
                 off += len;
             }
         }
-        _ => return Err(Drop::BadIpVersion),
+        _ => return Err(DropReason::BadIpVersion),
     }
     Ok(n)
 }
@@ -120,12 +120,12 @@ impl Sa {
         seq: u64,
         out: &mut [u8],
     ) -> PResult<bool> {
-        let mac = self.transform.mac().ok_or(Drop::Unsupported)?;
+        let mac = self.transform.mac().ok_or(DropReason::Unsupported)?;
         let icv_len = mac.icv_len();
-        let a = ah::Ah::new_checked(pkt.get(off..end).ok_or(Drop::BadLength)?)?;
+        let a = ah::Ah::new_checked(pkt.get(off..end).ok_or(DropReason::BadLength)?)?;
         let ah_len = a.len();
         if ah_len < ah::FIXED_LEN + icv_len {
-            return Err(Drop::BadLength);
+            return Err(DropReason::BadLength);
         }
         let mut hdr = [0u8; MAX_PRE_AH];
         let n = zeroed_header(&pkt[..off], &mut hdr)?;
@@ -174,14 +174,14 @@ impl Sa {
             }
             Mode::Transport => {
                 if info.fragment {
-                    return Err(Drop::Fragment);
+                    return Err(DropReason::Fragment);
                 }
                 let (keep, nh_field) = if info.version == 4 {
                     (info.payload_offset, info.nh_field)
                 } else {
                     let w = ipv6::walk_ext(buf.as_slice())?;
                     if w.routing {
-                        return Err(Drop::Unsupported);
+                        return Err(DropReason::Unsupported);
                     }
                     (w.insert_offset, w.insert_nh_field)
                 };
@@ -214,20 +214,20 @@ impl Sa {
         probe: &mut P,
     ) -> PResult<Decapsulated> {
         if self.life.is_hard_expired() {
-            return Err(Drop::SaExpired);
+            return Err(DropReason::SaExpired);
         }
         let end = inb.end;
         let pkt = buf.as_slice();
-        let a = ah::Ah::new_checked(pkt.get(inb.offset..end).ok_or(Drop::BadLength)?)?;
+        let a = ah::Ah::new_checked(pkt.get(inb.offset..end).ok_or(DropReason::BadLength)?)?;
         let (ah_len, nh) = (a.len(), a.next_header());
-        let seq = self.replay.full_seq(a.seq()).ok_or(Drop::Replay);
+        let seq = self.replay.full_seq(a.seq()).ok_or(DropReason::Replay);
         let seq = seq.and_then(|s| self.replay.check(s).map(|()| s));
         probe.mark(Stage::Replay);
         let seq = seq?;
         let ok = self.ah_icv(pkt, inb.offset, end, seq, &mut []);
         probe.mark(Stage::Integrity);
         if !ok? {
-            return Err(Drop::Integrity);
+            return Err(DropReason::Integrity);
         }
         let updated = self.replay.update(seq);
         probe.mark(Stage::Replay);

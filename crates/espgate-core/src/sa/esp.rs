@@ -4,7 +4,7 @@ use super::{finish_tunnel_inner, fix_transport_header, Decapsulated, Encap, Inbo
 use crate::buf::PacketBuf;
 use crate::cost::{Probe, Stage};
 use crate::crypto::AuthCtx;
-use crate::error::{Drop, PResult};
+use crate::error::{DropReason, PResult};
 use crate::wire::ip::IpInfo;
 use crate::wire::{checksum, esp, ipv6, proto, put16, udp};
 use std::time::Duration;
@@ -63,7 +63,7 @@ impl Sa {
             Mode::Transport => {
                 if info.fragment {
                     // Transport mode protects whole datagrams only (RFC 4301 §7).
-                    return Err(Drop::Fragment);
+                    return Err(DropReason::Fragment);
                 }
                 let (keep, nh_field) = if info.version == 4 {
                     (info.payload_offset, info.nh_field)
@@ -75,7 +75,7 @@ impl Sa {
                 if nh == proto::NO_NEXT {
                     // ESP reads next header 59 as a dummy packet (RFC 4303
                     // §2.6); the receiver would discard it silently.
-                    return Err(Drop::BadNextHeader);
+                    return Err(DropReason::BadNextHeader);
                 }
                 self.esp_wrap(buf, keep, nh, seq, (udp_len, 0), probe)?;
                 let outer_proto = if udp_len > 0 { proto::UDP } else { proto::ESP };
@@ -127,7 +127,7 @@ impl Sa {
         let t = &mut self.transform;
         let (iv_len, icv_len) = (t.iv_len(), t.icv_len());
         let len0 = buf.len();
-        let payload_len = len0.checked_sub(keep).ok_or(Drop::BadLength)?;
+        let payload_len = len0.checked_sub(keep).ok_or(DropReason::BadLength)?;
         let pad = esp::pad_len(payload_len + tfc, t.block_len());
         let p = buf.push_back(tfc + pad + esp::TRAILER_LEN + icv_len);
         p[len0..len0 + tfc].fill(0);
@@ -158,18 +158,18 @@ impl Sa {
         probe: &mut P,
     ) -> PResult<Decapsulated> {
         if self.life.is_hard_expired() {
-            return Err(Drop::SaExpired);
+            return Err(DropReason::SaExpired);
         }
         let end = inb.end;
         let (iv_len, icv_len) = (self.transform.iv_len(), self.transform.icv_len());
         let pkt = buf.as_mut_slice();
-        let e = pkt.get_mut(inb.offset..end).ok_or(Drop::BadLength)?;
+        let e = pkt.get_mut(inb.offset..end).ok_or(DropReason::BadLength)?;
         if e.len() < esp::HEADER_LEN + iv_len + esp::TRAILER_LEN + icv_len {
-            return Err(Drop::BadLength);
+            return Err(DropReason::BadLength);
         }
         let hdr = esp::Esp::new_checked(e)?;
         let (spi, seq_lo) = (hdr.spi(), hdr.seq());
-        let seq = self.replay.full_seq(seq_lo).ok_or(Drop::Replay);
+        let seq = self.replay.full_seq(seq_lo).ok_or(DropReason::Replay);
         let seq = seq.and_then(|s| self.replay.check(s).map(|()| s));
         probe.mark(Stage::Replay);
         let seq = seq?;
@@ -203,10 +203,11 @@ impl Sa {
         let e = buf
             .as_slice()
             .get(inb.offset..inb.end)
-            .ok_or(Drop::BadLength)?;
+            .ok_or(DropReason::BadLength)?;
         let body_start = esp::HEADER_LEN + iv_len;
-        let body_end = e.len().checked_sub(icv_len).ok_or(Drop::BadLength)?;
-        let (plen, nh) = esp::parse_trailer(e.get(body_start..body_end).ok_or(Drop::BadLength)?)?;
+        let body_end = e.len().checked_sub(icv_len).ok_or(DropReason::BadLength)?;
+        let (plen, nh) =
+            esp::parse_trailer(e.get(body_start..body_end).ok_or(DropReason::BadLength)?)?;
         if nh == proto::NO_NEXT {
             self.stats.dummies += 1;
             return Ok(Decapsulated::Dummy);

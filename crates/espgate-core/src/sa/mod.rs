@@ -10,7 +10,7 @@ pub mod spec;
 use crate::buf::PacketBuf;
 use crate::cost::{NoProbe, Probe, Stage};
 use crate::crypto::{Suite, SuiteError, Transform};
-use crate::error::{Drop, PResult};
+use crate::error::{DropReason, PResult};
 use crate::selector::TrafficSelector;
 use crate::wire::flow;
 use crate::wire::ip::{self, IpInfo};
@@ -222,13 +222,13 @@ pub struct SaStats {
     pub bytes: u64,
     /// Dummy (next header 59) packets received and discarded.
     pub dummies: u64,
-    /// Drops by reason, indexed by [`Drop::index`].
-    pub drops: [u64; Drop::ALL.len()],
+    /// Drops by reason, indexed by [`DropReason::index`].
+    pub drops: [u64; DropReason::COUNT],
 }
 
 impl SaStats {
     /// Drops for one reason.
-    pub fn drops_for(&self, d: Drop) -> u64 {
+    pub fn drops_for(&self, d: DropReason) -> u64 {
         self.drops[d.index()]
     }
 }
@@ -266,17 +266,19 @@ pub enum Classified {
 pub fn classify(pkt: &[u8], nat_t_port: u16) -> PResult<Classified> {
     let outer = ip::parse(pkt)?;
     if outer.fragment {
-        return Err(Drop::Fragment);
+        return Err(DropReason::Fragment);
     }
     let end = outer.packet_len;
-    let l4 = pkt.get(outer.payload_offset..end).ok_or(Drop::BadLength)?;
+    let l4 = pkt
+        .get(outer.payload_offset..end)
+        .ok_or(DropReason::BadLength)?;
     let (protocol, offset, udp_offset, end) = match outer.protocol {
         proto::ESP => (Protocol::Esp, outer.payload_offset, None, end),
         proto::AH => (Protocol::Ah, outer.payload_offset, None, end),
         proto::UDP => {
             let u = udp::Udp::new_checked(l4)?;
             if u.dst_port() != nat_t_port && u.src_port() != nat_t_port {
-                return Err(Drop::NotIpsec);
+                return Err(DropReason::NotIpsec);
             }
             match udp::classify(u.payload())? {
                 udp::EncapKind::Ike => return Ok(Classified::Ike),
@@ -290,9 +292,9 @@ pub fn classify(pkt: &[u8], nat_t_port: u16) -> PResult<Classified> {
                 outer.payload_offset + u.len(),
             )
         }
-        _ => return Err(Drop::NotIpsec),
+        _ => return Err(DropReason::NotIpsec),
     };
-    let hdr = pkt.get(offset..end).ok_or(Drop::BadLength)?;
+    let hdr = pkt.get(offset..end).ok_or(DropReason::BadLength)?;
     let spi = match protocol {
         Protocol::Esp => crate::wire::esp::Esp::new_checked(hdr)?.spi(),
         Protocol::Ah => crate::wire::ah::Ah::new_checked(hdr)?.spi(),
@@ -321,7 +323,7 @@ pub enum Decapsulated {
 /// `fetch_add`, so no number is used twice whichever worker sends it (an
 /// AEAD nonce is never reused). `ceiling` bounds the numbers handed out
 /// (the ones reserved on disk); a number at or above it is refused with
-/// [`Drop::SeqNotReserved`] and never used.
+/// [`DropReason::SeqNotReserved`] and never used.
 #[derive(Debug)]
 pub struct SharedSeq {
     next: AtomicU64,
@@ -560,7 +562,7 @@ impl Sa {
             self.tick(now);
         }
         if self.life.is_hard_expired() {
-            return Err(Drop::SaExpired);
+            return Err(DropReason::SaExpired);
         }
         let max = if self.cfg.esn {
             u64::MAX
@@ -576,10 +578,10 @@ impl Sa {
                 self.seq_exhausted_raised = true;
                 self.raise(SaEvent::SeqExhausted);
             }
-            return Err(Drop::SeqExhausted);
+            return Err(DropReason::SeqExhausted);
         }
         if shared.is_some_and(|ceiling| seq >= ceiling) {
-            return Err(Drop::SeqNotReserved);
+            return Err(DropReason::SeqNotReserved);
         }
         // After u64::MAX, 0 marks exhaustion (checked above).
         let after = seq.wrapping_add(1);
@@ -675,14 +677,14 @@ impl Sa {
         if self.cfg.selectors.iter().any(|s| s.matches_inbound(&f)) {
             Ok(())
         } else {
-            Err(Drop::SelectorMismatch)
+            Err(DropReason::SelectorMismatch)
         }
     }
 
     /// Writes the outer header for tunnel mode in front of `buf`.
     fn push_outer(&mut self, buf: &mut PacketBuf, inner: &IpInfo, protocol: u8) -> PResult<()> {
         let (Some(src), Some(dst)) = (self.cfg.tunnel_src, self.cfg.tunnel_dst) else {
-            return Err(Drop::Unsupported);
+            return Err(DropReason::Unsupported);
         };
         let tos = if self.cfg.copy_dscp {
             inner.tos
@@ -717,7 +719,7 @@ impl Sa {
                 };
                 r.emit(buf.push_front(ipv6::HEADER_LEN))
             }
-            _ => Err(Drop::Unsupported),
+            _ => Err(DropReason::Unsupported),
         }
     }
 }
@@ -735,13 +737,13 @@ fn finish_tunnel_inner(
     let want = match nh {
         proto::IPV4 => 4,
         proto::IPV6 => 6,
-        _ => return Err(Drop::BadNextHeader),
+        _ => return Err(DropReason::BadNextHeader),
     };
     buf.trim_front(start);
     buf.truncate(len);
-    let info = ip::parse(buf.as_slice()).map_err(|_| Drop::BadNextHeader)?;
+    let info = ip::parse(buf.as_slice()).map_err(|_| DropReason::BadNextHeader)?;
     if info.version != want {
-        return Err(Drop::BadNextHeader);
+        return Err(DropReason::BadNextHeader);
     }
     buf.truncate(info.packet_len);
     let outer_ecn = outer_tos & 0x03;
@@ -749,7 +751,7 @@ fn finish_tunnel_inner(
     if outer_ecn == 0x03 && inner_ecn != 0x03 {
         if inner_ecn == 0 {
             // Not-ECT inner with CE outer: the congestion mark cannot be carried.
-            return Err(Drop::EcnDrop);
+            return Err(DropReason::EcnDrop);
         }
         set_tos(buf.as_mut_slice(), info.version, info.tos | 0x03);
     }
@@ -775,12 +777,12 @@ fn fix_transport_header(pkt: &mut [u8], version: u8, nh_field: usize, nh: u8) ->
     let total = pkt.len();
     pkt[nh_field] = nh;
     if version == 4 {
-        let total = u16::try_from(total).map_err(|_| Drop::TooBig)?;
+        let total = u16::try_from(total).map_err(|_| DropReason::TooBig)?;
         let mut h = ipv4::Ipv4::new_header_checked(pkt)?;
         h.set_packet_len(total);
         h.fill_checksum();
     } else {
-        let plen = u16::try_from(total - ipv6::HEADER_LEN).map_err(|_| Drop::TooBig)?;
+        let plen = u16::try_from(total - ipv6::HEADER_LEN).map_err(|_| DropReason::TooBig)?;
         ipv6::set_payload_len(pkt, plen);
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! Anti-replay window (RFC 4303 §3.4.3) with the RFC 6479 bitmap method and
 //! ESN high-half inference (RFC 4303 Appendix A).
 
-use crate::error::{Drop, PResult};
+use crate::error::{DropReason, PResult};
 
 /// Largest window we accept.
 pub const MAX_WINDOW: u32 = 1 << 16;
@@ -81,7 +81,7 @@ impl ReplayWindow {
     pub fn check(&self, seq: u64) -> PResult<()> {
         if seq == 0 {
             // Sequence numbers start at 1 and never wrap to 0.
-            return Err(Drop::Replay);
+            return Err(DropReason::Replay);
         }
         if self.size == 0 || seq > self.top {
             return Ok(());
@@ -89,11 +89,11 @@ impl ReplayWindow {
         // Here seq <= top, so the subtraction cannot underflow (and, unlike
         // seq + size, cannot overflow near 2^64).
         if self.top - seq >= self.size {
-            return Err(Drop::Replay);
+            return Err(DropReason::Replay);
         }
         let (b, bit) = self.slot(seq);
         if self.blocks[b] & bit != 0 {
-            Err(Drop::Replay)
+            Err(DropReason::Replay)
         } else {
             Ok(())
         }
@@ -212,23 +212,23 @@ mod tests {
         let mut w = ReplayWindow::new(64, true, u64::MAX - 1);
         assert!(w.check(u64::MAX - 3).is_ok());
         w.update(u64::MAX - 3).unwrap();
-        assert_eq!(w.check(u64::MAX - 3), Err(Drop::Replay));
-        assert_eq!(w.check(u64::MAX - 70), Err(Drop::Replay));
+        assert_eq!(w.check(u64::MAX - 3), Err(DropReason::Replay));
+        assert_eq!(w.check(u64::MAX - 70), Err(DropReason::Replay));
         w.update(u64::MAX).unwrap();
-        assert_eq!(w.check(u64::MAX), Err(Drop::Replay));
+        assert_eq!(w.check(u64::MAX), Err(DropReason::Replay));
     }
 
     #[test]
     fn duplicates_and_old_are_refused() {
         let mut w = ReplayWindow::new(64, false, 0);
-        assert_eq!(w.check(0), Err(Drop::Replay));
+        assert_eq!(w.check(0), Err(DropReason::Replay));
         w.update(1).unwrap();
-        assert_eq!(w.update(1), Err(Drop::Replay));
+        assert_eq!(w.update(1), Err(DropReason::Replay));
         w.update(100).unwrap();
-        assert_eq!(w.check(36), Err(Drop::Replay)); // 100 - 64
+        assert_eq!(w.check(36), Err(DropReason::Replay)); // 100 - 64
         assert!(w.check(37).is_ok());
         w.update(37).unwrap();
-        assert_eq!(w.check(37), Err(Drop::Replay));
+        assert_eq!(w.check(37), Err(DropReason::Replay));
         // A jump beyond the whole ring clears every block.
         w.update(100_000).unwrap();
         assert!(w.check(99_999).is_ok());

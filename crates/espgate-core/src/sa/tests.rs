@@ -188,7 +188,7 @@ fn ah_roundtrips_and_detects_tampering() {
                 let mut b = PacketBuf::from_packet(&tampered);
                 assert_eq!(
                     i.decapsulate(&mut b, &inb, T0),
-                    Err(Drop::Integrity),
+                    Err(DropReason::Integrity),
                     "{integ} {mode:?}"
                 );
             }
@@ -293,7 +293,7 @@ fn replay_tamper_unknown_spi_and_truncation_are_typed() {
     let mut b = PacketBuf::from_packet(&wire);
     assert_eq!(
         rx.decapsulate(&mut b, 4500, T0).unwrap_err().reason,
-        Drop::Replay
+        DropReason::Replay
     );
 
     let mut fresh = PacketBuf::from_packet(&pkt);
@@ -303,7 +303,7 @@ fn replay_tamper_unknown_spi_and_truncation_are_typed() {
     bad[n - 20] ^= 0x80;
     let mut b = PacketBuf::from_packet(&bad);
     let e = rx.decapsulate(&mut b, 4500, T0).unwrap_err();
-    assert_eq!((e.reason, e.sa), (Drop::Integrity, Some(id)));
+    assert_eq!((e.reason, e.sa), (DropReason::Integrity, Some(id)));
     // The failed packet did not advance the window: the intact one still passes.
     let mut b = PacketBuf::from_packet(fresh.as_slice());
     assert!(rx.decapsulate(&mut b, 4500, T0).is_ok());
@@ -313,7 +313,7 @@ fn replay_tamper_unknown_spi_and_truncation_are_typed() {
     let mut b = PacketBuf::from_packet(&other);
     assert_eq!(
         rx.decapsulate(&mut b, 4500, T0).unwrap_err().reason,
-        Drop::UnknownSpi
+        DropReason::UnknownSpi
     );
 
     for cut in [21, 30, 40, wire.len() - 1] {
@@ -324,13 +324,16 @@ fn replay_tamper_unknown_spi_and_truncation_are_typed() {
         let mut b = PacketBuf::from_packet(&t);
         let e = rx.decapsulate(&mut b, 4500, T0).unwrap_err();
         assert!(
-            matches!(e.reason, Drop::BadLength | Drop::Integrity | Drop::Replay),
+            matches!(
+                e.reason,
+                DropReason::BadLength | DropReason::Integrity | DropReason::Replay
+            ),
             "cut {cut}: {e:?}"
         );
     }
     let stats = rx.get(id).unwrap().stats();
-    assert_eq!(stats.drops_for(Drop::Replay), 1);
-    assert!(stats.drops_for(Drop::Integrity) >= 1);
+    assert_eq!(stats.drops_for(DropReason::Replay), 1);
+    assert!(stats.drops_for(DropReason::Integrity) >= 1);
 }
 
 #[test]
@@ -378,10 +381,16 @@ fn bad_padding_and_next_header_are_detected_after_authentication() {
     assert_eq!(run(&mut rx, forge(1, &[], 4)), Ok(Decapsulated::Packet));
     assert_eq!(
         run(&mut rx, forge(2, &[1, 2, 9, 4], 4)),
-        Err(Drop::BadPadding)
+        Err(DropReason::BadPadding)
     );
-    assert_eq!(run(&mut rx, forge(3, &[], 17)), Err(Drop::BadNextHeader));
-    assert_eq!(run(&mut rx, forge(4, &[], 41)), Err(Drop::BadNextHeader)); // says IPv6, is IPv4
+    assert_eq!(
+        run(&mut rx, forge(3, &[], 17)),
+        Err(DropReason::BadNextHeader)
+    );
+    assert_eq!(
+        run(&mut rx, forge(4, &[], 41)),
+        Err(DropReason::BadNextHeader)
+    ); // says IPv6, is IPv4
     assert_eq!(run(&mut rx, forge(5, &[], 59)), Ok(Decapsulated::Dummy));
     assert_eq!(rx.stats().dummies, 1);
 }
@@ -406,9 +415,9 @@ fn selectors_are_enforced_inbound() {
     .unwrap();
     assert_eq!(
         roundtrip(&mut tx2, &mut rx, &pkt),
-        Err(Drop::SelectorMismatch)
+        Err(DropReason::SelectorMismatch)
     );
-    assert_eq!(rx.stats().drops_for(Drop::SelectorMismatch), 1);
+    assert_eq!(rx.stats().drops_for(DropReason::SelectorMismatch), 1);
 }
 
 #[test]
@@ -426,7 +435,7 @@ fn sequence_numbers_never_wrap() {
     assert_eq!(tx.poll_event(), Some(SaEvent::SeqExhausted));
     assert_eq!(
         tx.encapsulate(&mut PacketBuf::from_packet(&pkt), T0),
-        Err(Drop::SeqExhausted)
+        Err(DropReason::SeqExhausted)
     );
     assert_eq!(tx.poll_event(), None, "raised once");
     // With ESN the same SA crosses 2^32 and the receiver follows.
@@ -444,7 +453,7 @@ fn sequence_numbers_never_wrap() {
         .is_ok());
     assert_eq!(
         tx.encapsulate(&mut PacketBuf::from_packet(&pkt), T0),
-        Err(Drop::SeqExhausted)
+        Err(DropReason::SeqExhausted)
     );
 }
 
@@ -460,7 +469,7 @@ fn esn_high_bits_are_authenticated() {
     let mut rx = Sa::new(c, T0).unwrap();
     assert_eq!(
         roundtrip(&mut tx, &mut rx, &udp_packet(false, 1, 0)),
-        Err(Drop::Integrity)
+        Err(DropReason::Integrity)
     );
 }
 
@@ -481,8 +490,8 @@ fn lifetimes_raise_events_and_hard_limit_stops_traffic() {
     assert_eq!(tx.poll_event(), Some(SaEvent::SoftExpired));
     send(&mut tx).unwrap();
     assert_eq!(tx.poll_event(), Some(SaEvent::HardExpired));
-    assert_eq!(send(&mut tx), Err(Drop::SaExpired));
-    assert_eq!(tx.stats().drops_for(Drop::SaExpired), 1);
+    assert_eq!(send(&mut tx), Err(DropReason::SaExpired));
+    assert_eq!(tx.stats().drops_for(DropReason::SaExpired), 1);
 }
 
 #[test]
@@ -491,7 +500,7 @@ fn ecn_follows_rfc6040() {
     let (mut tx, mut rx) = pair(&c);
     for (inner, mark_outer_ce, expect) in [
         (0x01u8, true, Ok(0x03u8)),
-        (0x00, true, Err(Drop::EcnDrop)),
+        (0x00, true, Err(DropReason::EcnDrop)),
         (0x02, false, Ok(0x02)),
     ] {
         let pkt = udp_packet(false, 20, 0xb8 | inner);
@@ -571,7 +580,7 @@ fn nat_t_classification() {
     assert_eq!(classify(&ka, 4500), Ok(Classified::Keepalive));
     assert_eq!(
         classify(&udp_packet(false, 20, 0), 4500),
-        Err(Drop::NotIpsec)
+        Err(DropReason::NotIpsec)
     );
 }
 
@@ -636,7 +645,7 @@ fn copies_sharing_a_counter_never_reuse_a_number() {
     for tx in [&mut a, &mut b] {
         assert_eq!(
             tx.encapsulate(&mut PacketBuf::from_packet(&pkt), T0),
-            Err(Drop::SeqNotReserved)
+            Err(DropReason::SeqNotReserved)
         );
     }
     seq.set_ceiling(u64::MAX);
@@ -654,7 +663,7 @@ fn copies_sharing_a_counter_never_reuse_a_number() {
         let tx = if i == 1 { &mut b } else { &mut a };
         assert_eq!(
             tx.encapsulate(&mut PacketBuf::from_packet(&pkt), T0),
-            Err(Drop::SeqExhausted)
+            Err(DropReason::SeqExhausted)
         );
     }
 }
@@ -677,6 +686,6 @@ fn volume_limits_split_between_copies() {
     }
     assert_eq!(
         a.encapsulate(&mut PacketBuf::from_packet(&pkt), T0),
-        Err(Drop::SaExpired)
+        Err(DropReason::SaExpired)
     );
 }

@@ -6,7 +6,7 @@
 //! Payload Len is the AH length in 32-bit words minus 2.
 
 use super::{be32, put16, put32};
-use crate::error::{Drop, PResult};
+use crate::error::{DropReason, PResult};
 
 /// The fixed part before the ICV.
 pub const FIXED_LEN: usize = 12;
@@ -21,11 +21,11 @@ impl<'a> Ah<'a> {
     /// Checks the fixed part and that the declared length fits in `b`.
     pub fn new_checked(b: &'a [u8]) -> PResult<Self> {
         if b.len() < FIXED_LEN {
-            return Err(Drop::BadLength);
+            return Err(DropReason::BadLength);
         }
         let len = (usize::from(b[1]) + 2) * 4;
         if len < FIXED_LEN || len > b.len() {
-            return Err(Drop::BadLength);
+            return Err(DropReason::BadLength);
         }
         Ok(Ah { b })
     }
@@ -66,7 +66,7 @@ pub fn header_len(icv_len: usize, ipv6: bool) -> usize {
 pub fn emit(out: &mut [u8], next_header: u8, spi: u32, seq: u64) -> PResult<()> {
     let words = out.len() / 4;
     if !out.len().is_multiple_of(4) || words < 3 || words - 2 > 255 {
-        return Err(Drop::BadLength);
+        return Err(DropReason::BadLength);
     }
     out[0] = next_header;
     out[1] = (words - 2) as u8;

@@ -5,7 +5,7 @@
 //! ```
 
 use super::{be32, put32};
-use crate::error::{Drop, PResult};
+use crate::error::{DropReason, PResult};
 
 /// SPI plus 32-bit sequence number.
 pub const HEADER_LEN: usize = 8;
@@ -22,7 +22,7 @@ impl<'a> Esp<'a> {
     /// Requires at least the fixed header.
     pub fn new_checked(b: &'a [u8]) -> PResult<Self> {
         if b.len() < HEADER_LEN {
-            return Err(Drop::BadLength);
+            return Err(DropReason::BadLength);
         }
         Ok(Esp { b })
     }
@@ -67,24 +67,24 @@ pub fn emit_trailer(out: &mut [u8], next_header: u8) {
 
 /// Parses a decrypted trailer at the end of `plain` (payload + padding +
 /// trailer) and returns `(payload_len, next_header)`. The padding must be the
-/// monotonic default; anything else is [`Drop::BadPadding`].
+/// monotonic default; anything else is [`DropReason::BadPadding`].
 pub fn parse_trailer(plain: &[u8]) -> PResult<(usize, u8)> {
     if plain.len() < TRAILER_LEN {
-        return Err(Drop::BadLength);
+        return Err(DropReason::BadLength);
     }
     let nh = plain[plain.len() - 1];
     let pad = usize::from(plain[plain.len() - 2]);
     let payload_len = plain
         .len()
         .checked_sub(TRAILER_LEN + pad)
-        .ok_or(Drop::BadPadding)?;
+        .ok_or(DropReason::BadPadding)?;
     let padding = &plain[payload_len..payload_len + pad];
     if padding
         .iter()
         .enumerate()
         .any(|(i, b)| usize::from(*b) != i + 1)
     {
-        return Err(Drop::BadPadding);
+        return Err(DropReason::BadPadding);
     }
     Ok((payload_len, nh))
 }
@@ -112,9 +112,12 @@ mod tests {
         emit_trailer(&mut b[5..], 4);
         assert_eq!(parse_trailer(&b).unwrap(), (5, 4));
         b[7] = 9;
-        assert_eq!(parse_trailer(&b).unwrap_err(), Drop::BadPadding);
+        assert_eq!(parse_trailer(&b).unwrap_err(), DropReason::BadPadding);
         // Pad length larger than the plaintext.
-        assert_eq!(parse_trailer(&[1, 200, 4]).unwrap_err(), Drop::BadPadding);
-        assert_eq!(parse_trailer(&[4]).unwrap_err(), Drop::BadLength);
+        assert_eq!(
+            parse_trailer(&[1, 200, 4]).unwrap_err(),
+            DropReason::BadPadding
+        );
+        assert_eq!(parse_trailer(&[4]).unwrap_err(), DropReason::BadLength);
     }
 }

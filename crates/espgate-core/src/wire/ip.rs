@@ -1,7 +1,7 @@
 //! Version-independent helpers over an IP packet.
 
 use super::{ipv4::Ipv4, ipv6, ipv6::Ipv6};
-use crate::error::{Drop, PResult};
+use crate::error::{DropReason, PResult};
 use std::net::IpAddr;
 
 /// The parts of an IP header that IPsec processing needs, for either version.
@@ -67,7 +67,7 @@ pub fn parse(pkt: &[u8]) -> PResult<IpInfo> {
                 later_fragment: w.later_fragment,
             })
         }
-        Some(_) => Err(Drop::BadIpVersion),
-        None => Err(Drop::BadLength),
+        Some(_) => Err(DropReason::BadIpVersion),
+        None => Err(DropReason::BadLength),
     }
 }

@@ -1,7 +1,7 @@
 //! IPv4 header view (RFC 791).
 
 use super::{be16, checksum, put16};
-use crate::error::{Drop, PResult};
+use crate::error::{DropReason, PResult};
 use std::net::Ipv4Addr;
 
 /// Length of an IPv4 header without options.
@@ -24,18 +24,18 @@ impl<T: AsRef<[u8]>> Ipv4<T> {
     pub fn new_checked(buf: T) -> PResult<Self> {
         let b = buf.as_ref();
         if b.len() < MIN_HEADER_LEN {
-            return Err(Drop::BadLength);
+            return Err(DropReason::BadLength);
         }
         if b[0] >> 4 != 4 {
-            return Err(Drop::BadIpVersion);
+            return Err(DropReason::BadIpVersion);
         }
         let ihl = usize::from(b[0] & 0x0f) * 4;
         let total = usize::from(be16(b, 2));
         if ihl < MIN_HEADER_LEN || total < ihl {
-            return Err(Drop::BadIpHeader);
+            return Err(DropReason::BadIpHeader);
         }
         if ihl > b.len() || total > b.len() {
-            return Err(Drop::BadLength);
+            return Err(DropReason::BadLength);
         }
         Ok(Ipv4 { buf })
     }
@@ -45,14 +45,14 @@ impl<T: AsRef<[u8]>> Ipv4<T> {
     pub fn new_header_checked(buf: T) -> PResult<Self> {
         let b = buf.as_ref();
         if b.len() < MIN_HEADER_LEN {
-            return Err(Drop::BadLength);
+            return Err(DropReason::BadLength);
         }
         if b[0] >> 4 != 4 {
-            return Err(Drop::BadIpVersion);
+            return Err(DropReason::BadIpVersion);
         }
         let ihl = usize::from(b[0] & 0x0f) * 4;
         if ihl < MIN_HEADER_LEN || ihl > b.len() {
-            return Err(Drop::BadIpHeader);
+            return Err(DropReason::BadIpHeader);
         }
         Ok(Ipv4 { buf })
     }
@@ -198,9 +198,9 @@ impl Ipv4Repr {
     /// Writes the 20-byte header, checksum included, into `out[..20]`.
     pub fn emit(&self, out: &mut [u8]) -> PResult<()> {
         let total = self.payload_len + MIN_HEADER_LEN;
-        let total = u16::try_from(total).map_err(|_| Drop::TooBig)?;
+        let total = u16::try_from(total).map_err(|_| DropReason::TooBig)?;
         if out.len() < MIN_HEADER_LEN {
-            return Err(Drop::BadLength);
+            return Err(DropReason::BadLength);
         }
         let h = &mut out[..MIN_HEADER_LEN];
         h[0] = 0x45;
@@ -252,15 +252,24 @@ mod tests {
     fn rejects_bad_lengths() {
         assert_eq!(
             Ipv4::new_checked(&[0x45u8; 10][..]).unwrap_err(),
-            Drop::BadLength
+            DropReason::BadLength
         );
         let mut b = [0u8; 20];
         b[0] = 0x45;
         b[3] = 40; // total length beyond the buffer
-        assert_eq!(Ipv4::new_checked(&b[..]).unwrap_err(), Drop::BadLength);
+        assert_eq!(
+            Ipv4::new_checked(&b[..]).unwrap_err(),
+            DropReason::BadLength
+        );
         b[0] = 0x44; // IHL below 5
-        assert_eq!(Ipv4::new_checked(&b[..]).unwrap_err(), Drop::BadIpHeader);
+        assert_eq!(
+            Ipv4::new_checked(&b[..]).unwrap_err(),
+            DropReason::BadIpHeader
+        );
         b[0] = 0x65;
-        assert_eq!(Ipv4::new_checked(&b[..]).unwrap_err(), Drop::BadIpVersion);
+        assert_eq!(
+            Ipv4::new_checked(&b[..]).unwrap_err(),
+            DropReason::BadIpVersion
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! IPv6 header view (RFC 8200) and extension-header walking.
 
 use super::{be16, proto, put16};
-use crate::error::{Drop, PResult};
+use crate::error::{DropReason, PResult};
 use std::net::Ipv6Addr;
 
 /// Length of the fixed IPv6 header.
@@ -22,13 +22,13 @@ impl<T: AsRef<[u8]>> Ipv6<T> {
     pub fn new_checked(buf: T) -> PResult<Self> {
         let b = buf.as_ref();
         if b.len() < HEADER_LEN {
-            return Err(Drop::BadLength);
+            return Err(DropReason::BadLength);
         }
         if b[0] >> 4 != 6 {
-            return Err(Drop::BadIpVersion);
+            return Err(DropReason::BadIpVersion);
         }
         if HEADER_LEN + usize::from(be16(b, 4)) > b.len() {
-            return Err(Drop::BadLength);
+            return Err(DropReason::BadLength);
         }
         Ok(Ipv6 { buf })
     }
@@ -117,9 +117,9 @@ pub struct Ipv6Repr {
 impl Ipv6Repr {
     /// Writes the 40-byte header into `out[..40]`.
     pub fn emit(&self, out: &mut [u8]) -> PResult<()> {
-        let len = u16::try_from(self.payload_len).map_err(|_| Drop::TooBig)?;
+        let len = u16::try_from(self.payload_len).map_err(|_| DropReason::TooBig)?;
         if out.len() < HEADER_LEN {
-            return Err(Drop::BadLength);
+            return Err(DropReason::BadLength);
         }
         let h = &mut out[..HEADER_LEN];
         let fl = self.flow_label & 0xfffff;
@@ -181,13 +181,13 @@ pub fn walk_ext(pkt: &[u8]) -> PResult<ExtWalk> {
         let len = match nh {
             proto::HOPOPT | proto::IPV6_ROUTE | proto::IPV6_OPTS | proto::MOBILITY => {
                 if off + 2 > end {
-                    return Err(Drop::BadLength);
+                    return Err(DropReason::BadLength);
                 }
                 (usize::from(pkt[off + 1]) + 1) * 8
             }
             proto::IPV6_FRAG => {
                 if off + 8 > end {
-                    return Err(Drop::BadLength);
+                    return Err(DropReason::BadLength);
                 }
                 w.fragment = true;
                 if be16(pkt, off + 2) & 0xfff8 != 0 {
@@ -203,7 +203,7 @@ pub fn walk_ext(pkt: &[u8]) -> PResult<ExtWalk> {
             }
         };
         if off + len > end {
-            return Err(Drop::BadLength);
+            return Err(DropReason::BadLength);
         }
         if nh == proto::IPV6_ROUTE {
             w.routing = true;
@@ -226,7 +226,7 @@ pub fn walk_ext(pkt: &[u8]) -> PResult<ExtWalk> {
         nh = pkt[off];
         off += len;
     }
-    Err(Drop::Unsupported)
+    Err(DropReason::Unsupported)
 }
 
 #[cfg(test)]
@@ -291,13 +291,13 @@ mod tests {
     fn truncated_extension_is_bad_length() {
         let mut p = pkt(&[(proto::HOPOPT, 8)], proto::UDP, 0);
         p[41] = 5; // claims 48 bytes
-        assert_eq!(walk_ext(&p).unwrap_err(), Drop::BadLength);
+        assert_eq!(walk_ext(&p).unwrap_err(), DropReason::BadLength);
     }
 
     #[test]
     fn endless_chain_is_bounded() {
         let chain: Vec<(u8, usize)> = (0..40).map(|_| (proto::IPV6_OPTS, 8)).collect();
         let p = pkt(&chain, proto::UDP, 0);
-        assert_eq!(walk_ext(&p).unwrap_err(), Drop::Unsupported);
+        assert_eq!(walk_ext(&p).unwrap_err(), DropReason::Unsupported);
     }
 }

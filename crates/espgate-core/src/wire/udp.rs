@@ -1,7 +1,7 @@
 //! UDP header and UDP encapsulation of ESP (RFC 3948).
 
 use super::{be16, put16};
-use crate::error::{Drop, PResult};
+use crate::error::{DropReason, PResult};
 
 /// UDP header length.
 pub const HEADER_LEN: usize = 8;
@@ -18,11 +18,11 @@ impl<'a> Udp<'a> {
     /// Checks the header and the length field against the buffer.
     pub fn new_checked(b: &'a [u8]) -> PResult<Self> {
         if b.len() < HEADER_LEN {
-            return Err(Drop::BadLength);
+            return Err(DropReason::BadLength);
         }
         let len = usize::from(be16(b, 4));
         if len < HEADER_LEN || len > b.len() {
-            return Err(Drop::BadLength);
+            return Err(DropReason::BadLength);
         }
         Ok(Udp { b })
     }
@@ -54,7 +54,7 @@ impl<'a> Udp<'a> {
 
 /// Writes a UDP header (checksum zero; the caller may fill it in).
 pub fn emit(out: &mut [u8], src_port: u16, dst_port: u16, payload_len: usize) -> PResult<()> {
-    let len = u16::try_from(payload_len + HEADER_LEN).map_err(|_| Drop::TooBig)?;
+    let len = u16::try_from(payload_len + HEADER_LEN).map_err(|_| DropReason::TooBig)?;
     put16(out, 0, src_port);
     put16(out, 2, dst_port);
     put16(out, 4, len);
@@ -70,7 +70,7 @@ pub fn ipv4_packet(
     dst: std::net::Ipv4Addr,
     total: usize,
 ) -> PResult<Vec<u8>> {
-    let payload = total.checked_sub(28).ok_or(Drop::BadLength)?;
+    let payload = total.checked_sub(28).ok_or(DropReason::BadLength)?;
     let mut p = vec![0u8; total];
     super::ipv4::Ipv4Repr {
         src,
@@ -108,7 +108,7 @@ pub fn classify(payload: &[u8]) -> PResult<EncapKind> {
         [0, 0, 0, 0, ..] => Ok(EncapKind::Ike),
         // An ESP header is at least SPI + sequence number.
         p if p.len() >= 8 => Ok(EncapKind::Esp),
-        _ => Err(Drop::BadLength),
+        _ => Err(DropReason::BadLength),
     }
 }
 
@@ -121,8 +121,8 @@ mod tests {
         assert_eq!(classify(&[0xff]).unwrap(), EncapKind::Keepalive);
         assert_eq!(classify(&[0, 0, 0, 0, 1, 2, 3]).unwrap(), EncapKind::Ike);
         assert_eq!(classify(&[0, 0, 1, 0, 0, 0, 0, 1]).unwrap(), EncapKind::Esp);
-        assert_eq!(classify(&[1, 2, 3]).unwrap_err(), Drop::BadLength);
-        assert_eq!(classify(&[]).unwrap_err(), Drop::BadLength);
+        assert_eq!(classify(&[1, 2, 3]).unwrap_err(), DropReason::BadLength);
+        assert_eq!(classify(&[]).unwrap_err(), DropReason::BadLength);
     }
 
     #[test]
