@@ -111,6 +111,24 @@ def test_plain_and_espgate_json(espgate):
     print(json.dumps(rows, indent=1))
 
 
+@needs_tools
+def test_scrape_runs_alternate_with_plain_ones(espgate):
+    """--scrape 10: espgate measured again under a 10 Hz status-and-metrics
+    scrape of both gateways, on the same gateways, with the scrapes done
+    reported (the comparison itself is a benchmark, not a test)."""
+    r = bench(espgate, "--time", "1", "--runs", "1", "--tests", "tcp", "--json", "--scrape", "10")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(r.stdout)
+    esp = [x for x in rows if x["system"] == "espgate"]
+    assert len(esp) == 2, rows
+    plain_run, scraped = esp
+    assert "scraped_hz" not in plain_run and scraped["scraped_hz"] == 10, esp
+    # Two gateways, ~10 scrapes a second each, for about a second.
+    assert scraped["scrapes"] >= 8, scraped
+    assert scraped["error"] is None and scraped["median_mbps"] > 0, scraped
+    assert scraped["settings"]["scrape_hz"] == 10
+
+
 PEER_PACKAGES = {"wireguard-go": ["wireguard-go", "wg"], "openvpn": ["openvpn"], "strongswan": ["swanctl"]}
 
 

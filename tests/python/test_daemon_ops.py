@@ -38,9 +38,11 @@ url, method = sys.argv[1], sys.argv[2]
 req = urllib.request.Request(url, method=method, data=b"x=1" if method == "POST" else None)
 try:
     r = urllib.request.urlopen(req, timeout=10)
-    code, headers, body = r.status, dict(r.headers), r.read()
+    code, headers, body = r.status, r.headers, r.read()
 except urllib.error.HTTPError as e:
-    code, headers, body = e.code, dict(e.headers), e.read()
+    code, headers, body = e.code, e.headers, e.read()
+# Header names are case-insensitive: one spelling (Content-Type).
+headers = {k.title(): v for k, v in headers.items()}
 print(json.dumps({"code": code, "headers": headers, "body": body.decode()}))
 """
 
@@ -62,10 +64,15 @@ def fetch(ns, url, method="GET"):
 
 
 def parse_metrics(text):
-    """{(name, frozenset(labels)): value}, {name: type}, {name: help}; checks
-    the line grammar on the way."""
+    """OpenMetrics text: {(sample name, frozenset(labels)): value},
+    {family: type}, {family: help}; checks the grammar on the way: HELP,
+    TYPE, then the family's samples (a counter's named FAMILY_total), one
+    `# EOF` at the end."""
     samples, types, helps = {}, {}, {}
-    for line in text.splitlines():
+    lines = text.splitlines()
+    assert lines and lines[-1] == "# EOF", lines[-3:]
+    family = None
+    for line in lines[:-1]:
         if line.startswith("# HELP "):
             name, _, h = line[len("# HELP "):].partition(" ")
             assert name not in helps, f"family {name} twice"
@@ -74,11 +81,14 @@ def parse_metrics(text):
             name, kind = line[len("# TYPE "):].split(" ")
             assert name in helps and name not in types, line
             types[name] = kind
+            family = name
         else:
             series, value = line.rsplit(" ", 1)
             name, _, rest = series.partition("{")
+            assert family is not None, f"sample before any TYPE: {line}"
+            want = family + "_total" if types[family] == "counter" else family
+            assert name == want, f"sample outside its family {family}: {line}"
             labels = frozenset(LABEL.findall(rest))
-            assert name in types, f"sample before its TYPE: {line}"
             key = (name, labels)
             assert key not in samples, f"repeated series {line}"
             samples[key] = float(value)
@@ -143,12 +153,14 @@ def test_metrics_agree_with_status(lab):
     got = fetch(a.ns, "http://127.0.0.1:9184/metrics")
     after = a.status()
     assert got["code"] == 200, got
-    assert got["headers"]["Content-Type"].startswith("text/plain; version=0.0.4"), got["headers"]
+    assert got["headers"]["Content-Type"].startswith("application/openmetrics-text; version=1.0.0"), \
+        got["headers"]
     assert got["headers"]["Connection"] == "close", got["headers"]
     samples, types, helps = parse_metrics(got["body"])
     for name, kind in types.items():
         assert name.startswith("espgate_") and helps[name], name
-        assert (kind == "counter") == name.endswith("_total"), (name, kind)
+        # Counters' samples carry the _total (parse_metrics checks it).
+        assert kind in ("counter", "gauge") and not name.endswith("_total"), (name, kind)
 
     def between(metric, key_fn, **labels):
         m = value(samples, metric, **labels)

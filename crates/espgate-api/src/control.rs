@@ -1,111 +1,316 @@
-//! The control socket: a Unix stream socket (mode 0600) at
+//! The control protocol: a Unix stream socket (mode 0600) at
 //! `gateway.control_socket` speaking newline-delimited JSON. Each request
-//! line gets one response line:
+//! line gets one answer line:
 //!
 //! ```text
-//! {"cmd":"status"}   -> {"ok":true,"status":{...}}     (see status::Status)
-//! {"cmd":"sa_list"}  -> {"ok":true,"sas":[{...},...]}  (see status::SaStatus)
+//! {"cmd":"status"}   -> {"ok":true,"status":{...}}     (status::Status)
+//! {"cmd":"sa_list"}  -> {"ok":true,"sas":[{...},...]}  (status::SaStatus)
 //! {"cmd":"sa_add","conn":"NAME","dir":"in"|"out","spec":"spi=0x…,suite=…,enc=…"}
 //!                    -> {"ok":true,"message":"...","warnings":[...]}
 //! {"cmd":"sa_del","spi":4097[,"proto":"esp"|"ah"][,"dir":"in"|"out"][,"conn":"NAME"]}
 //!                    -> {"ok":true,"message":"...","warnings":[...]}
 //! {"cmd":"wireshark_keys"} -> {"ok":true,"sas":[{...,"enc_key":"hex",...}]}
-//!                                                      (see wireshark::SaKeys)
+//!                                                      (wireshark::SaKeys)
 //! {"cmd":"costs","action":"on"|"off"|"reset"}
 //!                    -> {"ok":true,"message":"...","warnings":[]}
-//!                       (per-stage cost accounting; the counts are in the
-//!                       status document's "costs" while it is on)
+//! {"cmd":"initiate","conn":"NAME"}, {"cmd":"terminate","conn":"NAME"}
+//!                    -> {"ok":true,"message":"...","warnings":[]}
 //! anything else      -> {"ok":false,"error":"..."}
 //! ```
 //!
-//! `sa_add` / `sa_del` change the daemon's SAs until it stops (never the
-//! configuration file); see `Engine::add_sa`. `wireshark_keys` is the only
-//! command that answers with key material; the socket is mode 0600 in a
-//! root-owned directory, and request lines (which carry keys for `sa_add`)
-//! are wiped from memory once parsed.
+//! [`Request`] and [`Response`] are those lines as types; the daemon
+//! answers every request with one `handle(Request) -> Response`, and
+//! [`Client`] is the blocking client the command line, the lab and the
+//! cluster agent use. `sa_add` / `sa_del` change the daemon's SAs until it
+//! stops (never the configuration file). `wireshark_keys` is the only
+//! command answered with key material; the socket is mode 0600 in a
+//! root-owned directory, and both sides wipe the lines that carry keys
+//! (an `sa_add` request, a `wireshark_keys` answer) once parsed.
 
-use serde::Deserialize;
+use crate::status::{SaStatus, Status};
+use crate::wireshark::SaKeys;
+use serde::{Deserialize, Serialize};
+use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use zeroize::{Zeroize, Zeroizing};
+use zeroize::Zeroizing;
 
 /// Longest request line accepted.
 pub const MAX_REQUEST: usize = 4096;
 
-/// A request.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-pub struct Request {
-    /// `status`, `sa_list`, `sa_add`, `sa_del`, `wireshark_keys` or `costs`.
-    pub cmd: String,
-    /// `sa_add`, `sa_del`: the connection's name.
-    #[serde(default)]
-    pub conn: Option<String>,
-    /// `sa_add`, `sa_del`: `in` or `out`.
-    #[serde(default)]
-    pub dir: Option<String>,
-    /// `sa_add`: the SA spec (with its keys; wiped on drop).
-    #[serde(default)]
-    pub spec: Option<String>,
-    /// `sa_del`: the SPI.
-    #[serde(default)]
-    pub spi: Option<u32>,
-    /// `sa_del`: `esp` or `ah`.
-    #[serde(default)]
-    pub proto: Option<String>,
-    /// `costs`: `on`, `off` or `reset`.
-    #[serde(default)]
-    pub action: Option<String>,
+/// Longest answer line a client reads.
+pub const MAX_ANSWER: u64 = 64 << 20;
+
+/// The default control socket.
+pub const DEFAULT_SOCKET: &str = "/run/espgate/espgate.sock";
+
+/// Which way an SA carries traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SaDir {
+    /// The peer sends on it.
+    In,
+    /// We send on it.
+    Out,
 }
 
-impl Request {
-    /// A request with only a command.
-    pub fn new(cmd: &str) -> Request {
-        Request {
-            cmd: cmd.to_string(),
-            conn: None,
-            dir: None,
-            spec: None,
-            spi: None,
-            proto: None,
-            action: None,
-        }
+/// ESP or AH.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Proto {
+    /// Encapsulating Security Payload.
+    Esp,
+    /// Authentication Header.
+    Ah,
+}
+
+/// What `espgate costs` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CostsAction {
+    /// Start per-stage cost accounting (keeping the counts if it was on).
+    On,
+    /// Stop it and drop the counts.
+    Off,
+    /// Zero the counts.
+    Reset,
+}
+
+/// An SA spec in a request: it carries keys, so it is wiped on drop and
+/// never shown by `Debug`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretSpec(Zeroizing<String>);
+
+impl SecretSpec {
+    /// Wraps `spec`.
+    pub fn new(spec: String) -> SecretSpec {
+        SecretSpec(Zeroizing::new(spec))
+    }
+
+    /// The spec text.
+    pub fn expose(&self) -> &str {
+        &self.0
     }
 }
 
-impl std::fmt::Debug for Request {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Request")
-            .field("cmd", &self.cmd)
-            .field("conn", &self.conn)
-            .field("dir", &self.dir)
-            .field("spec", &self.spec.as_ref().map(|_| "(not shown: keys)"))
-            .field("spi", &self.spi)
-            .field("proto", &self.proto)
-            .field("action", &self.action)
-            .finish()
+impl fmt::Debug for SecretSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("(not shown: keys)")
     }
 }
 
-impl Drop for Request {
-    fn drop(&mut self) {
-        if let Some(s) = &mut self.spec {
-            s.zeroize();
+/// A request to the daemon (one JSON line, tagged by `cmd`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// The status document.
+    Status,
+    /// Every SA.
+    SaList,
+    /// Install an SA on a connection (`espgate sa add`).
+    SaAdd {
+        /// The connection.
+        conn: String,
+        /// Inbound or outbound.
+        dir: SaDir,
+        /// The SA spec (with its keys).
+        spec: SecretSpec,
+    },
+    /// Remove an SA (`espgate sa del`).
+    SaDel {
+        /// Its SPI.
+        spi: u32,
+        /// ESP or AH, when both have the SPI.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        proto: Option<Proto>,
+        /// Refuse unless the SA is of this direction.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dir: Option<SaDir>,
+        /// Refuse unless the SA belongs to this connection.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        conn: Option<String>,
+    },
+    /// Every SA with its keys (`espgate wireshark-keys`).
+    WiresharkKeys,
+    /// Per-stage cost accounting on, off or reset.
+    Costs {
+        /// What to do.
+        action: CostsAction,
+    },
+    /// Start a connection's IKE SA.
+    Initiate {
+        /// The connection.
+        conn: String,
+    },
+    /// Delete a connection's IKE SA.
+    Terminate {
+        /// The connection.
+        conn: String,
+    },
+}
+
+/// What a command changed: one line for the operator, and warnings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Change {
+    /// What changed.
+    pub message: String,
+    /// What the operator should know (a connection left without an SA, …).
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+/// The daemon's answer to a [`Request`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Response {
+    /// To `status`.
+    Status(Box<Status>),
+    /// To `sa_list`.
+    Sas(Vec<SaStatus>),
+    /// To `wireshark_keys`.
+    Keys(Vec<SaKeys>),
+    /// To the commands that change something.
+    Changed(Change),
+    /// The request was refused.
+    Error(String),
+}
+
+#[derive(Serialize)]
+struct Ok<T> {
+    ok: bool,
+    #[serde(flatten)]
+    body: T,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StatusBody {
+    status: Box<Status>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SasBody<T> {
+    sas: Vec<T>,
+}
+
+/// Keys are serialised from where they are, never copied.
+#[derive(Serialize)]
+struct SasRef<'a, T> {
+    sas: &'a [T],
+}
+
+#[derive(Serialize)]
+struct Refusal<'a> {
+    ok: bool,
+    error: &'a str,
+}
+
+#[derive(Deserialize)]
+struct Envelope {
+    ok: bool,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+impl Response {
+    /// A refusal.
+    pub fn error(msg: impl Into<String>) -> Response {
+        Response::Error(msg.into())
+    }
+
+    /// The JSON line (without its newline).
+    pub fn to_line(&self) -> String {
+        self.encode(false)
+    }
+
+    /// The answer as indented JSON, for a person (`espgate … --json`).
+    pub fn to_pretty(&self) -> String {
+        self.encode(true)
+    }
+
+    fn encode(&self, pretty: bool) -> String {
+        fn enc<T: Serialize>(v: &T, pretty: bool) -> serde_json::Result<String> {
+            if pretty {
+                serde_json::to_string_pretty(v)
+            } else {
+                serde_json::to_string(v)
+            }
         }
+        let r = match self {
+            Response::Status(s) => enc(
+                &Ok {
+                    ok: true,
+                    body: StatusBody { status: s.clone() },
+                },
+                pretty,
+            ),
+            Response::Sas(sas) => enc(
+                &Ok {
+                    ok: true,
+                    body: SasBody { sas: sas.clone() },
+                },
+                pretty,
+            ),
+            Response::Keys(keys) => enc(
+                &Ok {
+                    ok: true,
+                    body: SasRef { sas: keys },
+                },
+                pretty,
+            ),
+            Response::Changed(c) => enc(&Ok { ok: true, body: c }, pretty),
+            Response::Error(e) => enc(
+                &Refusal {
+                    ok: false,
+                    error: e,
+                },
+                pretty,
+            ),
+        };
+        r.unwrap_or_else(|e| format!(r#"{{"ok":false,"error":"encoding the answer: {e}"}}"#))
+    }
+
+    /// Parses the answer `line` to `req` (the answer's shape depends on
+    /// the request).
+    pub fn parse(req: &Request, line: &[u8]) -> Result<Response, String> {
+        let bad = |e: serde_json::Error| format!("bad answer from the daemon: {e}");
+        let env: Envelope = serde_json::from_slice(line).map_err(bad)?;
+        if !env.ok {
+            return Ok(Response::Error(
+                env.error.unwrap_or_else(|| "(no reason given)".into()),
+            ));
+        }
+        Ok(match req {
+            Request::Status => Response::Status(
+                serde_json::from_slice::<StatusBody>(line)
+                    .map_err(bad)?
+                    .status,
+            ),
+            Request::SaList => Response::Sas(
+                serde_json::from_slice::<SasBody<SaStatus>>(line)
+                    .map_err(bad)?
+                    .sas,
+            ),
+            Request::WiresharkKeys => Response::Keys(
+                serde_json::from_slice::<SasBody<SaKeys>>(line)
+                    .map_err(bad)?
+                    .sas,
+            ),
+            _ => Response::Changed(serde_json::from_slice(line).map_err(bad)?),
+        })
     }
 }
 
 /// Parses one request line; the error is the message to send back.
 pub fn parse_request(line: &[u8]) -> Result<Request, String> {
     serde_json::from_slice::<Request>(line).map_err(|e| {
-        format!("bad request ({e}); send one JSON object per line, e.g. {{\"cmd\":\"status\"}}")
+        format!(
+            "bad request ({e}); send one JSON object per line, e.g. {{\"cmd\":\"status\"}}; the \
+             commands are status, sa_list, sa_add, sa_del, wireshark_keys, costs, initiate and \
+             terminate"
+        )
     })
-}
-
-/// `{"ok":false,"error":…}`.
-pub fn error_response(msg: &str) -> String {
-    serde_json::json!({"ok": false, "error": msg}).to_string()
 }
 
 /// Why a client request failed.
@@ -113,12 +318,14 @@ pub fn error_response(msg: &str) -> String {
 pub enum ClientError {
     /// Nothing listens on the socket.
     NotRunning(PathBuf, io::Error),
-    /// Anything else.
-    Other(anyhow::Error),
+    /// The daemon answered with a refusal.
+    Refused(String),
+    /// Anything else (I/O, a broken answer).
+    Other(String),
 }
 
-impl std::fmt::Display for ClientError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ClientError::NotRunning(p, e) => write!(
                 f,
@@ -126,62 +333,228 @@ impl std::fmt::Display for ClientError {
                  `espgate up -c FILE`, or name its socket with -s PATH or its config with -c FILE",
                 p.display()
             ),
-            ClientError::Other(e) => write!(f, "{e:#}"),
+            ClientError::Refused(e) => write!(f, "the daemon refused: {e}"),
+            ClientError::Other(e) => f.write_str(e),
         }
     }
 }
 
-/// Sends one request to the daemon at `path` and returns its response
-/// (the whole `{"ok":…}` object; an `ok: false` answer is an error).
-pub fn request(
-    path: &Path,
-    cmd: &str,
+impl std::error::Error for ClientError {}
+
+/// A blocking client of one daemon's control socket: one connection per
+/// request.
+#[derive(Debug, Clone)]
+pub struct Client {
+    path: PathBuf,
     timeout: Duration,
-) -> Result<serde_json::Value, ClientError> {
-    request_json(path, &serde_json::json!({ "cmd": cmd }), timeout)
 }
 
-/// [`request`] with a whole request object (`{"cmd":…, …}`).
-pub fn request_json(
-    path: &Path,
-    req: &serde_json::Value,
-    timeout: Duration,
-) -> Result<serde_json::Value, ClientError> {
-    let mut s = UnixStream::connect(path).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
-            ClientError::NotRunning(path.to_path_buf(), e)
+impl Client {
+    /// The daemon at `path`, waiting at most `timeout` for each answer.
+    pub fn new(path: impl Into<PathBuf>, timeout: Duration) -> Client {
+        Client {
+            path: path.into(),
+            timeout,
         }
-        _ => ClientError::Other(
-            anyhow::Error::new(e).context(format!("connecting to {}", path.display())),
-        ),
-    })?;
-    let other = |e: io::Error, what: &str| {
-        ClientError::Other(anyhow::Error::new(e).context(format!("{what} {}", path.display())))
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Sends `req` and returns the answer; a refusal is
+    /// [`ClientError::Refused`].
+    pub fn call(&self, req: &Request) -> Result<Response, ClientError> {
+        let path = &self.path;
+        let mut s = UnixStream::connect(path).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
+                ClientError::NotRunning(path.to_path_buf(), e)
+            }
+            _ => ClientError::Other(format!("connecting to {}: {e}", path.display())),
+        })?;
+        let io = |e: io::Error, what: &str| {
+            ClientError::Other(format!("{what} {}: {e}", path.display()))
+        };
+        s.set_read_timeout(Some(self.timeout))
+            .and_then(|_| s.set_write_timeout(Some(self.timeout)))
+            .map_err(|e| io(e, "configuring"))?;
+        let mut line = Zeroizing::new(
+            serde_json::to_vec(req).map_err(|e| ClientError::Other(format!("encoding: {e}")))?,
+        );
+        line.push(b'\n');
+        s.write_all(&line).map_err(|e| io(e, "writing to"))?;
+        let mut answer = Zeroizing::new(Vec::new());
+        BufReader::new(&s)
+            .take(MAX_ANSWER)
+            .read_until(b'\n', &mut answer)
+            .map_err(|e| io(e, "reading from"))?;
+        if answer.is_empty() {
+            return Err(ClientError::Other(format!(
+                "the daemon on {} closed the connection without answering",
+                path.display()
+            )));
+        }
+        match Response::parse(req, answer.trim_ascii()).map_err(ClientError::Other)? {
+            Response::Error(e) => Err(ClientError::Refused(e)),
+            r => Ok(r),
+        }
+    }
+
+    /// The status document.
+    pub fn status(&self) -> Result<Status, ClientError> {
+        match self.call(&Request::Status)? {
+            Response::Status(s) => Ok(*s),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Every SA.
+    pub fn sa_list(&self) -> Result<Vec<SaStatus>, ClientError> {
+        match self.call(&Request::SaList)? {
+            Response::Sas(s) => Ok(s),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Every SA with its keys.
+    pub fn wireshark_keys(&self) -> Result<Vec<SaKeys>, ClientError> {
+        match self.call(&Request::WiresharkKeys)? {
+            Response::Keys(k) => Ok(k),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// A command that changes something (`sa_add`, `sa_del`, `costs`,
+    /// `initiate`, `terminate`).
+    pub fn change(&self, req: &Request) -> Result<Change, ClientError> {
+        match self.call(req)? {
+            Response::Changed(c) => Ok(c),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+fn unexpected(r: &Response) -> ClientError {
+    let what = match r {
+        Response::Status(_) => "a status document",
+        Response::Sas(_) => "an SA list",
+        Response::Keys(_) => "SA keys",
+        Response::Changed(_) => "a change",
+        Response::Error(_) => "an error",
     };
-    s.set_read_timeout(Some(timeout))
-        .and_then(|_| s.set_write_timeout(Some(timeout)))
-        .map_err(|e| other(e, "configuring"))?;
-    let req = Zeroizing::new(req.to_string() + "\n");
-    s.write_all(req.as_bytes())
-        .map_err(|e| other(e, "writing to"))?;
-    let mut line = String::new();
-    BufReader::new(&s)
-        .take(64 << 20)
-        .read_line(&mut line)
-        .map_err(|e| other(e, "reading from"))?;
-    if line.is_empty() {
-        return Err(ClientError::Other(anyhow::anyhow!(
-            "the daemon on {} closed the connection without answering",
-            path.display()
-        )));
+    ClientError::Other(format!(
+        "the daemon answered with {what}, not what was asked"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_keep_their_wire_form() {
+        for (line, req) in [
+            (r#"{"cmd":"status"}"#, Request::Status),
+            (r#"{"cmd":"sa_list"}"#, Request::SaList),
+            (
+                r#"{"cmd":"sa_add","conn":"b","dir":"in","spec":"spi=1"}"#,
+                Request::SaAdd {
+                    conn: "b".into(),
+                    dir: SaDir::In,
+                    spec: SecretSpec::new("spi=1".into()),
+                },
+            ),
+            (
+                r#"{"cmd":"sa_del","spi":4097,"proto":"esp"}"#,
+                Request::SaDel {
+                    spi: 4097,
+                    proto: Some(Proto::Esp),
+                    dir: None,
+                    conn: None,
+                },
+            ),
+            (r#"{"cmd":"wireshark_keys"}"#, Request::WiresharkKeys),
+            (
+                r#"{"cmd":"costs","action":"reset"}"#,
+                Request::Costs {
+                    action: CostsAction::Reset,
+                },
+            ),
+            (
+                r#"{"cmd":"initiate","conn":"x"}"#,
+                Request::Initiate { conn: "x".into() },
+            ),
+            (
+                r#"{"cmd":"terminate","conn":"x"}"#,
+                Request::Terminate { conn: "x".into() },
+            ),
+        ] {
+            assert_eq!(parse_request(line.as_bytes()).unwrap(), req, "{line}");
+            assert_eq!(serde_json::to_string(&req).unwrap(), line);
+        }
     }
-    let v: serde_json::Value = serde_json::from_str(&line)
-        .map_err(|e| ClientError::Other(anyhow::anyhow!("bad answer from the daemon: {e}")))?;
-    if v["ok"] != serde_json::Value::Bool(true) {
-        return Err(ClientError::Other(anyhow::anyhow!(
-            "the daemon refused: {}",
-            v["error"].as_str().unwrap_or("(no reason given)")
-        )));
+
+    #[test]
+    fn bad_requests_say_what_is_wrong() {
+        let e = parse_request(br#"{"cmd":"nope"}"#).unwrap_err();
+        assert!(
+            e.contains("unknown variant `nope`") && e.contains("sa_list"),
+            "{e}"
+        );
+        let e = parse_request(br#"{"cmd":"sa_add","conn":"peer"}"#).unwrap_err();
+        assert!(e.contains("missing field `dir`"), "{e}");
+        let e = parse_request(br#"{"cmd":"sa_add","conn":"peer","dir":"sideways","spec":"x"}"#)
+            .unwrap_err();
+        assert!(
+            e.contains("unknown variant `sideways`") && e.contains("`in`"),
+            "{e}"
+        );
+        // A misspelt field is refused, not ignored.
+        let e = parse_request(br#"{"cmd":"sa_del","spi":1,"protocol":"esp"}"#).unwrap_err();
+        assert!(e.contains("unknown field `protocol`"), "{e}");
+        let e = parse_request(b"not json").unwrap_err();
+        assert!(e.starts_with("bad request"), "{e}");
     }
-    Ok(v)
+
+    #[test]
+    fn keys_never_show_in_debug() {
+        let r = parse_request(br#"{"cmd":"sa_add","conn":"b","dir":"in","spec":"enc=00112233"}"#)
+            .unwrap();
+        let d = format!("{r:?}");
+        assert!(!d.contains("00112233") && d.contains("not shown"), "{d}");
+    }
+
+    #[test]
+    fn answers_round_trip_by_request() {
+        let change = Response::Changed(Change {
+            message: "done".into(),
+            warnings: vec!["careful".into()],
+        });
+        let line = change.to_line();
+        assert_eq!(
+            line,
+            r#"{"ok":true,"message":"done","warnings":["careful"]}"#
+        );
+        let req = Request::Costs {
+            action: CostsAction::On,
+        };
+        assert_eq!(Response::parse(&req, line.as_bytes()).unwrap(), change);
+        let err = Response::error("no such connection");
+        assert_eq!(
+            err.to_line(),
+            r#"{"ok":false,"error":"no such connection"}"#
+        );
+        assert_eq!(
+            Response::parse(&req, err.to_line().as_bytes()).unwrap(),
+            err
+        );
+        let sas = Response::Sas(Vec::new());
+        assert_eq!(sas.to_line(), r#"{"ok":true,"sas":[]}"#);
+        assert_eq!(
+            Response::parse(&Request::SaList, b"{\"ok\":true,\"sas\":[]}").unwrap(),
+            sas
+        );
+        assert!(Response::parse(&Request::SaList, b"{\"ok\":true}").is_err());
+    }
 }

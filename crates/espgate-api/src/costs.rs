@@ -18,14 +18,21 @@
 //! includes the cost of one clock reading; [`CostsReport::clock_read_ns`]
 //! says how much that is.
 //!
-//! With accounting off nothing here runs: the gateway holds no `Costs` and
-//! calls the core's unprobed entry points.
+//! The counts live in [`CostCells`]: the worker that owns them writes with
+//! plain relaxed stores, and the control thread reads them at any time
+//! through a [`CostsView`], which also switches accounting on and off and
+//! resets it (keeping a baseline), never stopping the worker. With
+//! accounting off the worker calls the core's unprobed entry points and
+//! nothing here runs per packet.
 
 pub use espgate_core::cost::Dir;
 use espgate_core::cost::{Probe, Stage};
+use espgate_core::stats::Counter;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What the accountant reads.
@@ -80,22 +87,30 @@ fn rdtsc() -> u64 {
 /// report asked for sooner waits for the rest (at most this long).
 const MIN_SCALE_PERIOD: Duration = Duration::from_millis(2);
 
+/// A reading of both clocks at one moment: the start of an accounting
+/// period.
+#[derive(Debug, Clone, Copy)]
+struct Epoch {
+    at: Instant,
+    tsc: u64,
+}
+
+impl Epoch {
+    fn now() -> Epoch {
+        Epoch {
+            at: Instant::now(),
+            tsc: rdtsc(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Clock {
     kind: ClockKind,
     origin: Instant,
-    tsc0: u64,
 }
 
 impl Clock {
-    fn new(kind: ClockKind) -> Clock {
-        Clock {
-            kind,
-            origin: Instant::now(),
-            tsc0: if kind == ClockKind::Tsc { rdtsc() } else { 0 },
-        }
-    }
-
     #[inline(always)]
     fn ticks(&self) -> u64 {
         match self.kind {
@@ -104,18 +119,18 @@ impl Clock {
         }
     }
 
-    /// Nanoseconds per tick: for the TSC, the ratio of elapsed monotonic
-    /// time to elapsed cycles since the clock was made.
-    fn ns_per_tick(&self) -> f64 {
+    /// Nanoseconds per tick over the period since `since`: for the TSC,
+    /// the ratio of elapsed monotonic time to elapsed cycles.
+    fn ns_per_tick(&self, since: Epoch) -> f64 {
         if self.kind == ClockKind::Monotonic {
             return 1.0;
         }
         // Bounded: MIN_SCALE_PERIOD at most.
-        while self.origin.elapsed() < MIN_SCALE_PERIOD {
+        while since.at.elapsed() < MIN_SCALE_PERIOD {
             std::hint::spin_loop();
         }
-        let cycles = rdtsc().wrapping_sub(self.tsc0);
-        let ns = self.origin.elapsed().as_nanos() as f64;
+        let cycles = rdtsc().wrapping_sub(since.tsc);
+        let ns = since.at.elapsed().as_nanos() as f64;
         if cycles == 0 || cycles > u64::MAX / 2 {
             // The counter went backwards or did not move: not usable.
             return f64::NAN;
@@ -124,19 +139,84 @@ impl Clock {
     }
 }
 
-/// Time and packets per (direction, stage); the [`Probe`] of the gateway
-/// and of `bench esp --costs`.
-#[derive(Debug, Clone)]
-pub struct Costs {
+/// Ticks and packets per (direction, stage).
+type Grid = [[Counter; Stage::COUNT]; 2];
+
+fn grid() -> Grid {
+    std::array::from_fn(|_| std::array::from_fn(|_| Counter::default()))
+}
+
+/// The accumulated costs of one accountant: written by the one thread
+/// whose [`Costs`] marks the stages, read by any thread ([`CostsView`])
+/// without stopping it.
+#[derive(Debug)]
+pub struct CostCells {
     clock: Clock,
+    /// What one clock reading costs, nanoseconds.
+    read_ns: f64,
+    /// Accounting is on: the worker probes its packets.
+    on: AtomicBool,
+    ticks: Grid,
+    packets: Grid,
+}
+
+impl CostCells {
+    /// Empty cells on `kind`, accounting off.
+    pub fn new(kind: ClockKind) -> CostCells {
+        let clock = Clock {
+            kind,
+            origin: Instant::now(),
+        };
+        // The cost of one reading, for the report (a few microseconds).
+        const READS: u32 = 1000;
+        let t = Instant::now();
+        let mut x = 0u64;
+        for _ in 0..READS {
+            x = x.wrapping_add(std::hint::black_box(clock.ticks()));
+        }
+        std::hint::black_box(x);
+        CostCells {
+            clock,
+            read_ns: t.elapsed().as_nanos() as f64 / f64::from(READS),
+            on: AtomicBool::new(false),
+            ticks: grid(),
+            packets: grid(),
+        }
+    }
+
+    /// Whether accounting is on (the worker checks it once per round).
+    #[inline]
+    pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> ClockKind {
+        self.clock.kind
+    }
+
+    fn snapshot(&self) -> ([[u64; Stage::COUNT]; 2], [[u64; Stage::COUNT]; 2]) {
+        let read = |g: &Grid| -> [[u64; Stage::COUNT]; 2] {
+            std::array::from_fn(|d| std::array::from_fn(|s| g[d][s].get()))
+        };
+        (read(&self.ticks), read(&self.packets))
+    }
+}
+
+/// Time and packets per (direction, stage): the [`Probe`] a worker (or
+/// `espgate bench esp --costs`) hands to the core. Each mark reads the
+/// clock and charges the time since the previous reading to the stage that
+/// just ended, into its [`CostCells`].
+#[derive(Debug)]
+pub struct Costs {
+    cells: Arc<CostCells>,
+    /// The period [`Costs::report`] covers.
+    epoch: Epoch,
     /// Reading at the previous mark.
     last: u64,
     dir: Dir,
     /// Stages already counted for the current packet (bit per stage).
     seen: u16,
-    ticks: [[u64; Stage::COUNT]; 2],
-    packets: [[u64; Stage::COUNT]; 2],
-    read_ns: f64,
 }
 
 impl Default for Costs {
@@ -150,58 +230,53 @@ const fn bit(s: Stage) -> u16 {
 }
 
 impl Costs {
-    /// An empty accountant on the best clock ([`ClockKind::best`]).
+    /// A fresh accountant on the best clock ([`ClockKind::best`]), on.
     pub fn new() -> Costs {
         Costs::with_clock(ClockKind::best())
     }
 
-    /// An empty accountant on `kind`.
+    /// A fresh accountant on `kind`, on.
     pub fn with_clock(kind: ClockKind) -> Costs {
-        let clock = Clock::new(kind);
-        // The cost of one reading, for the report (a few microseconds).
-        const READS: u32 = 1000;
-        let t = Instant::now();
-        let mut x = 0u64;
-        for _ in 0..READS {
-            x = x.wrapping_add(std::hint::black_box(clock.ticks()));
-        }
-        std::hint::black_box(x);
-        let read_ns = t.elapsed().as_nanos() as f64 / f64::from(READS);
+        let cells = Arc::new(CostCells::new(kind));
+        cells.on.store(true, Ordering::Relaxed);
+        Costs::over(cells)
+    }
+
+    /// The accountant writing into `cells` (shared with a [`CostsView`]).
+    pub fn over(cells: Arc<CostCells>) -> Costs {
         Costs {
-            clock,
+            epoch: Epoch::now(),
+            cells,
             last: 0,
             dir: Dir::Outbound,
             seen: 0,
-            ticks: [[0; Stage::COUNT]; 2],
-            packets: [[0; Stage::COUNT]; 2],
-            read_ns,
         }
     }
 
-    /// Zeroes every count and restarts the period, on the same clock.
-    pub fn reset(&mut self) {
-        *self = Costs::with_clock(self.clock.kind);
+    /// Its cells.
+    pub fn cells(&self) -> &Arc<CostCells> {
+        &self.cells
     }
 
     /// The clock.
     pub fn clock(&self) -> ClockKind {
-        self.clock.kind
+        self.cells.clock.kind
     }
 
     /// A clock reading, for [`Costs::received`] and [`Costs::sent`].
     #[inline]
     pub fn now(&self) -> u64 {
-        self.clock.ticks()
+        self.cells.clock.ticks()
     }
 
     /// A packet of direction `dir` starts being processed: it counts as
     /// received, and the next mark is charged from now.
     #[inline]
     pub fn begin(&mut self, dir: Dir) {
-        self.last = self.clock.ticks();
+        self.last = self.cells.clock.ticks();
         self.dir = dir;
         self.seen = bit(Stage::Receive);
-        self.packets[dir.index()][Stage::Receive.index()] += 1;
+        self.cells.packets[dir.index()][Stage::Receive.index()].incr();
     }
 
     /// A read that started at `start` (a [`Costs::now`] reading) has
@@ -210,73 +285,140 @@ impl Costs {
     /// read carries several).
     #[inline]
     pub fn received(&mut self, start: u64, dir: Dir) {
-        let d = self.clock.ticks().saturating_sub(start);
-        self.ticks[dir.index()][Stage::Receive.index()] += d;
+        let d = self.cells.clock.ticks().saturating_sub(start);
+        self.cells.ticks[dir.index()][Stage::Receive.index()].add(d);
     }
 
     /// A send or write of `packets` packets that started at `start` has
     /// returned: its time is `dir`'s send time.
     #[inline]
     pub fn sent(&mut self, start: u64, dir: Dir, packets: u64) {
-        let d = self.clock.ticks().saturating_sub(start);
+        let d = self.cells.clock.ticks().saturating_sub(start);
         let (i, s) = (dir.index(), Stage::Send.index());
-        self.ticks[i][s] += d;
-        self.packets[i][s] += packets;
+        self.cells.ticks[i][s].add(d);
+        self.cells.packets[i][s].add(packets);
     }
 
-    /// The accumulated costs, in nanoseconds.
+    /// The costs accumulated since this accountant was made.
     pub fn report(&self) -> CostsReport {
-        let scale = self.clock.ns_per_tick();
-        let scale = if scale.is_finite() { scale } else { 0.0 };
-        let dir = |d: Dir| {
-            let i = d.index();
-            let stages = d
-                .stages()
-                .iter()
-                .map(|s| {
-                    let packets = self.packets[i][s.index()];
-                    let total_ns = (self.ticks[i][s.index()] as f64 * scale).round() as u64;
-                    let ns_per_packet = if packets == 0 {
-                        0.0
-                    } else {
-                        total_ns as f64 / packets as f64
-                    };
-                    (
-                        s.as_str().to_string(),
-                        StageCost {
-                            packets,
-                            total_ns,
-                            ns_per_packet,
-                        },
-                    )
-                })
-                .collect();
-            DirCosts {
-                packets: self.packets[i][Stage::Receive.index()],
-                stages,
-            }
-        };
-        CostsReport {
-            clock: self.clock.kind.as_str().to_string(),
-            seconds: self.clock.origin.elapsed().as_secs_f64(),
-            clock_read_ns: self.read_ns,
-            outbound: dir(Dir::Outbound),
-            inbound: dir(Dir::Inbound),
-        }
+        let zero = [[0; Stage::COUNT]; 2];
+        report(&self.cells, self.epoch, (&zero, &zero))
     }
 }
 
 impl Probe for Costs {
     #[inline]
     fn mark(&mut self, stage: Stage) {
-        let t = self.clock.ticks();
+        let t = self.cells.clock.ticks();
         let i = self.dir.index();
-        self.ticks[i][stage.index()] += t.saturating_sub(self.last);
+        self.cells.ticks[i][stage.index()].add(t.saturating_sub(self.last));
         self.last = t;
         if self.seen & bit(stage) == 0 {
             self.seen |= bit(stage);
-            self.packets[i][stage.index()] += 1;
+            self.cells.packets[i][stage.index()].incr();
         }
+    }
+}
+
+/// The costs in `cells` since `epoch`, less `base` (ticks, packets).
+fn report(
+    cells: &CostCells,
+    epoch: Epoch,
+    base: (&[[u64; Stage::COUNT]; 2], &[[u64; Stage::COUNT]; 2]),
+) -> CostsReport {
+    let scale = cells.clock.ns_per_tick(epoch);
+    let scale = if scale.is_finite() { scale } else { 0.0 };
+    let (ticks, packets) = cells.snapshot();
+    let dir = |d: Dir| {
+        let i = d.index();
+        let stages = d
+            .stages()
+            .iter()
+            .map(|s| {
+                let j = s.index();
+                let packets = packets[i][j].saturating_sub(base.1[i][j]);
+                let total_ns =
+                    (ticks[i][j].saturating_sub(base.0[i][j]) as f64 * scale).round() as u64;
+                let ns_per_packet = if packets == 0 {
+                    0.0
+                } else {
+                    total_ns as f64 / packets as f64
+                };
+                (
+                    s.as_str().to_string(),
+                    StageCost {
+                        packets,
+                        total_ns,
+                        ns_per_packet,
+                    },
+                )
+            })
+            .collect();
+        DirCosts {
+            packets: packets[i][Stage::Receive.index()]
+                .saturating_sub(base.1[i][Stage::Receive.index()]),
+            stages,
+        }
+    };
+    CostsReport {
+        clock: cells.clock.kind.as_str().to_string(),
+        seconds: epoch.at.elapsed().as_secs_f64(),
+        clock_read_ns: cells.read_ns,
+        outbound: dir(Dir::Outbound),
+        inbound: dir(Dir::Inbound),
+    }
+}
+
+/// The control side of one worker's accountant: switches it on and off,
+/// resets it, and reads its report, all without stopping the worker (a
+/// reset keeps the counts as a baseline and reports what came since).
+#[derive(Debug)]
+pub struct CostsView {
+    cells: Arc<CostCells>,
+    epoch: Epoch,
+    base: ([[u64; Stage::COUNT]; 2], [[u64; Stage::COUNT]; 2]),
+}
+
+impl CostsView {
+    /// The view of `cells`; accounting on from the start if `on`.
+    pub fn new(cells: Arc<CostCells>, on: bool) -> CostsView {
+        let mut v = CostsView {
+            base: cells.snapshot(),
+            cells,
+            epoch: Epoch::now(),
+        };
+        if on {
+            v.switch_on();
+        }
+        v
+    }
+
+    /// Whether accounting is on.
+    pub fn is_on(&self) -> bool {
+        self.cells.is_on()
+    }
+
+    /// Starts a new period at zero and switches accounting on.
+    pub fn switch_on(&mut self) {
+        self.reset();
+        self.cells.on.store(true, Ordering::Relaxed);
+    }
+
+    /// Switches accounting off (the counts are dropped).
+    pub fn switch_off(&mut self) {
+        self.cells.on.store(false, Ordering::Relaxed);
+    }
+
+    /// Zeroes the counts (the period starts again).
+    pub fn reset(&mut self) {
+        self.base = self.cells.snapshot();
+        self.epoch = Epoch::now();
+    }
+
+    /// The costs of the period, when accounting is on.
+    pub fn report(&self) -> Option<CostsReport> {
+        self.is_on()
+            .then(|| report(&self.cells, self.epoch, (&self.base.0, &self.base.1)))
     }
 }
 
@@ -553,15 +695,49 @@ mod tests {
 
     #[test]
     fn reset_zeroes_and_keeps_the_clock() {
-        let mut c = Costs::with_clock(ClockKind::Monotonic);
+        let cells = Arc::new(CostCells::new(ClockKind::Monotonic));
+        let mut view = CostsView::new(cells.clone(), true);
+        let mut c = Costs::over(cells);
         one_of_each(&mut c);
-        c.reset();
+        assert_eq!(view.report().unwrap().outbound.packets, 1);
+        view.reset();
         assert_eq!(c.clock(), ClockKind::Monotonic);
-        let r = c.report();
+        let r = view.report().unwrap();
+        assert_eq!(r.clock, "monotonic");
         for d in Dir::ALL {
             assert_eq!(r.dir(d).packets, 0);
             assert!(r.dir(d).stages.values().all(|s| s.total_ns == 0));
         }
+        // Counts after the reset are reported.
+        one_of_each(&mut c);
+        assert_eq!(view.report().unwrap().inbound.packets, 1);
+    }
+
+    #[test]
+    fn the_view_switches_and_reads_while_the_worker_writes() {
+        let cells = Arc::new(CostCells::new(ClockKind::best()));
+        let mut view = CostsView::new(cells.clone(), false);
+        assert!(!view.is_on() && view.report().is_none());
+        view.switch_on();
+        assert!(cells.is_on());
+        let worker = std::thread::spawn(move || {
+            let mut c = Costs::over(cells);
+            for _ in 0..1000 {
+                one_of_each(&mut c);
+            }
+        });
+        // A read while the worker runs sees a consistent prefix.
+        let mid = view.report().unwrap();
+        assert!(mid.outbound.packets <= 1000);
+        worker.join().unwrap();
+        let r = view.report().unwrap();
+        assert_eq!(r.outbound.packets, 1000);
+        assert_eq!(r.outbound.stage(Stage::Cipher).packets, 1000);
+        view.switch_off();
+        assert!(view.report().is_none());
+        // On again: a new period from zero.
+        view.switch_on();
+        assert_eq!(view.report().unwrap().outbound.packets, 0);
     }
 
     #[test]

@@ -10,6 +10,8 @@
 pub mod cost;
 pub mod crypto;
 pub mod error;
+pub mod gateway;
+pub mod mss;
 pub mod offload;
 pub mod wire;
 
@@ -19,6 +21,7 @@ pub mod sa;
 pub mod sad;
 pub mod selector;
 pub mod spd;
+pub mod stats;
 
 pub use buf::PacketBuf;
 pub use sa::{Sa, SaConfig};

@@ -1,61 +1,64 @@
-//! The gateway daemon, `espgate up -c FILE`: static SAs from the
-//! configuration, clear traffic on a TUN device, ESP/AH on a UDP socket
-//! (RFC 3948) or raw IP sockets, a control socket for `espgate status`
-//! and `espgate sa list`.
+//! The gateway daemon, `espgate up -c FILE`: clear traffic on a TUN
+//! device, ESP/AH on a UDP socket (RFC 3948) or raw IP sockets, SAs from the
+//! configuration or negotiated by IKEv2, a control socket and a metrics
+//! endpoint.
 //!
-//! - [`engine`]: SAD + SPD from the configuration, the outbound and
-//!   inbound packet paths, counters, status documents (no I/O but the
-//!   sequence-number state files);
-//! - [`dataplane`]: the single `poll(2)` loop that moves packets between
-//!   the TUN and the sockets;
+//! Threads: one per data-plane worker ([`worker`]: its TUN queue, its
+//! sockets, its engine — the core's sans-IO [`espgate_core::gateway`]) and
+//! the control thread ([`control`]: control socket, metrics, IKE, stop
+//! signals), which reads the workers' counters without stopping them.
+//!
 //! - [`setup`]: TUN MTU, addresses, routes and policy rules, through the
-//!   undo journal [`crate::netdev::NetChanges`];
+//!   undo journal [`netdev::NetChanges`];
 //! - [`sockets`] / [`sys`]: the outer sockets and the synthetic outer
 //!   headers inbound packets get for the core;
-//! - [`seqstate`]: outbound sequence numbers reserved on disk, so that a
-//!   restart never reuses a nonce; [`mss`]: TCP MSS clamping;
-//! - [`control`] / [`status`]: the control socket protocol and the
-//!   `status` / `sa list` views (`sa add` / `sa del` are
-//!   [`engine::Engine::add_sa`] / [`engine::Engine::del_sa`]);
-//!   [`wireshark`]: the `esp_sa` keys of `espgate wireshark-keys`;
-//!   [`ratelimit`]: per-reason log limiting;
-//!   [`signals`]: SIGINT/SIGTERM/SIGHUP as a descriptor;
-//! - [`metrics`]: the Prometheus endpoint (`gateway.metrics`), served from
-//!   the same loop; [`daemon`]: `espgate up --daemon` (fork, readiness
-//!   report to the parent), the pid file, systemd's `READY=1`.
+//! - [`leases`]: outbound sequence numbers reserved on disk and extended off
+//!   the packet path, so a restart never reuses a nonce;
+//! - [`specs`]: the configuration's connections as the engine runs them;
+//!   [`status`]: the status document from the workers' counters;
+//! - [`ratelimit`]: log limiting; [`signals`]: SIGINT/SIGTERM/SIGHUP as a
+//!   descriptor; [`daemon`]: `espgate up --daemon` (fork, readiness report
+//!   to the parent), the pid file, systemd's `READY=1`; [`alloc_count`]:
+//!   hot-path allocation accounting.
 //!
 //! Several data-plane workers (`gateway.workers`): one TUN queue, one
 //! `SO_REUSEPORT` UDP socket and one engine each; ESP-in-UDP is steered to
 //! worker `SPI % n` by a classic BPF program, outbound SA copies share one
-//! sequence counter ([`espgate_core::sa::SharedSeq`]). Not built yet: IKE. ICMP "fragmentation needed" / "packet too big"
-//! for inner packets larger than the tunnel comes from the kernel, since
-//! the TUN MTU is the outer MTU minus the SA overhead.
+//! sequence counter. ICMP "fragmentation needed" / "packet too big" for
+//! inner packets larger than the tunnel comes from the kernel, since the
+//! TUN MTU is the outer MTU minus the SA overhead.
 
 pub mod alloc_count;
 pub mod control;
 pub mod daemon;
-pub mod dataplane;
-pub mod engine;
-pub mod ike;
-pub mod metrics;
-pub mod mss;
+pub mod leases;
 pub mod netdev;
 pub mod ratelimit;
-pub mod seqstate;
 pub mod setup;
 pub mod signals;
 pub mod sockets;
+pub mod specs;
+pub mod status;
 pub mod sys;
+pub mod worker;
 
 use crate::netdev::{NetChanges, Offloads, Tun};
 use anyhow::{Context, Result};
-use dataplane::{Info, Sockets, Worker};
+use control::{Control, ControlSocket, Listeners, MetricsListener};
+use espgate_api::costs::{ClockKind, CostCells, CostsView};
+use espgate_api::status::TunStatus;
 use espgate_config::{Encapsulation, LoadedConfig};
+use espgate_core::gateway::{Engine, EngineOptions};
 use espgate_core::wire::proto;
+use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::atomic::AtomicBool;
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use worker::{Sockets, Worker};
+
+/// IKE messages from the NAT-T socket waiting for the IKE engine, at most.
+const IKE_QUEUE_MAX: usize = 256;
 
 /// Transmit queue length of the TUN device: packets routed into the
 /// tunnel and not read yet.
@@ -103,10 +106,10 @@ fn open_sockets(cfg: &LoadedConfig, k: usize, reuseport: bool) -> Result<Sockets
         .iter()
         .any(|c| c.encap == Encapsulation::Udp)
     {
-        s.udp = Some(
+        s.udp = Some(Arc::new(
             sockets::UdpSock::open_with(g.listen, g.fwmark, fragments_outer(cfg), reuseport)
                 .with_context(|| format!("opening UDP socket on {}", g.listen))?,
-        );
+        ));
     }
     let mut rx: Vec<(bool, u8)> = Vec::new();
     for c in cfg
@@ -154,9 +157,9 @@ pub fn run(cfg: LoadedConfig) -> Result<()> {
 }
 
 /// [`run`], calling `on_ready` once everything is up (TUN, routes, rules,
-/// sockets, metrics endpoint, control socket), just before the loop
-/// starts: `espgate up` writes its pid file and reports readiness there.
-/// An error from it stops the gateway the same way as a failed start.
+/// sockets, metrics endpoint, control socket), just before the threads
+/// start: `espgate up` writes its pid file and reports readiness there. An
+/// error from it stops the gateway the same way as a failed start.
 pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> Result<()> {
     let start = Instant::now();
     let signals = signals::Signals::block().context("blocking SIGINT/SIGTERM/SIGHUP")?;
@@ -171,8 +174,19 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
     // the kernel accepting their steering program.
     let worker_sockets = open_worker_sockets(&cfg, g.worker_threads().max(1))?;
     let n = worker_sockets.len();
-    let store = seqstate::SeqStore::open(&g.state_dir)?;
-    let mut engines = engine::Engine::for_workers(&cfg, Some(&store), Duration::ZERO, n)?;
+    let leases = Arc::new(
+        leases::DiskLeases::new(leases::SeqStore::open(&g.state_dir)?)
+            .context("starting the sequence-number writer")?,
+    );
+    let specs: Vec<_> = cfg.connections.iter().map(specs::conn_spec).collect();
+    let opts = EngineOptions {
+        mtu: g.mtu,
+        nat_t_port: g.listen.port(),
+        leases: Some(leases.clone()),
+    };
+    let engines =
+        Engine::for_workers(&specs, &opts, Duration::ZERO, n).map_err(anyhow::Error::msg)?;
+    drop(specs);
     let overhead = if fragments_outer(&cfg) {
         tracing::info!(
             "fragment_inner = false: TUN MTU = gateway.mtu; ESP-in-UDP datagrams larger than \
@@ -188,7 +202,7 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
     let (tun, tun_offloads) = open_tun(&g.tun, g.offloads, n)?;
     // Room for bursts that arrive while the worker waits for a CPU (the
     // default of 500 packets overflows at 64 B on a busy machine).
-    if let Err(e) = crate::netdev::netlink::Netlink::open()
+    if let Err(e) = netdev::netlink::Netlink::open()
         .and_then(|mut nl| nl.set_txqueuelen(tun.name(), TUN_TXQUEUELEN))
     {
         tracing::warn!("{e}; keeping the kernel's default queue length");
@@ -198,30 +212,44 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
     if let Some(w) = setup::rp_filter_warning(&cfg) {
         tracing::warn!("{w}");
     }
-    let mut metrics = match g.metrics {
+    let metrics = match g.metrics {
         Some(addr) => Some(
-            metrics::MetricsServer::bind(addr)
+            MetricsListener::bind(addr)
                 .with_context(|| format!("gateway.metrics = \"{addr}\": cannot listen"))?,
         ),
         None => None,
     };
-    let mut ike = ike::IkeShell::open(&cfg, worker_sockets[0].udp.as_ref().map(|u| u.local))?;
-    if ike.is_some() {
-        if let Some(e) = engines.first_mut() {
-            e.ike_enabled = true;
+    let nat_t = worker_sockets[0].udp.clone();
+    let ike = control::ike::IkeDriver::open(&cfg, nat_t.clone())?;
+    let (ike_tx, ike_rx) = match &ike {
+        Some(_) => {
+            let (tx, rx) = tokio::sync::mpsc::channel(IKE_QUEUE_MAX);
+            (Some(tx), Some(rx))
         }
+        None => (None, None),
+    };
+    let control_socket = ControlSocket::bind(&g.control_socket)?;
+    // Batching: GSO on send when offloads are on; GRO on receive with one
+    // worker only (the SPI steering of several needs each datagram alone).
+    let gso = g.offloads && nat_t.is_some();
+    let gro = g.offloads && n == 1 && nat_t.as_ref().is_some_and(|u| u.enable_gro());
+    let mut offloads = tun_offload_names(&tun, tun_offloads);
+    if gso {
+        offloads.push("udp_gso".into());
     }
-    let mut control = control::ControlServer::bind(&g.control_socket)?;
+    if gro {
+        offloads.push("udp_gro".into());
+    }
     tracing::info!(
         "espgate {} up: TUN {} mtu {}, {} connection(s), {} SA(s), {} data-plane worker(s), \
          control socket {}{}",
         env!("CARGO_PKG_VERSION"),
         tun.name(),
         plan.mtu,
-        engines[0].conns().len(),
+        engines[0].connections().len(),
         engines.iter().map(|e| e.sad().len()).max().unwrap_or(0),
         n,
-        control.path().display(),
+        control_socket.path().display(),
         metrics
             .as_ref()
             .map(|m| format!(", metrics on http://{}/metrics", m.local_addr()))
@@ -230,92 +258,110 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
     for d in net.describe() {
         tracing::debug!("{d}");
     }
-    let info = Info {
+    let info = status::Info {
         config: cfg.source.clone(),
-        tun: espgate_api::status::TunStatus {
+        tun: TunStatus {
             name: tun.name().to_string(),
             mtu: plan.mtu,
         },
         encap: g.encap.name().to_string(),
-        listen: worker_sockets[0].udp.as_ref().map(|u| u.local),
+        listen: nat_t.as_ref().map(|u| u.local),
         fwmark: g.fwmark,
-        state_dir: store.dir().display().to_string(),
-        offloads: tun_offload_names(&tun, tun_offloads),
-        offloads_wanted: g.offloads,
+        state_dir: leases.dir().display().to_string(),
+        offloads,
     };
-    let engines: Vec<Mutex<engine::Engine>> = engines.into_iter().map(Mutex::new).collect();
+    let clock = ClockKind::best();
+    let cells: Vec<Arc<CostCells>> = (0..n).map(|_| Arc::new(CostCells::new(clock))).collect();
+    let views = cells
+        .iter()
+        .map(|c| CostsView::new(c.clone(), g.cost_accounting))
+        .collect();
+    let keepalives: Vec<(SocketAddr, Duration)> = cfg
+        .connections
+        .iter()
+        .map(|c| {
+            let every = if c.encap == Encapsulation::Udp {
+                c.nat_keepalive
+            } else {
+                Duration::ZERO
+            };
+            (SocketAddr::new(c.remote, c.remote_port), every)
+        })
+        .collect();
+    let ctl = Arc::new(Control::new(engines, views, info, start, ike));
     let failed = AtomicBool::new(false);
     let vnet = tun.has_vnet_hdr();
-    let batch = g.batch;
+    let tun_name = tun.name().to_string();
     let result = on_ready().and_then(|()| {
-        // Workers 1.. stop when this pipe's write end closes.
+        // The workers stop when this pipe's write end closes.
         let (stop_rd, stop_wr) = daemon::pipe().context("creating the workers' stop pipe")?;
+        let on_fail = || ctl.worker_failed.notify_one();
         std::thread::scope(|scope| {
             let mut handles = Vec::new();
-            let queues = tun.queues().iter().zip(&worker_sockets).enumerate();
-            for (k, (tunq, socks)) in queues.skip(1) {
-                let (engines, failed, info) = (&engines, &failed, info.clone());
-                let stop = stop_rd.as_fd();
+            let parts = tun
+                .queues()
+                .iter()
+                .zip(&worker_sockets)
+                .zip(&cells)
+                .enumerate();
+            for (k, ((tunq, socks), cells)) in parts {
+                let mut w = Worker {
+                    engine: &ctl.engines[k],
+                    me: k,
+                    tun: tunq,
+                    vnet,
+                    tun_name: &tun_name,
+                    sockets: socks,
+                    stop: stop_rd.as_fd(),
+                    failed: &failed,
+                    on_fail: &on_fail,
+                    start,
+                    batch: g.batch,
+                    gso,
+                    costs: cells.clone(),
+                    ike: ike_tx.clone(),
+                    keepalives: if k == 0 {
+                        keepalives.clone()
+                    } else {
+                        Vec::new()
+                    },
+                };
                 let h = std::thread::Builder::new()
                     .name(format!("espgate-worker-{k}"))
-                    .spawn_scoped(scope, move || {
-                        Worker {
-                            engines,
-                            me: k,
-                            tun: tunq,
-                            vnet,
-                            sockets: socks,
-                            control: None,
-                            metrics: None,
-                            signals: None,
-                            stop: Some(stop),
-                            failed,
-                            start,
-                            info,
-                            batch,
-                            gro_allowed: false,
-                            ike: None,
-                        }
-                        .run()
-                    })
-                    .context("starting a data-plane worker thread")?;
-                handles.push(h);
+                    .spawn_scoped(scope, move || w.run())
+                    .context("starting a data-plane worker thread");
+                match h {
+                    Ok(h) => handles.push(h),
+                    Err(e) => {
+                        drop(stop_wr);
+                        return Err(e);
+                    }
+                }
             }
-            let r = Worker {
-                engines: &engines,
-                me: 0,
-                tun: &tun.queues()[0],
-                vnet,
-                sockets: &worker_sockets[0],
-                control: Some(&mut control),
-                metrics: metrics.as_mut(),
-                signals: Some(&signals),
-                stop: None,
-                failed: &failed,
-                start,
-                info,
-                batch,
-                gro_allowed: n == 1,
-                ike: ike.as_mut(),
-            }
-            .run();
+            drop(ike_tx);
+            let listeners = Listeners {
+                control: control_socket,
+                metrics,
+                ike_rx,
+            };
+            let r = control::run(ctl.clone(), listeners, &signals);
             drop(stop_wr);
             for (k, h) in handles.into_iter().enumerate() {
                 match h.join() {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => tracing::error!("data-plane worker {}: {e:#}", k + 1),
-                    Err(_) => tracing::error!("data-plane worker {} panicked", k + 1),
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::error!("data-plane worker {k}: {e:#}"),
+                    Err(_) => tracing::error!("data-plane worker {k} panicked"),
                 }
             }
             r.map(drop)
         })
     });
-    for e in &engines {
-        dataplane::lock(e).release_reservations();
+    for e in &ctl.engines {
+        worker::lock(e).release_leases();
     }
-    drop(control);
-    drop(metrics);
+    drop(ctl);
     drop(worker_sockets);
+    drop(leases);
     let undone = net.undo();
     drop(tun);
     if let Err(e) = &undone {

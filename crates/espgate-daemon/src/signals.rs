@@ -44,6 +44,11 @@ impl Signals {
         }
     }
 
+    /// The descriptor (readable when a signal is pending).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
     /// The next pending signal, if any.
     pub fn next(&self) -> Option<libc::c_int> {
         // SAFETY: plain data; the kernel writes one whole record or nothing.

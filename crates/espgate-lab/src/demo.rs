@@ -219,9 +219,9 @@ fn demo_in(lab: &mut Lab, prefix: &str, opts: &Options) -> Result<Vec<Row>> {
     row.path = "espgate tunnel (aes128gcm16)".into();
     rows.push(row);
     // Show that it went through the SAs.
-    let st = espgate_api::control::request(&daemons[0].2, "sa_list", Duration::from_secs(5))
+    let sas = espgate_api::control::Client::new(&daemons[0].2, Duration::from_secs(5))
+        .sa_list()
         .map_err(|e| anyhow!("{e}"))?;
-    let sas: Vec<espgate_api::status::SaStatus> = serde_json::from_value(st["sas"].clone())?;
     writeln!(out, "\ngateway A's SAs (espgate sa list):")?;
     out.flush()?;
     write!(out, "{}", espgate_api::status::render_sa_list(&sas))?;

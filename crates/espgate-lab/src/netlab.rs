@@ -487,7 +487,7 @@ pub fn wait_ready(sock: &Path) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         check_interrupt()?;
-        match espgate_api::control::request(sock, "status", Duration::from_secs(2)) {
+        match espgate_api::control::Client::new(sock, Duration::from_secs(2)).status() {
             Ok(_) => return Ok(()),
             Err(e) if Instant::now() >= deadline => bail!("{e}"),
             Err(_) => std::thread::sleep(Duration::from_millis(50)),

@@ -2,7 +2,8 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use espgate_api::{control, status};
+use espgate_api::control::{self, Client, CostsAction, Proto, Request, Response, SaDir};
+use espgate_api::{status, wireshark};
 use espgate_config as config;
 use espgate_lab::pcap as pcap_cmd;
 use std::path::{Path, PathBuf};
@@ -589,35 +590,39 @@ fn socket_path(target: &ControlArgs) -> Result<PathBuf, ExitCode> {
                 return Err(ExitCode::from(2));
             }
         },
-        (None, None) => PathBuf::from("/run/espgate/espgate.sock"),
+        (None, None) => PathBuf::from(control::DEFAULT_SOCKET),
     })
 }
 
-/// Sends `req` to the daemon `target` names; the error is printed.
-fn ask(target: &ControlArgs, req: &serde_json::Value) -> Result<serde_json::Value, ExitCode> {
-    let path = socket_path(target)?;
-    control::request_json(&path, req, Duration::from_secs(10)).map_err(|e| {
+/// Sends `req` to the daemon `target` names; a failure is printed.
+fn ask(target: &ControlArgs, req: &Request) -> Result<Response, ExitCode> {
+    let client = Client::new(socket_path(target)?, Duration::from_secs(10));
+    client.call(req).map_err(|e| {
         eprintln!("espgate: {e}");
         ExitCode::from(1)
     })
 }
 
-/// `sa add` / `sa del`: prints what changed (stdout) and warnings (stderr).
-fn run_sa_change(target: &ControlArgs, req: &serde_json::Value) -> ExitCode {
-    let v = match ask(target, req) {
-        Ok(v) => v,
+/// A command that changes something (`sa add`, `sa del`, `costs`,
+/// `initiate`, `terminate`): prints what changed (stdout) and warnings
+/// (stderr).
+fn run_change(target: &ControlArgs, req: &Request) -> ExitCode {
+    let r = match ask(target, req) {
+        Ok(r) => r,
         Err(c) => return c,
     };
     if target.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&v).unwrap_or_else(|_| v.to_string())
-        );
-    } else {
-        println!("{}", v["message"].as_str().unwrap_or("done"));
+        println!("{}", r.to_pretty());
     }
-    for w in v["warnings"].as_array().into_iter().flatten() {
-        eprintln!("espgate: warning: {}", w.as_str().unwrap_or_default());
+    let Response::Changed(c) = r else {
+        eprintln!("espgate: the daemon's answer is not what was asked; is it another version?");
+        return ExitCode::from(1);
+    };
+    if !target.json {
+        println!("{}", c.message);
+    }
+    for w in &c.warnings {
+        eprintln!("espgate: warning: {w}");
     }
     ExitCode::SUCCESS
 }
@@ -639,32 +644,26 @@ fn run_sa_add(conn: String, dir: String, spec: String, target: &ControlArgs) -> 
         eprintln!("espgate: the SA spec is empty");
         return ExitCode::from(1);
     }
-    let req = serde_json::json!({"cmd": "sa_add", "conn": conn, "dir": dir, "spec": spec.as_str()});
-    run_sa_change(target, &req)
+    let req = Request::SaAdd {
+        conn,
+        dir: if dir == "out" { SaDir::Out } else { SaDir::In },
+        spec: control::SecretSpec::new(spec.to_string()),
+    };
+    run_change(target, &req)
 }
 
 fn run_wireshark_keys(tshark: bool, target: &ControlArgs) -> ExitCode {
-    use espgate_api::wireshark;
-    let v = match ask(target, &serde_json::json!({"cmd": "wireshark_keys"})) {
-        Ok(v) => v,
+    let r = match ask(target, &Request::WiresharkKeys) {
+        Ok(r) => r,
         Err(c) => return c,
     };
     if target.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&v).unwrap_or_else(|_| v.to_string())
-        );
+        println!("{}", r.to_pretty());
         return ExitCode::SUCCESS;
     }
-    let keys: Vec<wireshark::SaKeys> = match serde_json::from_value(v["sas"].clone()) {
-        Ok(k) => k,
-        Err(e) => {
-            eprintln!(
-                "espgate: the daemon's answer does not parse ({e}); is it another version? \
-                 --json shows it as is"
-            );
-            return ExitCode::from(1);
-        }
+    let Response::Keys(keys) = r else {
+        eprintln!("espgate: the daemon's answer is not what was asked; is it another version?");
+        return ExitCode::from(1);
     };
     if tshark {
         let (args, notes) = wireshark::tshark_args(&keys);
@@ -680,125 +679,143 @@ fn run_wireshark_keys(tshark: bool, target: &ControlArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Asks the daemon; prints the JSON document or renders it.
-fn run_query(target: &ControlArgs, cmd: &str) -> ExitCode {
-    let path = match socket_path(target) {
-        Ok(p) => p,
-        Err(c) => return c,
-    };
-    let v = match control::request(&path, cmd, Duration::from_secs(10)) {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("espgate: {e}");
-            return ExitCode::from(1);
+/// The status document of the daemon `target` names.
+fn ask_status(target: &ControlArgs) -> Result<status::Status, ExitCode> {
+    match ask(target, &Request::Status)? {
+        Response::Status(s) => Ok(*s),
+        _ => {
+            eprintln!(
+                "espgate: the daemon's answer is not a status document; is it another version?"
+            );
+            Err(ExitCode::from(1))
         }
-    };
-    let key = if cmd == "status" { "status" } else { "sas" };
-    let doc = &v[key];
-    if target.json {
-        let out = if cmd == "status" {
-            doc.clone()
-        } else {
-            serde_json::json!({ "sas": doc })
-        };
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out).unwrap_or_else(|_| out.to_string())
-        );
-        return ExitCode::SUCCESS;
     }
-    let text = if cmd == "status" {
-        serde_json::from_value::<status::Status>(doc.clone()).map(|s| status::render_status(&s))
-    } else {
-        serde_json::from_value::<Vec<status::SaStatus>>(doc.clone())
-            .map(|s| status::render_sa_list(&s))
-    };
-    print_rendered(text)
 }
 
-/// Prints a rendering of the daemon's answer, or says that the answer did
-/// not parse (exit status 1).
-fn print_rendered(text: Result<String, serde_json::Error>) -> ExitCode {
-    match text {
+fn print_json<T: serde::Serialize>(v: &T) -> ExitCode {
+    match serde_json::to_string_pretty(v) {
         Ok(t) => {
-            print!("{t}");
+            println!("{t}");
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!(
-                "espgate: the daemon's answer does not parse ({e}); is it another version? \
-                 --json shows it as is"
-            );
+            eprintln!("espgate: encoding the answer: {e}");
             ExitCode::from(1)
         }
     }
 }
 
-/// `espgate status --ike-costs`: the IKE part's per-operation costs.
-fn run_ike_costs_query(target: &ControlArgs) -> ExitCode {
-    let v = match ask(target, &serde_json::json!({"cmd": "status"})) {
-        Ok(v) => v,
+/// `espgate status`: the document as JSON or rendered.
+fn run_status(target: &ControlArgs) -> ExitCode {
+    let s = match ask_status(target) {
+        Ok(s) => s,
         Err(c) => return c,
     };
-    let ike = &v["status"]["ike"];
-    if ike.is_null() {
+    if target.json {
+        return print_json(&s);
+    }
+    print!("{}", status::render_status(&s));
+    ExitCode::SUCCESS
+}
+
+/// `espgate sa list`.
+fn run_sa_list(target: &ControlArgs) -> ExitCode {
+    let sas = match ask(target, &Request::SaList) {
+        Ok(Response::Sas(s)) => s,
+        Ok(_) => {
+            eprintln!("espgate: the daemon's answer is not an SA list; is it another version?");
+            return ExitCode::from(1);
+        }
+        Err(c) => return c,
+    };
+    if target.json {
+        #[derive(serde::Serialize)]
+        struct Sas<'a> {
+            sas: &'a [status::SaStatus],
+        }
+        return print_json(&Sas { sas: &sas });
+    }
+    print!("{}", status::render_sa_list(&sas));
+    ExitCode::SUCCESS
+}
+
+/// `espgate status --ike-costs`: the IKE part's per-operation costs.
+fn run_ike_costs_query(target: &ControlArgs) -> ExitCode {
+    let s = match ask_status(target) {
+        Ok(s) => s,
+        Err(c) => return c,
+    };
+    let Some(ike) = s.ike else {
         if target.json {
             println!("{}", serde_json::json!({"ike": false}));
         } else {
             println!("no connection of this gateway uses IKE");
         }
         return ExitCode::SUCCESS;
-    }
+    };
     if target.json {
-        let out = serde_json::json!({
-            "ike": true,
-            "costs": ike["costs"],
-            "per_sa": ike["sas"].as_array().map(|sas| sas.iter().map(|sa| serde_json::json!({
-                "connection": sa["connection"], "spis": sa["spis"], "costs": sa["costs"]
-            })).collect::<Vec<_>>()),
+        #[derive(serde::Serialize)]
+        struct PerSa<'a> {
+            connection: &'a str,
+            spis: &'a str,
+            costs: &'a [espgate_api::ike::IkeOpCost],
+        }
+        #[derive(serde::Serialize)]
+        struct Out<'a> {
+            ike: bool,
+            costs: &'a [espgate_api::ike::IkeOpCost],
+            per_sa: Vec<PerSa<'a>>,
+        }
+        return print_json(&Out {
+            ike: true,
+            costs: &ike.costs,
+            per_sa: ike
+                .sas
+                .iter()
+                .map(|sa| PerSa {
+                    connection: &sa.connection,
+                    spis: &sa.spis,
+                    costs: &sa.costs,
+                })
+                .collect(),
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out).unwrap_or_else(|_| out.to_string())
-        );
-        return ExitCode::SUCCESS;
     }
-    print_rendered(
-        serde_json::from_value::<espgate_api::ike::IkeDoc>(ike.clone())
-            .map(|d| espgate_api::ike::render_costs(&d)),
-    )
+    print!("{}", espgate_api::ike::render_costs(&ike));
+    ExitCode::SUCCESS
 }
 
 /// `espgate status --costs`: the status document's per-stage costs.
 fn run_costs_query(target: &ControlArgs) -> ExitCode {
-    let v = match ask(target, &serde_json::json!({"cmd": "status"})) {
-        Ok(v) => v,
+    let s = match ask_status(target) {
+        Ok(s) => s,
         Err(c) => return c,
     };
-    let costs = &v["status"]["costs"];
-    if target.json {
-        let out = if costs.is_null() {
-            serde_json::json!({"cost_accounting": false})
-        } else {
-            serde_json::json!({"cost_accounting": true, "costs": costs})
-        };
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out).unwrap_or_else(|_| out.to_string())
-        );
-        return ExitCode::SUCCESS;
-    }
-    if costs.is_null() {
-        println!(
+    match (s.costs, target.json) {
+        (None, true) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({"cost_accounting": false}))
+                    .unwrap_or_default()
+            );
+        }
+        (None, false) => println!(
             "cost accounting is off: `espgate costs on` (or gateway.cost_accounting = true) \
              starts it"
-        );
-        return ExitCode::SUCCESS;
+        ),
+        (Some(c), true) => {
+            #[derive(serde::Serialize)]
+            struct Out<'a> {
+                cost_accounting: bool,
+                costs: &'a espgate_api::costs::CostsReport,
+            }
+            return print_json(&Out {
+                cost_accounting: true,
+                costs: &c,
+            });
+        }
+        (Some(c), false) => print!("{}", espgate_api::costs::render(&c)),
     }
-    print_rendered(
-        serde_json::from_value::<espgate_api::costs::CostsReport>(costs.clone())
-            .map(|r| espgate_api::costs::render(&r)),
-    )
+    ExitCode::SUCCESS
 }
 
 fn run_demo(short: bool, prefix: Option<String>) -> ExitCode {
@@ -883,18 +900,22 @@ fn main() -> ExitCode {
             costs: false,
             target,
             ..
-        } => Ok(run_query(&target, "status")),
+        } => Ok(run_status(&target)),
         Cmd::Status {
             costs: true,
             target,
             ..
         } => Ok(run_costs_query(&target)),
-        Cmd::Costs { action, target } => Ok(run_sa_change(
-            &target,
-            &serde_json::json!({"cmd": "costs", "action": action}),
-        )),
+        Cmd::Costs { action, target } => {
+            let action = match action.as_str() {
+                "on" => CostsAction::On,
+                "off" => CostsAction::Off,
+                _ => CostsAction::Reset,
+            };
+            Ok(run_change(&target, &Request::Costs { action }))
+        }
         Cmd::Sa { cmd } => Ok(match cmd {
-            SaCmd::List { target } => run_query(&target, "sa_list"),
+            SaCmd::List { target } => run_sa_list(&target),
             SaCmd::Add {
                 conn,
                 dir,
@@ -907,21 +928,23 @@ fn main() -> ExitCode {
                 dir,
                 conn,
                 target,
-            } => run_sa_change(
+            } => run_change(
                 &target,
-                &serde_json::json!({"cmd": "sa_del", "spi": spi, "proto": proto, "dir": dir,
-                                    "conn": conn}),
+                &Request::SaDel {
+                    spi,
+                    proto: proto.map(|p| if p == "ah" { Proto::Ah } else { Proto::Esp }),
+                    dir: dir.map(|d| if d == "out" { SaDir::Out } else { SaDir::In }),
+                    conn,
+                },
             ),
         }),
         Cmd::WiresharkKeys { tshark, target } => Ok(run_wireshark_keys(tshark, &target)),
-        Cmd::Initiate { name, target } => Ok(run_sa_change(
-            &target,
-            &serde_json::json!({"cmd": "initiate", "conn": name}),
-        )),
-        Cmd::Terminate { name, target } => Ok(run_sa_change(
-            &target,
-            &serde_json::json!({"cmd": "terminate", "conn": name}),
-        )),
+        Cmd::Initiate { name, target } => {
+            Ok(run_change(&target, &Request::Initiate { conn: name }))
+        }
+        Cmd::Terminate { name, target } => {
+            Ok(run_change(&target, &Request::Terminate { conn: name }))
+        }
         Cmd::Keygen {
             kind,
             out,

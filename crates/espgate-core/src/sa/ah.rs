@@ -230,6 +230,7 @@ impl Sa {
             return Err(DropReason::Integrity);
         }
         let updated = self.replay.update(seq);
+        self.counters.replay_top.set(self.replay.top());
         probe.mark(Stage::Replay);
         updated?;
         let r = self.ah_unframe(buf, inb, now, (ah_len, nh));

@@ -184,6 +184,7 @@ impl Sa {
         self.transform
             .open_probed(e, esp::HEADER_LEN, &auth, probe)?;
         let updated = self.replay.update(seq);
+        self.counters.replay_top.set(self.replay.top());
         probe.mark(Stage::Replay);
         updated?;
         let r = self.esp_unframe(buf, inb, now);
@@ -209,7 +210,7 @@ impl Sa {
         let (plen, nh) =
             esp::parse_trailer(e.get(body_start..body_end).ok_or(DropReason::BadLength)?)?;
         if nh == proto::NO_NEXT {
-            self.stats.dummies += 1;
+            self.counters.dummies.incr();
             return Ok(Decapsulated::Dummy);
         }
         let payload_at = inb.offset + body_start;

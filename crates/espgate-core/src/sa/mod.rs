@@ -12,6 +12,7 @@ use crate::cost::{NoProbe, Probe, Stage};
 use crate::crypto::{Suite, SuiteError, Transform};
 use crate::error::{DropReason, PResult};
 use crate::selector::TrafficSelector;
+use crate::stats::{LifeState, SaCounters};
 use crate::wire::flow;
 use crate::wire::ip::{self, IpInfo};
 use crate::wire::{ipv4, ipv6, proto, udp};
@@ -213,7 +214,8 @@ impl From<SuiteError> for SaError {
     }
 }
 
-/// Per-SA counters.
+/// A snapshot of an SA's counters ([`Sa::stats`]; the live ones are
+/// [`Sa::counters`]).
 #[derive(Debug, Clone, Default)]
 pub struct SaStats {
     /// Packets processed successfully.
@@ -224,6 +226,22 @@ pub struct SaStats {
     pub dummies: u64,
     /// Drops by reason, indexed by [`DropReason::index`].
     pub drops: [u64; DropReason::COUNT],
+}
+
+impl SaStats {
+    /// A snapshot of `c`.
+    pub fn of(c: &SaCounters) -> SaStats {
+        let mut drops = [0; DropReason::COUNT];
+        for (d, n) in c.drops.all() {
+            drops[d.index()] = n;
+        }
+        SaStats {
+            packets: c.packets.get(),
+            bytes: c.bytes.get(),
+            dummies: c.dummies.get(),
+            drops,
+        }
+    }
 }
 
 impl SaStats {
@@ -321,38 +339,23 @@ pub enum Decapsulated {
 /// The outbound sequence counter of an SA that several copies share, one
 /// per data-plane worker: each packet takes its number with one atomic
 /// `fetch_add`, so no number is used twice whichever worker sends it (an
-/// AEAD nonce is never reused). `ceiling` bounds the numbers handed out
-/// (the ones reserved on disk); a number at or above it is refused with
-/// [`DropReason::SeqNotReserved`] and never used.
+/// AEAD nonce is never reused).
 #[derive(Debug)]
 pub struct SharedSeq {
     next: AtomicU64,
-    ceiling: AtomicU64,
 }
 
 impl SharedSeq {
-    /// A counter whose next number is `next`, without a ceiling.
+    /// A counter whose next number is `next`.
     pub fn new(next: u64) -> SharedSeq {
         SharedSeq {
             next: AtomicU64::new(next),
-            ceiling: AtomicU64::new(u64::MAX),
         }
     }
 
     /// The next number to be taken.
     pub fn next(&self) -> u64 {
         self.next.load(Ordering::Relaxed)
-    }
-
-    /// Numbers at or above `c` are refused from now on (raise it after
-    /// reserving more).
-    pub fn set_ceiling(&self, c: u64) {
-        self.ceiling.store(c, Ordering::Release);
-    }
-
-    /// The current ceiling.
-    pub fn ceiling(&self) -> u64 {
-        self.ceiling.load(Ordering::Acquire)
     }
 
     #[inline]
@@ -366,6 +369,27 @@ impl SharedSeq {
     }
 }
 
+/// Where an outbound SA may take sequence numbers from: a lease on a range
+/// of them, kept by the shell (on disk across restarts, or from a
+/// coordination service in a cluster), so that no number — and so no AEAD
+/// nonce — is ever used twice.
+///
+/// The packet path only reads: a number at or above [`SeqLease::limit`] is
+/// refused ([`DropReason::SeqNotReserved`]) and never used. Extending the
+/// lease happens off the packet path: [`SeqLease::want`] only notes that
+/// more will be needed (it must not block, write files or allocate on
+/// every call), and the shell raises the limit when the new range is safe.
+pub trait SeqLease: Send + Sync + std::fmt::Debug {
+    /// Numbers below this may be sent now.
+    fn limit(&self) -> u64;
+    /// The SA is about to send `next`: extend the lease ahead of it if it
+    /// is running low. Called for every packet; must be cheap.
+    fn want(&self, next: u64);
+    /// The SA stops using the lease (removed, or a clean stop): every
+    /// number it sent is below `next`.
+    fn release(&self, next: u64);
+}
+
 /// An installed SA.
 pub struct Sa {
     cfg: SaConfig,
@@ -374,10 +398,12 @@ pub struct Sa {
     /// Set when copies of this outbound SA in several workers share one
     /// counter; `next_seq` is then unused.
     shared_seq: Option<Arc<SharedSeq>>,
+    /// The numbers this outbound SA may use (none: all of them).
+    lease: Option<Arc<dyn SeqLease>>,
     ip_id: u16,
     replay: ReplayWindow,
     life: LifetimeState,
-    stats: SaStats,
+    counters: Arc<SaCounters>,
     events: [Option<SaEvent>; 3],
     seq_exhausted_raised: bool,
 }
@@ -429,13 +455,17 @@ impl Sa {
         }
         let transform = Transform::new(cfg.suite, &cfg.enc_key, &cfg.integ_key)?;
         let replay = ReplayWindow::new(cfg.replay_window, cfg.esn, cfg.initial_seq - 1);
+        let counters = Arc::new(SaCounters::default());
+        counters.next_seq.set(cfg.initial_seq);
+        counters.replay_top.set(replay.top());
         Ok(Sa {
             next_seq: cfg.initial_seq,
             shared_seq: None,
+            lease: None,
             ip_id: (cfg.spi as u16) ^ 0x5a5a,
             replay,
             life: LifetimeState::new(cfg.lifetime, now),
-            stats: SaStats::default(),
+            counters,
             events: [None; 3],
             seq_exhausted_raised: false,
             transform,
@@ -448,9 +478,24 @@ impl Sa {
         &self.cfg
     }
 
-    /// Counters.
-    pub fn stats(&self) -> &SaStats {
-        &self.stats
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> SaStats {
+        SaStats::of(&self.counters)
+    }
+
+    /// The live counters, readable from any thread while the SA works.
+    pub fn counters(&self) -> &Arc<SaCounters> {
+        &self.counters
+    }
+
+    /// Takes sequence numbers only below `lease`'s limit from now on.
+    pub fn set_lease(&mut self, lease: Arc<dyn SeqLease>) {
+        self.lease = Some(lease);
+    }
+
+    /// The lease of this outbound SA, if any.
+    pub fn lease(&self) -> Option<&Arc<dyn SeqLease>> {
+        self.lease.as_ref()
     }
 
     /// Lifetime counters and limits.
@@ -474,6 +519,11 @@ impl Sa {
         self.shared_seq
             .get_or_insert_with(|| Arc::new(SharedSeq::new(next)))
             .clone()
+    }
+
+    /// The counter this SA shares with its copies in other workers, if any.
+    pub fn shared_seq(&self) -> Option<&Arc<SharedSeq>> {
+        self.shared_seq.as_ref()
     }
 
     /// Takes sequence numbers from `seq` (made by [`Sa::share_seq`] on
@@ -529,6 +579,11 @@ impl Sa {
     }
 
     fn raise(&mut self, e: SaEvent) {
+        match e {
+            SaEvent::SoftExpired => self.counters.set_life(LifeState::SoftExpired),
+            SaEvent::HardExpired => self.counters.set_life(LifeState::HardExpired),
+            SaEvent::SeqExhausted => {}
+        }
         if let Some(slot) = self.events.iter_mut().find(|s| s.is_none()) {
             *slot = Some(e);
         }
@@ -542,8 +597,8 @@ impl Sa {
     }
 
     fn account(&mut self, bytes: usize, now: Duration) {
-        self.stats.packets += 1;
-        self.stats.bytes += bytes as u64;
+        self.counters.packets.incr();
+        self.counters.bytes.add(bytes as u64);
         if let Some(e) = self.life.account(bytes, now) {
             self.raise(e);
         }
@@ -551,7 +606,7 @@ impl Sa {
 
     fn count_drop<T>(&mut self, r: PResult<T>) -> PResult<T> {
         if let Err(d) = &r {
-            self.stats.drops[d.index()] += 1;
+            self.counters.drops.count(*d);
         }
         r
     }
@@ -570,23 +625,27 @@ impl Sa {
             u64::from(u32::MAX)
         };
         let (seq, shared) = match &self.shared_seq {
-            Some(s) => (s.take(), Some(s.ceiling())),
-            None => (self.next_seq, None),
+            Some(s) => (s.take(), true),
+            None => (self.next_seq, false),
         };
-        if seq > max || seq == 0 || (shared.is_some() && seq == u64::MAX) {
+        if seq > max || seq == 0 || (shared && seq == u64::MAX) {
             if !self.seq_exhausted_raised {
                 self.seq_exhausted_raised = true;
                 self.raise(SaEvent::SeqExhausted);
             }
             return Err(DropReason::SeqExhausted);
         }
-        if shared.is_some_and(|ceiling| seq >= ceiling) {
-            return Err(DropReason::SeqNotReserved);
+        if let Some(l) = &self.lease {
+            if seq >= l.limit() {
+                return Err(DropReason::SeqNotReserved);
+            }
+            l.want(seq);
         }
         // After u64::MAX, 0 marks exhaustion (checked above).
         let after = seq.wrapping_add(1);
-        if self.shared_seq.is_none() {
+        if !shared {
             self.next_seq = after;
+            self.counters.next_seq.set(after);
         }
         if after > max || after == 0 {
             // That was the last number: ask for a replacement now.

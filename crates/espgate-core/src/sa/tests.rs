@@ -605,6 +605,32 @@ proptest! {
     }
 }
 
+/// A lease whose limit the test sets; it records the last number wanted.
+#[derive(Debug)]
+struct TestLease {
+    limit: AtomicU64,
+    wanted: AtomicU64,
+}
+
+impl TestLease {
+    fn new(limit: u64) -> TestLease {
+        TestLease {
+            limit: AtomicU64::new(limit),
+            wanted: AtomicU64::new(0),
+        }
+    }
+}
+
+impl SeqLease for TestLease {
+    fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+    fn want(&self, next: u64) {
+        self.wanted.store(next, Ordering::Relaxed);
+    }
+    fn release(&self, _next: u64) {}
+}
+
 #[test]
 fn copies_sharing_a_counter_never_reuse_a_number() {
     // Two copies of one outbound SA (as two workers hold them) and one
@@ -635,8 +661,11 @@ fn copies_sharing_a_counter_never_reuse_a_number() {
         (1..=40).collect::<Vec<_>>()
     );
     assert_eq!((a.next_seq(), b.next_seq(), seq.next()), (41, 41, 41));
-    // Numbers from the ceiling on are refused and never sent.
-    seq.set_ceiling(43);
+    // Numbers from the lease's limit on are refused and never sent.
+    let lease = Arc::new(TestLease::new(43));
+    for tx in [&mut a, &mut b] {
+        tx.set_lease(lease.clone());
+    }
     for tx in [&mut a, &mut b] {
         assert!(tx
             .encapsulate(&mut PacketBuf::from_packet(&pkt), T0)
@@ -648,7 +677,9 @@ fn copies_sharing_a_counter_never_reuse_a_number() {
             Err(DropReason::SeqNotReserved)
         );
     }
-    seq.set_ceiling(u64::MAX);
+    // The SAs asked for more before they ran out (off the packet path).
+    assert_eq!(lease.wanted.load(Ordering::Relaxed), 42);
+    lease.limit.store(u64::MAX, Ordering::Relaxed);
     assert!(b.encapsulate(&mut PacketBuf::from_packet(&pkt), T0).is_ok());
     // At the end of the 64-bit space a shared counter stops one short of
     // u64::MAX (it saturates there, so that number could come twice).

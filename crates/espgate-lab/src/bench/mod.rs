@@ -32,6 +32,7 @@
 
 pub mod ike;
 pub mod parallel;
+pub mod scrape;
 pub mod tunnel;
 
 use espgate_api::costs::{self, Costs, Dir};

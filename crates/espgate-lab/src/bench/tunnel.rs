@@ -113,6 +113,11 @@ pub struct Args {
     /// espgate's MSS clamp: on ("auto") or off.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub mss_clamp: String,
+    /// Also measure espgate while a monitor asks both gateways for their
+    /// status and scrapes their metrics endpoint this many times a second
+    /// (runs alternate with and without, on the same gateways); 0: never.
+    #[arg(long, default_value_t = 0, value_name = "HZ", value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub scrape: u32,
 }
 
 /// One test.
@@ -262,6 +267,9 @@ pub struct Settings {
     pub mss_clamp: bool,
     /// Seconds per run.
     pub time_s: u32,
+    /// Status and metrics scrapes per second during espgate's extra runs
+    /// (0: none); the gateways then serve metrics on 127.0.0.1:9184.
+    pub scrape_hz: u32,
 }
 
 impl Settings {
@@ -381,6 +389,7 @@ impl Options {
                 socket_buffer: args.sockbuf,
                 mss_clamp: args.mss_clamp == "on",
                 time_s: args.time,
+                scrape_hz: args.scrape,
             },
             exe,
         })
@@ -515,6 +524,13 @@ pub struct Row {
     pub error: Option<String>,
     /// The knobs.
     pub settings: Settings,
+    /// Runs measured while the gateways were scraped this many times a
+    /// second (`None`: not scraped).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scraped_hz: Option<u32>,
+    /// Scrapes done during these runs (status and metrics, per gateway).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scrapes: Option<u64>,
 }
 
 impl Row {
@@ -573,6 +589,8 @@ impl Row {
             peak_rss_mib,
             error,
             settings: settings.clone(),
+            scraped_hz: None,
+            scrapes: None,
         }
     }
 }
@@ -609,15 +627,21 @@ fn fmt_opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
 /// The rows as a text table, with the settings above and the reasons for
 /// failures below.
 pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
-    let label = |r: &Row| match &r.suite {
-        Some(s)
-            if rows
-                .iter()
-                .any(|o| o.suite.as_ref().is_some_and(|x| x != s)) =>
-        {
-            format!("{} {s}", r.system)
+    let label = |r: &Row| {
+        let name = match &r.suite {
+            Some(s)
+                if rows
+                    .iter()
+                    .any(|o| o.suite.as_ref().is_some_and(|x| x != s)) =>
+            {
+                format!("{} {s}", r.system)
+            }
+            _ => r.system.clone(),
+        };
+        match r.scraped_hz {
+            Some(hz) => format!("{name} +{hz}Hz scrape"),
+            None => name,
         }
-        _ => r.system.clone(),
     };
     let w = rows
         .iter()
@@ -845,6 +869,10 @@ fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) ->
         }
         let mut samples: Vec<(Vec<Sample>, Option<String>)> =
             vec![(Vec::new(), None); opts.tests.len()];
+        let hz = opts.settings.scrape_hz;
+        let scrape = matches!(sys, System::Espgate(_)) && hz > 0;
+        let mut scraped: Vec<(Vec<Sample>, Option<String>, u64)> =
+            vec![(Vec::new(), None, 0); opts.tests.len()];
         for run in 1..=opts.runs {
             for (ti, test) in opts.tests.iter().enumerate() {
                 netlab::check_interrupt()?;
@@ -862,15 +890,58 @@ fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) ->
                         samples[ti].1.get_or_insert_with(|| format!("{e:#}"));
                     }
                 }
+                if scrape {
+                    // The same test again, on the same gateways, under a
+                    // status-and-metrics scrape loop.
+                    progress(&format!(
+                        "[{step}/{total}] {} {} run {run}/{} under a {hz} Hz scrape",
+                        sys.name(),
+                        test.name(),
+                        opts.runs
+                    ));
+                    let scraper = super::scrape::Scraper::start(&scrape_targets(lab, &topo), hz);
+                    let r = measure(lab, &topo, *test, opts.settings.time_s);
+                    let n = scraper.stop();
+                    match (r, n) {
+                        (Ok(s), Ok(n)) => {
+                            scraped[ti].0.push(s);
+                            scraped[ti].2 += n;
+                        }
+                        (Err(e), _) | (_, Err(e)) => {
+                            netlab::check_interrupt()?;
+                            scraped[ti].1.get_or_insert_with(|| format!("{e:#}"));
+                        }
+                    }
+                }
             }
         }
         for (t, (s, e)) in opts.tests.iter().zip(samples) {
             rows.push(Row::new(sys, *t, &s, e, &opts.settings));
         }
+        if scrape {
+            for (t, (s, e, n)) in opts.tests.iter().zip(scraped) {
+                let mut r = Row::new(sys, *t, &s, e, &opts.settings);
+                r.scraped_hz = Some(hz);
+                r.scrapes = Some(n);
+                rows.push(r);
+            }
+        }
         lab.remove_namespaces();
     }
     fill_ratios(&mut rows);
     Ok(rows)
+}
+
+/// espgate's two gateways as scrape targets (their control sockets are
+/// where `start_espgate` put them).
+fn scrape_targets(lab: &Lab, topo: &Topology) -> Vec<super::scrape::Target> {
+    [("a", &topo.ga), ("b", &topo.gb)]
+        .into_iter()
+        .map(|(side, ns)| super::scrape::Target {
+            ns: ns.clone(),
+            socket: lab.work.join(format!("espgate-{side}")).join("ctl.sock"),
+        })
+        .collect()
 }
 
 /// Every process in the gateway namespaces, as (`comm@gwA`, pid).
@@ -1055,6 +1126,9 @@ pub fn espgate_config(
     if let Some(b) = s.socket_buffer {
         g += &format!("socket_buffer = {b}\n");
     }
+    if s.scrape_hz > 0 {
+        g += &format!("metrics = \"{}\"\n", super::scrape::METRICS);
+    }
     g += &format!(
         "\n[[connection]]\nname = \"bench\"\nlocal = \"{local}\"\nremote = \"{remote}\"\n\
          local_ts = [\"{local_ts}\"]\nremote_ts = [\"{remote_ts}\"]\nmss_clamp = \"{}\"\n\n\
@@ -1151,7 +1225,11 @@ fn start_espgate(
             &[&what],
             Duration::from_secs(10),
             "its control socket",
-            || espgate_api::control::request(sock, "status", Duration::from_secs(2)).is_ok(),
+            || {
+                espgate_api::control::Client::new(sock, Duration::from_secs(2))
+                    .status()
+                    .is_ok()
+            },
         )
         .map_err(|e| with_logs(e, &logs))?;
     }
@@ -1599,6 +1677,7 @@ mod tests {
             socket_buffer: None,
             mss_clamp: true,
             time_s: 10,
+            scrape_hz: 0,
         }
     }
 
@@ -1878,6 +1957,7 @@ mod tests {
                 batch: None,
                 sockbuf: None,
                 mss_clamp: "on".into(),
+                scrape: 0,
             };
             f(&mut a);
             Options::new(&a, PathBuf::from("/x"))

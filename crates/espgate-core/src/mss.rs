@@ -5,7 +5,7 @@
 //! firewalls often drop). The TCP checksum is updated incrementally
 //! (RFC 1624), so the packet's other bytes are untouched.
 
-use espgate_core::wire::{ip, proto};
+use crate::wire::{ip, proto};
 
 /// TCP header without options.
 const TCP_HEADER: usize = 20;
@@ -127,8 +127,8 @@ pub fn clamp(pkt: &mut [u8], limit: MssLimit) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use espgate_core::wire::checksum;
-    use espgate_core::wire::{ipv4, ipv6};
+    use crate::wire::checksum;
+    use crate::wire::{ipv4, ipv6};
     use std::net::IpAddr;
 
     /// A TCP segment with `options` (padded to 4 bytes) and a valid checksum.

@@ -18,14 +18,29 @@
 //! either. A lock file held while the daemon runs keeps two SAs (or two
 //! daemons) from using one key at once. The hash (SHA-256 over a domain
 //! label and the keys) does not reveal the keys.
+//!
+//! The packet path never writes: each reservation is a [`DiskLease`], the
+//! core's [`SeqLease`] — the SA reads its limit (an atomic load) and, past
+//! the half-way mark, flags it as wanting more; the [`Extender`] thread
+//! writes the new reservation and only then raises the limit. If the disk
+//! refuses (full, read-only), the extender retries every second and the SA
+//! stops at its limit rather than sending an unreserved number
+//! (`seq_not_reserved`), and carries on once the write succeeds.
 
+use crate::ratelimit::RateLimiter;
 use anyhow::{anyhow, bail, Context, Result};
+use espgate_core::gateway::LeaseSource;
+use espgate_core::sa::SeqLease;
 use espgate_core::SaConfig;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
 
 /// Sequence numbers reserved per write.
 pub const STEP: u64 = 1 << 20;
@@ -258,6 +273,187 @@ impl Reservation {
     }
 }
 
+/// One outbound SA's reservation as the SA sees it: a limit it reads on
+/// every packet, and a flag it raises when it wants the limit moved.
+#[derive(Debug)]
+pub struct DiskLease {
+    file: Mutex<Reservation>,
+    /// Numbers below this are on disk: the SA may send them.
+    limit: AtomicU64,
+    /// Once the next number reaches this, more are wanted.
+    low_water: AtomicU64,
+    /// The next number, as last wanted.
+    wanted: AtomicU64,
+    /// Set by the SA, cleared by the extender once written.
+    pending: AtomicBool,
+    wake: SyncSender<()>,
+}
+
+fn lock(r: &Mutex<Reservation>) -> std::sync::MutexGuard<'_, Reservation> {
+    // A thread that panicked while holding it left a valid reservation
+    // (every write is atomic): keep going.
+    r.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl SeqLease for DiskLease {
+    #[inline]
+    fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Acquire)
+    }
+
+    #[inline]
+    fn want(&self, next: u64) {
+        if next < self.low_water.load(Ordering::Relaxed) {
+            return;
+        }
+        self.wanted.store(next, Ordering::Relaxed);
+        if !self.pending.swap(true, Ordering::AcqRel) {
+            // A bounded channel of one slot: never blocks, never
+            // allocates; a full slot means the extender is awake already.
+            match self.wake.try_send(()) {
+                Ok(()) | Err(TrySendError::Full(())) | Err(TrySendError::Disconnected(())) => {}
+            }
+        }
+    }
+
+    fn release(&self, next: u64) {
+        let mut r = lock(&self.file);
+        if let Err(e) = r.release(next) {
+            tracing::warn!("writing {}: {e}", r.path().display());
+        }
+    }
+}
+
+impl DiskLease {
+    /// Writes the reservation the SA wants (the extender's job). False if
+    /// the disk refused: the limit stays, and the next attempt retries.
+    fn extend(&self) -> Result<(), String> {
+        let mut r = lock(&self.file);
+        let next = self.wanted.load(Ordering::Relaxed);
+        r.extend(next).map_err(|e| {
+            format!(
+                "cannot reserve sequence numbers in {}: {e}; the SA sends up to {} and then \
+                 drops (seq_not_reserved) until the write succeeds",
+                r.path().display(),
+                r.reserved()
+            )
+        })?;
+        self.low_water.store(r.low_water(), Ordering::Relaxed);
+        self.limit.store(r.reserved(), Ordering::Release);
+        self.pending.store(false, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// The thread that writes extended reservations, off the packet path.
+#[derive(Debug)]
+pub struct Extender {
+    wake: SyncSender<()>,
+    leases: Arc<Mutex<Vec<Weak<DiskLease>>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Extender {
+    /// Starts the thread.
+    pub fn start() -> io::Result<Extender> {
+        let (wake, rx) = mpsc::sync_channel(1);
+        let leases: Arc<Mutex<Vec<Weak<DiskLease>>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (l, st) = (leases.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("espgate-seq".into())
+            .spawn(move || extend_loop(&rx, &l, &st))?;
+        Ok(Extender {
+            wake,
+            leases,
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Extender {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.wake.try_send(());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// How long the extender waits between retries after a failed write.
+const RETRY: Duration = Duration::from_secs(1);
+
+fn extend_loop(rx: &Receiver<()>, leases: &Mutex<Vec<Weak<DiskLease>>>, stop: &AtomicBool) {
+    let mut limiter = RateLimiter::new(Duration::from_secs(10));
+    let start = Instant::now();
+    loop {
+        match rx.recv_timeout(RETRY) {
+            Ok(()) | Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let live: Vec<Arc<DiskLease>> = {
+            let mut l = leases.lock().unwrap_or_else(PoisonError::into_inner);
+            l.retain(|w| w.strong_count() > 0);
+            l.iter().filter_map(Weak::upgrade).collect()
+        };
+        for lease in live.iter().filter(|l| l.pending.load(Ordering::Acquire)) {
+            if let Err(msg) = lease.extend() {
+                if let Some(n) = limiter.check("seq_reserve", start.elapsed()) {
+                    tracing::warn!("{msg}{}", crate::ratelimit::suppressed_note(n));
+                }
+            }
+        }
+    }
+}
+
+/// The state directory as the engine's [`LeaseSource`].
+#[derive(Debug)]
+pub struct DiskLeases {
+    store: SeqStore,
+    extender: Extender,
+}
+
+impl DiskLeases {
+    /// Leases in `store`, extended by a new [`Extender`] thread.
+    pub fn new(store: SeqStore) -> io::Result<DiskLeases> {
+        Ok(DiskLeases {
+            store,
+            extender: Extender::start()?,
+        })
+    }
+
+    /// The state directory.
+    pub fn dir(&self) -> &Path {
+        self.store.dir()
+    }
+}
+
+impl LeaseSource for DiskLeases {
+    fn lease(&self, sa: &SaConfig, conn: &str) -> Result<(u64, Arc<dyn SeqLease>), String> {
+        let (start, r) = self.store.reserve(sa, conn).map_err(|e| format!("{e:#}"))?;
+        let lease = Arc::new(DiskLease {
+            limit: AtomicU64::new(r.reserved()),
+            low_water: AtomicU64::new(r.low_water()),
+            wanted: AtomicU64::new(start),
+            pending: AtomicBool::new(false),
+            wake: self.extender.wake.clone(),
+            file: Mutex::new(r),
+        });
+        self.extender
+            .leases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Arc::downgrade(&lease));
+        Ok((start, lease))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,6 +591,194 @@ mod tests {
         assert!(!r.must_extend(1 << 32), "nothing left to reserve");
         drop(r);
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn wait_until(what: &str, f: impl Fn() -> bool) {
+        let t = Instant::now();
+        while !f() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "timed out waiting for {what}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn leases_grow_off_the_packet_path_and_hold_when_the_disk_refuses() {
+        let dir = temp_dir();
+        let leases = DiskLeases::new(SeqStore::open(&dir).unwrap()).unwrap();
+        let (start, l) = leases.lease(&cfg(9, false), "a").unwrap();
+        assert_eq!((start, l.limit()), (1, 1 + STEP));
+        // Below the half-way mark nothing is asked for.
+        l.want(2);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(l.limit(), 1 + STEP);
+        // Past it, the extender writes and raises the limit.
+        let half = 1 + STEP - STEP / 2;
+        l.want(half);
+        wait_until("the extension", || l.limit() == half + STEP);
+        let path = dir.join(format!("seq-{}", fingerprint(&cfg(9, false))));
+        assert_eq!(
+            parse(&fs::read_to_string(&path).unwrap()).unwrap(),
+            half + STEP
+        );
+        // The disk refuses (the directory is gone): the limit holds.
+        fs::remove_dir_all(&dir).unwrap();
+        let lim = l.limit();
+        l.want(lim - STEP / 2 + 1);
+        std::thread::sleep(RETRY + Duration::from_millis(500));
+        assert_eq!(l.limit(), lim, "no number beyond what is on disk");
+        // Space again: the retry succeeds.
+        fs::create_dir_all(&dir).unwrap();
+        wait_until("the retry", || l.limit() > lim);
+        l.release(lim + 5);
+        assert_eq!(parse(&fs::read_to_string(&path).unwrap()).unwrap(), lim + 5);
+        drop(l);
+        drop(leases);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Engines A (with its leases in `dir`) and B, mirrored.
+    mod with_engines {
+        use super::super::*;
+        use super::temp_dir;
+        use espgate_core::gateway::{Engine, EngineOptions, Layers, Received};
+        use espgate_core::PacketBuf;
+        use espgate_testkit::{from_a, mirrored, udp4, Shape};
+
+        const T: Duration = Duration::from_secs(1);
+
+        fn opts(leases: Option<Arc<DiskLeases>>) -> EngineOptions {
+            EngineOptions {
+                mtu: 1500,
+                nat_t_port: 4500,
+                leases: leases.map(|l| l as Arc<dyn LeaseSource>),
+            }
+        }
+
+        fn send(a: &mut Engine, b: &mut Engine) -> bool {
+            let mut buf = PacketBuf::with_capacity(2000);
+            buf.load(&udp4("10.1.0.5", "10.2.0.9", 10));
+            a.outbound(&mut buf, T).is_ok_and(|c| c.is_some())
+                && b.inbound(&mut buf, T, from_a()) == Ok(Received::Packet)
+        }
+
+        fn out(e: &Engine) -> espgate_core::gateway::SaEntry {
+            e.stats()
+                .sas()
+                .iter()
+                .find(|s| s.outbound)
+                .cloned()
+                .unwrap()
+        }
+
+        #[test]
+        fn sequence_numbers_continue_across_engines() {
+            let dir = temp_dir();
+            let leases = Arc::new(DiskLeases::new(SeqStore::open(&dir).unwrap()).unwrap());
+            let (ca, cb) = mirrored(Shape::new(Layers::Esp, true));
+            let mut b = Engine::new(&[cb], &opts(None), T).unwrap();
+            let new_a = || Engine::new(std::slice::from_ref(&ca), &opts(Some(leases.clone())), T);
+            let mut a = new_a().unwrap();
+            for _ in 0..5 {
+                assert!(send(&mut a, &mut b));
+            }
+            // A second engine on the same key is refused while A runs.
+            let e = new_a().unwrap_err();
+            assert!(e.contains("already in use"), "{e}");
+            // Clean stop: the restarted A continues at 6, and B (not
+            // restarted) accepts it.
+            a.release_leases();
+            drop(a);
+            let mut a = new_a().unwrap();
+            assert_eq!(out(&a).next_seq(), 6);
+            assert!(send(&mut a, &mut b));
+            // Crash (no release): the restart jumps past the reservation.
+            let reserved = out(&a).seq_limit().unwrap();
+            drop(a);
+            let mut a = new_a().unwrap();
+            let next = out(&a).next_seq();
+            assert_eq!(next, reserved);
+            assert!(next > 6);
+            assert!(send(&mut a, &mut b));
+            let inbound = b
+                .stats()
+                .sas()
+                .iter()
+                .find(|s| !s.outbound)
+                .cloned()
+                .unwrap();
+            assert_eq!(inbound.counters.replay_top.get(), next);
+            drop(a);
+            drop(leases);
+            fs::remove_dir_all(&dir).unwrap();
+        }
+
+        #[test]
+        fn added_outbound_sas_reserve_sequence_numbers_on_disk() {
+            let dir = temp_dir();
+            let leases = Arc::new(DiskLeases::new(SeqStore::open(&dir).unwrap()).unwrap());
+            let (ca, cb) = mirrored(Shape::new(Layers::Esp, true));
+            let mut a = Engine::new(&[ca], &opts(Some(leases.clone())), T).unwrap();
+            let mut b = Engine::new(&[cb], &opts(None), T).unwrap();
+            let k = espgate_testkit::keys::K_NEW_AB;
+            let spec = format!("spi=0x3001,suite=aes128gcm16,enc={k}");
+            b.add_sa("peer", false, &spec, T).unwrap();
+            a.add_sa("peer", true, &spec, T).unwrap();
+            assert_eq!(out(&a).next_seq(), 1);
+            assert!(out(&a).seq_limit().unwrap() > 1);
+            for _ in 0..3 {
+                assert!(send(&mut a, &mut b));
+            }
+            // Removed, then added again: the key continues where it
+            // stopped (the state file says 4), it never starts over at 1.
+            a.del_sa(0x3001, None, None, None).unwrap();
+            let ch = a.add_sa("peer", true, &spec, T).unwrap();
+            assert!(
+                ch.message.contains("starting at sequence number 4"),
+                "{ch:?}"
+            );
+            assert!(send(&mut a, &mut b));
+            // Replacing the configured SA released its reservation (next =
+            // 1, nothing sent on it), so that key continues exactly too.
+            let old = format!(
+                "spi=0x1002,suite=aes128gcm16,enc={}",
+                espgate_testkit::keys::K_AB
+            );
+            let ch = a.add_sa("peer", true, &old, T).unwrap();
+            assert!(
+                ch.message.contains("starting at sequence number 1"),
+                "{ch:?}"
+            );
+            a.release_leases();
+            drop(a);
+            drop(leases);
+            fs::remove_dir_all(&dir).unwrap();
+        }
+
+        #[test]
+        fn worker_copies_share_one_lease_on_disk() {
+            let dir = temp_dir();
+            let leases = Arc::new(DiskLeases::new(SeqStore::open(&dir).unwrap()).unwrap());
+            let (ca, cb) = mirrored(Shape::new(Layers::Esp, true));
+            let ca = [ca];
+            let mut b = Engine::new(&[cb], &opts(None), T).unwrap();
+            let mut ws = Engine::for_workers(&ca, &opts(Some(leases.clone())), T, 2).unwrap();
+            for i in 0..10 {
+                assert!(send(&mut ws[i % 2], &mut b), "packet {i}");
+            }
+            // A restart after a clean stop continues at 11.
+            for w in &mut ws {
+                w.release_leases();
+            }
+            drop(ws);
+            let a = Engine::new(&ca, &opts(Some(leases.clone())), T).unwrap();
+            assert_eq!(out(&a).next_seq(), 11);
+            drop(a);
+            drop(leases);
+            fs::remove_dir_all(&dir).unwrap();
+        }
     }
 
     #[test]

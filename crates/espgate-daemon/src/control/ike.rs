@@ -1,24 +1,28 @@
-//! The IKEv2 daemon side: the core's sans-IO engine (`espgate_ike`)
-//! driven by worker 0's poll loop. IKE arrives on UDP 500 (its own socket)
-//! and on the NAT-T port behind the four-byte non-ESP marker (the data
-//! plane's socket hands those datagrams over); negotiated child SAs are
-//! installed into the data-plane engine as they come.
+//! The IKEv2 driver: the sans-IO engine (`espgate_ike`) run by the control
+//! thread. IKE arrives on UDP 500 (its own socket) and on the NAT-T port
+//! behind the four-byte non-ESP marker (the data-plane workers read that
+//! socket and hand those datagrams over a queue); negotiated child SAs are
+//! installed into every worker's engine as they come.
 
-use crate::dataplane::lock;
-use crate::engine::Engine;
 use crate::sockets::UdpSock;
+use crate::worker::lock;
 use anyhow::{Context, Result};
-pub use espgate_api::ike::{ChildSaStatus, IkeDoc, IkeOpCost, IkeSaStatus};
+use espgate_api::ike::{ChildSaStatus, IkeDoc, IkeOpCost, IkeSaStatus};
 use espgate_config::LoadedConfig;
+use espgate_core::gateway::{del_sa_all, install_negotiated_all, Engine, NegotiatedSa};
+use espgate_core::sa::Protocol;
 use espgate_ike::engine::{CommandError, Event, Ike, IkeOp, IkeStatus, Level, Ports};
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// The IKE side of the daemon.
-pub struct IkeShell {
+pub struct IkeDriver {
     ike: Ike,
     /// UDP 500.
     sock: UdpSock,
+    /// The data plane's NAT-T socket, to send IKE on port 4500 from.
+    nat_t: Option<Arc<UdpSock>>,
     ports: Ports,
     /// Connections to initiate once the loop runs (`start_action = "start"`).
     to_start: Vec<String>,
@@ -31,10 +35,6 @@ pub struct IkeShell {
 
 /// One log line per kind (its first 48 bytes) per second.
 const LOG_PERIOD: Duration = Duration::from_secs(1);
-
-/// Datagrams on the NAT-T socket that carry IKE (non-ESP marker removed),
-/// queued by the data-plane handlers for [`IkeShell::pump`].
-pub type IkeQueue = Vec<(SocketAddr, SocketAddr, Vec<u8>)>;
 
 /// Monotonic nanoseconds for the engine's cost accounting.
 fn mono_ns() -> u64 {
@@ -66,11 +66,11 @@ pub fn cost_rows(c: &espgate_ike::engine::IkeCosts) -> Vec<IkeOpCost> {
         .collect()
 }
 
-impl IkeShell {
+impl IkeDriver {
     /// The IKE side for `cfg`'s IKE connections (`None` when it has none).
     /// Binds UDP 500 on the listen address of `gateway.listen`, marked like
     /// the data plane's sockets.
-    pub fn open(cfg: &LoadedConfig, nat_t: Option<SocketAddr>) -> Result<Option<IkeShell>> {
+    pub fn open(cfg: &LoadedConfig, nat_t: Option<Arc<UdpSock>>) -> Result<Option<IkeDriver>> {
         let conns: Vec<_> = cfg
             .connections
             .iter()
@@ -80,7 +80,7 @@ impl IkeShell {
             return Ok(None);
         }
         let g = &cfg.gateway;
-        let nat_t_port = nat_t.map_or(g.listen.port(), |a| a.port());
+        let nat_t_port = nat_t.as_ref().map_or(g.listen.port(), |u| u.local.port());
         let addr = SocketAddr::new(g.listen.ip(), 500);
         let sock = UdpSock::open(addr, g.fwmark, false)
             .with_context(|| format!("opening the IKE socket on {addr}"))?;
@@ -105,9 +105,10 @@ impl IkeShell {
             "IKEv2 on {addr} and port {nat_t_port} (NAT-T): {} connection(s)",
             ike.conns().len()
         );
-        Ok(Some(IkeShell {
+        Ok(Some(IkeDriver {
             ike,
             sock,
+            nat_t,
             ports,
             to_start,
             buf: vec![0; 65536],
@@ -115,10 +116,9 @@ impl IkeShell {
         }))
     }
 
-    /// The socket to poll.
-    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        use std::os::fd::AsFd;
-        self.sock.as_fd()
+    /// The UDP 500 socket (for the control thread's readiness wait).
+    pub fn socket(&self) -> &UdpSock {
+        &self.sock
     }
 
     /// Initiates the `start_action = "start"` connections (once).
@@ -130,8 +130,9 @@ impl IkeShell {
         }
     }
 
-    /// Reads every waiting datagram on UDP 500.
-    pub fn on_readable(&mut self, now: Duration) {
+    /// Reads up to 64 waiting datagrams on UDP 500; false when the socket
+    /// has no more (`WouldBlock`).
+    pub fn on_readable(&mut self, now: Duration) -> bool {
         for _ in 0..64 {
             match self.sock.recv(&mut self.buf) {
                 Ok((n, meta)) => {
@@ -141,62 +142,57 @@ impl IkeShell {
                         meta.dst.map_or(self.sock.local.ip(), |d| d.to_canonical()),
                         self.ports.ike,
                     );
-                    let data = self.buf[..n].to_vec();
-                    self.ike.handle(now, dst, src, &data);
+                    self.ike.handle(now, dst, src, &self.buf[..n]);
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
                 Err(e) => {
                     tracing::debug!("ike: receive: {e}");
-                    return;
+                    return false;
                 }
             }
         }
+        true
     }
 
-    /// Hands IKE datagrams of the NAT-T socket to the engine, runs due
-    /// timers, sends what the engine wants sent and applies its events to
-    /// the data-plane engine.
-    /// `engines`: every worker's engine (worker 0 first), locked only
-    /// when the IKE engine has SA changes for them.
-    pub fn pump(
-        &mut self,
-        queue: &mut IkeQueue,
-        engines: &[std::sync::Mutex<Engine>],
-        nat_t: Option<&UdpSock>,
-        now: Duration,
-    ) {
-        for (dst, src, data) in queue.drain(..) {
-            self.ike.handle(now, dst, src, &data);
-        }
+    /// An IKE message from the NAT-T socket (non-ESP marker removed).
+    pub fn handle(&mut self, now: Duration, local: SocketAddr, remote: SocketAddr, data: &[u8]) {
+        self.ike.handle(now, local, remote, data);
+    }
+
+    /// Runs due timers, sends what the engine wants sent and applies its
+    /// events to the data plane. `engines`: every worker's engine (worker 0
+    /// first), locked only when the IKE engine has SA changes for them.
+    pub fn pump(&mut self, engines: &[Mutex<Engine>], now: Duration) {
         if self.ike.poll_timeout().is_some_and(|t| t <= now) {
             self.ike.handle_timeout(now);
-        }
-        while let Some(t) = self.ike.poll_transmit() {
-            let r = if t.local.port() == self.ports.ike {
-                self.sock.send(&t.data, t.remote, 0)
-            } else if let Some(u) = nat_t {
-                let mut d = Vec::with_capacity(t.data.len() + 4);
-                d.extend_from_slice(&[0; 4]);
-                d.extend_from_slice(&t.data);
-                u.send(&d, t.remote, 0)
-            } else {
-                Err(std::io::Error::other(
-                    "no NAT-T socket (gateway.encap is not udp)",
-                ))
-            };
-            if let Err(e) = r {
-                tracing::warn!("ike: sending to {}: {e}", t.remote);
-            }
         }
         while let Some(ev) = self.ike.poll_event() {
             match ev {
                 Event::InstallSa(s) => {
-                    if let Err(e) = install_everywhere(engines, &s, now) {
-                        tracing::error!(
+                    let sa = NegotiatedSa {
+                        conn: &s.conn,
+                        outbound: s.outbound,
+                        spi: s.spi,
+                        suite: s.suite,
+                        enc_key: &s.enc_key,
+                        integ_key: &s.integ_key,
+                        esn: s.esn,
+                        encap: s.encap,
+                    };
+                    let mut guards = lock_all(engines);
+                    let mut refs: Vec<&mut Engine> = guards.iter_mut().map(|g| &mut **g).collect();
+                    match install_negotiated_all(&mut refs, &sa, now) {
+                        Ok(c) => {
+                            tracing::info!("ike: {}", c.message);
+                            for w in &c.warnings {
+                                tracing::warn!("{w}");
+                            }
+                        }
+                        Err(e) => tracing::error!(
                             "ike: connection \"{}\": installing SA {:#010x}: {e}",
                             s.conn,
                             s.spi
-                        );
+                        ),
                     }
                 }
                 Event::RemoveSa {
@@ -205,22 +201,19 @@ impl IkeShell {
                     outbound,
                 } => {
                     // An inbound SA lives in one worker only: removed where found.
-                    let mut removed = 0;
-                    let mut last_err = String::new();
-                    for e in engines {
-                        match lock(e).del_sa(
-                            spi,
-                            Some(espgate_core::sa::Protocol::Esp),
-                            Some(outbound),
-                            Some(&conn),
-                        ) {
-                            Ok(_) => removed += 1,
-                            Err(e) => last_err = e,
-                        }
-                    }
-                    if removed == 0 {
-                        let e = last_err;
-                        tracing::debug!("ike: connection \"{conn}\": removing SA {spi:#010x}: {e}");
+                    let mut guards = lock_all(engines);
+                    let mut refs: Vec<&mut Engine> = guards.iter_mut().map(|g| &mut **g).collect();
+                    match del_sa_all(
+                        &mut refs,
+                        spi,
+                        Some(Protocol::Esp),
+                        Some(outbound),
+                        Some(&conn),
+                    ) {
+                        Ok(c) => tracing::info!("ike: {}", c.message),
+                        Err(e) => tracing::debug!(
+                            "ike: connection \"{conn}\": removing SA {spi:#010x}: {e}"
+                        ),
                     }
                 }
                 Event::IkeUp { conn, algorithms } => {
@@ -253,6 +246,26 @@ impl IkeShell {
                 }
             }
         }
+        // Transmit after the installs: a peer that gets our answer may use
+        // the new SAs at once, and the data plane must know them by then
+        // (the workers run beside this thread).
+        while let Some(t) = self.ike.poll_transmit() {
+            let r = if t.local.port() == self.ports.ike {
+                self.sock.send(&t.data, t.remote, 0)
+            } else if let Some(u) = &self.nat_t {
+                let mut d = Vec::with_capacity(t.data.len() + 4);
+                d.extend_from_slice(&[0; 4]);
+                d.extend_from_slice(&t.data);
+                u.send(&d, t.remote, 0)
+            } else {
+                Err(std::io::Error::other(
+                    "no NAT-T socket (gateway.encap is not udp)",
+                ))
+            };
+            if let Err(e) = r {
+                tracing::warn!("ike: sending to {}: {e}", t.remote);
+            }
+        }
     }
 
     /// Rate limit: `Some(suppressed since the last line)` if this line may
@@ -282,7 +295,7 @@ impl IkeShell {
         }
     }
 
-    /// When the engine next needs [`IkeShell::pump`] without input.
+    /// When the engine next needs [`IkeDriver::pump`] without input.
     pub fn next_timeout(&self) -> Option<Duration> {
         self.ike.poll_timeout()
     }
@@ -368,34 +381,7 @@ fn sa_status(s: &IkeStatus, now: Duration) -> IkeSaStatus {
     }
 }
 
-/// Installs a negotiated SA into every worker's engine: an inbound SA stays
-/// only with the worker its SPI is steered to, the copies of an outbound SA
-/// take their sequence numbers from worker 0's counter (as `sa add` does).
-fn install_everywhere(
-    engines: &[std::sync::Mutex<Engine>],
-    s: &espgate_ike::engine::SaInstall,
-    now: Duration,
-) -> Result<(), String> {
-    let mut guards: Vec<std::sync::MutexGuard<'_, Engine>> = engines.iter().map(lock).collect();
-    for g in guards.iter_mut() {
-        g.install_negotiated(s, now)?;
-    }
-    let n = guards.len();
-    if n > 1 {
-        if s.outbound {
-            let (first, rest) = guards.split_at_mut(1);
-            let mut rest: Vec<&mut Engine> = rest.iter_mut().map(|g| &mut **g).collect();
-            let id = first[0]
-                .find_sa(&s.conn, true, espgate_core::sa::Protocol::Esp, s.spi)
-                .ok_or("the new outbound SA is missing in worker 0")?;
-            first[0]
-                .link_worker_refs(&mut rest, Some(id))
-                .map_err(|e| format!("{e:#}"))?;
-        } else {
-            for (k, g) in guards.iter_mut().enumerate() {
-                g.keep_own_inbound(k, n);
-            }
-        }
-    }
-    Ok(())
+/// Every worker's engine, locked (worker 0 first).
+pub fn lock_all(engines: &[Mutex<Engine>]) -> Vec<MutexGuard<'_, Engine>> {
+    engines.iter().map(lock).collect()
 }

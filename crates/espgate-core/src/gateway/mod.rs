@@ -1,0 +1,784 @@
+//! The gateway's packet logic, sans-IO: the SAD and SPD built from the
+//! connections, the outbound path (clear packet → SPD → SA bundle → outer
+//! packet), the inbound path (outer packet → SAD → inner packet, bundle
+//! checked against the connection), MSS clamping, SA lifetimes, and the
+//! run-time SA changes (`espgate sa add` / `sa del`, IKE installs).
+//!
+//! The shell reads a packet into a [`PacketBuf`], calls
+//! [`Engine::outbound`] or [`Engine::inbound`], and sends or writes what
+//! they leave in the buffer. A drop comes back as a [`Dropped`] — a reason
+//! and a copyable context, counted already; the shell formats it with
+//! [`Engine::describe`] only when its rate limiter lets a log line
+//! through. Counters live in [`WorkerStats`], which other threads read
+//! without stopping the engine ([`Engine::stats`]).
+//!
+//! Several data-plane workers each run an engine holding copies of the
+//! same SAs ([`Engine::for_workers`]): outbound copies share one sequence
+//! counter, each inbound SA lives in the one worker its SPI is steered to
+//! ([`worker_of`]).
+
+mod admin;
+mod all;
+mod conn;
+mod dropped;
+mod status;
+
+pub use admin::{NegotiatedSa, SaChange, SaKeyView};
+pub use all::{add_sa_all, del_sa_all, install_negotiated_all};
+pub use conn::{per_cpu_key, ConnSpec, Layers, MssClamp, SaSettings};
+pub use dropped::{Describe, DropContext, Dropped};
+pub use status::{SaEntry, WorkerStats};
+
+use crate::buf::PacketBuf;
+use crate::cost::{NoProbe, Probe, Stage};
+use crate::error::DropReason;
+use crate::mss::{self, MssLimit};
+use crate::sa::{Encap, Protocol, Sa, SaConfig, SaEvent, SeqLease};
+use crate::sad::{InboundOutcome, SaId, Sad, MAX_LAYERS};
+use crate::spd::{Action, Direction, Policy, Spd};
+use crate::wire::flow::{self, Flow};
+use std::collections::VecDeque;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Gives outbound SAs their sequence-number leases: the first number each
+/// may use and the lease ([`SeqLease`]) that bounds the rest. The daemon's
+/// keeps them on disk, so a restart never reuses a nonce.
+pub trait LeaseSource: Send + Sync {
+    /// The lease for outbound SA `sa` of connection `conn`.
+    fn lease(&self, sa: &SaConfig, conn: &str) -> Result<(u64, Arc<dyn SeqLease>), String>;
+}
+
+/// How an engine runs.
+#[derive(Clone)]
+pub struct EngineOptions {
+    /// The outer path MTU (`gateway.mtu`).
+    pub mtu: u16,
+    /// The UDP port ESP-in-UDP arrives on.
+    pub nat_t_port: u16,
+    /// Where outbound SAs get their sequence numbers (none: from 1, no
+    /// limit — for tests and offline tools).
+    pub leases: Option<Arc<dyn LeaseSource>>,
+}
+
+impl std::fmt::Debug for EngineOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineOptions")
+            .field("mtu", &self.mtu)
+            .field("nat_t_port", &self.nat_t_port)
+            .field("leases", &self.leases.is_some())
+            .finish()
+    }
+}
+
+/// One connection at run time.
+#[derive(Debug)]
+struct ConnState {
+    spec: ConnSpec,
+    /// Outbound SAs in bundle order (ESP first, AH outermost), at most one
+    /// per layer (per-CPU pairs: one per pair). A layer whose SA was
+    /// removed is missing: the connection then sends nothing (`no_sa`).
+    out_ids: Vec<SaId>,
+    /// Inbound SAs: the configured ones, then those added at run time. Any
+    /// of a layer's SAs is accepted.
+    in_ids: Vec<SaId>,
+    /// MSS clamping of TCP SYNs both ways.
+    mss: Option<MssLimit>,
+}
+
+impl ConnState {
+    /// True when every layer has its outbound SA.
+    fn can_send(&self) -> bool {
+        let n = self.out_ids.len();
+        n == self.spec.layers.protocols().len() || (self.spec.per_cpu_sas > 1 && n >= 1)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SaMeta {
+    conn: usize,
+    outbound: bool,
+    protocol: Protocol,
+    /// Installed at run time (`espgate sa add`, IKE), not configured.
+    added: bool,
+}
+
+/// What the engine tells the shell, from [`Engine::poll_event`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineEvent {
+    /// An SA reached a lifetime limit or ran out of sequence numbers.
+    Sa {
+        /// Its connection's name.
+        conn: String,
+        /// Outbound (we send on it) or inbound.
+        outbound: bool,
+        /// ESP or AH.
+        protocol: Protocol,
+        /// Its SPI.
+        spi: u32,
+        /// What happened.
+        event: SaEvent,
+    },
+}
+
+/// What an inbound packet turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// The buffer holds the inner packet, for the TUN.
+    Packet,
+    /// An ESP dummy packet, discarded (counted).
+    Dummy,
+    /// IKE on the NAT-T port (counted); the shell hands it to IKE.
+    Ike,
+    /// A NAT keepalive, ignored (counted).
+    Keepalive,
+}
+
+/// The packet logic of one data-plane worker; see the module
+/// documentation.
+pub struct Engine {
+    sad: Sad,
+    spd: Spd,
+    /// Policy index → connection index.
+    policy_conn: Vec<usize>,
+    conns: Vec<ConnState>,
+    /// By `SaId.0`.
+    meta: Vec<Option<SaMeta>>,
+    /// The bundle overhead the TUN MTU was sized for at start.
+    sized_overhead: usize,
+    applied: Vec<SaId>,
+    nat_t_port: u16,
+    leases: Option<Arc<dyn LeaseSource>>,
+    stats: Arc<WorkerStats>,
+    events: VecDeque<EngineEvent>,
+    /// Byte and packet lifetimes of the SAs are divided by this (the
+    /// number of workers holding copies).
+    volume_split: u64,
+    /// This engine's worker index: with per-CPU SAs it sends on pair
+    /// `worker % per_cpu_sas`.
+    worker: usize,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("sas", &self.sad.len())
+            .field("policies", &self.spd.len())
+            .field("worker", &self.worker)
+            .finish_non_exhaustive()
+    }
+}
+
+fn slot<T>(v: &mut Vec<Option<T>>, id: SaId) -> &mut Option<T> {
+    let i = id.0 as usize;
+    if v.len() <= i {
+        v.resize_with(i + 1, || None);
+    }
+    &mut v[i]
+}
+
+/// False for packets no unicast SA carries: multicast, limited broadcast,
+/// and IPv6 link-local or unspecified addresses.
+pub fn is_unicast(f: &Flow) -> bool {
+    let ok = |a: IpAddr, is_dst: bool| match a {
+        IpAddr::V4(v) => !(v.is_multicast() || v.is_broadcast() || (is_dst && v.is_unspecified())),
+        IpAddr::V6(v) => {
+            !(v.is_multicast() || v.is_unspecified() || (v.segments()[0] & 0xffc0) == 0xfe80)
+        }
+    };
+    ok(f.src, false) && ok(f.dst, true)
+}
+
+/// The worker (of `n`) that receives the inbound SA with `spi`: ESP-in-UDP
+/// datagrams are steered to socket `SPI % n` of the shell's
+/// `SO_REUSEPORT` group; raw ESP/AH is read by worker 0 alone.
+pub fn worker_of(encap: Encap, spi: u32, n: usize) -> usize {
+    match encap {
+        Encap::Udp { .. } if n > 1 => spi as usize % n,
+        _ => 0,
+    }
+}
+
+impl Engine {
+    /// Installs every connection's manually keyed SAs and its policies.
+    /// Outbound SAs start at the sequence number their lease gives (1
+    /// without [`EngineOptions::leases`]).
+    pub fn new(conns: &[ConnSpec], opts: &EngineOptions, now: Duration) -> Result<Engine, String> {
+        Engine::build(conns, opts, now, true)
+    }
+
+    fn build(
+        conns: &[ConnSpec],
+        opts: &EngineOptions,
+        now: Duration,
+        take_leases: bool,
+    ) -> Result<Engine, String> {
+        let mut e = Engine {
+            sad: Sad::new(),
+            spd: Spd::new(),
+            policy_conn: Vec::new(),
+            conns: Vec::new(),
+            meta: Vec::new(),
+            sized_overhead: 0,
+            applied: Vec::with_capacity(MAX_LAYERS),
+            nat_t_port: opts.nat_t_port,
+            leases: opts.leases.clone(),
+            stats: Arc::new(WorkerStats::default()),
+            events: VecDeque::new(),
+            volume_split: 1,
+            worker: 0,
+        };
+        for (ci, c) in conns.iter().enumerate() {
+            let what = |sc: &SaConfig, dir: &str| {
+                format!(
+                    "connection \"{}\": installing {dir} {} SA {:#010x}",
+                    c.name,
+                    sc.protocol.name().to_uppercase(),
+                    sc.spi
+                )
+            };
+            let mut in_ids = Vec::new();
+            for sc in &c.inbound {
+                let ctx = what(sc, "inbound");
+                let sa = Sa::new(sc.clone(), now).map_err(|err| format!("{ctx}: {err}"))?;
+                let id = e.sad.insert(sa).map_err(|err| format!("{ctx}: {err}"))?;
+                *slot(&mut e.meta, id) = Some(SaMeta {
+                    conn: ci,
+                    outbound: false,
+                    protocol: sc.protocol,
+                    added: false,
+                });
+                in_ids.push(id);
+            }
+            let mut out_ids = Vec::new();
+            for sc in &c.outbound {
+                let ctx = what(sc, "outbound");
+                let mut sc = sc.clone();
+                let lease = match e.leases.as_ref().filter(|_| take_leases) {
+                    Some(src) => {
+                        let (start, l) = src
+                            .lease(&sc, &c.name)
+                            .map_err(|err| format!("{ctx}: {err}"))?;
+                        sc.initial_seq = start;
+                        Some(l)
+                    }
+                    None => None,
+                };
+                let protocol = sc.protocol;
+                let mut sa = Sa::new(sc, now).map_err(|err| format!("{ctx}: {err}"))?;
+                if let Some(l) = lease {
+                    sa.set_lease(l);
+                }
+                let id = e.sad.insert(sa).map_err(|err| format!("{ctx}: {err}"))?;
+                *slot(&mut e.meta, id) = Some(SaMeta {
+                    conn: ci,
+                    outbound: true,
+                    protocol,
+                    added: false,
+                });
+                out_ids.push(id);
+            }
+            for selector in &c.selectors {
+                e.spd.push(Policy {
+                    selector: *selector,
+                    action: Action::Protect(out_ids.clone()),
+                });
+                e.policy_conn.push(ci);
+            }
+            e.conns.push(ConnState {
+                spec: c.clone(),
+                out_ids,
+                in_ids,
+                mss: None,
+            });
+            e.refresh_policies(ci);
+        }
+        e.sized_overhead = e.max_overhead();
+        let tun_mtu = e.tun_mtu(opts.mtu);
+        for c in &mut e.conns {
+            c.mss = c.spec.mss_limit(tun_mtu);
+        }
+        e.publish();
+        Ok(e)
+    }
+
+    /// The counters and the SA directory of this engine, for readers on
+    /// other threads.
+    pub fn stats(&self) -> &Arc<WorkerStats> {
+        &self.stats
+    }
+
+    /// This engine's worker index.
+    pub fn worker(&self) -> usize {
+        self.worker
+    }
+
+    /// The connections, in configuration order.
+    pub fn connections(&self) -> impl ExactSizeIterator<Item = &ConnSpec> {
+        self.conns.iter().map(|c| &c.spec)
+    }
+
+    /// The SAD (read-only).
+    pub fn sad(&self) -> &Sad {
+        &self.sad
+    }
+
+    /// The TUN MTU for an outer path MTU of `outer_mtu`: what is left after
+    /// the largest bundle overhead.
+    pub fn tun_mtu(&self, outer_mtu: u16) -> u32 {
+        u32::from(outer_mtu).saturating_sub(self.max_overhead() as u32)
+    }
+
+    /// The largest number of bytes a connection's outbound bundle adds to
+    /// a packet (the TUN MTU is the outer MTU minus this).
+    pub fn max_overhead(&self) -> usize {
+        self.conns
+            .iter()
+            .map(|c| {
+                let installed: usize = c
+                    .out_ids
+                    .iter()
+                    .filter_map(|id| self.sad.get(*id))
+                    .map(Sa::overhead)
+                    .sum();
+                installed.max(c.spec.negotiated_overhead)
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The log line of a drop this engine reported: formatted only when
+    /// written.
+    pub fn describe<'a>(&'a self, dropped: &'a Dropped) -> Describe<'a> {
+        Describe {
+            engine: self,
+            dropped,
+        }
+    }
+
+    fn drop(&self, reason: DropReason, context: DropContext) -> Dropped {
+        self.stats.counters.drops.count(reason);
+        Dropped::new(reason, context)
+    }
+
+    /// Protects the clear packet in `buf` (read from the TUN). `Some(c)`:
+    /// `buf` holds the outer packet, to send on connection `c`; `None`: a
+    /// multicast, broadcast or link-local packet no SA carries, ignored
+    /// (counted as `not_unicast`, not a drop).
+    pub fn outbound(
+        &mut self,
+        buf: &mut PacketBuf,
+        now: Duration,
+    ) -> Result<Option<usize>, Dropped> {
+        self.outbound_probed(buf, now, &mut NoProbe)
+    }
+
+    /// [`Engine::outbound`], marking its stages on `probe` (the policy
+    /// lookup is [`Stage::Lookup`]; the SAs mark theirs).
+    pub fn outbound_probed<P: Probe + ?Sized>(
+        &mut self,
+        buf: &mut PacketBuf,
+        now: Duration,
+        probe: &mut P,
+    ) -> Result<Option<usize>, Dropped> {
+        let c = &self.stats.counters;
+        c.tun_rx.incr();
+        let f = match flow::of_packet(buf.as_slice()) {
+            Ok(f) => f,
+            Err(d) => return Err(self.drop(d, DropContext::TunUnparsable)),
+        };
+        if !is_unicast(&f) {
+            // Neighbour discovery, MLD and the like: no SA carries them,
+            // and they are not worth a log line.
+            c.not_unicast.incr();
+            return Ok(None);
+        }
+        let Some(pi) = self.spd.lookup(&f, Direction::Outbound).map(|(i, _)| i) else {
+            let (src, dst, proto) = (f.src, f.dst, f.proto);
+            return Err(self.drop(
+                DropReason::NoPolicy,
+                DropContext::NoPolicy { src, dst, proto },
+            ));
+        };
+        let conn = self.policy_conn[pi];
+        if !self.conns[conn].can_send() {
+            let (src, dst) = (f.src, f.dst);
+            return Err(self.drop(DropReason::NoSa, DropContext::NoSa { conn, src, dst }));
+        }
+        if let Some(limit) = self.conns[conn].mss {
+            if mss::clamp(buf.as_mut_slice(), limit) {
+                self.stats.counters.mss_clamped.incr();
+            }
+        }
+        probe.mark(Stage::Lookup);
+        let r = match &self.spd.policies()[pi].action {
+            Action::Protect(ids) => self.sad.encapsulate_probed(ids, buf, now, probe),
+            Action::Bypass | Action::Discard => {
+                return Err(self.drop(DropReason::NoPolicy, DropContext::NotProtect))
+            }
+        };
+        match r {
+            Ok(()) => Ok(Some(conn)),
+            Err(d) => {
+                let (src, dst) = (f.src, f.dst);
+                Err(self.drop(d, DropContext::Outbound { conn, src, dst }))
+            }
+        }
+    }
+
+    /// Verifies and removes the IPsec layers of the outer packet in `buf`
+    /// (received from `from`).
+    pub fn inbound(
+        &mut self,
+        buf: &mut PacketBuf,
+        now: Duration,
+        from: IpAddr,
+    ) -> Result<Received, Dropped> {
+        self.inbound_probed(buf, now, from, &mut NoProbe)
+    }
+
+    /// [`Engine::inbound`], marking its stages on `probe`.
+    pub fn inbound_probed<P: Probe + ?Sized>(
+        &mut self,
+        buf: &mut PacketBuf,
+        now: Duration,
+        from: IpAddr,
+        probe: &mut P,
+    ) -> Result<Received, Dropped> {
+        self.stats.counters.net_rx.incr();
+        let r =
+            self.sad
+                .decapsulate_into_probed(buf, self.nat_t_port, now, &mut self.applied, probe);
+        let c = &self.stats.counters;
+        match r {
+            Ok(InboundOutcome::Packet) => {
+                // The layers must be one connection's inbound bundle: per
+                // layer, any of its inbound SAs of that protocol.
+                let conn = self
+                    .applied
+                    .first()
+                    .and_then(|id| self.meta_of(*id))
+                    .map(|m| m.conn);
+                let ok = conn.is_some_and(|c| self.is_inbound_bundle(c));
+                if let Some(limit) = conn.and_then(|c| self.conns[c].mss).filter(|_| ok) {
+                    if mss::clamp(buf.as_mut_slice(), limit) {
+                        c.mss_clamped.incr();
+                    }
+                }
+                // The inbound policy check (and MSS clamp).
+                probe.mark(Stage::Lookup);
+                if !ok {
+                    let mut layers = [(Protocol::Esp, 0); MAX_LAYERS];
+                    let mut n = 0;
+                    for (slot, sa) in layers
+                        .iter_mut()
+                        .zip(self.applied.iter().filter_map(|id| self.sad.get(*id)))
+                    {
+                        *slot = (sa.config().protocol, sa.config().spi);
+                        n += 1;
+                    }
+                    return Err(self.drop(
+                        DropReason::PolicyMismatch,
+                        DropContext::PolicyMismatch { from, layers, n },
+                    ));
+                }
+                Ok(Received::Packet)
+            }
+            Ok(InboundOutcome::Dummy(_)) => {
+                c.dummies.incr();
+                Ok(Received::Dummy)
+            }
+            Ok(InboundOutcome::Ike) => {
+                c.ike.incr();
+                Ok(Received::Ike)
+            }
+            Ok(InboundOutcome::Keepalive) => {
+                c.keepalives.incr();
+                Ok(Received::Keepalive)
+            }
+            Err(e) => {
+                let conn = e.sa.and_then(|id| self.meta_of(id)).map(|m| m.conn);
+                Err(self.drop(
+                    e.reason,
+                    DropContext::Inbound {
+                        from,
+                        spi: e.spi,
+                        conn,
+                    },
+                ))
+            }
+        }
+    }
+
+    /// About once a second: advances SA lifetimes; their events come out
+    /// of [`Engine::poll_event`].
+    pub fn tick(&mut self, now: Duration) {
+        for i in 0..self.meta.len() {
+            let Some(m) = self.meta[i] else { continue };
+            let Some(sa) = self.sad.get_mut(SaId(i as u32)) else {
+                continue;
+            };
+            sa.tick(now);
+            while let Some(event) = sa.poll_event() {
+                self.events.push_back(EngineEvent::Sa {
+                    conn: self.conns[m.conn].spec.name.clone(),
+                    outbound: m.outbound,
+                    protocol: m.protocol,
+                    spi: sa.config().spi,
+                    event,
+                });
+            }
+        }
+    }
+
+    /// The next event for the shell (lifetime limits reached), if any.
+    pub fn poll_event(&mut self) -> Option<EngineEvent> {
+        self.events.pop_front()
+    }
+
+    /// On a clean stop: tells each outbound SA's lease the exact next
+    /// sequence number, so a restart continues without a gap.
+    pub fn release_leases(&mut self) {
+        for (_, sa) in self.sad.iter() {
+            if let Some(l) = sa.lease() {
+                l.release(sa.next_seq());
+            }
+        }
+    }
+
+    fn meta_of(&self, id: SaId) -> Option<SaMeta> {
+        self.meta.get(id.0 as usize).copied().flatten()
+    }
+
+    /// The layers of connection `conn` without an outbound SA.
+    fn missing_layers(&self, conn: usize) -> impl Iterator<Item = Protocol> + '_ {
+        let c = &self.conns[conn];
+        c.spec.layers.protocols().iter().copied().filter(move |p| {
+            !c.out_ids
+                .iter()
+                .any(|id| self.meta_of(*id).is_some_and(|m| m.protocol == *p))
+        })
+    }
+
+    /// True when the SAs just applied (outermost first) are connection
+    /// `c`'s inbound bundle: one of its inbound SAs per layer, AH outside.
+    fn is_inbound_bundle(&self, c: usize) -> bool {
+        let want = self.conns[c].spec.layers.protocols();
+        self.applied.len() == want.len()
+            && self.applied.iter().zip(want.iter().rev()).all(|(id, p)| {
+                self.meta_of(*id)
+                    .is_some_and(|m| m.conn == c && !m.outbound && m.protocol == *p)
+            })
+    }
+
+    /// Points connection `ci`'s policies at its current outbound bundle,
+    /// or DISCARD while a layer has no SA (counted as `no_sa`).
+    fn refresh_policies(&mut self, ci: usize) {
+        let c = &self.conns[ci];
+        let action = if c.can_send() {
+            if c.spec.per_cpu_sas > 1 && c.out_ids.len() > 1 {
+                // Per-CPU SAs: this worker's pair alone.
+                Action::Protect(vec![c.out_ids[self.worker % c.out_ids.len()]])
+            } else {
+                Action::Protect(c.out_ids.clone())
+            }
+        } else {
+            Action::Discard
+        };
+        for (pi, c) in self.policy_conn.iter().enumerate() {
+            if *c == ci {
+                self.spd.set_action(pi, action.clone());
+            }
+        }
+    }
+
+    /// "ESP SA 0x00001001".
+    fn sa_name(&self, id: SaId) -> String {
+        match self.sad.get(id) {
+            Some(sa) => format!(
+                "{} SA {:#010x}",
+                sa.config().protocol.name().to_uppercase(),
+                sa.config().spi
+            ),
+            None => format!("SA #{}", id.0),
+        }
+    }
+
+    /// Removes SA `id` from the SAD and its connection; an outbound SA's
+    /// exact next sequence number goes to its lease first.
+    fn remove_sa(&mut self, id: SaId) -> Option<SaMeta> {
+        let m = self.meta.get_mut(id.0 as usize)?.take()?;
+        if let Some(sa) = self.sad.remove(id) {
+            if let Some(l) = sa.lease() {
+                l.release(sa.next_seq());
+            }
+        }
+        let c = &mut self.conns[m.conn];
+        c.in_ids.retain(|x| *x != id);
+        c.out_ids.retain(|x| *x != id);
+        if m.outbound {
+            self.refresh_policies(m.conn);
+        }
+        Some(m)
+    }
+
+    fn conn_index(&self, name: &str) -> Result<usize, String> {
+        self.conns
+            .iter()
+            .position(|c| c.spec.name == name)
+            .ok_or_else(|| {
+                let names: Vec<String> = self
+                    .conns
+                    .iter()
+                    .map(|c| format!("\"{}\"", c.spec.name))
+                    .collect();
+                format!(
+                    "no connection named \"{name}\" (this gateway has {})",
+                    names.join(", ")
+                )
+            })
+    }
+
+    /// One engine per data-plane worker: engine 0 takes the leases; the
+    /// others hold copies of the same SAs whose outbound counters and leases
+    /// are those of engine 0, so no number is used twice whichever worker
+    /// sends. Byte and packet lifetimes are split between the copies, each
+    /// counting its own traffic, so that none outlives the configured
+    /// limit. Each inbound SA stays only in the engine of the worker its
+    /// SPI is steered to ([`worker_of`]), which alone keeps its replay
+    /// window.
+    pub fn for_workers(
+        conns: &[ConnSpec],
+        opts: &EngineOptions,
+        now: Duration,
+        n: usize,
+    ) -> Result<Vec<Engine>, String> {
+        let mut engines = vec![Engine::build(conns, opts, now, true)?];
+        for _ in 1..n {
+            let mut e = Engine::build(conns, opts, now, false)?;
+            // Only engine 0 takes leases; the others share its.
+            e.leases = None;
+            engines.push(e);
+        }
+        if n > 1 {
+            let (first, rest) = engines.split_at_mut(1);
+            let mut rest: Vec<&mut Engine> = rest.iter_mut().collect();
+            first[0].link_workers(&mut rest, None)?;
+            for (k, e) in engines.iter_mut().enumerate() {
+                e.keep_own_inbound(k, n);
+                e.volume_split = n as u64;
+                e.worker = k;
+                for ci in 0..e.conns.len() {
+                    e.refresh_policies(ci);
+                }
+                let ids: Vec<SaId> = e.sad.iter().map(|(id, _)| id).collect();
+                for id in ids {
+                    if let Some(sa) = e.sad.get_mut(id) {
+                        sa.split_volume_limits(n as u64);
+                    }
+                }
+                e.publish();
+            }
+        }
+        Ok(engines)
+    }
+
+    /// Removes the inbound SAs that the shell steers to another of `n`
+    /// workers: each inbound SA, and so its replay window, lives in exactly
+    /// one worker's engine.
+    pub fn keep_own_inbound(&mut self, worker: usize, n: usize) {
+        let foreign: Vec<SaId> = self
+            .sad
+            .iter()
+            .filter(|(id, sa)| {
+                self.meta_of(*id).is_some_and(|m| !m.outbound)
+                    && worker_of(sa.config().encap, sa.config().spi, n) != worker
+            })
+            .map(|(id, _)| id)
+            .collect();
+        for id in foreign {
+            self.remove_sa(id);
+        }
+        self.publish();
+    }
+
+    /// Makes the outbound SAs of `others` (copies of this engine's) take
+    /// their numbers from this engine's counters and leases; only SA
+    /// `only` when given (after an install at run time).
+    pub fn link_workers(
+        &mut self,
+        others: &mut [&mut Engine],
+        only: Option<SaId>,
+    ) -> Result<(), String> {
+        if others.is_empty() {
+            // One worker: its SAs keep their own plain counters.
+            return Ok(());
+        }
+        let ids: Vec<SaId> = self
+            .sad
+            .iter()
+            .map(|(id, _)| id)
+            .filter(|id| only.is_none_or(|o| o == *id))
+            .filter(|id| self.meta_of(*id).is_some_and(|m| m.outbound))
+            .collect();
+        for id in ids {
+            let Some(m) = self.meta_of(id) else { continue };
+            let Some(sa) = self.sad.get_mut(id) else {
+                continue;
+            };
+            let spi = sa.config().spi;
+            let seq = sa.share_seq();
+            let lease = sa.lease().cloned();
+            let conn = self.conns[m.conn].spec.name.clone();
+            for e in others.iter_mut() {
+                // Ids differ between engines (each holds only its own
+                // inbound SAs): the copy is found by what it is.
+                let Some(theirs) = e.find_sa(&conn, true, m.protocol, spi) else {
+                    return Err(format!(
+                        "worker engines disagree: outbound SA {spi:#010x} of \"{conn}\" is \
+                         missing in one (internal error)"
+                    ));
+                };
+                if let Some(sa) = e.sad.get_mut(theirs) {
+                    sa.join_seq(seq.clone());
+                    if let Some(l) = &lease {
+                        sa.set_lease(l.clone());
+                    }
+                }
+                e.publish();
+            }
+        }
+        self.publish();
+        Ok(())
+    }
+
+    /// The SA of connection `conn` with `spi`, `protocol` and direction.
+    pub fn find_sa(
+        &self,
+        conn: &str,
+        outbound: bool,
+        protocol: Protocol,
+        spi: u32,
+    ) -> Option<SaId> {
+        let id = self.sad.lookup(protocol, spi)?;
+        self.meta_of(id)
+            .filter(|m| m.outbound == outbound && self.conns[m.conn].spec.name == conn)
+            .map(|_| id)
+    }
+
+    /// Publishes the SA directory for readers ([`WorkerStats::sas`]):
+    /// after every change to the SAs, never on the packet path.
+    fn publish(&self) {
+        let mut entries = Vec::with_capacity(self.sad.len());
+        for (ci, c) in self.conns.iter().enumerate() {
+            for id in c.in_ids.iter().chain(&c.out_ids) {
+                let (Some(sa), Some(m)) = (self.sad.get(*id), self.meta_of(*id)) else {
+                    continue;
+                };
+                entries.push(SaEntry::of(sa, ci, m.outbound, m.added));
+            }
+        }
+        self.stats.publish(entries);
+    }
+}

@@ -1,0 +1,757 @@
+//! The gateway engine, two back to back: site A (10.1/16, outer
+//! 192.0.2.1) and site B (10.2/16, outer 192.0.2.2) with mirrored keys
+//! (`espgate-testkit`).
+
+use espgate_core::gateway::*;
+use espgate_core::sa::{Encap, Protocol, SaConfig, SaEvent, SeqLease};
+use espgate_core::wire::flow::Flow;
+use espgate_core::wire::ip;
+use espgate_core::{DropReason, PacketBuf};
+use espgate_testkit::keys::*;
+use espgate_testkit::{from_a, side, tcp_syn4, udp4, Shape};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(1);
+
+fn hex(s: &str) -> Vec<u8> {
+    ::hex::decode(s).unwrap()
+}
+
+fn opts() -> EngineOptions {
+    EngineOptions {
+        mtu: 1500,
+        nat_t_port: 4500,
+        leases: None,
+    }
+}
+
+/// Mirrored engines A and B.
+fn pair(layers: Layers, udp: bool) -> (Engine, Engine) {
+    let shape = Shape::new(layers, udp);
+    let a = Engine::new(&[side(true, shape)], &opts(), T).unwrap();
+    let b = Engine::new(&[side(false, shape)], &opts(), T).unwrap();
+    (a, b)
+}
+
+fn shaped(layers: Layers, udp: bool, per_cpu: u32, spi_out_a: u32) -> Shape {
+    Shape {
+        layers,
+        udp,
+        per_cpu,
+        spi_out_a,
+    }
+}
+
+fn send_one(a: &mut Engine, b: &mut Engine) -> bool {
+    let mut buf = PacketBuf::with_capacity(2000);
+    buf.load(&udp4("10.1.0.5", "10.2.0.9", 10));
+    if a.outbound(&mut buf, T) != Ok(Some(0)) {
+        return false;
+    }
+    b.inbound(&mut buf, T, from_a()) == Ok(Received::Packet)
+}
+
+/// The drops of `e` by name, non-zero only.
+fn drops(e: &Engine) -> Vec<(&'static str, u64)> {
+    e.stats()
+        .counters
+        .drops
+        .all()
+        .filter(|(_, n)| *n > 0)
+        .map(|(d, n)| (d.as_str(), n))
+        .collect()
+}
+
+/// `(direction, spi)` of the SAs in `e`'s directory.
+fn spis(e: &Engine, outbound: bool) -> Vec<u32> {
+    e.stats()
+        .sas()
+        .iter()
+        .filter(|s| s.outbound == outbound)
+        .map(|s| s.spi)
+        .collect()
+}
+
+fn entry(e: &Engine, outbound: bool) -> SaEntry {
+    e.stats()
+        .sas()
+        .iter()
+        .find(|s| s.outbound == outbound)
+        .cloned()
+        .unwrap()
+}
+
+#[test]
+fn tunnel_round_trip_every_protocol() {
+    for (layers, udp) in [
+        (Layers::Esp, true),
+        (Layers::Esp, false),
+        (Layers::Ah, false),
+        (Layers::EspAh, false),
+    ] {
+        let (mut a, mut b) = pair(layers, udp);
+        let clear = udp4("10.1.0.5", "10.2.0.9", 100);
+        let mut buf = PacketBuf::with_capacity(2000);
+        buf.load(&clear);
+        assert_eq!(a.outbound(&mut buf, T), Ok(Some(0)));
+        let outer = ip::parse(buf.as_slice()).unwrap();
+        assert_eq!(outer.src, from_a());
+        assert!(buf.len() - clear.len() <= a.max_overhead(), "{layers:?}");
+        assert_eq!(
+            b.inbound(&mut buf, T, outer.src),
+            Ok(Received::Packet),
+            "{layers:?}/{udp}: {:?}",
+            drops(&b)
+        );
+        assert_eq!(buf.as_slice(), &clear[..]);
+        let sas = b.stats().sas();
+        assert!(sas
+            .iter()
+            .filter(|s| !s.outbound)
+            .all(|s| s.counters.packets.get() == 1));
+        assert!(drops(&b).is_empty());
+        assert!(a
+            .stats()
+            .sas()
+            .iter()
+            .filter(|s| s.outbound)
+            .all(|s| s.next_seq() == 2));
+        assert_eq!(a.stats().counters.tun_rx.get(), 1);
+        assert_eq!(b.stats().counters.net_rx.get(), 1);
+    }
+}
+
+#[test]
+fn drops_are_counted_by_reason_with_their_context() {
+    let (mut a, mut b) = pair(Layers::Esp, true);
+    let mut buf = PacketBuf::with_capacity(2000);
+    // No policy: outside the selectors.
+    buf.load(&udp4("10.1.0.5", "10.3.0.9", 10));
+    let d = a.outbound(&mut buf, T).unwrap_err();
+    assert_eq!(d.reason, DropReason::NoPolicy);
+    assert_eq!(
+        a.describe(&d).to_string(),
+        "10.1.0.5 -> 10.3.0.9 (protocol 17) from the TUN matches no connection's selectors"
+    );
+    // Multicast and link-local: counted apart, not as drops.
+    buf.load(&udp4("10.1.0.5", "224.0.0.22", 10));
+    assert_eq!(a.outbound(&mut buf, T), Ok(None));
+    assert_eq!(a.stats().counters.not_unicast.get(), 1);
+    assert_eq!(drops(&a), [("no_policy", 1)]);
+    // Replay.
+    buf.load(&udp4("10.1.0.5", "10.2.0.9", 10));
+    a.outbound(&mut buf, T).unwrap();
+    let wire = buf.as_slice().to_vec();
+    assert_eq!(b.inbound(&mut buf, T, from_a()), Ok(Received::Packet));
+    buf.load(&wire);
+    let d = b.inbound(&mut buf, T, from_a()).unwrap_err();
+    assert_eq!(d.reason, DropReason::Replay);
+    assert_eq!(
+        b.describe(&d).to_string(),
+        "inbound from 192.0.2.1 SPI 0x00001002 (connection \"peer\")"
+    );
+    // ICV failure, with the next packet.
+    buf.load(&udp4("10.1.0.5", "10.2.0.9", 10));
+    a.outbound(&mut buf, T).unwrap();
+    let n = buf.len();
+    buf.as_mut_slice()[n - 3] ^= 1;
+    assert_eq!(
+        b.inbound(&mut buf, T, from_a()).unwrap_err().reason,
+        DropReason::Integrity
+    );
+    // Unknown SPI: no connection to name.
+    buf.load(&wire);
+    buf.as_mut_slice()[28 + 3] ^= 0x40;
+    let d = b.inbound(&mut buf, T, from_a()).unwrap_err();
+    assert_eq!(d.reason, DropReason::UnknownSpi);
+    assert_eq!(
+        b.describe(&d).to_string(),
+        "inbound from 192.0.2.1 SPI 0x00001042"
+    );
+    assert_eq!(
+        drops(&b),
+        [("unknown_spi", 1), ("replay", 1), ("icv_failure", 1)]
+    );
+    let inbound = entry(&b, false);
+    assert_eq!(inbound.counters.drops.get(DropReason::Replay), 1);
+    assert_eq!(inbound.counters.replay_top.get(), 1);
+    b.tick(T * 3);
+    assert_eq!(b.poll_event(), None);
+}
+
+#[test]
+fn an_incomplete_bundle_is_refused() {
+    // B expects AH around ESP; A's ESP SA alone (same keys) must not pass.
+    let (_, mut b) = pair(Layers::EspAh, false);
+    let (mut a, _) = pair(Layers::Esp, false);
+    let mut buf = PacketBuf::with_capacity(2000);
+    buf.load(&udp4("10.1.0.5", "10.2.0.9", 10));
+    a.outbound(&mut buf, T).unwrap();
+    let d = b.inbound(&mut buf, T, from_a()).unwrap_err();
+    assert_eq!(d.reason, DropReason::PolicyMismatch);
+    assert_eq!(
+        b.describe(&d).to_string(),
+        "packet from 192.0.2.1 came through ESP 0x00001002 but not its connection's whole \
+         inbound bundle"
+    );
+}
+
+#[test]
+fn tcp_syns_are_clamped_both_ways() {
+    let (mut a, mut b) = pair(Layers::Esp, true);
+    let tun_mtu = a.tun_mtu(1500);
+    assert_eq!(tun_mtu as usize, 1500 - a.max_overhead());
+    // A SYN with MSS 1460 from 10.1.0.5 to 10.2.0.9 (its checksum is not
+    // checked here; mss.rs tests that).
+    let syn = tcp_syn4("10.1.0.5", "10.2.0.9", 1460);
+    let mut buf = PacketBuf::with_capacity(2000);
+    buf.load(&syn);
+    a.outbound(&mut buf, T).unwrap();
+    assert_eq!(b.inbound(&mut buf, T, from_a()), Ok(Received::Packet));
+    let mss = u16::from_be_bytes([buf.as_slice()[42], buf.as_slice()[43]]);
+    assert_eq!(u32::from(mss), tun_mtu - 40);
+    assert_eq!(a.stats().counters.mss_clamped.get(), 1);
+    assert_eq!(
+        b.stats().counters.mss_clamped.get(),
+        0,
+        "already clamped by A"
+    );
+}
+
+#[test]
+fn hard_lifetime_stops_the_sa_and_shows_in_the_directory() {
+    let mut ca = side(true, shaped(Layers::Esp, true, 1, 0x1002));
+    for sc in ca.outbound.iter_mut().chain(ca.inbound.iter_mut()) {
+        sc.lifetime.hard_packets = Some(3);
+        sc.lifetime.soft_packets = Some(2);
+    }
+    let mut a = Engine::new(&[ca], &opts(), T).unwrap();
+    let mut buf = PacketBuf::with_capacity(2000);
+    let mut sent = 0;
+    for _ in 0..5 {
+        buf.load(&udp4("10.1.0.5", "10.2.0.9", 10));
+        if a.outbound(&mut buf, T).is_ok() {
+            sent += 1;
+        }
+    }
+    assert_eq!(sent, 3);
+    assert_eq!(drops(&a), [("sa_expired", 2)]);
+    let out = entry(&a, true);
+    assert_eq!(
+        out.counters.life(),
+        espgate_core::stats::LifeState::HardExpired
+    );
+    assert_eq!(out.limits.hard_packets, Some(3));
+    assert_eq!(out.counters.packets.get(), 3);
+    assert_eq!(out.counters.drops.get(DropReason::SaExpired), 2);
+    let inbound = entry(&a, false);
+    assert_eq!(inbound.counters.life(), espgate_core::stats::LifeState::Ok);
+    // The events (soft, then hard) come out after a tick.
+    a.tick(T * 2);
+    let mut events = Vec::new();
+    while let Some(EngineEvent::Sa {
+        event,
+        outbound,
+        spi,
+        ..
+    }) = a.poll_event()
+    {
+        events.push((event, outbound, spi));
+    }
+    assert_eq!(
+        events,
+        [
+            (SaEvent::SoftExpired, true, 0x1002),
+            (SaEvent::HardExpired, true, 0x1002)
+        ]
+    );
+}
+
+/// Leases kept in memory: the limit the test sets, the numbers released.
+#[derive(Debug, Default)]
+struct MemLeases {
+    /// (key, next released or reserved) per outbound SA leased.
+    released: Mutex<Vec<(u32, u64)>>,
+    limit: Arc<AtomicU64>,
+    /// The first number each new lease starts at.
+    start: AtomicU64,
+}
+
+#[derive(Debug)]
+struct MemLease {
+    spi: u32,
+    limit: Arc<AtomicU64>,
+    wanted: AtomicU64,
+    owner: Arc<MemLeases>,
+}
+
+impl SeqLease for MemLease {
+    fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+    fn want(&self, next: u64) {
+        self.wanted.store(next, Ordering::Relaxed);
+    }
+    fn release(&self, next: u64) {
+        self.owner.released.lock().unwrap().push((self.spi, next));
+    }
+}
+
+struct Source(Arc<MemLeases>);
+
+impl LeaseSource for Source {
+    fn lease(&self, sa: &SaConfig, _conn: &str) -> Result<(u64, Arc<dyn SeqLease>), String> {
+        let l = MemLease {
+            spi: sa.spi,
+            limit: self.0.limit.clone(),
+            wanted: AtomicU64::new(0),
+            owner: self.0.clone(),
+        };
+        Ok((self.0.start.load(Ordering::Relaxed).max(1), Arc::new(l)))
+    }
+}
+
+fn leased(leases: &Arc<MemLeases>) -> EngineOptions {
+    EngineOptions {
+        leases: Some(Arc::new(Source(leases.clone()))),
+        ..opts()
+    }
+}
+
+#[test]
+fn outbound_numbers_stop_at_the_lease_and_resume_when_it_grows() {
+    let leases = Arc::new(MemLeases::default());
+    leases.limit.store(4, Ordering::Relaxed);
+    leases.start.store(2, Ordering::Relaxed);
+    let mut a = Engine::new(
+        &[side(true, shaped(Layers::Esp, true, 1, 0x1002))],
+        &leased(&leases),
+        T,
+    )
+    .unwrap();
+    let mut b = Engine::new(
+        &[side(false, shaped(Layers::Esp, true, 1, 0x1002))],
+        &opts(),
+        T,
+    )
+    .unwrap();
+    // Starts where the lease says; 2 and 3 are covered, 4 is not.
+    assert_eq!(entry(&a, true).next_seq(), 2);
+    assert_eq!(entry(&a, true).seq_limit(), Some(4));
+    assert!(send_one(&mut a, &mut b));
+    assert!(send_one(&mut a, &mut b));
+    assert!(!send_one(&mut a, &mut b));
+    assert_eq!(drops(&a), [("seq_not_reserved", 1)]);
+    // The shell extends the lease (off the packet path): sending resumes
+    // at the number refused (never used), and the receiver accepts it.
+    leases.limit.store(100, Ordering::Relaxed);
+    assert!(send_one(&mut a, &mut b), "{:?}", drops(&b));
+    assert_eq!(entry(&b, false).counters.replay_top.get(), 4);
+    a.release_leases();
+    assert_eq!(*leases.released.lock().unwrap(), [(0x1002, 5)]);
+}
+
+#[test]
+fn worker_engines_share_outbound_numbers_and_split_inbound_sas() {
+    let leases = Arc::new(MemLeases::default());
+    leases.limit.store(u64::MAX, Ordering::Relaxed);
+    let ca = [side(true, shaped(Layers::Esp, true, 1, 0x1002))];
+    let mut b = Engine::new(
+        &[side(false, shaped(Layers::Esp, true, 1, 0x1002))],
+        &opts(),
+        T,
+    )
+    .unwrap();
+    let mut ws = Engine::for_workers(&ca, &leased(&leases), T, 2).unwrap();
+    // A's inbound SA 0x1001 is steered to worker 1 (0x1001 % 2) and lives
+    // there only; both hold the outbound SA 0x1002.
+    assert!(spis(&ws[0], false).is_empty());
+    assert_eq!(spis(&ws[1], false), [0x1001]);
+    for w in &ws {
+        assert_eq!(spis(w, true), [0x1002]);
+    }
+    assert_eq!(worker_of(Encap::NAT_T, 0x1001, 2), 1);
+    assert_eq!(worker_of(Encap::None, 0x1001, 2), 0);
+    // Packets sent alternately by both workers: the receiver accepts every
+    // one (a reused number would be a replay drop).
+    for i in 0..10 {
+        assert!(send_one(&mut ws[i % 2], &mut b), "packet {i}");
+    }
+    assert_eq!(entry(&b, false).counters.replay_top.get(), 10);
+    assert!(drops(&b).is_empty());
+    for w in &ws {
+        assert_eq!(entry(w, true).next_seq(), 11);
+        // One lease, taken once, shared by both copies.
+        assert_eq!(entry(w, true).seq_limit(), Some(u64::MAX));
+    }
+    // Each copy counts its own packets.
+    assert_eq!(entry(&ws[0], true).counters.packets.get(), 5);
+    for w in &mut ws {
+        w.release_leases();
+    }
+    assert_eq!(
+        *leases.released.lock().unwrap(),
+        [(0x1002, 11), (0x1002, 11)]
+    );
+}
+
+#[test]
+fn per_cpu_sas_give_each_worker_its_own_pair() {
+    // SPI ranges of two pairs each that do not overlap: A sends on 0x2000,
+    // 0x2001 and receives on 0x1001, 0x1002.
+    let ca = [side(true, shaped(Layers::Esp, true, 2, 0x2000))];
+    let cb = [side(false, shaped(Layers::Esp, true, 2, 0x2000))];
+    let mut aw = Engine::for_workers(&ca, &opts(), T, 2).unwrap();
+    let mut bw = Engine::for_workers(&cb, &opts(), T, 2).unwrap();
+    // Worker w of A sends on 0x2000 + w; B receives 0x2000 + w on worker
+    // (0x2000 + w) % 2 = w, with its own key.
+    for (w, a) in aw.iter_mut().enumerate() {
+        let mut buf = PacketBuf::with_capacity(2000);
+        buf.load(&udp4("10.1.0.5", "10.2.0.9", 10));
+        assert_eq!(a.outbound(&mut buf, T), Ok(Some(0)), "{:?}", drops(a));
+        let wire = buf.as_slice().to_vec();
+        let spi = u32::from_be_bytes(wire[28..32].try_into().unwrap());
+        assert_eq!(spi, 0x2000 + w as u32);
+        assert_eq!(bw[w].inbound(&mut buf, T, from_a()), Ok(Received::Packet));
+        // The other worker of B does not hold that SA.
+        buf.load(&wire);
+        assert!(bw[1 - w].inbound(&mut buf, T, from_a()).is_err());
+    }
+    let outs: Vec<u64> = aw[0]
+        .stats()
+        .sas()
+        .iter()
+        .filter(|s| s.outbound)
+        .map(|s| s.next_seq())
+        .collect();
+    // Each pair's counter moved once.
+    assert_eq!(outs, [2, 2]);
+    let keys = aw[0].sa_keys();
+    assert_eq!(
+        keys.len(),
+        3,
+        "two outbound copies, one inbound on worker 0"
+    );
+    // Pair 1's keys differ from pair 0's.
+    assert_ne!(keys[1].config.enc_key, keys[2].config.enc_key);
+}
+
+#[test]
+fn manual_rekey_make_before_break() {
+    let (mut a, mut b) = pair(Layers::Esp, true);
+    assert!(send_one(&mut a, &mut b));
+    // A packet A sent on the old SA, still in flight during the rekey.
+    let mut in_flight = PacketBuf::with_capacity(2000);
+    in_flight.load(&udp4("10.1.0.5", "10.2.0.9", 10));
+    a.outbound(&mut in_flight, T).unwrap();
+    // B accepts a second inbound SA next to the first.
+    let spec = format!("spi=0x3001,suite=aes128gcm16,enc={K_NEW_AB}");
+    let ch = b.add_sa("peer", false, &spec, T).unwrap();
+    assert!(ch.message.contains("0x00001002, 0x00003001"), "{ch:?}");
+    assert!(ch.warnings.is_empty());
+    assert_eq!(spis(&b, false), [0x1002, 0x3001]);
+    // A switches its outbound SA: the old one is gone.
+    let ch = a.add_sa("peer", true, &spec, T).unwrap();
+    assert!(ch.message.contains("replaces ESP SA 0x00001002"), "{ch:?}");
+    assert_eq!(spis(&a, true), [0x3001]);
+    assert!(a.sad().lookup(Protocol::Esp, 0x1002).is_none());
+    let out = entry(&a, true);
+    assert!(out.added);
+    assert_eq!(out.next_seq(), 1);
+    // Both the new SA and the old one (the packet in flight) pass.
+    assert!(send_one(&mut a, &mut b), "{:?}", drops(&b));
+    assert_eq!(b.inbound(&mut in_flight, T, from_a()), Ok(Received::Packet));
+    let inb: Vec<(u32, u64, bool)> = b
+        .stats()
+        .sas()
+        .iter()
+        .filter(|s| !s.outbound)
+        .map(|s| (s.spi, s.counters.packets.get(), s.added))
+        .collect();
+    assert_eq!(inb, [(0x1002, 2, false), (0x3001, 1, true)]);
+    assert!(drops(&b).is_empty(), "{:?}", drops(&b));
+    // Break: B removes the old inbound SA; its packets are unknown now.
+    let ch = b.del_sa(0x1002, None, Some(false), Some("peer")).unwrap();
+    assert!(ch
+        .message
+        .contains("removed inbound ESP SA 0x00001002 after 2 packets"));
+    assert!(ch.warnings.is_empty());
+    assert_eq!(spis(&b, false), [0x3001]);
+    assert!(send_one(&mut a, &mut b));
+    // The other direction is untouched.
+    assert_eq!(spis(&b, true), [0x1001]);
+}
+
+#[test]
+fn a_connection_without_outbound_sa_counts_its_drops() {
+    let (mut a, mut b) = pair(Layers::Esp, true);
+    let ch = a.del_sa(0x1002, Some(Protocol::Esp), None, None).unwrap();
+    assert!(ch.warnings[0].contains("no_sa"), "{ch:?}");
+    assert!(spis(&a, true).is_empty());
+    for _ in 0..3 {
+        assert!(!send_one(&mut a, &mut b));
+    }
+    assert_eq!(drops(&a), [("no_sa", 3)]);
+    let mut buf = PacketBuf::with_capacity(2000);
+    buf.load(&udp4("10.1.0.5", "10.2.0.9", 10));
+    let d = a.outbound(&mut buf, T).unwrap_err();
+    assert!(
+        a.describe(&d)
+            .to_string()
+            .starts_with("10.1.0.5 -> 10.2.0.9 on connection \"peer\": no outbound ESP SA"),
+        "{}",
+        a.describe(&d)
+    );
+    // A new outbound SA (B accepts it first) restores the traffic.
+    let spec = format!("spi=0x3001,suite=aes128gcm16,enc={K_NEW_AB}");
+    b.add_sa("peer", false, &spec, T).unwrap();
+    let ch = a.add_sa("peer", true, &spec, T).unwrap();
+    assert!(
+        ch.message.contains("added outbound ESP SA 0x00003001"),
+        "{ch:?}"
+    );
+    assert!(send_one(&mut a, &mut b));
+    // The last inbound SA removed: a warning, and unknown_spi drops.
+    b.del_sa(0x1002, None, None, None).unwrap();
+    let ch = b.del_sa(0x3001, None, None, None).unwrap();
+    assert!(ch.warnings[0].contains("no inbound ESP SA left"), "{ch:?}");
+    assert!(!send_one(&mut a, &mut b));
+    assert_eq!(drops(&b), [("unknown_spi", 1)]);
+}
+
+#[test]
+fn bad_sa_changes_are_refused_with_clear_errors() {
+    let (mut a, _) = pair(Layers::Esp, true);
+    let before: Vec<u32> = a.stats().sas().iter().map(|s| s.spi).collect();
+    let good = format!("spi=0x3001,suite=aes128gcm16,enc={K_NEW_AB}");
+    let err = |a: &mut Engine, conn: &str, out: bool, spec: &str| {
+        a.add_sa(conn, out, spec, T).unwrap_err()
+    };
+    let e = err(&mut a, "nope", false, &good);
+    assert!(
+        e.contains("no connection named \"nope\"") && e.contains("\"peer\""),
+        "{e}"
+    );
+    // The SPI of an installed SA, either direction.
+    let e = err(&mut a, "peer", false, &good.replace("0x3001", "0x1001"));
+    assert!(
+        e.contains("SPI 0x00001001 is already in use") && e.contains("inbound"),
+        "{e}"
+    );
+    let e = err(&mut a, "peer", true, &good.replace("0x3001", "0x1002"));
+    assert!(
+        e.contains("already in use") && e.contains("outbound"),
+        "{e}"
+    );
+    let e = err(
+        &mut a,
+        "peer",
+        false,
+        "spi=0x3001,suite=aes128gcm16,enc=abc",
+    );
+    assert!(e.starts_with("bad SA spec: enc:"), "{e}");
+    let e = err(
+        &mut a,
+        "peer",
+        false,
+        "spi=0x3001,suite=aes128gcm16,enc=0011",
+    );
+    assert!(e.contains("key must be 20 bytes"), "{e}");
+    let e = err(&mut a, "peer", false, &format!("{good},mode=transport"));
+    assert!(
+        e.starts_with("mode=transport: connection \"peer\" is in tunnel mode"),
+        "{e}"
+    );
+    let e = err(&mut a, "peer", false, &format!("{good},encap=none"));
+    assert!(e.contains("uses encap udp"), "{e}");
+    let e = err(
+        &mut a,
+        "peer",
+        true,
+        &format!("{good},src=192.0.2.2,dst=192.0.2.1"),
+    );
+    assert!(e.contains("go from 192.0.2.1 to 192.0.2.2"), "{e}");
+    let e = err(&mut a, "peer", true, &format!("{good},dport=4501"));
+    assert!(e.contains("UDP ports 4500 -> 4500"), "{e}");
+    let e = err(&mut a, "peer", true, &format!("{good},seq=5"));
+    assert!(e.contains("reserved on disk"), "{e}");
+    let e = err(&mut a, "peer", false, &format!("{good},proto=ah"));
+    assert!(e.contains("uses esp, not ah"), "{e}");
+    // The outbound key in use, under another SPI: nonces would repeat.
+    let e = err(
+        &mut a,
+        "peer",
+        true,
+        &format!("spi=0x3001,suite=aes128gcm16,enc={K_AB}"),
+    );
+    assert!(
+        e.contains("which it would replace") && e.contains("new keys"),
+        "{e}"
+    );
+    // Nothing changed.
+    let after: Vec<u32> = a.stats().sas().iter().map(|s| s.spi).collect();
+    assert_eq!(after, before);
+    // Keys equal to the connection's are accepted.
+    a.add_sa(
+        "peer",
+        false,
+        &format!("{good},encap=udp,mode=tunnel,src=192.0.2.2,dst=192.0.2.1,sport=4500"),
+        T,
+    )
+    .unwrap();
+    assert_eq!(a.stats().sas().len(), 3);
+    // sa del errors.
+    let e = a.del_sa(0x4444, None, None, None).unwrap_err();
+    assert!(e.contains("no SA with SPI 0x00004444"), "{e}");
+    let e = a.del_sa(0x1001, None, Some(true), None).unwrap_err();
+    assert!(e.contains("is not an outbound SA"), "{e}");
+    let e = a.del_sa(0x1002, None, None, Some("other")).unwrap_err();
+    assert!(e.contains("no connection named \"other\""), "{e}");
+    let e = a
+        .del_sa(0x1002, Some(Protocol::Ah), None, None)
+        .unwrap_err();
+    assert!(e.contains("no AH SA with SPI"), "{e}");
+    assert_eq!(a.stats().sas().len(), 3);
+}
+
+#[test]
+fn bundles_accept_any_inbound_sa_per_layer() {
+    let (mut a, mut b) = pair(Layers::EspAh, false);
+    let esp = format!("spi=0x3001,suite=aes128gcm16,enc={K_NEW_AB}");
+    let e = b.add_sa("peer", false, &esp, T).unwrap_err();
+    assert!(e.contains("say proto=esp or proto=ah"), "{e}");
+    b.add_sa("peer", false, &format!("{esp},proto=esp"), T)
+        .unwrap();
+    a.add_sa("peer", true, &format!("{esp},proto=esp"), T)
+        .unwrap();
+    // New ESP inside the old AH.
+    assert!(send_one(&mut a, &mut b), "{:?}", drops(&b));
+    // Then a new AH too.
+    let ah = format!("spi=0x3101,suite=sha256,integ={I_BA},proto=ah");
+    b.add_sa("peer", false, &ah, T).unwrap();
+    a.add_sa("peer", true, &ah, T).unwrap();
+    assert_eq!(spis(&a, true), [0x3001, 0x3101]);
+    assert!(send_one(&mut a, &mut b), "{:?}", drops(&b));
+    // Without its AH layer, A sends nothing (no_sa), never ESP alone.
+    a.del_sa(0x3101, None, None, None).unwrap();
+    assert!(!send_one(&mut a, &mut b));
+    assert_eq!(drops(&a), [("no_sa", 1)]);
+    // A B-side SA (outbound at B) on an inbound packet is a mismatch.
+    let (mut lone, _) = pair(Layers::Esp, false);
+    assert!(!send_one(&mut lone, &mut b));
+    assert_eq!(drops(&b), [("policy_mismatch", 1)]);
+}
+
+#[test]
+fn negotiated_sas_take_the_connection_shape() {
+    let (mut a, mut b) = pair(Layers::Esp, true);
+    let key = hex(K_NEW_AB);
+    let sa = |outbound| NegotiatedSa {
+        conn: "peer",
+        outbound,
+        spi: 0x4001,
+        suite: "aes128gcm16".parse().unwrap(),
+        enc_key: &key,
+        integ_key: &[],
+        esn: true,
+        encap: None,
+    };
+    b.install_negotiated(&sa(false), T).unwrap();
+    let ch = a.install_negotiated(&sa(true), T).unwrap();
+    assert!(ch.message.contains("replaces ESP SA 0x00001002"), "{ch:?}");
+    assert!(send_one(&mut a, &mut b), "{:?}", drops(&b));
+    let out = entry(&a, true);
+    assert!(out.added && out.esn && out.spi == 0x4001);
+    assert_eq!(out.encap, Encap::NAT_T);
+    let e = a.install_negotiated(
+        &NegotiatedSa {
+            conn: "x",
+            ..sa(true)
+        },
+        T,
+    );
+    assert!(e.unwrap_err().contains("no connection named \"x\""));
+}
+
+#[test]
+fn wireshark_keys_are_every_sa_with_its_addresses() {
+    let (mut a, _) = pair(Layers::Esp, true);
+    a.add_sa(
+        "peer",
+        false,
+        &format!(
+            "spi=0x3001,suite=aes256-sha1,enc={},integ={}",
+            &I_AB[..64],
+            &I_BA[..40]
+        ),
+        T,
+    )
+    .unwrap();
+    let got: Vec<(bool, u32, String, String, String, String)> = a
+        .sa_keys()
+        .iter()
+        .map(|k| {
+            (
+                k.outbound,
+                k.config.spi,
+                k.src.to_string(),
+                k.dst.to_string(),
+                k.config.suite.name(),
+                ::hex::encode(&k.config.enc_key[..]),
+            )
+        })
+        .collect();
+    let s = |x: &str| x.to_string();
+    assert_eq!(
+        got,
+        [
+            (
+                false,
+                0x1001,
+                s("192.0.2.2"),
+                s("192.0.2.1"),
+                s("aes128gcm16"),
+                s(K_BA)
+            ),
+            (
+                false,
+                0x3001,
+                s("192.0.2.2"),
+                s("192.0.2.1"),
+                s("aes256-sha1"),
+                s(&I_AB[..64])
+            ),
+            (
+                true,
+                0x1002,
+                s("192.0.2.1"),
+                s("192.0.2.2"),
+                s("aes128gcm16"),
+                s(K_AB)
+            ),
+        ]
+    );
+    let keys = a.sa_keys();
+    assert_eq!(::hex::encode(&keys[1].config.integ_key[..]), &I_BA[..40]);
+    assert!(!format!("{:?}", keys[0]).contains(K_BA), "no keys in Debug");
+}
+
+#[test]
+fn unicast_filter() {
+    let f = |s: &str, d: &str| Flow {
+        src: s.parse().unwrap(),
+        dst: d.parse().unwrap(),
+        proto: 17,
+        sport: None,
+        dport: None,
+    };
+    assert!(is_unicast(&f("10.1.0.1", "10.2.0.1")));
+    assert!(is_unicast(&f("0.0.0.0", "10.2.0.1")));
+    assert!(!is_unicast(&f("10.1.0.1", "255.255.255.255")));
+    assert!(!is_unicast(&f("10.1.0.1", "239.1.1.1")));
+    assert!(!is_unicast(&f("fe80::1", "2001:db8::1")));
+    assert!(!is_unicast(&f("::", "ff02::16")));
+    assert!(is_unicast(&f("2001:db8::1", "2001:db8:2::1")));
+}

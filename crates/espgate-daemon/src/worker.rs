@@ -1,0 +1,906 @@
+//! A data-plane worker: one thread, one `poll(2)` loop over its TUN queue,
+//! its outer sockets and the stop pipe, and its engine. Nothing else runs
+//! here: the control socket, the metrics endpoint and IKE live on the
+//! control thread, which reads this worker's counters without stopping it.
+//!
+//! Preallocated [`PacketBuf`]s carry every packet (a GSO batch of them
+//! outbound, one inbound); nothing is allocated per packet. Drops are
+//! counted by the engine; their log lines are formatted only when the
+//! per-reason rate limiter lets one through.
+
+use crate::netdev::{TunQueue, VirtioNetHdr, VNET_HDR_LEN};
+use crate::ratelimit::{suppressed_note, RateLimiter};
+use crate::sockets::{push_ipv6_outer, push_udp_outer, RawRx, RawTx, UdpSock};
+use anyhow::{Context, Result};
+use espgate_api::costs::{CostCells, Costs, Dir};
+use espgate_core::gateway::{Dropped, Engine, EngineEvent, Received};
+use espgate_core::offload::{self, GsoInfo, GsoKind, Push, Segmenter, TcpCoalescer};
+use espgate_core::sa::SaEvent;
+use espgate_core::stats::WorkerCounters;
+use espgate_core::wire::{ip, proto, udp};
+use espgate_core::{DropReason, PacketBuf};
+use std::fmt::Write as _;
+use std::io;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Largest packet read from any descriptor (an IPv4/UDP datagram or a TUN
+/// packet with the largest MTU).
+pub const MAX_PACKET: usize = 65_535;
+/// Timer period: SA lifetimes, rate-limited log summaries, keepalives.
+const TICK: Duration = Duration::from_secs(1);
+/// Most datagrams in one `UDP_SEGMENT` send (the kernel's limit is 64 on
+/// older kernels).
+const GSO_MAX: usize = 64;
+/// Most bytes in one `UDP_SEGMENT` send (one UDP datagram's worth).
+const GSO_BYTES: usize = 65_000;
+/// Receive buffer for one (possibly GRO-coalesced) UDP read.
+const GRO_BUF: usize = 65_535;
+
+/// The outer sockets of one worker.
+#[derive(Debug, Default)]
+pub struct Sockets {
+    /// ESP-in-UDP, when a connection uses it.
+    pub udp: Option<Arc<UdpSock>>,
+    /// Raw ESP/AH receivers (worker 0 only).
+    pub raw_rx: Vec<RawRx>,
+    /// Raw senders for IPv4 and IPv6.
+    pub raw_tx4: Option<RawTx>,
+    /// See `raw_tx4`.
+    pub raw_tx6: Option<RawTx>,
+}
+
+/// An IKE message that arrived on the NAT-T socket (non-ESP marker
+/// removed): our address, the sender, the message.
+pub type IkeDatagram = (SocketAddr, SocketAddr, Vec<u8>);
+
+/// Locks an engine; one whose holder panicked is still consistent enough
+/// to report and stop.
+pub fn lock(e: &Mutex<Engine>) -> MutexGuard<'_, Engine> {
+    e.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One data-plane worker; see the module documentation.
+pub struct Worker<'a> {
+    /// This worker's engine (locked by it for each round of packets, by
+    /// the control thread only to change SAs).
+    pub engine: &'a Mutex<Engine>,
+    /// This worker's index.
+    pub me: usize,
+    /// This worker's TUN queue.
+    pub tun: &'a TunQueue,
+    /// The TUN device carries virtio-net headers.
+    pub vnet: bool,
+    /// The TUN device's name, for messages.
+    pub tun_name: &'a str,
+    /// Outer side.
+    pub sockets: &'a Sockets,
+    /// Becomes readable (hang-up) when the worker must stop.
+    pub stop: BorrowedFd<'a>,
+    /// Set when this worker stops on an error; `on_fail` then tells the
+    /// control thread.
+    pub failed: &'a AtomicBool,
+    /// Called once if the worker stops on an error.
+    pub on_fail: &'a (dyn Fn() + Sync),
+    /// When the daemon started (the core's clock is the time since).
+    pub start: Instant,
+    /// Packets per descriptor per round, and most datagrams per GSO send
+    /// (`gateway.batch`).
+    pub batch: usize,
+    /// Send ESP-in-UDP in `UDP_SEGMENT` batches.
+    pub gso: bool,
+    /// Per-stage cost accounting cells (on or off at run time).
+    pub costs: Arc<CostCells>,
+    /// Where IKE datagrams from the NAT-T socket go (when IKE runs).
+    pub ike: Option<tokio::sync::mpsc::Sender<IkeDatagram>>,
+    /// NAT keepalives: every connection's interval (worker 0 sends them).
+    pub keepalives: Vec<(SocketAddr, Duration)>,
+}
+
+/// Outbound ESP-in-UDP datagrams waiting to leave in one GSO send: the
+/// packets stay in their own buffers (no copy), `run` says where each UDP
+/// payload lies. All go to `dst` with `tos`; all have `seg` bytes but the
+/// last, which may be shorter (then the run is `closed`).
+struct TxBatch {
+    bufs: Vec<PacketBuf>,
+    run: [(usize, usize); GSO_MAX],
+    n: usize,
+    dst: SocketAddr,
+    tos: u8,
+    seg: usize,
+    bytes: usize,
+    closed: bool,
+    /// False once the kernel refused a GSO send: one datagram per send.
+    gso: bool,
+    /// Most datagrams per send (`gateway.batch`, at most [`GSO_MAX`]).
+    max: usize,
+}
+
+impl TxBatch {
+    fn new(gso: bool, max: usize) -> TxBatch {
+        TxBatch {
+            // Room for a TUN read with its virtio-net header, so that no
+            // buffer ever grows on the hot path.
+            bufs: (0..GSO_MAX)
+                .map(|_| PacketBuf::with_capacity(MAX_PACKET + VNET_HDR_LEN))
+                .collect(),
+            run: [(0, 0); GSO_MAX],
+            n: 0,
+            dst: SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
+            tos: 0,
+            seg: 0,
+            bytes: 0,
+            closed: false,
+            gso,
+            max: max.clamp(1, GSO_MAX),
+        }
+    }
+
+    /// Can the datagram of `len` bytes to `dst`/`tos` join the run?
+    fn fits(&self, dst: SocketAddr, tos: u8, len: usize) -> bool {
+        self.n == 0
+            || (self.gso
+                && !self.closed
+                && self.n < self.max
+                && dst == self.dst
+                && tos == self.tos
+                && len <= self.seg
+                && self.bytes + len <= GSO_BYTES)
+    }
+}
+
+/// What a descriptor in the poll set is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Stop,
+    Tun,
+    Udp,
+    Raw(usize),
+}
+
+/// The descriptors a worker polls, each with what it is: the loop asks
+/// which sources are ready instead of counting slots by hand.
+struct PollSet {
+    fds: Vec<libc::pollfd>,
+    sources: Vec<Source>,
+}
+
+impl PollSet {
+    fn new() -> PollSet {
+        PollSet {
+            fds: Vec::new(),
+            sources: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, fd: RawFd, source: Source) {
+        self.fds.push(libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        self.sources.push(source);
+    }
+
+    /// Waits up to `timeout` for any descriptor.
+    fn wait(&mut self, timeout: Duration) -> io::Result<()> {
+        for p in &mut self.fds {
+            p.revents = 0;
+        }
+        let ms = i32::try_from(timeout.as_millis())
+            .unwrap_or(i32::MAX)
+            .saturating_add(1);
+        crate::sys::poll(&mut self.fds, ms).map(drop)
+    }
+
+    /// Whether `source` is ready.
+    fn ready(&self, source: Source) -> bool {
+        self.sources
+            .iter()
+            .zip(&self.fds)
+            .any(|(s, p)| *s == source && p.revents != 0)
+    }
+}
+
+/// The packet handlers of one round, with the worker's engine locked.
+struct Round<'a> {
+    engine: &'a mut Engine,
+    counters: &'a WorkerCounters,
+    /// The cost accountant, when accounting is on for this round.
+    costs: Option<&'a mut Costs>,
+    limiter: &'a mut RateLimiter,
+    w: &'a Worker<'a>,
+}
+
+impl<'a> Worker<'a> {
+    /// Runs until told to stop; on an error, sets `failed`, calls
+    /// `on_fail` and returns it.
+    pub fn run(&mut self) -> Result<()> {
+        let r = self.run_inner();
+        if r.is_err() {
+            self.failed.store(true, Ordering::SeqCst);
+            (self.on_fail)();
+        }
+        r
+    }
+
+    fn run_inner(&mut self) -> Result<()> {
+        let mut polls = PollSet::new();
+        polls.add(self.stop.as_raw_fd(), Source::Stop);
+        polls.add(self.tun.as_raw_fd(), Source::Tun);
+        if let Some(u) = &self.sockets.udp {
+            polls.add(u.as_fd().as_raw_fd(), Source::Udp);
+        }
+        for (i, r) in self.sockets.raw_rx.iter().enumerate() {
+            polls.add(r.as_fd().as_raw_fd(), Source::Raw(i));
+        }
+        let mut in_buf = PacketBuf::with_capacity(MAX_PACKET);
+        let mut gro_buf = vec![0u8; GRO_BUF];
+        let mut tx = TxBatch::new(self.gso, self.batch);
+        // With a vnet header: the super-segment being cut (TSO/USO reads)
+        // and the TCP segments being coalesced for the TUN.
+        let mut seg_src = PacketBuf::with_capacity(MAX_PACKET + VNET_HDR_LEN);
+        let mut co = TcpCoalescer::new();
+        // When each connection last sent something (NAT keepalives).
+        let mut last_tx = vec![Duration::ZERO; lock(self.engine).connections().len()];
+        let mut costs = Costs::over(self.costs.clone());
+        let mut limiter = RateLimiter::new(Duration::from_secs(1));
+        let counters = lock(self.engine).stats().clone();
+        let counters = &counters.counters;
+        let mut next_tick = Instant::now() + TICK;
+        loop {
+            polls
+                .wait(next_tick.saturating_duration_since(Instant::now()))
+                .context("poll")?;
+            if polls.ready(Source::Stop) {
+                return Ok(());
+            }
+            {
+                let mut guard = lock(self.engine);
+                let on = self.costs.is_on();
+                let mut round = Round {
+                    engine: &mut guard,
+                    counters,
+                    costs: on.then_some(&mut costs),
+                    limiter: &mut limiter,
+                    w: self,
+                };
+                // The packet handlers are the hot path: allocations in them
+                // are counted (`hot_path_allocs`), and there should be none.
+                let hot = crate::alloc_count::hot();
+                if polls.ready(Source::Tun) {
+                    round.on_tun(&mut tx, &mut last_tx, &mut seg_src)?;
+                }
+                if polls.ready(Source::Udp) {
+                    round.on_udp(&mut gro_buf, &mut in_buf, &mut co);
+                }
+                for (i, r) in self.sockets.raw_rx.iter().enumerate() {
+                    if polls.ready(Source::Raw(i)) {
+                        round.on_raw(r, &mut in_buf, &mut co);
+                    }
+                }
+                drop(hot);
+            }
+            let now_i = Instant::now();
+            if now_i >= next_tick {
+                let now = self.start.elapsed();
+                let mut guard = lock(self.engine);
+                guard.tick(now);
+                while let Some(ev) = guard.poll_event() {
+                    log_event(&ev);
+                }
+                drop(guard);
+                for (key, n) in limiter.flush(now) {
+                    tracing::warn!("{n} more {key} lines suppressed in the last second");
+                }
+                if self.me == 0 {
+                    self.keepalives(&mut last_tx, counters);
+                }
+                next_tick = now_i + TICK;
+            }
+        }
+    }
+
+    /// RFC 3948 §2.3: a one-byte 0xFF datagram to each ESP-in-UDP peer that
+    /// has not been sent anything for its `nat_keepalive`, so that a NAT on
+    /// the way keeps its mapping. The peer ignores it.
+    fn keepalives(&self, last_tx: &mut [Duration], counters: &WorkerCounters) {
+        let Some(u) = &self.sockets.udp else { return };
+        let now = self.start.elapsed();
+        for (ci, (dst, every)) in self.keepalives.iter().enumerate() {
+            if every.is_zero() || ci >= last_tx.len() || now.saturating_sub(last_tx[ci]) < *every {
+                continue;
+            }
+            last_tx[ci] = now;
+            match u.send(&[0xff], *dst, 0) {
+                Ok(_) => counters.keepalives_sent.incr(),
+                Err(e) => tracing::debug!("NAT keepalive to {dst}: {e}"),
+            }
+        }
+    }
+}
+
+/// Writes a drop's log line (at most one per reason per second; allocating
+/// here is fine): `no_policy` at info level, the others at warn.
+fn write_drop(reason: DropReason, line: &str, suppressed: u64) {
+    let note = suppressed_note(suppressed);
+    match reason {
+        DropReason::NoPolicy => tracing::info!("dropped ({}): {line}{note}", reason.as_str()),
+        _ => tracing::warn!("dropped ({}): {line}{note}", reason.as_str()),
+    }
+}
+
+/// Logs an SA's lifetime event.
+fn log_event(ev: &EngineEvent) {
+    let EngineEvent::Sa {
+        conn,
+        outbound,
+        protocol,
+        spi,
+        event,
+    } = ev;
+    let what = format!(
+        "connection \"{conn}\": {} {} SA {spi:#010x}",
+        if *outbound { "outbound" } else { "inbound" },
+        protocol.name().to_uppercase(),
+    );
+    match event {
+        SaEvent::SoftExpired => tracing::warn!(
+            "{what} reached its soft lifetime limit: a replacement is due (manual SAs are never \
+             replaced automatically)"
+        ),
+        SaEvent::HardExpired => tracing::warn!(
+            "{what} reached its hard lifetime limit and refuses all traffic until it is replaced"
+        ),
+        SaEvent::SeqExhausted => tracing::warn!(
+            "{what} has used up its sequence numbers and refuses to send; configure new keys \
+             (and esn = true)"
+        ),
+    }
+}
+
+impl Round<'_> {
+    fn now(&self) -> Duration {
+        self.w.start.elapsed()
+    }
+
+    /// A drop the engine reported: counted already; a log line when the
+    /// rate limiter allows (formatted only then).
+    fn report(&mut self, d: &Dropped) {
+        if let Some(n) = self.allow(d.reason) {
+            let _cold = crate::alloc_count::cold();
+            let line = self.engine.describe(d).to_string();
+            write_drop(d.reason, &line, n);
+        }
+    }
+
+    /// Counts a drop of the I/O around the engine and logs it like
+    /// [`Round::report`].
+    fn io_drop(&mut self, reason: DropReason, msg: impl FnOnce(&mut String) -> std::fmt::Result) {
+        self.counters.drops.count(reason);
+        if let Some(n) = self.allow(reason) {
+            let _cold = crate::alloc_count::cold();
+            let mut line = String::new();
+            let _ = msg(&mut line);
+            write_drop(reason, &line, n);
+        }
+    }
+
+    /// May a line about `reason` be written now? `Some(n)`: yes, `n` were
+    /// suppressed since the last.
+    fn allow(&mut self, reason: DropReason) -> Option<u64> {
+        let now = self.now();
+        self.limiter.check(reason.as_str(), now)
+    }
+
+    /// A clock reading for the cost accountant, when accounting is on.
+    #[inline]
+    fn cost_clock(&self) -> Option<u64> {
+        self.costs.as_ref().map(|c| c.now())
+    }
+
+    #[inline]
+    fn cost_received(&mut self, start: Option<u64>, dir: Dir) {
+        if let (Some(c), Some(t)) = (self.costs.as_deref_mut(), start) {
+            c.received(t, dir);
+        }
+    }
+
+    #[inline]
+    fn cost_sent(&mut self, start: Option<u64>, dir: Dir, packets: usize) {
+        if let (Some(c), Some(t)) = (self.costs.as_deref_mut(), start) {
+            c.sent(t, dir, packets as u64);
+        }
+    }
+
+    /// Reads and protects up to `batch` packets from the TUN. ESP-in-UDP
+    /// datagrams to one peer are gathered into GSO runs and leave in one
+    /// send each; raw ESP/AH leaves at once. On a vnet-header device one
+    /// read may be a TCP/UDP super-segment (TSO/USO): it is cut into
+    /// MTU-sized packets here, each protected and batched like a packet
+    /// read alone. A read error other than "nothing waiting" means the
+    /// device is gone (e.g. deleted by hand): the worker stops.
+    fn on_tun(
+        &mut self,
+        tx: &mut TxBatch,
+        last_tx: &mut [Duration],
+        seg_src: &mut PacketBuf,
+    ) -> Result<()> {
+        let vnet = self.w.vnet;
+        let room = MAX_PACKET + if vnet { VNET_HDR_LEN } else { 0 };
+        let mut result = Ok(());
+        for _ in 0..self.w.batch {
+            let buf = &mut tx.bufs[tx.n];
+            let t = self.cost_clock();
+            let n = match self.w.tun.read(buf.prepare(room)) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    result =
+                        Err(e).with_context(|| format!("reading TUN device {}", self.w.tun_name));
+                    break;
+                }
+            };
+            buf.truncate(n);
+            self.cost_received(t, Dir::Outbound);
+            if !vnet {
+                self.protect(tx, last_tx);
+                continue;
+            }
+            let Some(h) = VirtioNetHdr::parse(buf.as_slice()) else {
+                self.counters.tun_rx.incr();
+                self.io_drop(DropReason::BadOffload, |f| {
+                    write!(f, "TUN read of {n} bytes: shorter than a virtio-net header")
+                });
+                continue;
+            };
+            buf.trim_front(VNET_HDR_LEN);
+            let Some(info) = gso_info(&h) else {
+                self.counters.tun_rx.incr();
+                self.io_drop(DropReason::BadOffload, |f| {
+                    write!(f, "TUN read with an unknown GSO type {:#x}", h.gso_type)
+                });
+                continue;
+            };
+            if info.kind == GsoKind::None {
+                if info.needs_csum {
+                    let (at, off) = (usize::from(info.csum_start), usize::from(info.csum_offset));
+                    if let Err(d) = offload::complete_checksum(buf.as_mut_slice(), at, off) {
+                        self.counters.tun_rx.incr();
+                        self.io_drop(d, |f| {
+                            write!(f, "TUN packet with a partial checksum at {at}+{off}")
+                        });
+                        continue;
+                    }
+                }
+                self.protect(tx, last_tx);
+                continue;
+            }
+            // A super-segment: cut it from a buffer of its own into the
+            // batch's slots.
+            std::mem::swap(&mut tx.bufs[tx.n], seg_src);
+            let mut segs = match Segmenter::new(seg_src.as_slice(), &info) {
+                Ok(s) => s,
+                Err(d) => {
+                    self.counters.tun_rx.incr();
+                    let len = seg_src.len();
+                    self.io_drop(d, |f| write!(f, "TUN super-segment of {len} bytes ({h:?})"));
+                    continue;
+                }
+            };
+            self.counters.tso_reads.incr();
+            while let Some(r) = segs.next_into(&mut tx.bufs[tx.n]) {
+                if let Err(d) = r {
+                    self.counters.tun_rx.incr();
+                    self.io_drop(d, |f| f.write_str("cutting a TUN super-segment"));
+                    break;
+                }
+                self.protect(tx, last_tx);
+            }
+        }
+        self.flush(tx);
+        result
+    }
+
+    /// Protects the clear packet in the batch's next slot and adds it to
+    /// the GSO run (or sends it at once: raw ESP/AH, no GSO).
+    fn protect(&mut self, tx: &mut TxBatch, last_tx: &mut [Duration]) {
+        let buf = &mut tx.bufs[tx.n];
+        let now = self.now();
+        let r = match self.costs.as_deref_mut() {
+            None => self.engine.outbound(buf, now),
+            Some(c) => {
+                c.begin(Dir::Outbound);
+                self.engine.outbound_probed(buf, now, c)
+            }
+        };
+        let ci = match r {
+            Ok(Some(ci)) => ci,
+            Ok(None) => return,
+            Err(d) => {
+                self.report(&d);
+                return;
+            }
+        };
+        if let Some(t) = last_tx.get_mut(ci) {
+            *t = now;
+        }
+        let Some(c) = self.engine.connections().nth(ci) else {
+            return;
+        };
+        let (udp_conn, remote, port) = (c.udp, c.remote, c.remote_port);
+        let udp = match (udp_conn, udp_payload(tx.bufs[tx.n].as_slice())) {
+            (true, Some(x)) if self.w.sockets.udp.is_some() => x,
+            _ => {
+                let i = tx.n;
+                self.send_one(udp_conn, remote, port, i, tx);
+                return;
+            }
+        };
+        let ((start, end), tos) = udp;
+        let dst = SocketAddr::new(remote, port);
+        let len = end - start;
+        if !tx.fits(dst, tos, len) {
+            // Flush the run; this packet starts the next one in slot 0.
+            let i = tx.n;
+            self.flush(tx);
+            tx.bufs.swap(0, i);
+        }
+        if tx.n == 0 {
+            (tx.dst, tx.tos, tx.seg, tx.bytes, tx.closed) = (dst, tos, len, 0, false);
+        }
+        tx.run[tx.n] = (start, end);
+        tx.n += 1;
+        tx.bytes += len;
+        tx.closed = len < tx.seg;
+        if tx.n >= tx.max || !tx.gso {
+            self.flush(tx);
+        }
+    }
+
+    /// Sends the gathered run: one GSO send, or one datagram at a time if
+    /// the kernel refuses GSO (then never tried again).
+    fn flush(&mut self, tx: &mut TxBatch) {
+        let n = std::mem::take(&mut tx.n);
+        if n == 0 {
+            return;
+        }
+        let Some(u) = &self.w.sockets.udp else { return };
+        let t = self.cost_clock();
+        if n > 1 && tx.gso {
+            let mut iov = [io::IoSlice::new(&[]); GSO_MAX];
+            for (i, &(s, e)) in tx.run[..n].iter().enumerate() {
+                iov[i] = io::IoSlice::new(&tx.bufs[i].as_slice()[s..e]);
+            }
+            match u.send_gso(&iov[..n], tx.seg as u16, tx.dst, tx.tos) {
+                Ok(_) => {
+                    self.counters.net_tx.add(n as u64);
+                    self.counters.gso_sends.incr();
+                    self.cost_sent(t, Dir::Outbound, n);
+                    return;
+                }
+                // No GSO on this kernel or device: never again.
+                Err(e)
+                    if e.raw_os_error().is_some_and(|c| {
+                        [libc::EIO, libc::ENOPROTOOPT, libc::EOPNOTSUPP].contains(&c)
+                    }) =>
+                {
+                    tracing::warn!(
+                        "UDP GSO refused by the kernel ({e}); sending one datagram per call"
+                    );
+                    tx.gso = false;
+                }
+                // This run only: e.g. segments larger than the path MTU
+                // (fragment_inner = false), which GSO cannot fragment.
+                Err(e)
+                    if e.raw_os_error()
+                        .is_some_and(|c| [libc::EINVAL, libc::EMSGSIZE].contains(&c)) =>
+                {
+                    tracing::debug!("UDP GSO send refused ({e}); sending this run one by one");
+                }
+                Err(e) => {
+                    let dst = tx.dst;
+                    for _ in 0..n {
+                        self.io_drop(DropReason::SendError, |f| {
+                            write!(f, "sending to {dst}: {e}")
+                        });
+                    }
+                    return;
+                }
+            }
+        }
+        for (i, &(s, e)) in tx.run[..n].iter().enumerate() {
+            match u.send(&tx.bufs[i].as_slice()[s..e], tx.dst, tx.tos) {
+                Ok(_) => self.counters.net_tx.incr(),
+                Err(err) => {
+                    let dst = tx.dst;
+                    self.io_drop(DropReason::SendError, |f| {
+                        write!(f, "sending to {dst}: {err}")
+                    })
+                }
+            }
+        }
+        self.cost_sent(t, Dir::Outbound, n);
+    }
+
+    fn send_one(&mut self, udp_conn: bool, remote: IpAddr, port: u16, slot: usize, tx: &TxBatch) {
+        let pkt = tx.bufs[slot].as_slice();
+        let sockets = self.w.sockets;
+        let t = self.cost_clock();
+        let r = if udp_conn {
+            match (udp_payload(pkt), &sockets.udp) {
+                (Some(((s, e), tos)), Some(u)) => {
+                    u.send(&pkt[s..e], SocketAddr::new(remote, port), tos)
+                }
+                _ => Err(io::Error::other("no UDP socket or bad outer packet")),
+            }
+        } else {
+            let raw = if remote.is_ipv6() {
+                &sockets.raw_tx6
+            } else {
+                &sockets.raw_tx4
+            };
+            match raw {
+                Some(raw) => raw.send(pkt, remote),
+                None => Err(io::Error::other("no raw socket for this family")),
+            }
+        };
+        self.cost_sent(t, Dir::Outbound, 1);
+        match r {
+            Ok(_) => self.counters.net_tx.incr(),
+            Err(e) => self.io_drop(DropReason::SendError, |f| {
+                write!(f, "sending to {remote}: {e}")
+            }),
+        }
+    }
+
+    /// Hands a decrypted inner packet to the TUN. On a vnet-header device
+    /// consecutive TCP segments of one flow are coalesced into one
+    /// super-segment first (written by [`Round::flush_tun`] when the flow
+    /// changes or the batch ends): one write, one pass up the kernel's
+    /// stack for many segments.
+    fn deliver(&mut self, pkt: &[u8], co: &mut TcpCoalescer) {
+        if !self.w.vnet {
+            self.write_tun(None, pkt, 1);
+            return;
+        }
+        match co.push(pkt) {
+            Push::Absorbed => return,
+            Push::FlushFirst => {
+                self.flush_tun(co);
+                if co.push(pkt) == Push::Absorbed {
+                    return;
+                }
+            }
+            Push::Ineligible => self.flush_tun(co),
+        }
+        self.write_tun(Some(&VirtioNetHdr::default()), pkt, 1);
+    }
+
+    /// Writes the coalesced super-segment, if any.
+    fn flush_tun(&mut self, co: &mut TcpCoalescer) {
+        let Some((pkt, info, segs)) = co.take() else {
+            return;
+        };
+        let h = VirtioNetHdr {
+            flags: if info.needs_csum {
+                VirtioNetHdr::F_NEEDS_CSUM
+            } else {
+                0
+            },
+            gso_type: match info.kind {
+                GsoKind::None => VirtioNetHdr::GSO_NONE,
+                GsoKind::TcpV4 => VirtioNetHdr::GSO_TCPV4,
+                GsoKind::TcpV6 => VirtioNetHdr::GSO_TCPV6,
+                GsoKind::UdpL4 => VirtioNetHdr::GSO_UDP_L4,
+            },
+            hdr_len: info.hdr_len,
+            gso_size: info.gso_size,
+            csum_start: info.csum_start,
+            csum_offset: info.csum_offset,
+        };
+        if segs > 1 {
+            self.counters.tun_gso_writes.incr();
+        }
+        self.write_tun(Some(&h), pkt, segs);
+    }
+
+    /// One TUN write of `pkt` (`segs` inner packets), after `vnet` on a
+    /// vnet-header device.
+    fn write_tun(&mut self, vnet: Option<&VirtioNetHdr>, pkt: &[u8], segs: usize) {
+        let t = self.cost_clock();
+        let tun = self.w.tun;
+        let r = match vnet {
+            Some(h) => {
+                let h = h.to_bytes();
+                tun.write_parts(&[io::IoSlice::new(&h), io::IoSlice::new(pkt)])
+            }
+            None => tun.write(pkt),
+        };
+        self.cost_sent(t, Dir::Inbound, segs);
+        match r {
+            Ok(_) => self.counters.tun_tx.add(segs as u64),
+            Err(e) => {
+                let name = self.w.tun_name;
+                for _ in 0..segs {
+                    self.io_drop(DropReason::TunWrite, |f| {
+                        write!(f, "writing to {name}: {e}")
+                    });
+                }
+            }
+        }
+    }
+
+    /// Verifies and removes the IPsec layers of the packet in `buf` and
+    /// delivers what is inside.
+    fn receive(&mut self, buf: &mut PacketBuf, from: IpAddr, co: &mut TcpCoalescer) {
+        let now = self.now();
+        let r = match self.costs.as_deref_mut() {
+            None => self.engine.inbound(buf, now, from),
+            Some(c) => {
+                c.begin(Dir::Inbound);
+                self.engine.inbound_probed(buf, now, from, c)
+            }
+        };
+        match r {
+            Ok(Received::Packet) => self.deliver(buf.as_slice(), co),
+            Ok(Received::Ike) => {
+                // Raw IKE through the classifier (not behind the marker on
+                // the NAT-T socket, which `on_udp` hands over itself): no
+                // IKE engine reads this path.
+                if self.limiter.check("ike", now).is_some() {
+                    let _cold = crate::alloc_count::cold();
+                    tracing::info!(
+                        "ignoring IKE packet from {from}: no connection of this gateway uses IKE"
+                    );
+                }
+            }
+            Ok(Received::Dummy | Received::Keepalive) => {}
+            Err(d) => self.report(&d),
+        }
+    }
+
+    /// Receives up to `batch` reads from the UDP socket; with `UDP_GRO` one
+    /// read may hold many datagrams of one sender, cut at the segment size
+    /// the kernel reports. Each is copied into `buf` (which has the
+    /// headroom for the synthetic outer header the core expects) and
+    /// processed alone.
+    fn on_udp(&mut self, gro_buf: &mut [u8], buf: &mut PacketBuf, co: &mut TcpCoalescer) {
+        let sockets = self.w.sockets;
+        let Some(u) = &sockets.udp else { return };
+        let listen = u.local;
+        for _ in 0..self.w.batch {
+            let t = self.cost_clock();
+            let (n, meta) = match u.recv(gro_buf) {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // ICMP errors reported on the socket (port unreachable
+                    // from a peer that is down) and the like.
+                    tracing::debug!("UDP receive: {e}");
+                    continue;
+                }
+            };
+            self.cost_received(t, Dir::Inbound);
+            let unspecified = if listen.is_ipv6() {
+                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+            } else {
+                IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+            };
+            let src = meta.src.unwrap_or(SocketAddr::new(unspecified, 0));
+            let dst = SocketAddr::new(meta.dst.unwrap_or(listen.ip()), listen.port());
+            let seg = meta.gro_size.map_or(n, usize::from).max(1);
+            if n > seg {
+                self.counters.gro_reads.incr();
+            }
+            for d in gro_buf[..n].chunks(seg) {
+                if self.w.ike.is_some() && d.len() > 4 && d[..4] == [0; 4] {
+                    self.hand_to_ike(dst, src, &d[4..]);
+                    continue;
+                }
+                buf.load(d);
+                if let Err(e) = push_udp_outer(buf, src, dst, meta.tos.unwrap_or(0)) {
+                    self.counters.net_rx.incr();
+                    let len = d.len();
+                    self.io_drop(e, |f| write!(f, "datagram from {src} ({len} bytes)"));
+                    continue;
+                }
+                self.receive(buf, src.ip(), co);
+            }
+        }
+        self.flush_tun(co);
+    }
+
+    /// IKE behind the non-ESP marker (RFC 3948 §2.2): to the IKE engine
+    /// on the control thread (not the hot path; allocating is fine).
+    fn hand_to_ike(&mut self, dst: SocketAddr, src: SocketAddr, msg: &[u8]) {
+        self.counters.net_rx.incr();
+        self.counters.ike.incr();
+        let Some(q) = &self.w.ike else { return };
+        let _cold = crate::alloc_count::cold();
+        let canon = |a: SocketAddr| SocketAddr::new(a.ip().to_canonical(), a.port());
+        if q.try_send((canon(dst), canon(src), msg.to_vec())).is_err() {
+            let cap = q.max_capacity();
+            self.io_drop(DropReason::IkeQueueFull, |f| {
+                write!(
+                    f,
+                    "IKE message from {src}: {cap} already waiting for the IKE engine"
+                )
+            });
+        }
+    }
+
+    fn on_raw(&mut self, r: &RawRx, buf: &mut PacketBuf, co: &mut TcpCoalescer) {
+        for _ in 0..self.w.batch {
+            let t = self.cost_clock();
+            let (n, meta) = match r.recv(buf.prepare(MAX_PACKET)) {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::debug!("raw receive: {e}");
+                    continue;
+                }
+            };
+            self.cost_received(t, Dir::Inbound);
+            buf.truncate(n);
+            let from = meta
+                .src
+                .map_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED), |s| s.ip());
+            if r.v6 {
+                let v6 = |a: Option<IpAddr>| match a {
+                    Some(IpAddr::V6(v)) => v,
+                    _ => Ipv6Addr::UNSPECIFIED,
+                };
+                let dst = v6(meta.dst);
+                if let Err(d) =
+                    push_ipv6_outer(buf, v6(Some(from)), dst, r.proto, meta.tos.unwrap_or(0))
+                {
+                    self.counters.net_rx.incr();
+                    self.io_drop(d, |f| write!(f, "packet from {from} ({n} bytes)"));
+                    continue;
+                }
+            }
+            self.receive(buf, from, co);
+        }
+        self.flush_tun(co);
+    }
+}
+
+/// Where the UDP payload of an outer IPv4/IPv6 UDP packet lies, and its DS
+/// byte.
+fn udp_payload(pkt: &[u8]) -> Option<((usize, usize), u8)> {
+    let info = ip::parse(pkt).ok()?;
+    if info.protocol != proto::UDP {
+        return None;
+    }
+    let at = info.payload_offset + udp::HEADER_LEN;
+    (at <= info.packet_len && info.packet_len <= pkt.len())
+        .then_some(((at, info.packet_len), info.tos))
+}
+
+/// The core's view of a virtio-net header read from the TUN; `None` for a
+/// GSO type the data plane does not handle (UFO; ECN-marked TSO is handled
+/// like plain TSO: the CWR flag is in the TCP header it copies).
+fn gso_info(h: &VirtioNetHdr) -> Option<GsoInfo> {
+    let kind = match h.gso_type & !VirtioNetHdr::GSO_ECN {
+        VirtioNetHdr::GSO_NONE => GsoKind::None,
+        VirtioNetHdr::GSO_TCPV4 => GsoKind::TcpV4,
+        VirtioNetHdr::GSO_TCPV6 => GsoKind::TcpV6,
+        VirtioNetHdr::GSO_UDP_L4 => GsoKind::UdpL4,
+        _ => return None,
+    };
+    Some(GsoInfo {
+        kind,
+        needs_csum: h.flags & VirtioNetHdr::F_NEEDS_CSUM != 0,
+        hdr_len: h.hdr_len,
+        gso_size: h.gso_size,
+        csum_start: h.csum_start,
+        csum_offset: h.csum_offset,
+    })
+}
