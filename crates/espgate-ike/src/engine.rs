@@ -10,9 +10,10 @@
 
 use super::cert::{verify_chain, Certificate, Identity};
 use super::config::{DpdAction, IkeConfig, LocalAuth, RemoteAuth};
-use super::dh::{Group, KeyExchange};
+use super::dh::{DhError, Group, KeyExchange};
 use super::keys::{derive_child_keys, derive_ike_keys, psk_auth, signed_octets, IkeKeyInput, Prf};
 use super::proposal::{select, Chosen, ProposalKind};
+use super::rng::{self, Rng, RngError, SystemRng};
 use super::sk::{SkCrypto, SkError};
 use super::ts;
 use super::wire::{
@@ -26,6 +27,9 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use zeroize::Zeroizing;
+
+mod counters;
+pub use counters::{Counters, IkeEvent};
 
 /// A datagram to send. When `local` is the NAT-T port the shell prefixes
 /// the four-byte non-ESP marker (RFC 3948 §2.2).
@@ -514,6 +518,8 @@ const OLD_IKE_SA_GRACE: Duration = Duration::from_secs(30);
 const DEFAULT_FRAGMENT_SIZE: usize = 1200;
 /// Retry a failed `restart` connection after this.
 const RESTART_DELAY: Duration = Duration::from_secs(5);
+/// Retry a rekey that was refused or could not be started after this.
+const RETRY_DELAY: Duration = Duration::from_secs(10);
 
 /// The IKEv2 engine of one gateway: every connection's IKE SAs.
 pub struct Ike {
@@ -523,9 +529,11 @@ pub struct Ike {
     events: VecDeque<Event>,
     ports: Ports,
     cookie_threshold: usize,
-    cookie_secret: Zeroizing<[u8; 32]>,
+    /// Drawn when the first cookie is needed.
+    cookie_secret: Option<Zeroizing<[u8; 32]>>,
+    rng: Box<dyn Rng + Send>,
     unix_at_epoch: u64,
-    counters: BTreeMap<&'static str, u64>,
+    counters: Counters,
     costs: IkeCosts,
     clock: Option<fn() -> u64>,
     child_spis: HashSet<u32>,
@@ -545,19 +553,6 @@ impl fmt::Display for CommandError {
 }
 
 impl std::error::Error for CommandError {}
-
-fn random_bytes(n: usize) -> Vec<u8> {
-    let mut v = vec![0u8; n];
-    // The CSPRNG failing is not recoverable in any useful way; zeros would
-    // be caught by peers (and never happen with aws-lc).
-    let _ = aws_lc_rs::rand::fill(&mut v);
-    v
-}
-
-fn random_u64() -> u64 {
-    let b = random_bytes(8);
-    u64::from_be_bytes(b.try_into().unwrap_or([1; 8]))
-}
 
 fn nat_hash(spi_i: u64, spi_r: u64, addr: SocketAddr) -> Vec<u8> {
     let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA1_FOR_LEGACY_USE_ONLY);
@@ -652,35 +647,42 @@ fn spi4(v: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes(v.try_into().ok()?))
 }
 
-fn after(now: Duration, d: Duration, jitter: Duration) -> Option<Duration> {
-    if d.is_zero() {
-        return None;
-    }
-    let j = if jitter.is_zero() {
-        Duration::ZERO
-    } else {
-        let r = u64::from_be_bytes(random_bytes(8).try_into().unwrap_or([0; 8]));
-        let max = jitter.min(d / 2).as_nanos().max(1);
-        Duration::from_nanos(u64::try_from(u128::from(r) % max).unwrap_or(0))
-    };
-    Some(now + d - j)
-}
+/// Distinct SPIs a generator gets to produce a fresh one; a generator
+/// that repeats itself this often is broken.
+const SPI_TRIES: usize = 64;
 
 impl Ike {
-    /// An engine for these connections.
+    /// An engine for these connections, drawing its randomness from the
+    /// system CSPRNG ([`SystemRng`]).
     pub fn new(conns: Vec<IkeConfig>, ports: Ports) -> Ike {
-        let mut secret = Zeroizing::new([0u8; 32]);
-        let _ = aws_lc_rs::rand::fill(&mut secret[..]);
+        Ike::with_rng(conns, ports, Box::new(SystemRng))
+    }
+
+    /// An engine drawing every SPI, nonce, private key and cookie secret
+    /// from `rng`.
+    ///
+    /// When `rng` fails, nothing is sent with a value that is not random
+    /// (each failure counts [`IkeEvent::RngFailures`] and logs a warning):
+    /// - [`Ike::initiate`] refuses (a restart is retried later);
+    /// - an IKE_SA_INIT request is not answered (the peer retransmits);
+    /// - our IKE_SA_INIT retried with a cookie or another group, or our
+    ///   IKE_AUTH, fails the IKE SA;
+    /// - a CREATE_CHILD_SA request (child or IKE SA) is answered with
+    ///   TEMPORARY_FAILURE (so is a child SA in IKE_AUTH);
+    /// - our own rekeys are retried 10 s later;
+    /// - rekey jitter is left out (the deadline is the configured one).
+    pub fn with_rng(conns: Vec<IkeConfig>, ports: Ports, rng: Box<dyn Rng + Send>) -> Ike {
         Ike {
+            rng,
             conns,
             sas: Vec::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             ports,
             cookie_threshold: 32,
-            cookie_secret: secret,
+            cookie_secret: None,
             unix_at_epoch: 0,
-            counters: BTreeMap::new(),
+            counters: Counters::default(),
             costs: IkeCosts::default(),
             clock: None,
             child_spis: HashSet::new(),
@@ -719,9 +721,15 @@ impl Ike {
         &self.conns
     }
 
-    /// Counters: messages, exchanges and every reason a message was dropped.
-    pub fn counters(&self) -> &BTreeMap<&'static str, u64> {
+    /// Counters: messages, exchanges and every reason a message or an
+    /// exchange was dropped or failed.
+    pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// How many `event`s happened.
+    pub fn counter(&self, event: IkeEvent) -> u64 {
+        self.counters.get(event)
     }
 
     /// Operation costs of every IKE SA ever handled.
@@ -747,8 +755,8 @@ impl Ike {
         self.events.pop_front()
     }
 
-    fn count(&mut self, what: &'static str) {
-        *self.counters.entry(what).or_default() += 1;
+    fn count(&mut self, what: IkeEvent) {
+        self.counters.add(what);
     }
 
     fn log(&mut self, level: Level, conn: Option<usize>, message: String) {
@@ -774,24 +782,72 @@ impl Ike {
         r
     }
 
-    fn new_child_spi(&mut self) -> u32 {
-        loop {
-            let b = random_bytes(4);
-            let s = u32::from_be_bytes(b.try_into().unwrap_or([0; 4]));
+    /// A fresh inbound child SPI, reserved.
+    fn new_child_spi(&mut self) -> Result<u32, RngError> {
+        for _ in 0..SPI_TRIES {
+            let s = rng::u32(&mut *self.rng)?;
             // SPIs 1-255 are reserved (RFC 4303 §2.1).
             if s > 255 && self.child_spis.insert(s) {
-                return s;
+                return Ok(s);
             }
         }
+        Err(RngError)
     }
 
-    fn new_ike_spi(&mut self) -> u64 {
-        loop {
-            let s = random_u64();
+    /// A fresh IKE SPI of ours, reserved.
+    fn new_ike_spi(&mut self) -> Result<u64, RngError> {
+        for _ in 0..SPI_TRIES {
+            let s = rng::u64(&mut *self.rng)?;
             if s != 0 && self.ike_spis.insert(s) {
-                return s;
+                return Ok(s);
             }
         }
+        Err(RngError)
+    }
+
+    /// A fresh nonce.
+    fn new_nonce(&mut self) -> Result<Vec<u8>, RngError> {
+        rng::bytes(&mut *self.rng, NONCE_LEN)
+    }
+
+    /// A fresh key pair of `group`, its cost accounted to SA `i`.
+    fn new_ke(&mut self, i: Option<usize>, group: Group) -> Result<KeyExchange, DhError> {
+        self.timed(i, IkeOp::Dh, |s| KeyExchange::generate(group, &mut *s.rng))
+    }
+
+    /// Counts and reports a failure of the random generator; `what`: what
+    /// the engine does instead.
+    fn rng_failed(&mut self, ci: Option<usize>, what: &str) {
+        self.count(IkeEvent::RngFailures);
+        self.log(
+            Level::Warn,
+            ci,
+            format!("the random number generator failed: {what}"),
+        );
+    }
+
+    /// `now + d` less a random jitter of at most `jitter` (and `d / 2`);
+    /// `None` when `d` is zero (never).
+    fn after(&mut self, now: Duration, d: Duration, jitter: Duration) -> Option<Duration> {
+        if d.is_zero() {
+            return None;
+        }
+        let j = if jitter.is_zero() {
+            Duration::ZERO
+        } else {
+            match rng::u64(&mut *self.rng) {
+                Ok(r) => {
+                    let max = jitter.min(d / 2).as_nanos().max(1);
+                    Duration::from_nanos(u64::try_from(u128::from(r) % max).unwrap_or(0))
+                }
+                Err(_) => {
+                    // Jitter only spreads rekeys out; its absence is safe.
+                    self.count(IkeEvent::RngFailures);
+                    Duration::ZERO
+                }
+            }
+        };
+        Some(now + d - j)
     }
 
     /// Status of every IKE SA.
@@ -903,8 +959,7 @@ impl Ike {
             )));
         }
         self.restart_at.remove(&ci);
-        self.start_init(now, ci, None, None);
-        Ok(())
+        self.start_init(now, ci, None, None).map_err(CommandError)
     }
 
     /// Deletes connection `name`'s IKE SA and its children (an INFORMATIONAL
@@ -944,10 +999,7 @@ impl Ike {
                 remote: sa.remote,
                 data,
             });
-            self.counters
-                .entry("messages_out")
-                .and_modify(|n| *n += 1)
-                .or_insert(1);
+            self.counters.add(IkeEvent::MessagesOut);
         }
     }
 
@@ -983,13 +1035,13 @@ impl Ike {
         });
         if let Ok(m) = &r {
             if m.len() > 1 {
-                self.count("fragmented_messages_out");
+                self.count(IkeEvent::FragmentedMessagesOut);
             }
         }
         match r {
             Ok(m) => Some(m),
             Err(e) => {
-                self.count("build_errors");
+                self.count(IkeEvent::BuildErrors);
                 let c = self.sas[i].conn;
                 self.log(
                     Level::Warn,
@@ -1065,7 +1117,7 @@ impl Ike {
                 remote,
                 data,
             });
-            self.count("messages_out");
+            self.count(IkeEvent::MessagesOut);
         }
     }
 
@@ -1073,30 +1125,50 @@ impl Ike {
     // IKE_SA_INIT
     // -----------------------------------------------------------------
 
+    /// A new IKE SA of connection `ci` and its IKE_SA_INIT request; `Err`
+    /// says why nothing was sent.
     fn start_init(
         &mut self,
         now: Duration,
         ci: usize,
         group: Option<Group>,
         cookie: Option<Vec<u8>>,
-    ) {
+    ) -> Result<(), String> {
         let c = &self.conns[ci];
         let Some(first_group) = c.proposals.first().and_then(|p| p.dh.first().copied()) else {
-            self.log(Level::Warn, Some(ci), "no IKE proposal with a group".into());
-            return;
+            let e = "no IKE proposal with a group".to_string();
+            self.log(Level::Warn, Some(ci), e.clone());
+            return Err(e);
         };
         let group = group.unwrap_or(first_group);
         let local = SocketAddr::new(c.local, self.ports.ike);
         let remote = SocketAddr::new(c.remote, self.ports.ike);
-        let spi_i = self.new_ike_spi();
+        let spi_i = match self.new_ike_spi() {
+            Ok(s) => s,
+            Err(e) => {
+                self.rng_failed(Some(ci), "IKE SA not initiated");
+                return Err(format!("cannot initiate: {e}"));
+            }
+        };
+        let ni = match self.new_nonce() {
+            Ok(n) => n,
+            Err(e) => {
+                self.ike_spis.remove(&spi_i);
+                self.rng_failed(Some(ci), "IKE SA not initiated");
+                return Err(format!("cannot initiate: {e}"));
+            }
+        };
         let mut sa = IkeSa::new(ci, true, (spi_i, 0), State::InitSent, (local, remote), now);
-        sa.ni = random_bytes(NONCE_LEN);
+        sa.ni = ni;
         sa.cookie = cookie;
         sa.group = group;
         self.sas.push(sa);
         let i = self.sas.len() - 1;
-        self.send_init(i, now);
-        self.count("ike_init_sent");
+        if let Err(e) = self.send_init(i, now) {
+            self.fail(i, e.clone());
+            return Err(e);
+        }
+        self.count(IkeEvent::IkeInitSent);
         self.log(
             Level::Info,
             Some(ci),
@@ -1105,21 +1177,33 @@ impl Ike {
                 group.name()
             ),
         );
+        Ok(())
     }
 
-    fn send_init(&mut self, i: usize, now: Duration) {
+    /// Sends (again, with a cookie or another group) SA `i`'s IKE_SA_INIT
+    /// request with a new key pair; `Err` says why it was not sent.
+    fn send_init(&mut self, i: usize, now: Duration) -> Result<(), String> {
         let group = self.sas[i].group;
-        let ke = match self.timed(Some(i), IkeOp::Dh, |_| KeyExchange::generate(group)) {
+        let ci = self.sas[i].conn;
+        let ke = match self.new_ke(Some(i), group) {
             Ok(k) => k,
             Err(e) => {
-                let c = self.sas[i].conn;
-                self.log(
-                    Level::Warn,
-                    Some(c),
-                    format!("key exchange {}: {e}", group.name()),
-                );
-                return;
+                if matches!(e, DhError::Random(..)) {
+                    self.rng_failed(Some(ci), "IKE_SA_INIT not sent");
+                }
+                return Err(format!("key exchange {}: {e}", group.name()));
             }
+        };
+        let fake_src = if self.conns[ci].force_encap {
+            match rng::bytes(&mut *self.rng, 20) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    self.rng_failed(Some(ci), "IKE_SA_INIT not sent");
+                    return Err(format!("NAT detection: {e}"));
+                }
+            }
+        } else {
+            None
         };
         let ci = self.sas[i].conn;
         let c = &self.conns[ci];
@@ -1140,11 +1224,7 @@ impl Ike {
         });
         payloads.push(Payload::Nonce(self.sas[i].ni.clone()));
         let (spi_i, local, remote) = (self.sas[i].spi_i, self.sas[i].local, self.sas[i].remote);
-        let src = if c.force_encap {
-            random_bytes(20)
-        } else {
-            nat_hash(spi_i, 0, local)
-        };
+        let src = fake_src.unwrap_or_else(|| nat_hash(spi_i, 0, local));
         payloads.push(notify(notify::NAT_DETECTION_SOURCE_IP, src));
         payloads.push(notify(
             notify::NAT_DETECTION_DESTINATION_IP,
@@ -1161,10 +1241,26 @@ impl Ike {
         if let Some(p) = &self.sas[i].pending {
             self.sas[i].init_req = p.data.first().cloned().unwrap_or_default();
         }
+        Ok(())
     }
 
-    fn cookie_for(&self, ni: &[u8], remote: SocketAddr, spi_i: u64) -> Vec<u8> {
-        // RFC 7296 §2.6: <VersionIDofSecret> | Hash(Ni | IPi | SPIi | <secret>).
+    /// The cookie the peer at `remote` must return (RFC 7296 §2.6); the
+    /// secret is drawn when the first cookie is needed.
+    fn cookie_for(
+        &mut self,
+        ni: &[u8],
+        remote: SocketAddr,
+        spi_i: u64,
+    ) -> Result<Vec<u8>, RngError> {
+        let secret = match &self.cookie_secret {
+            Some(s) => s,
+            None => {
+                let mut s = Zeroizing::new([0u8; 32]);
+                self.rng.fill(&mut s[..])?;
+                self.cookie_secret.insert(s)
+            }
+        };
+        // <VersionIDofSecret> | Hash(Ni | IPi | SPIi | <secret>).
         let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
         ctx.update(ni);
         match remote.ip() {
@@ -1172,10 +1268,10 @@ impl Ike {
             IpAddr::V6(a) => ctx.update(&a.octets()),
         }
         ctx.update(&spi_i.to_be_bytes());
-        ctx.update(&self.cookie_secret[..]);
+        ctx.update(&secret[..]);
         let mut out = vec![0, 0, 0, 1];
         out.extend_from_slice(ctx.finish().as_ref());
-        out
+        Ok(out)
     }
 
     fn responder_init(
@@ -1193,22 +1289,22 @@ impl Ike {
             .position(|s| !s.initiator && s.spi_i == h.spi_i && s.remote.ip() == remote.ip())
         {
             if self.sas[i].state == State::InitDone && !self.sas[i].init_resp.is_empty() {
-                self.count("retransmitted_responses");
+                self.count(IkeEvent::RetransmittedResponses);
                 let d = self.sas[i].init_resp.clone();
                 self.transmit(i, vec![d]);
             } else {
-                self.count("dropped_duplicate_init");
+                self.count(IkeEvent::DroppedDuplicateInit);
             }
             return;
         }
         if h.message_id != 0 {
-            self.count("dropped_bad_message_id");
+            self.count(IkeEvent::DroppedBadMessageId);
             return;
         }
         let msg = match self.timed(None, IkeOp::Decode, |_| Message::parse(data)) {
             Ok(m) => m,
             Err(e) => {
-                self.count("dropped_malformed");
+                self.count(IkeEvent::DroppedMalformed);
                 self.log(
                     Level::Debug,
                     None,
@@ -1218,7 +1314,7 @@ impl Ike {
             }
         };
         let Some(ci) = self.conns.iter().position(|c| c.remote == remote.ip()) else {
-            self.count("dropped_no_connection");
+            self.count(IkeEvent::DroppedNoConnection);
             self.log(
                 Level::Warn,
                 None,
@@ -1244,7 +1340,7 @@ impl Ike {
         let p = &msg.payloads;
         let (Some(offered), Some((kg, kdata)), Some(ni)) = (get_sa(p), get_ke(p), get_nonce(p))
         else {
-            self.count("dropped_malformed");
+            self.count(IkeEvent::DroppedMalformed);
             self.reply_plain(
                 local,
                 remote,
@@ -1260,12 +1356,15 @@ impl Ike {
             .filter(|s| s.state == State::InitDone)
             .count();
         if half_open >= self.cookie_threshold {
-            let want = self.cookie_for(ni, remote, h.spi_i);
+            let Ok(want) = self.cookie_for(ni, remote, h.spi_i) else {
+                self.rng_failed(Some(ci), "IKE_SA_INIT request not answered");
+                return;
+            };
             let ok = find_notify(p, notify::COOKIE).is_some_and(|n| {
                 aws_lc_rs::constant_time::verify_slices_are_equal(&n.data, &want).is_ok()
             });
             if !ok {
-                self.count("cookies_sent");
+                self.count(IkeEvent::CookiesSent);
                 self.reply_plain(local, remote, &h, vec![notify(notify::COOKIE, want)]);
                 return;
             }
@@ -1273,7 +1372,7 @@ impl Ike {
         let Some((num, _, chosen)) =
             select(&self.conns[ci].proposals, offered, ProposalKind::Ike, false)
         else {
-            self.count("no_proposal_chosen");
+            self.count(IkeEvent::NoProposalChosen);
             let offered_names: Vec<String> = offered.iter().map(describe_proposal).collect();
             self.log(
                 Level::Warn,
@@ -1299,7 +1398,7 @@ impl Ike {
         };
         let Some(group) = chosen.dh else { return };
         if kg != group.id() {
-            self.count("invalid_ke_sent");
+            self.count(IkeEvent::InvalidKeSent);
             self.reply_plain(
                 local,
                 remote,
@@ -1311,14 +1410,18 @@ impl Ike {
             );
             return;
         }
-        let ke = match self.timed(None, IkeOp::Dh, |_| KeyExchange::generate(group)) {
+        let ke = match self.new_ke(None, group) {
             Ok(k) => k,
+            Err(DhError::Random(..)) => {
+                self.rng_failed(Some(ci), "IKE_SA_INIT request not answered");
+                return;
+            }
             Err(_) => return,
         };
         let g_ir = match self.timed(None, IkeOp::Dh, |_| ke.agree(kdata)) {
             Ok(g) => g,
             Err(e) => {
-                self.count("dropped_bad_ke");
+                self.count(IkeEvent::DroppedBadKe);
                 self.log(
                     Level::Warn,
                     Some(ci),
@@ -1333,10 +1436,23 @@ impl Ike {
                 return;
             }
         };
-        let spi_r = self.new_ike_spi();
+        let fake_src = if self.conns[ci].force_encap {
+            rng::bytes(&mut *self.rng, 20).map(Some)
+        } else {
+            Ok(None)
+        };
+        let (spi_r, nr, fake_src) = match (self.new_ike_spi(), self.new_nonce(), fake_src) {
+            (Ok(s), Ok(n), Ok(f)) => (s, n, f),
+            (s, _, _) => {
+                if let Ok(s) = s {
+                    self.ike_spis.remove(&s);
+                }
+                self.rng_failed(Some(ci), "IKE_SA_INIT request not answered");
+                return;
+            }
+        };
         let c = &self.conns[ci];
         let our_local = SocketAddr::new(c.local, local.port());
-        let nr = random_bytes(NONCE_LEN);
         // NAT detection (§2.23): compare the peer's hashes with what we see.
         let src_ok = find_notify(p, notify::NAT_DETECTION_SOURCE_IP)
             .map(|n| n.data == nat_hash(h.spi_i, 0, remote));
@@ -1352,11 +1468,7 @@ impl Ike {
             Payload::Nonce(nr.clone()),
         ];
         if src_ok.is_some() {
-            let src = if c.force_encap {
-                random_bytes(20)
-            } else {
-                nat_hash(h.spi_i, spi_r, our_local)
-            };
+            let src = fake_src.unwrap_or_else(|| nat_hash(h.spi_i, spi_r, our_local));
             out.push(notify(notify::NAT_DETECTION_SOURCE_IP, src));
             out.push(notify(
                 notify::NAT_DETECTION_DESTINATION_IP,
@@ -1399,7 +1511,7 @@ impl Ike {
             self.sas.remove(i);
             return;
         }
-        self.count("ike_init_answered");
+        self.count(IkeEvent::IkeInitAnswered);
         self.log(
             Level::Info,
             Some(ci),
@@ -1468,10 +1580,12 @@ impl Ike {
             if self.sas[i].cookie.is_some() && self.sas[i].cookie.as_ref() == Some(&ck.data) {
                 return;
             }
-            self.count("cookies_received");
+            self.count(IkeEvent::CookiesReceived);
             self.sas[i].cookie = Some(ck.data.clone());
             self.sas[i].pending = None;
-            self.send_init(i, now);
+            if let Err(e) = self.send_init(i, now) {
+                self.fail(i, e);
+            }
             return;
         }
         if let Some(n) = find_notify(p, notify::INVALID_KE_PAYLOAD) {
@@ -1479,7 +1593,7 @@ impl Ike {
             let ok = want.and_then(Group::from_id).filter(|g| {
                 *g != self.sas[i].group && self.conns[ci].proposals.iter().any(|p| p.dh.contains(g))
             });
-            self.count("invalid_ke_received");
+            self.count(IkeEvent::InvalidKeReceived);
             match ok {
                 Some(g) => {
                     self.log(
@@ -1489,7 +1603,9 @@ impl Ike {
                     );
                     self.sas[i].group = g;
                     self.sas[i].pending = None;
-                    self.send_init(i, now);
+                    if let Err(e) = self.send_init(i, now) {
+                        self.fail(i, e);
+                    }
                 }
                 None => self.fail(
                     i,
@@ -1725,7 +1841,11 @@ impl Ike {
             self.fail(i, "could not create our AUTH payload".into());
             return;
         };
-        let spi_in = self.new_child_spi();
+        let Ok(spi_in) = self.new_child_spi() else {
+            self.rng_failed(Some(ci), "IKE_AUTH not sent");
+            self.fail(i, "no child SPI: the random number generator failed".into());
+            return;
+        };
         let c = &self.conns[ci];
         let mut payloads = vec![Payload::IdI(id)];
         let (certs, rest): (Vec<Payload>, Vec<Payload>) = auth
@@ -1759,7 +1879,7 @@ impl Ike {
             Payload::IdI(v) => Some(v.clone()),
             _ => None,
         }) else {
-            self.count("auth_failed");
+            self.count(IkeEvent::AuthFailed);
             self.reply(
                 i,
                 exchange::IKE_AUTH,
@@ -1784,7 +1904,7 @@ impl Ike {
         let ident = match self.verify_peer(i, &p, &peer_id, &signed) {
             Ok(x) => x,
             Err(e) => {
-                self.count("auth_failed");
+                self.count(IkeEvent::AuthFailed);
                 self.log(
                     Level::Warn,
                     Some(ci),
@@ -1825,8 +1945,8 @@ impl Ike {
         self.sas[i].peer_id = Some(ident.clone());
         self.sas[i].state = State::Established;
         self.sas[i].established_at = Some(now);
-        let c = &self.conns[ci];
-        self.sas[i].rekey_at = after(now, c.rekey_time, c.jitter);
+        let (rekey, jitter) = (self.conns[ci].rekey_time, self.conns[ci].jitter);
+        self.sas[i].rekey_at = self.after(now, rekey, jitter);
         // The child SA.
         let ni = self.sas[i].ni.clone();
         let nr = self.sas[i].nr.clone();
@@ -1835,7 +1955,7 @@ impl Ike {
             Err(n) => out.push(notify(n, vec![])),
         }
         self.reply(i, exchange::IKE_AUTH, id, out);
-        self.count("ike_established");
+        self.count(IkeEvent::IkeEstablished);
         self.ike_up(i);
         if initial_contact {
             // §2.4: the peer has no other IKE SA with us any more (it
@@ -1846,7 +1966,7 @@ impl Ike {
                 .iter()
                 .position(|s| s.conn == ci && (s.spi_i, s.spi_r) != me)
             {
-                self.count("initial_contact_cleared");
+                self.count(IkeEvent::InitialContactCleared);
                 self.destroy(j, format!("{ident} started over (INITIAL_CONTACT)"), false);
             }
         }
@@ -1910,7 +2030,7 @@ impl Ike {
             ProposalKind::Esp,
             ke.is_some(),
         ) else {
-            self.count("no_proposal_chosen");
+            self.count(IkeEvent::NoProposalChosen);
             self.log(
                 Level::Warn,
                 Some(ci),
@@ -1935,7 +2055,7 @@ impl Ike {
                 join(&c.child.remote_ts),
                 join(&c.child.local_ts),
             );
-            self.count("ts_unacceptable");
+            self.count(IkeEvent::TsUnacceptable);
             self.log(Level::Warn, Some(ci), msg);
             return Err(notify::TS_UNACCEPTABLE);
         }
@@ -1959,9 +2079,13 @@ impl Ike {
                 if kg != g.id() {
                     return Err(notify::INVALID_KE_PAYLOAD);
                 }
-                let k = self
-                    .timed(Some(i), IkeOp::Dh, |_| KeyExchange::generate(g))
-                    .map_err(|_| notify::NO_PROPOSAL_CHOSEN)?;
+                let k = self.new_ke(Some(i), g).map_err(|e| match e {
+                    DhError::Random(..) => {
+                        self.rng_failed(Some(ci), "child SA refused (TEMPORARY_FAILURE)");
+                        notify::TEMPORARY_FAILURE
+                    }
+                    _ => notify::NO_PROPOSAL_CHOSEN,
+                })?;
                 let s = self
                     .timed(Some(i), IkeOp::Dh, |_| k.agree(kd))
                     .map_err(|_| notify::INVALID_SYNTAX)?;
@@ -1973,7 +2097,10 @@ impl Ike {
             }
             _ => None,
         };
-        let spi_in = self.new_child_spi();
+        let Ok(spi_in) = self.new_child_spi() else {
+            self.rng_failed(Some(ci), "child SA refused (TEMPORARY_FAILURE)");
+            return Err(notify::TEMPORARY_FAILURE);
+        };
         let prf = self.sas[i]
             .chosen
             .and_then(|c| c.prf)
@@ -2048,9 +2175,9 @@ impl Ike {
             ),
         );
         self.count(if rekey_of.is_some() {
-            "child_rekeys"
+            IkeEvent::ChildRekeys
         } else {
-            "children_established"
+            IkeEvent::ChildrenEstablished
         });
         self.sas[i].children.push(child);
         Ok(out)
@@ -2060,7 +2187,7 @@ impl Ike {
     /// the exchange (its initiator-to-responder keys are our outbound ones).
     #[allow(clippy::too_many_arguments)]
     fn new_child(
-        &self,
+        &mut self,
         i: usize,
         now: Duration,
         initiated: bool,
@@ -2099,6 +2226,7 @@ impl Ike {
             mode,
         );
         let c = &self.conns[self.sas[i].conn].child;
+        let (rekey, jitter, life) = (c.rekey_time, c.jitter, c.life_time);
         let child = Child {
             spi_in,
             spi_out,
@@ -2106,8 +2234,8 @@ impl Ike {
             local_ts,
             remote_ts,
             state: ChildState::Installed,
-            rekey_at: after(now, c.rekey_time, c.jitter),
-            expire_at: (!c.life_time.is_zero()).then(|| now + c.life_time),
+            rekey_at: self.after(now, rekey, jitter),
+            expire_at: (!life.is_zero()).then(|| now + life),
             pending_out: None,
             out_active: false,
             nonces: (ni.to_vec(), nr.to_vec()),
@@ -2149,7 +2277,7 @@ impl Ike {
     fn initiator_auth_response(&mut self, i: usize, now: Duration, spi_in: u32, p: Vec<Payload>) {
         let ci = self.sas[i].conn;
         if find_notify(&p, notify::AUTHENTICATION_FAILED).is_some() {
-            self.count("auth_failed");
+            self.count(IkeEvent::AuthFailed);
             self.child_spis.remove(&spi_in);
             self.fail(
                 i,
@@ -2188,7 +2316,7 @@ impl Ike {
         match self.verify_peer(i, &p, &peer_id, &signed) {
             Ok(ident) => self.sas[i].peer_id = Some(ident),
             Err(e) => {
-                self.count("auth_failed");
+                self.count(IkeEvent::AuthFailed);
                 self.log(
                     Level::Warn,
                     Some(ci),
@@ -2209,9 +2337,9 @@ impl Ike {
         }
         self.sas[i].state = State::Established;
         self.sas[i].established_at = Some(now);
-        let c = &self.conns[ci];
-        self.sas[i].rekey_at = after(now, c.rekey_time, c.jitter);
-        self.count("ike_established");
+        let (rekey, jitter) = (self.conns[ci].rekey_time, self.conns[ci].jitter);
+        self.sas[i].rekey_at = self.after(now, rekey, jitter);
+        self.count(IkeEvent::IkeEstablished);
         self.ike_up(i);
         let ni = self.sas[i].ni.clone();
         let nr = self.sas[i].nr.clone();
@@ -2234,7 +2362,7 @@ impl Ike {
         let ci = self.sas[i].conn;
         if let Some(e) = error_notify(p) {
             self.child_spis.remove(&spi_in);
-            self.count("child_failed");
+            self.count(IkeEvent::ChildFailed);
             self.log(
                 Level::Warn,
                 Some(ci),
@@ -2258,7 +2386,7 @@ impl Ike {
         let tsr = get_ts(p).map(|(a, b)| (a.to_vec(), b.to_vec()));
         let (Some(chosen), Some(spi_out), Some((ts_i, ts_r))) = (chosen, spi_out, tsr) else {
             self.child_spis.remove(&spi_in);
-            self.count("child_failed");
+            self.count(IkeEvent::ChildFailed);
             self.log(
                 Level::Warn,
                 Some(ci),
@@ -2269,7 +2397,7 @@ impl Ike {
         let c = &self.conns[ci];
         if !ts::covered(&ts_i, &c.child.local_ts) || !ts::covered(&ts_r, &c.child.remote_ts) {
             self.child_spis.remove(&spi_in);
-            self.count("child_failed");
+            self.count(IkeEvent::ChildFailed);
             self.log(
                 Level::Warn,
                 Some(ci),
@@ -2341,9 +2469,9 @@ impl Ike {
         self.outbound_replaced(ci);
         self.sas[i].children.push(child);
         self.count(if rekey_of.is_some() {
-            "child_rekeys"
+            IkeEvent::ChildRekeys
         } else {
-            "children_established"
+            IkeEvent::ChildrenEstablished
         });
         self.log(
             Level::Info,
@@ -2373,17 +2501,17 @@ impl Ike {
     /// One received IKE datagram (without the non-ESP marker), its
     /// destination (our address and port) and its source.
     pub fn handle(&mut self, now: Duration, local: SocketAddr, remote: SocketAddr, data: &[u8]) {
-        self.count("messages_in");
+        self.count(IkeEvent::MessagesIn);
         let h = match Header::parse(data) {
             Ok((h, _, _)) => h,
             Err(_) => {
-                self.count("dropped_malformed");
+                self.count(IkeEvent::DroppedMalformed);
                 return;
             }
         };
         if h.exchange_type == exchange::IKE_SA_INIT && !h.response {
             if h.spi_r != 0 {
-                self.count("dropped_malformed");
+                self.count(IkeEvent::DroppedMalformed);
                 return;
             }
             self.responder_init(now, local, remote, data, h);
@@ -2397,7 +2525,7 @@ impl Ike {
                     || (if s.initiator { s.spi_r } else { s.spi_i })
                         == (if s.initiator { h.spi_r } else { h.spi_i }))
         }) else {
-            self.count("dropped_unknown_spi");
+            self.count(IkeEvent::DroppedUnknownSpi);
             return;
         };
         if h.response {
@@ -2416,22 +2544,22 @@ impl Ike {
         h: Header,
     ) {
         let Some(pending) = &self.sas[i].pending else {
-            self.count("dropped_unexpected_response");
+            self.count(IkeEvent::DroppedUnexpectedResponse);
             return;
         };
         if pending.id != h.message_id {
-            self.count("dropped_bad_message_id");
+            self.count(IkeEvent::DroppedBadMessageId);
             return;
         }
         if h.exchange_type == exchange::IKE_SA_INIT {
             if self.sas[i].state != State::InitSent {
-                self.count("dropped_unexpected_response");
+                self.count(IkeEvent::DroppedUnexpectedResponse);
                 return;
             }
             let msg = match self.timed(Some(i), IkeOp::Decode, |_| Message::parse(data)) {
                 Ok(m) => m,
                 Err(_) => {
-                    self.count("dropped_malformed");
+                    self.count(IkeEvent::DroppedMalformed);
                     return;
                 }
             };
@@ -2501,11 +2629,11 @@ impl Ike {
         match r {
             Ok((_, p)) => Some(p),
             Err(SkError::Integrity) => {
-                self.count("dropped_integrity");
+                self.count(IkeEvent::DroppedIntegrity);
                 None
             }
             Err(e) => {
-                self.count("dropped_malformed");
+                self.count(IkeEvent::DroppedMalformed);
                 let c = self.sas[i].conn;
                 self.log(Level::Debug, Some(c), format!("message dropped: {e}"));
                 None
@@ -2521,19 +2649,19 @@ impl Ike {
         let (h, f) = match r {
             Ok(x) => x,
             Err(SkError::Integrity) => {
-                self.count("dropped_integrity");
+                self.count(IkeEvent::DroppedIntegrity);
                 return None;
             }
             Err(e) => {
-                self.count("dropped_malformed");
+                self.count(IkeEvent::DroppedMalformed);
                 let c = self.sas[i].conn;
                 self.log(Level::Debug, Some(c), format!("fragment dropped: {e}"));
                 return None;
             }
         };
-        self.count("fragments_in");
+        self.count(IkeEvent::FragmentsIn);
         if usize::from(f.total) > MAX_FRAGMENTS {
-            self.count("dropped_too_many_fragments");
+            self.count(IkeEvent::DroppedTooManyFragments);
             return None;
         }
         let key = (h.message_id, h.response);
@@ -2564,11 +2692,11 @@ impl Ike {
             wire::parse_payload_chain(r.first, &body, true)
         }) {
             Ok(p) => {
-                self.count("fragmented_messages_in");
+                self.count(IkeEvent::FragmentedMessagesIn);
                 Some(p)
             }
             Err(e) => {
-                self.count("dropped_malformed");
+                self.count(IkeEvent::DroppedMalformed);
                 let c = self.sas[i].conn;
                 self.log(
                     Level::Debug,
@@ -2598,14 +2726,14 @@ impl Ike {
                 let skf = data.get(16) == Some(&payload::SKF);
                 if !skf || data.get(32..34) == Some(&[0, 1][..]) {
                     let resp = resp.clone();
-                    self.count("retransmitted_responses");
+                    self.count(IkeEvent::RetransmittedResponses);
                     self.transmit(i, resp);
                 }
                 return;
             }
         }
         if h.message_id != sa.next_in_id {
-            self.count("dropped_bad_message_id");
+            self.count(IkeEvent::DroppedBadMessageId);
             return;
         }
         let Some(p) = self.open(i, data) else { return };
@@ -2644,7 +2772,7 @@ impl Ike {
                 self.responder_informational(i, now, h.message_id, p)
             }
             _ => {
-                self.count("dropped_unexpected_request");
+                self.count(IkeEvent::DroppedUnexpectedRequest);
                 self.reply(
                     i,
                     h.exchange_type,
@@ -2697,7 +2825,16 @@ impl Ike {
                 return;
             }
         }
-        let nr = random_bytes(NONCE_LEN);
+        let Ok(nr) = self.new_nonce() else {
+            self.rng_failed(Some(ci), "CREATE_CHILD_SA refused (TEMPORARY_FAILURE)");
+            self.reply(
+                i,
+                exchange::CREATE_CHILD_SA,
+                id,
+                vec![notify(notify::TEMPORARY_FAILURE, vec![])],
+            );
+            return;
+        };
         let ke = get_ke(&p).map(|(g, d)| (g, d.to_vec()));
         let r = self.accept_child(
             i,
@@ -2762,14 +2899,36 @@ impl Ike {
             .filter(|g| pfs.contains(g))
             .or(pfs.first().copied());
         let ke = match group {
-            Some(g) => match self.timed(Some(i), IkeOp::Dh, |_| KeyExchange::generate(g)) {
-                Ok(k) => Some(k),
-                Err(_) => return,
-            },
-            None => None,
+            Some(g) => self.new_ke(Some(i), g).map(Some).map_err(|e| e.to_string()),
+            None => Ok(None),
         };
-        let spi_in = self.new_child_spi();
-        let ni = random_bytes(NONCE_LEN);
+        let drawn = ke.and_then(|ke| {
+            let spi_in = self.new_child_spi().map_err(|e| e.to_string())?;
+            match self.new_nonce() {
+                Ok(ni) => Ok((ke, spi_in, ni)),
+                Err(e) => {
+                    self.child_spis.remove(&spi_in);
+                    Err(e.to_string())
+                }
+            }
+        });
+        let (ke, spi_in, ni) = match drawn {
+            Ok(x) => x,
+            Err(e) => {
+                // Not sent: the child stays as it is and is rekeyed later.
+                self.count(IkeEvent::RngFailures);
+                self.log(
+                    Level::Warn,
+                    Some(ci),
+                    format!("child SA {old_in:08x}_i not rekeyed ({e}): retrying in 10 s"),
+                );
+                if let Some(old) = self.sas[i].children.iter_mut().find(|c| c.spi_in == old_in) {
+                    old.state = ChildState::Installed;
+                    old.rekey_at = Some(now + RETRY_DELAY);
+                }
+                return;
+            }
+        };
         let c = &self.conns[ci];
         let mut payloads = vec![Payload::Notify(Notify {
             protocol: protocol::ESP,
@@ -2833,7 +2992,7 @@ impl Ike {
                     .iter()
                     .any(|p| p.dh.contains(g))
             });
-            self.count("invalid_ke_received");
+            self.count(IkeEvent::InvalidKeReceived);
             self.log(
                 Level::Info,
                 Some(ci),
@@ -2904,7 +3063,7 @@ impl Ike {
             let min_ours = a.nonces.0.clone().min(a.nonces.1.clone());
             let min_peer = b.nonces.0.clone().min(b.nonces.1.clone());
             let b_in = b.spi_in;
-            self.count("rekey_collisions");
+            self.count(IkeEvent::RekeyCollisions);
             if min_ours < min_peer {
                 self.log(
                     Level::Info,
@@ -2967,12 +3126,30 @@ impl Ike {
         let Some(group) = self.sas[i].chosen.and_then(|c| c.dh) else {
             return;
         };
-        let ke = match self.timed(Some(i), IkeOp::Dh, |_| KeyExchange::generate(group)) {
-            Ok(k) => k,
-            Err(_) => return,
+        let drawn = self.new_ke(Some(i), group).map_err(|e| e.to_string());
+        let drawn = drawn.and_then(|ke| {
+            let new_spi = self.new_ike_spi().map_err(|e| e.to_string())?;
+            match self.new_nonce() {
+                Ok(ni) => Ok((ke, new_spi, ni)),
+                Err(e) => {
+                    self.ike_spis.remove(&new_spi);
+                    Err(e.to_string())
+                }
+            }
+        });
+        let (ke, new_spi, ni) = match drawn {
+            Ok(x) => x,
+            Err(e) => {
+                self.count(IkeEvent::RngFailures);
+                self.log(
+                    Level::Warn,
+                    Some(ci),
+                    format!("IKE SA not rekeyed ({e}): retrying in 10 s"),
+                );
+                self.sas[i].rekey_at = Some(now + RETRY_DELAY);
+                return;
+            }
         };
-        let new_spi = self.new_ike_spi();
-        let ni = random_bytes(NONCE_LEN);
         let props: Vec<wire::Proposal> = self.conns[ci]
             .proposals
             .iter()
@@ -3056,7 +3233,23 @@ impl Ike {
             );
             return;
         }
-        let Ok(ke) = self.timed(Some(i), IkeOp::Dh, |_| KeyExchange::generate(g)) else {
+        let ke = self.new_ke(Some(i), g);
+        let our_spi = self.new_ike_spi();
+        let nr = self.new_nonce();
+        let rng_failed = matches!(ke, Err(DhError::Random(..))) || our_spi.is_err() || nr.is_err();
+        let (Ok(ke), Ok(our_spi), Ok(nr)) = (ke, our_spi, nr) else {
+            if rng_failed {
+                self.rng_failed(Some(ci), "IKE SA rekey refused (TEMPORARY_FAILURE)");
+            }
+            if let Ok(s) = our_spi {
+                self.ike_spis.remove(&s);
+            }
+            self.reply(
+                i,
+                exchange::CREATE_CHILD_SA,
+                id,
+                vec![notify(notify::TEMPORARY_FAILURE, vec![])],
+            );
             return;
         };
         let Ok(g_ir) = self.timed(Some(i), IkeOp::Dh, |_| ke.agree(kd)) else {
@@ -3068,8 +3261,6 @@ impl Ike {
             );
             return;
         };
-        let our_spi = self.new_ike_spi();
-        let nr = random_bytes(NONCE_LEN);
         let out = vec![
             Payload::Sa(vec![chosen.to_wire(
                 ProposalKind::Ike,
@@ -3162,6 +3353,7 @@ impl Ike {
         let old_prf = self.sas[i].chosen.and_then(|c| c.prf)?;
         let old_sk_d = self.sas[i].sk_d.clone();
         let ci = self.sas[i].conn;
+        let rekey_at = self.after(now, self.conns[ci].rekey_time, self.conns[ci].jitter);
         let old = &mut self.sas[i];
         let children = std::mem::take(&mut old.children);
         let mut sa = IkeSa::new(
@@ -3179,7 +3371,7 @@ impl Ike {
         sa.group = chosen.dh.unwrap_or(old.group);
         sa.children = children;
         sa.established_at = Some(now);
-        sa.rekey_at = after(now, self.conns[ci].rekey_time, self.conns[ci].jitter);
+        sa.rekey_at = rekey_at;
         sa.peer_id = old.peer_id.clone();
         sa.fragmentation = old.fragmentation;
         old.rekey_at = None;
@@ -3201,7 +3393,7 @@ impl Ike {
             self.sas.remove(j);
             return None;
         }
-        self.count("ike_rekeys");
+        self.count(IkeEvent::IkeRekeys);
         let algs = chosen.name();
         self.events.push_back(Event::IkeUp {
             conn: self.conns[ci].name.clone(),
@@ -3342,7 +3534,7 @@ impl Ike {
     /// An exchange we started failed before the SA was usable.
     fn fail(&mut self, i: usize, reason: String) {
         let ci = self.sas[i].conn;
-        self.count("ike_failed");
+        self.count(IkeEvent::IkeFailed);
         self.log(Level::Warn, Some(ci), reason.clone());
         self.destroy(i, reason, true);
     }
@@ -3391,7 +3583,9 @@ impl Ike {
             self.restart_at.remove(&ci);
             if !self.sas.iter().any(|s| s.conn == ci) {
                 self.log(Level::Info, Some(ci), "restarting the connection".into());
-                self.start_init(now, ci, None, None);
+                if self.start_init(now, ci, None, None).is_err() {
+                    self.restart_at.insert(ci, now + RESTART_DELAY);
+                }
             }
         }
         let mut i = 0;
@@ -3406,7 +3600,7 @@ impl Ike {
     fn timeout_one(&mut self, i: usize, now: Duration) -> bool {
         let ci = self.sas[i].conn;
         if self.sas[i].state == State::InitDone && now >= self.sas[i].created + HALF_OPEN_TIMEOUT {
-            self.count("half_open_expired");
+            self.count(IkeEvent::HalfOpenExpired);
             self.destroy(i, "half-open SA expired (no IKE_AUTH)".into(), false);
             return false;
         }
@@ -3420,7 +3614,7 @@ impl Ike {
                 let r = self.conns[ci].retransmit;
                 if p.tries >= r.tries {
                     let was_deleting = matches!(p.what, Req::DeleteIke);
-                    self.count("peers_dead");
+                    self.count(IkeEvent::PeersDead);
                     let reason = format!("no answer after {} retransmissions: peer dead", r.tries);
                     if self.conns[ci].dpd_action == DpdAction::Restart && !was_deleting {
                         self.restart_at.insert(ci, now + RESTART_DELAY);
@@ -3432,7 +3626,7 @@ impl Ike {
                 p.tries += 1;
                 p.next_at = now + r.wait(p.tries);
                 let d = p.data.clone();
-                self.count("retransmits");
+                self.count(IkeEvent::Retransmits);
                 self.transmit(i, d);
             }
         }
@@ -3455,7 +3649,7 @@ impl Ike {
                 .map(|c| c.spi_in)
                 .collect();
             for s in expired {
-                self.count("children_expired");
+                self.count(IkeEvent::ChildrenExpired);
                 self.log(
                     Level::Warn,
                     Some(ci),
@@ -3514,7 +3708,7 @@ impl Ike {
                     }
                 }
                 Task::Dpd => {
-                    self.count("dpd_sent");
+                    self.count(IkeEvent::DpdSent);
                     self.send_request(i, now, exchange::INFORMATIONAL, Vec::new(), Req::Dpd);
                 }
                 Task::DeleteChild(s) => {

@@ -4,8 +4,11 @@ use super::*;
 use crate::cert::Identity;
 use crate::config::{ChildConfig, IkeConfig, LocalAuth, RemoteAuth, Retransmit};
 use crate::proposal::ProposalSpec;
+use crate::rng::tests::SwitchRng;
 use espgate_core::selector::Prefix;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 const A: &str = "192.0.2.1";
 const B: &str = "192.0.2.2";
@@ -126,6 +129,17 @@ impl Pair {
             drop_b: false,
             delivered: 0,
         }
+    }
+
+    /// Two engines with seeded generators that fail while their switch
+    /// (A's, B's) is on.
+    fn with_switches(ca: IkeConfig, cb: IkeConfig) -> (Pair, Arc<AtomicBool>, Arc<AtomicBool>) {
+        let mut p = Pair::new(ca.clone(), cb.clone());
+        let (ra, fa) = SwitchRng::new(1);
+        let (rb, fb) = SwitchRng::new(2);
+        p.a = Ike::with_rng(vec![ca], Ports::default(), Box::new(ra));
+        p.b = Ike::with_rng(vec![cb], Ports::default(), Box::new(rb));
+        (p, fa, fb)
     }
 
     fn psk(ike: &str, esp: &str) -> Pair {
@@ -285,7 +299,7 @@ fn wrong_psk_fails_both_sides() {
     p.run();
     assert!(p.a.status().is_empty() && p.b.status().is_empty());
     assert!(p.pa.sas.is_empty() && p.pb.sas.is_empty());
-    assert_eq!(p.b.counters()["auth_failed"], 1);
+    assert_eq!(p.b.counter(IkeEvent::AuthFailed), 1);
     assert!(
         p.pa.down
             .iter()
@@ -318,7 +332,7 @@ fn wrong_identity_fails() {
     p.a.initiate(p.now, "c").unwrap();
     p.run();
     assert!(p.a.status().is_empty() && p.b.status().is_empty());
-    assert_eq!(p.b.counters()["auth_failed"], 1);
+    assert_eq!(p.b.counter(IkeEvent::AuthFailed), 1);
 }
 
 #[test]
@@ -344,7 +358,7 @@ fn no_common_proposal() {
     p.a.initiate(p.now, "c").unwrap();
     p.run();
     assert!(p.a.status().is_empty() && p.b.status().is_empty());
-    assert_eq!(p.b.counters()["no_proposal_chosen"], 1);
+    assert_eq!(p.b.counter(IkeEvent::NoProposalChosen), 1);
     assert!(p.pa.down.iter().any(|r| r.contains("NO_PROPOSAL_CHOSEN")));
 }
 
@@ -370,8 +384,8 @@ fn invalid_ke_retry_with_the_peers_group() {
     );
     p.a.initiate(p.now, "c").unwrap();
     p.run();
-    assert_eq!(p.b.counters()["invalid_ke_sent"], 1);
-    assert_eq!(p.a.counters()["invalid_ke_received"], 1);
+    assert_eq!(p.b.counter(IkeEvent::InvalidKeSent), 1);
+    assert_eq!(p.a.counter(IkeEvent::InvalidKeReceived), 1);
     assert_eq!(established(&p.a), 1);
     assert!(p.a.status()[0]
         .algorithms
@@ -387,8 +401,8 @@ fn cookie_round_trip_under_half_open_pressure() {
     p.b.set_cookie_threshold(0);
     p.a.initiate(p.now, "c").unwrap();
     p.run();
-    assert_eq!(p.b.counters()["cookies_sent"], 1);
-    assert_eq!(p.a.counters()["cookies_received"], 1);
+    assert_eq!(p.b.counter(IkeEvent::CookiesSent), 1);
+    assert_eq!(p.a.counter(IkeEvent::CookiesReceived), 1);
     assert_eq!((established(&p.a), established(&p.b)), (1, 1));
     p.assert_matched();
 }
@@ -443,7 +457,7 @@ fn narrowing_and_ts_unacceptable() {
     // The IKE SA stands; no child (§1.2).
     assert_eq!((established(&p.a), established(&p.b)), (1, 1));
     assert!(p.pa.sas.is_empty() && p.pb.sas.is_empty());
-    assert_eq!(p.b.counters()["ts_unacceptable"], 1);
+    assert_eq!(p.b.counter(IkeEvent::TsUnacceptable), 1);
 }
 
 #[test]
@@ -456,15 +470,11 @@ fn lost_response_is_retransmitted_and_replayed() {
     }
     while p.b.poll_transmit().is_some() {}
     p.advance(Duration::from_secs(2));
-    assert_eq!(p.a.counters()["retransmits"], 1);
-    assert_eq!(p.b.counters()["retransmitted_responses"], 1);
+    assert_eq!(p.a.counter(IkeEvent::Retransmits), 1);
+    assert_eq!(p.b.counter(IkeEvent::RetransmittedResponses), 1);
     assert_eq!((established(&p.a), established(&p.b)), (1, 1));
     // Now lose an IKE_AUTH-era answer: a DPD response.
-    let n =
-        p.b.counters()
-            .get("retransmitted_responses")
-            .copied()
-            .unwrap_or(0);
+    let n = p.b.counter(IkeEvent::RetransmittedResponses);
     p.a.sas[0].tasks.push_back(Task::Dpd);
     p.a.kick(0, p.now);
     while let Some(t) = p.a.poll_transmit() {
@@ -472,7 +482,7 @@ fn lost_response_is_retransmitted_and_replayed() {
     }
     while p.b.poll_transmit().is_some() {}
     p.advance(Duration::from_secs(2));
-    assert_eq!(p.b.counters()["retransmitted_responses"], n + 1);
+    assert_eq!(p.b.counter(IkeEvent::RetransmittedResponses), n + 1);
     assert!(p.a.sas[0].pending.is_none());
 }
 
@@ -511,7 +521,7 @@ fn child_rekey_is_make_before_break() {
     let old_b_out = p.pb.current_out.unwrap();
     p.pb.log.clear();
     p.advance(Duration::from_secs(6));
-    assert_eq!(p.a.counters()["child_rekeys"], 1);
+    assert_eq!(p.a.counter(IkeEvent::ChildRekeys), 1);
     p.assert_matched();
     assert_ne!(p.pa.current_out, Some(old_a_out));
     assert_ne!(p.pb.current_out, Some(old_b_out));
@@ -529,7 +539,11 @@ fn child_rekey_is_make_before_break() {
     assert!(p.a.costs().ops[&IkeOp::Dh].0 >= 4);
     // Many rekeys keep working (seed 001's 5 s lifetime).
     p.advance(Duration::from_secs(60));
-    assert!(p.a.counters()["child_rekeys"] >= 11, "{:?}", p.a.counters());
+    assert!(
+        p.a.counter(IkeEvent::ChildRekeys) >= 11,
+        "{:?}",
+        p.a.counters()
+    );
     p.assert_matched();
     assert_eq!(p.pa.sas.len(), 2);
     assert_eq!(p.pb.sas.len(), 2);
@@ -543,8 +557,8 @@ fn ike_rekey_keeps_children() {
     let spis = (p.a.status()[0].spi_i, p.a.status()[0].spi_r);
     let children_before = p.pa.sas.clone();
     p.advance(Duration::from_secs(11));
-    assert_eq!(p.a.counters()["ike_rekeys"], 1);
-    assert_eq!(p.b.counters()["ike_rekeys"], 1);
+    assert_eq!(p.a.counter(IkeEvent::IkeRekeys), 1);
+    assert_eq!(p.b.counter(IkeEvent::IkeRekeys), 1);
     let st = p.a.status();
     assert_eq!(st.len(), 1, "old IKE SA deleted");
     assert_ne!((st[0].spi_i, st[0].spi_r), spis);
@@ -558,7 +572,7 @@ fn ike_rekey_keeps_children() {
     );
     // The new SA works: a liveness check and a second rekey.
     p.advance(Duration::from_secs(11));
-    assert_eq!(p.a.counters()["ike_rekeys"], 2);
+    assert_eq!(p.a.counter(IkeEvent::IkeRekeys), 2);
     assert_eq!(p.b.status().len(), 1);
 }
 
@@ -586,13 +600,13 @@ fn dpd_detects_a_dead_peer_and_restart_recovers() {
     p.a.initiate(p.now, "c").unwrap();
     p.run();
     p.advance(Duration::from_secs(25));
-    assert!(p.a.counters()["dpd_sent"] >= 2);
+    assert!(p.a.counter(IkeEvent::DpdSent) >= 2);
     assert_eq!(established(&p.a), 1);
     // B dies (loses its state and stops answering).
     p.b = Ike::new(p.b.conns.clone(), Ports::default());
     p.drop_b = true;
     p.advance(Duration::from_secs(30));
-    assert_eq!(p.a.counters()["peers_dead"], 1);
+    assert_eq!(p.a.counter(IkeEvent::PeersDead), 1);
     assert!(p.pa.sas.is_empty(), "children removed: {:?}", p.pa.log);
     assert!(p.pa.down.iter().any(|r| r.contains("peer dead")));
     // B comes back: the restart finds it.
@@ -642,9 +656,7 @@ fn simultaneous_child_rekey_leaves_one_pair() {
         p.run();
         p.advance(Duration::from_secs(1));
         assert!(
-            p.a.counters().get("rekey_collisions").copied().unwrap_or(0)
-                + p.b.counters().get("rekey_collisions").copied().unwrap_or(0)
-                >= 1
+            p.a.counter(IkeEvent::RekeyCollisions) + p.b.counter(IkeEvent::RekeyCollisions) >= 1
         );
         assert_eq!(p.pa.sas.len(), 2, "{:?}", p.pa.log);
         assert_eq!(p.pb.sas.len(), 2, "{:?}", p.pb.log);
@@ -669,7 +681,7 @@ fn garbage_and_replays_are_counted_not_fatal() {
     }
     // An old IKE_SA_INIT again: answered from cache or ignored, no new SA.
     p.b.handle(p.now, to, from, &first[0].data);
-    assert!(p.b.counters()["dropped_malformed"] > 0);
+    assert!(p.b.counter(IkeEvent::DroppedMalformed) > 0);
     assert_eq!(p.b.status().len(), 1);
     assert_eq!(established(&p.b), 1);
 }
@@ -680,7 +692,6 @@ fn garbage_and_replays_are_counted_not_fatal() {
 
 use crate::cert::Certificate;
 use crate::sig::{KeyKind, PrivateKey};
-use std::sync::Arc;
 
 fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(format!(
@@ -754,13 +765,13 @@ fn certificate_of_another_ca_or_identity_is_refused() {
     p.a.initiate(p.now, "c").unwrap();
     p.run();
     assert!(p.a.status().is_empty() && p.b.status().is_empty());
-    assert_eq!(p.b.counters()["auth_failed"], 1);
+    assert_eq!(p.b.counter(IkeEvent::AuthFailed), 1);
     // A valid certificate that does not name the identity A claims.
     let mut p = cert_pair("cnonly-p256.crt", "ca-p256.crt");
     p.a.initiate(p.now, "c").unwrap();
     p.run();
     assert!(p.a.status().is_empty() && p.b.status().is_empty());
-    assert_eq!(p.b.counters()["auth_failed"], 1);
+    assert_eq!(p.b.counter(IkeEvent::AuthFailed), 1);
 }
 
 #[test]
@@ -837,7 +848,7 @@ fn raw_public_keys_every_kind() {
     p.a.initiate(p.now, "c").unwrap();
     p.run();
     assert!(p.b.status().is_empty());
-    assert_eq!(p.b.counters()["auth_failed"], 1);
+    assert_eq!(p.b.counter(IkeEvent::AuthFailed), 1);
 }
 
 #[test]
@@ -851,19 +862,19 @@ fn fragmented_ike_auth_and_rekeys() {
     p.run();
     assert_eq!((established(&p.a), established(&p.b)), (1, 1));
     assert!(
-        p.a.counters()["fragmented_messages_out"] >= 1,
+        p.a.counter(IkeEvent::FragmentedMessagesOut) >= 1,
         "{:?}",
         p.a.counters()
     );
-    assert!(p.b.counters()["fragmented_messages_in"] >= 1);
+    assert!(p.b.counter(IkeEvent::FragmentedMessagesIn) >= 1);
     assert!(
-        p.b.counters()["fragmented_messages_out"] >= 1,
+        p.b.counter(IkeEvent::FragmentedMessagesOut) >= 1,
         "the RSA answer is fragmented too"
     );
-    assert!(p.a.counters()["fragmented_messages_in"] >= 1);
+    assert!(p.a.counter(IkeEvent::FragmentedMessagesIn) >= 1);
     p.assert_matched();
     p.advance(Duration::from_secs(6));
-    assert_eq!(p.a.counters()["child_rekeys"], 1);
+    assert_eq!(p.a.counter(IkeEvent::ChildRekeys), 1);
     p.assert_matched();
 
     // A lost fragment of the IKE_AUTH response: A retransmits its request
@@ -888,9 +899,9 @@ fn fragmented_ike_auth_and_rekeys() {
     }
     assert_eq!(established(&p.a), 0);
     p.advance(Duration::from_secs(2));
-    assert_eq!(p.a.counters()["retransmits"], 1);
+    assert_eq!(p.a.counter(IkeEvent::Retransmits), 1);
     assert_eq!(
-        p.b.counters()["retransmitted_responses"],
+        p.b.counter(IkeEvent::RetransmittedResponses),
         1,
         "once, not once per fragment"
     );
@@ -914,8 +925,8 @@ fn fragmented_ike_auth_and_rekeys() {
     q.b.handle(q.now, init[0].remote, init[0].local, &edited);
     q.run();
     assert_eq!((established(&q.a), established(&q.b)), (1, 1));
-    assert!(!q.a.counters().contains_key("fragmented_messages_out"));
-    assert!(!q.b.counters().contains_key("fragmented_messages_in"));
+    assert!(q.a.counter(IkeEvent::FragmentedMessagesOut) == 0);
+    assert!(q.b.counter(IkeEvent::FragmentedMessagesIn) == 0);
 }
 
 // ---------------------------------------------------------------------
@@ -1008,7 +1019,7 @@ fn crafted_requests_get_the_right_error_notifies() {
     );
 
     // A PFS KE payload of a group B does not use: INVALID_KE_PAYLOAD naming x25519.
-    let ke = KeyExchange::generate(Group::Ecp256).unwrap();
+    let ke = KeyExchange::generate(Group::Ecp256, &mut SystemRng).unwrap();
     let (tsi, tsr) = ts(&p);
     let ans = crafted(
         &mut p,
@@ -1088,13 +1099,9 @@ fn crafted_requests_get_the_right_error_notifies() {
     assert_eq!(p.b.status()[0].children.len(), 1);
 
     // A message ID ahead of the window: dropped without an answer.
-    let before =
-        p.b.counters()
-            .get("dropped_bad_message_id")
-            .copied()
-            .unwrap_or(0);
+    let before = p.b.counter(IkeEvent::DroppedBadMessageId);
     assert!(crafted(&mut p, exchange::INFORMATIONAL, vec![], 5).is_none());
-    assert_eq!(p.b.counters()["dropped_bad_message_id"], before + 1);
+    assert_eq!(p.b.counter(IkeEvent::DroppedBadMessageId), before + 1);
 
     // A tampered message: dropped silently (RFC 7296 §2.21.2).
     let id = p.a.sas[0].next_out_id;
@@ -1104,7 +1111,7 @@ fn crafted_requests_get_the_right_error_notifies() {
     data[n - 1] ^= 1;
     p.b.handle(p.now, p.a.sas[0].remote, p.a.sas[0].local, &data);
     assert!(p.b.poll_transmit().is_none());
-    assert_eq!(p.b.counters()["dropped_integrity"], 1);
+    assert_eq!(p.b.counter(IkeEvent::DroppedIntegrity), 1);
 
     // Through all this the SAs stayed up and in step.
     assert_eq!((established(&p.a), established(&p.b)), (1, 1));
@@ -1134,8 +1141,13 @@ fn child_rekey_invalid_ke_retries_with_the_peers_pfs_group() {
     p.a.initiate(p.now, "c").unwrap();
     p.run();
     p.advance(Duration::from_secs(7));
-    assert_eq!(p.a.counters()["invalid_ke_received"], 1);
-    assert_eq!(p.a.counters()["child_rekeys"], 1, "{:?}", p.a.counters());
+    assert_eq!(p.a.counter(IkeEvent::InvalidKeReceived), 1);
+    assert_eq!(
+        p.a.counter(IkeEvent::ChildRekeys),
+        1,
+        "{:?}",
+        p.a.counters()
+    );
     assert_eq!(p.a.status()[0].children[0].algorithms, "aes128gcm16-ecp256");
     p.assert_matched();
 }
@@ -1186,8 +1198,133 @@ fn initial_contact_clears_the_stale_sa() {
     let st = p.b.status();
     assert_eq!(st.len(), 1, "only the new IKE SA");
     assert_ne!(st[0].children[0].spi_in, old);
-    assert_eq!(p.b.counters()["initial_contact_cleared"], 1);
+    assert_eq!(p.b.counter(IkeEvent::InitialContactCleared), 1);
     assert_eq!(p.pb.sas.len(), 2, "{:?}", p.pb.log);
     assert!(p.pb.down.is_empty(), "the connection stayed up");
+    p.assert_matched();
+}
+
+/// The IKE_SA_INIT request or response in `t`, parsed.
+fn init_nonce(t: &Transmit) -> Option<Vec<u8>> {
+    let m = Message::parse(&t.data).ok()?;
+    m.payloads.iter().find_map(|x| match x {
+        Payload::Nonce(n) => Some(n.clone()),
+        _ => None,
+    })
+}
+
+/// Warnings among the events queued by `e` (the events are consumed).
+fn warnings(e: &mut Ike) -> Vec<String> {
+    let mut w = Vec::new();
+    while let Some(ev) = e.poll_event() {
+        if let Event::Log {
+            level: Level::Warn,
+            message,
+            ..
+        } = ev
+        {
+            w.push(message);
+        }
+    }
+    w
+}
+
+#[test]
+fn a_failing_random_generator_fails_closed() {
+    let (mut p, fail_a, fail_b) = Pair::with_switches(
+        conf(
+            A,
+            B,
+            "aes128gcm16-prfsha256-x25519",
+            "aes128gcm16",
+            "10.1.0.0/16",
+            "10.2.0.0/16",
+        ),
+        conf(
+            B,
+            A,
+            "aes128gcm16-prfsha256-x25519",
+            "aes128gcm16",
+            "10.2.0.0/16",
+            "10.1.0.0/16",
+        ),
+    );
+
+    // Initiator: no IKE_SA_INIT leaves (not with a zero nonce, not at
+    // all), the command says why, the failure is counted and logged.
+    fail_a.store(true, Ordering::SeqCst);
+    let e = p.a.initiate(p.now, "c").unwrap_err();
+    assert!(e.0.contains("random number generator"), "{e}");
+    assert!(
+        p.a.poll_transmit().is_none(),
+        "a message left without randomness"
+    );
+    assert_eq!(p.a.counter(IkeEvent::RngFailures), 1);
+    assert_eq!(p.a.counter(IkeEvent::IkeInitSent), 0);
+    assert!(p.a.status().is_empty());
+    let w = warnings(&mut p.a);
+    assert!(
+        w.iter()
+            .any(|m| m.contains("random number generator failed")),
+        "{w:?}"
+    );
+    assert_eq!(p.a.poll_timeout(), None, "nothing half-made is left behind");
+
+    // Responder: the request is not answered (the initiator retransmits).
+    fail_a.store(false, Ordering::SeqCst);
+    fail_b.store(true, Ordering::SeqCst);
+    p.a.initiate(p.now, "c").unwrap();
+    let t = p.a.poll_transmit().unwrap();
+    let ni = init_nonce(&t).unwrap();
+    assert!(ni.iter().any(|b| *b != 0), "a zero nonce");
+    p.b.handle(p.now, t.remote, t.local, &t.data);
+    assert!(
+        p.b.poll_transmit().is_none(),
+        "an answer left without randomness"
+    );
+    assert_eq!(p.b.counter(IkeEvent::RngFailures), 1);
+    assert_eq!(p.b.counter(IkeEvent::IkeInitAnswered), 0);
+    assert!(p.b.status().is_empty());
+    // The generator recovers: the retransmission is answered.
+    fail_b.store(false, Ordering::SeqCst);
+    p.advance(Duration::from_secs(2));
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+    p.assert_matched();
+
+    // A CREATE_CHILD_SA request the responder cannot draw a nonce for is
+    // refused with TEMPORARY_FAILURE; nothing is installed.
+    let a_in = p.a.sas[0].children[0].spi_in;
+    let installed_b = p.pb.sas.len();
+    fail_b.store(true, Ordering::SeqCst);
+    p.a.sas[0].tasks.push_back(Task::RekeyChild(a_in));
+    p.a.kick(0, p.now);
+    p.run();
+    assert_eq!(p.b.counter(IkeEvent::RngFailures), 2);
+    assert_eq!(p.pb.sas.len(), installed_b);
+    assert_eq!(p.a.counter(IkeEvent::ChildRekeys), 0);
+    assert_eq!(p.a.sas[0].children[0].state, ChildState::Installed);
+    fail_b.store(false, Ordering::SeqCst);
+
+    // Our own rekey without randomness is not sent and is retried later.
+    fail_a.store(true, Ordering::SeqCst);
+    let sent = p.a.counter(IkeEvent::MessagesOut);
+    p.a.sas[0].children[0].rekey_at = None;
+    p.a.sas[0].tasks.push_back(Task::RekeyChild(a_in));
+    p.a.sas[0].tasks.push_back(Task::RekeyIke);
+    p.a.kick(0, p.now);
+    assert_eq!(
+        p.a.counter(IkeEvent::MessagesOut),
+        sent,
+        "sent without randomness"
+    );
+    assert_eq!(p.a.counter(IkeEvent::RngFailures), 3);
+    assert_eq!(p.a.sas[0].children[0].state, ChildState::Installed);
+    assert_eq!(p.a.sas[0].children[0].rekey_at, Some(p.now + RETRY_DELAY));
+    assert_eq!(p.a.sas[0].rekey_at, Some(p.now + RETRY_DELAY));
+    fail_a.store(false, Ordering::SeqCst);
+    p.advance(RETRY_DELAY + Duration::from_secs(1));
+    assert_eq!(p.a.counter(IkeEvent::ChildRekeys), 1);
+    assert_eq!(p.a.counter(IkeEvent::IkeRekeys), 1);
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
     p.assert_matched();
 }
