@@ -540,6 +540,9 @@ pub struct Ike {
     ike_spis: HashSet<u64>,
     restart_at: BTreeMap<usize, Duration>,
     fragment_size: usize,
+    /// Tests: [`Ike::install_ike_keys`] fails.
+    #[cfg(test)]
+    fail_key_install: bool,
 }
 
 /// A refused command.
@@ -689,6 +692,8 @@ impl Ike {
             ike_spis: HashSet::new(),
             restart_at: BTreeMap::new(),
             fragment_size: DEFAULT_FRAGMENT_SIZE,
+            #[cfg(test)]
+            fail_key_install: false,
         }
     }
 
@@ -1509,6 +1514,7 @@ impl Ike {
         }
         if !self.install_ike_keys(i, &g_ir, None) {
             self.sas.remove(i);
+            self.ike_spis.remove(&spi_r);
             return;
         }
         self.count(IkeEvent::IkeInitAnswered);
@@ -1533,6 +1539,10 @@ impl Ike {
             return false;
         };
         let Some(prf) = chosen.prf else { return false };
+        #[cfg(test)]
+        if self.fail_key_install {
+            return false;
+        }
         let keys = self.timed(Some(i), IkeOp::KeyDerivation, |s| {
             let sa = &s.sas[i];
             let input = IkeKeyInput {
@@ -3273,9 +3283,26 @@ impl Ike {
                 data: ke.public_value().to_vec(),
             },
         ];
+        // The peer initiated the rekey: it is the new SA's initiator. Keyed
+        // before we answer: if that fails we refuse, and keep everything.
+        let Some(j) = self.rekeyed_ike(i, now, false, peer_spi, our_spi, chosen, ni, nr, &g_ir)
+        else {
+            self.ike_spis.remove(&our_spi);
+            self.log(
+                Level::Warn,
+                Some(ci),
+                "IKE SA rekey refused: the new SA could not be keyed".into(),
+            );
+            self.reply(
+                i,
+                exchange::CREATE_CHILD_SA,
+                id,
+                vec![notify(notify::TEMPORARY_FAILURE, vec![])],
+            );
+            return;
+        };
         self.reply(i, exchange::CREATE_CHILD_SA, id, out);
-        // The peer initiated the rekey: it is the new SA's initiator.
-        self.rekeyed_ike(i, now, false, peer_spi, our_spi, chosen, ni, nr, &g_ir);
+        self.replace_ike(i, j, now);
     }
 
     fn ike_rekey_response(
@@ -3327,16 +3354,27 @@ impl Ike {
             self.sas[i].rekey_at = Some(now + Duration::from_secs(10));
             return;
         };
-        let j = self.rekeyed_ike(i, now, true, new_spi, peer_spi, chosen, ni, nr, &g_ir);
-        if let Some(old) = j {
-            // We initiated: we delete the old IKE SA.
-            self.sas[old].tasks.clear();
-            self.sas[old].tasks.push_back(Task::DeleteIke);
-        }
+        let Some(j) = self.rekeyed_ike(i, now, true, new_spi, peer_spi, chosen, ni, nr, &g_ir)
+        else {
+            // The old SA keeps its children and is rekeyed again later.
+            self.ike_spis.remove(&new_spi);
+            self.log(
+                Level::Warn,
+                Some(ci),
+                "IKE SA rekey: the new SA could not be keyed; retrying in 10 s".into(),
+            );
+            self.sas[i].rekey_at = Some(now + RETRY_DELAY);
+            return;
+        };
+        self.replace_ike(i, j, now);
+        // We initiated: we delete the old IKE SA.
+        self.sas[i].tasks.clear();
+        self.sas[i].tasks.push_back(Task::DeleteIke);
     }
 
-    /// Creates the IKE SA that replaces SA `i`, moves the children to it and
-    /// returns the index of the old SA.
+    /// Creates and keys the IKE SA that is to replace SA `i`, without
+    /// children yet (see [`Ike::replace_ike`]), and returns its index;
+    /// `None` (and nothing changed) if it cannot be keyed.
     #[allow(clippy::too_many_arguments)]
     fn rekeyed_ike(
         &mut self,
@@ -3353,9 +3391,7 @@ impl Ike {
         let old_prf = self.sas[i].chosen.and_then(|c| c.prf)?;
         let old_sk_d = self.sas[i].sk_d.clone();
         let ci = self.sas[i].conn;
-        let rekey_at = self.after(now, self.conns[ci].rekey_time, self.conns[ci].jitter);
-        let old = &mut self.sas[i];
-        let children = std::mem::take(&mut old.children);
+        let old = &self.sas[i];
         let mut sa = IkeSa::new(
             ci,
             we_initiated,
@@ -3369,11 +3405,25 @@ impl Ike {
         sa.ni = ni;
         sa.nr = nr;
         sa.group = chosen.dh.unwrap_or(old.group);
-        sa.children = children;
         sa.established_at = Some(now);
-        sa.rekey_at = rekey_at;
         sa.peer_id = old.peer_id.clone();
         sa.fragmentation = old.fragmentation;
+        self.sas.push(sa);
+        let j = self.sas.len() - 1;
+        if !self.install_ike_keys(j, g_ir, Some((old_prf, &old_sk_d))) {
+            self.sas.remove(j);
+            return None;
+        }
+        Some(j)
+    }
+
+    /// The keyed IKE SA `j` replaces SA `i`: the children and their
+    /// pending tasks move to it, `i` waits for its deletion.
+    fn replace_ike(&mut self, i: usize, j: usize, now: Duration) {
+        let ci = self.sas[i].conn;
+        let rekey_at = self.after(now, self.conns[ci].rekey_time, self.conns[ci].jitter);
+        let old = &mut self.sas[i];
+        let children = std::mem::take(&mut old.children);
         old.rekey_at = None;
         old.remove_at = Some(now + OLD_IKE_SA_GRACE);
         old.state = State::Deleting;
@@ -3386,15 +3436,13 @@ impl Ike {
             .collect();
         old.tasks
             .retain(|t| !matches!(t, Task::RekeyChild(_) | Task::DeleteChild(_)));
-        self.sas.push(sa);
-        let j = self.sas.len() - 1;
-        self.sas[j].tasks.extend(moved);
-        if !self.install_ike_keys(j, g_ir, Some((old_prf, &old_sk_d))) {
-            self.sas.remove(j);
-            return None;
-        }
+        let new = &mut self.sas[j];
+        new.children = children;
+        new.tasks.extend(moved);
+        new.rekey_at = rekey_at;
+        let (spi_i, spi_r) = (new.spi_i, new.spi_r);
+        let algs = new.chosen.map(|c| c.name()).unwrap_or_default();
         self.count(IkeEvent::IkeRekeys);
-        let algs = chosen.name();
         self.events.push_back(Event::IkeUp {
             conn: self.conns[ci].name.clone(),
             algorithms: algs.clone(),
@@ -3405,7 +3453,6 @@ impl Ike {
             format!("IKE SA rekeyed: {spi_i:016x}_i {spi_r:016x}_r ({algs})"),
         );
         self.kick(j, now);
-        Some(i)
     }
 
     // -----------------------------------------------------------------

@@ -576,6 +576,65 @@ fn ike_rekey_keeps_children() {
     assert_eq!(p.b.status().len(), 1);
 }
 
+/// The children of the IKE SAs of `e`, by IKE SA.
+fn child_counts(e: &Ike) -> Vec<usize> {
+    e.status().iter().map(|s| s.children.len()).collect()
+}
+
+#[test]
+fn ike_rekey_whose_keys_cannot_be_installed_keeps_the_children() {
+    // Initiator side: the answer arrives, our new SA cannot be keyed.
+    let mut p = rekeying(10, 0);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let st = p.a.status();
+    let spis = (st[0].spi_i, st[0].spi_r);
+    let planes = (p.pa.sas.clone(), p.pb.sas.clone());
+    p.a.fail_key_install = true;
+    p.advance(Duration::from_secs(10));
+    assert_eq!(p.a.counter(IkeEvent::IkeRekeys), 0);
+    let st = p.a.status();
+    assert_eq!(st.len(), 1, "{st:?}");
+    assert_eq!((st[0].spi_i, st[0].spi_r), spis, "the old SA stays");
+    assert_eq!(st[0].state, "established");
+    assert_eq!(
+        child_counts(&p.a),
+        vec![1],
+        "the child stays with the old SA"
+    );
+    assert_eq!(p.pa.sas, planes.0, "no SA removed or lost");
+    assert!(p.pa.down.is_empty(), "{:?}", p.pa.down);
+    // The rekey is retried later, and then works; the child moves along.
+    p.a.fail_key_install = false;
+    p.advance(Duration::from_secs(11));
+    assert_eq!(p.a.counter(IkeEvent::IkeRekeys), 1);
+    assert_eq!(child_counts(&p.a), vec![1]);
+    assert_ne!((p.a.status()[0].spi_i, p.a.status()[0].spi_r), spis);
+    assert_eq!(p.pa.sas, planes.0);
+    assert_eq!(p.pb.sas, planes.1);
+    p.assert_matched();
+
+    // Responder side: B cannot key the new SA, so it refuses the rekey
+    // (before answering) and keeps its children; A retries.
+    let mut p = rekeying(10, 0);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let planes = (p.pa.sas.clone(), p.pb.sas.clone());
+    p.b.fail_key_install = true;
+    p.advance(Duration::from_secs(10));
+    assert_eq!(p.b.counter(IkeEvent::IkeRekeys), 0);
+    assert_eq!(p.a.counter(IkeEvent::IkeRekeys), 0);
+    assert_eq!(child_counts(&p.b), vec![1]);
+    assert_eq!(child_counts(&p.a), vec![1]);
+    assert_eq!(p.pb.sas, planes.1);
+    p.b.fail_key_install = false;
+    p.advance(Duration::from_secs(11));
+    assert_eq!(p.b.counter(IkeEvent::IkeRekeys), 1);
+    assert_eq!(child_counts(&p.b), vec![1]);
+    assert_eq!((p.pa.sas.clone(), p.pb.sas.clone()), planes);
+    p.assert_matched();
+}
+
 #[test]
 fn dpd_detects_a_dead_peer_and_restart_recovers() {
     let mut ca = conf(
