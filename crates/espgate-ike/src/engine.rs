@@ -350,6 +350,19 @@ enum Req {
     DeleteIke,
 }
 
+/// The exchange that negotiates a child SA (responder side).
+#[derive(Clone, Copy)]
+enum ChildExchange<'a> {
+    /// IKE_AUTH: the IKE SA's nonces key the child, no KE.
+    IkeAuth,
+    /// CREATE_CHILD_SA: a new child, or the rekey of the child whose
+    /// outbound SPI `rekey_of` is; `ke`: the request's KEi (group, data).
+    CreateChildSa {
+        ke: Option<(u16, &'a [u8])>,
+        rekey_of: Option<u32>,
+    },
+}
+
 struct Pending {
     id: u32,
     /// The request's datagrams (several when fragmented).
@@ -362,6 +375,8 @@ struct Pending {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Task {
     RekeyChild(u32),
+    /// A new child SA on the IKE SA (CREATE_CHILD_SA without REKEY_SA).
+    CreateChild,
     RekeyIke,
     Dpd,
     DeleteChild(u32),
@@ -950,9 +965,29 @@ impl Ike {
             })
     }
 
-    /// Starts an IKE SA (and its child) for connection `name`.
+    /// Starts an IKE SA (and its child) for connection `name`; when the
+    /// connection has an established IKE SA without a live child SA (the
+    /// peer deleted it, or it expired), creates the child on it
+    /// (CREATE_CHILD_SA).
     pub fn initiate(&mut self, now: Duration, name: &str) -> Result<(), CommandError> {
         let ci = self.conn_index(name)?;
+        if let Some(i) = self.sas.iter().position(|s| {
+            s.conn == ci
+                && s.state == State::Established
+                && !s.tasks.contains(&Task::CreateChild)
+                && !matches!(
+                    &s.pending,
+                    Some(Pending {
+                        what: Req::Child { rekey_of: None, .. },
+                        ..
+                    })
+                )
+                && s.children.iter().all(|c| c.state == ChildState::Deleting)
+        }) {
+            self.sas[i].tasks.push_back(Task::CreateChild);
+            self.kick(i, now);
+            return Ok(());
+        }
         if let Some(sa) = self
             .sas
             .iter()
@@ -1960,7 +1995,7 @@ impl Ike {
         // The child SA.
         let ni = self.sas[i].ni.clone();
         let nr = self.sas[i].nr.clone();
-        match self.accept_child(i, now, &p, None, &ni, &nr, None) {
+        match self.accept_child(i, now, &p, ChildExchange::IkeAuth, &ni, &nr) {
             Ok(child_payloads) => out.extend(child_payloads),
             Err(n) => out.push(notify(n, vec![])),
         }
@@ -2022,11 +2057,14 @@ impl Ike {
         i: usize,
         now: Duration,
         p: &[Payload],
-        ke: Option<(u16, &[u8])>,
+        via: ChildExchange<'_>,
         ni: &[u8],
         nr: &[u8],
-        rekey_of: Option<u32>,
     ) -> Result<Vec<Payload>, u16> {
+        let (ke, rekey_of) = match via {
+            ChildExchange::IkeAuth => (None, None),
+            ChildExchange::CreateChildSa { ke, rekey_of } => (ke, rekey_of),
+        };
         let ci = self.sas[i].conn;
         let Some(offered) = get_sa(p) else {
             return Err(notify::INVALID_SYNTAX);
@@ -2133,7 +2171,11 @@ impl Ike {
             num,
             &spi_in.to_be_bytes(),
         )])];
-        if rekey_of.is_some() {
+        if let ChildExchange::CreateChildSa { .. } = via {
+            // RFC 7296 §1.3.1/§1.3.2: SA, Nr, [KEr], TSi, TSr, for a new
+            // child as for a rekey; KEr whenever the request had KEi and
+            // the chosen proposal has a group (the keys then include g^ir,
+            // §2.17).
             out.push(Payload::Nonce(nr.to_vec()));
             if let Some(k) = out_ke {
                 out.push(k);
@@ -2850,10 +2892,12 @@ impl Ike {
             i,
             now,
             &p,
-            ke.as_ref().map(|(g, d)| (*g, &d[..])),
+            ChildExchange::CreateChildSa {
+                ke: ke.as_ref().map(|(g, d)| (*g, &d[..])),
+                rekey_of,
+            },
             &ni,
             &nr,
-            rekey_of,
         );
         match r {
             Ok(out) => {
@@ -2888,15 +2932,21 @@ impl Ike {
         }
     }
 
-    fn start_child_rekey(&mut self, i: usize, now: Duration, old_in: u32) {
+    /// Sends a CREATE_CHILD_SA request: the rekey of our child whose
+    /// inbound SPI is `rekey_of`, or (`None`) a new child SA of the
+    /// connection (RFC 7296 §1.3.1), with PFS when the connection's ESP
+    /// proposals have groups.
+    fn start_child(&mut self, i: usize, now: Duration, rekey_of: Option<u32>) {
         let ci = self.sas[i].conn;
-        let Some(old) = self.sas[i].children.iter_mut().find(|c| c.spi_in == old_in) else {
-            return;
-        };
-        if old.state != ChildState::Installed {
-            return;
+        if let Some(old_in) = rekey_of {
+            let Some(old) = self.sas[i].children.iter_mut().find(|c| c.spi_in == old_in) else {
+                return;
+            };
+            if old.state != ChildState::Installed {
+                return;
+            }
+            old.state = ChildState::Rekeying;
         }
-        old.state = ChildState::Rekeying;
         let pfs: Vec<Group> = self.conns[ci]
             .child
             .proposals
@@ -2925,14 +2975,21 @@ impl Ike {
         let (ke, spi_in, ni) = match drawn {
             Ok(x) => x,
             Err(e) => {
-                // Not sent: the child stays as it is and is rekeyed later.
+                // Not sent: the child stays as it is and is rekeyed later
+                // (a new child is left to the operator, or the peer).
                 self.count(IkeEvent::RngFailures);
+                let what = match rekey_of {
+                    Some(old_in) => format!("child SA {old_in:08x}_i not rekeyed"),
+                    None => "no new child SA".to_string(),
+                };
                 self.log(
                     Level::Warn,
                     Some(ci),
-                    format!("child SA {old_in:08x}_i not rekeyed ({e}): retrying in 10 s"),
+                    format!("{what} ({e}): retrying in 10 s"),
                 );
-                if let Some(old) = self.sas[i].children.iter_mut().find(|c| c.spi_in == old_in) {
+                if let Some(old) =
+                    rekey_of.and_then(|o| self.sas[i].children.iter_mut().find(|c| c.spi_in == o))
+                {
                     old.state = ChildState::Installed;
                     old.rekey_at = Some(now + RETRY_DELAY);
                 }
@@ -2940,12 +2997,15 @@ impl Ike {
             }
         };
         let c = &self.conns[ci];
-        let mut payloads = vec![Payload::Notify(Notify {
-            protocol: protocol::ESP,
-            spi: old_in.to_be_bytes().to_vec(),
-            notify_type: notify::REKEY_SA,
-            data: Vec::new(),
-        })];
+        let mut payloads = Vec::new();
+        if let Some(old_in) = rekey_of {
+            payloads.push(Payload::Notify(Notify {
+                protocol: protocol::ESP,
+                spi: old_in.to_be_bytes().to_vec(),
+                notify_type: notify::REKEY_SA,
+                data: Vec::new(),
+            }));
+        }
         if c.child.mode == Mode::Transport {
             payloads.push(notify(notify::USE_TRANSPORT_MODE, vec![]));
         }
@@ -2958,10 +3018,12 @@ impl Ike {
                 data: k.public_value().to_vec(),
             });
         }
-        let old = self.sas[i].children.iter().find(|c| c.spi_in == old_in);
-        let (lts, rts) = old
-            .map(|o| (o.local_ts.clone(), o.remote_ts.clone()))
-            .unwrap_or_default();
+        // A rekey keeps the selectors agreed; a new child asks for ours.
+        let old = rekey_of.and_then(|o| self.sas[i].children.iter().find(|c| c.spi_in == o));
+        let (lts, rts) = match old {
+            Some(o) => (o.local_ts.clone(), o.remote_ts.clone()),
+            None => (c.child.local_ts.clone(), c.child.remote_ts.clone()),
+        };
         payloads.push(Payload::TsI(lts));
         payloads.push(Payload::TsR(rts));
         self.send_request(
@@ -2971,7 +3033,7 @@ impl Ike {
             payloads,
             Req::Child {
                 spi_in,
-                rekey_of: Some(old_in),
+                rekey_of,
                 ni,
                 ke,
             },
@@ -3008,7 +3070,7 @@ impl Ike {
                 Some(ci),
                 match offered {
                     Some(g) => format!(
-                        "peer wants PFS group {} for the child rekey: retrying",
+                        "peer wants PFS group {} for the child SA: retrying",
                         g.name()
                     ),
                     None => format!(
@@ -3018,6 +3080,9 @@ impl Ike {
             );
             if offered.is_some() {
                 self.sas[i].pfs_group = offered;
+                if rekey_of.is_none() {
+                    self.sas[i].tasks.push_back(Task::CreateChild);
+                }
             }
             if let Some(old) =
                 rekey_of.and_then(|o| self.sas[i].children.iter_mut().find(|c| c.spi_in == o))
@@ -3028,13 +3093,20 @@ impl Ike {
             return;
         }
         let Some(nr) = get_nonce(&p).map(|n| n.to_vec()) else {
-            if let Some(e) = error_notify(&p) {
-                self.log(
-                    Level::Warn,
-                    Some(ci),
-                    format!("child rekey refused: {}", notify_name(e)),
-                );
-            }
+            let what = if rekey_of.is_some() {
+                "child rekey"
+            } else {
+                "new child SA"
+            };
+            self.count(IkeEvent::ChildFailed);
+            self.log(
+                Level::Warn,
+                Some(ci),
+                match error_notify(&p) {
+                    Some(e) => format!("{what} refused: {}", notify_name(e)),
+                    None => format!("{what}: the answer has no nonce"),
+                },
+            );
             self.child_spis.remove(&spi_in);
             if let Some(old) =
                 rekey_of.and_then(|o| self.sas[i].children.iter_mut().find(|c| c.spi_in == o))
@@ -3748,7 +3820,12 @@ impl Ike {
                 return;
             };
             match t {
-                Task::RekeyChild(s) => self.start_child_rekey(i, now, s),
+                Task::RekeyChild(s) => self.start_child(i, now, Some(s)),
+                Task::CreateChild => {
+                    if self.sas[i].state == State::Established {
+                        self.start_child(i, now, None);
+                    }
+                }
                 Task::RekeyIke => {
                     if self.sas[i].state == State::Established {
                         self.start_ike_rekey(i, now);

@@ -1387,3 +1387,141 @@ fn a_failing_random_generator_fails_closed() {
     assert_eq!((established(&p.a), established(&p.b)), (1, 1));
     p.assert_matched();
 }
+
+/// Deletes every child of `e`'s first IKE SA (our INFORMATIONAL Delete).
+fn delete_children(p: &mut Pair, a_side: bool) {
+    let e = if a_side { &mut p.a } else { &mut p.b };
+    let spis: Vec<u32> = e.sas[0].children.iter().map(|c| c.spi_in).collect();
+    for s in spis {
+        e.sas[0].tasks.push_back(Task::DeleteChild(s));
+    }
+    e.kick(0, p.now);
+    p.run();
+}
+
+#[test]
+fn a_new_child_sa_on_an_established_ike_sa_with_and_without_pfs() {
+    for esp in ["aes128gcm16-x25519", "aes256gcm16-ecp256", "aes128gcm16"] {
+        let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", esp);
+        p.a.initiate(p.now, "c").unwrap();
+        p.run();
+        let ike = (p.a.status()[0].spi_i, p.a.status()[0].spi_r);
+        // A's child goes (like `swanctl --terminate --child`), then A
+        // asks for a new one on the same IKE SA.
+        delete_children(&mut p, true);
+        assert_eq!(child_counts(&p.a), vec![0], "{esp}");
+        assert_eq!(child_counts(&p.b), vec![0], "{esp}");
+        assert!(p.pa.sas.is_empty() && p.pb.sas.is_empty(), "{esp}");
+        p.a.initiate(p.now, "c").unwrap();
+        p.run();
+        assert_eq!(p.a.counter(IkeEvent::ChildFailed), 0, "{esp}");
+        assert_eq!(p.a.counter(IkeEvent::ChildrenEstablished), 2, "{esp}");
+        assert_eq!(p.b.counter(IkeEvent::ChildrenEstablished), 2, "{esp}");
+        assert_eq!(child_counts(&p.a), vec![1], "{esp}");
+        assert_eq!(child_counts(&p.b), vec![1], "{esp}");
+        assert_eq!(
+            (p.a.status()[0].spi_i, p.a.status()[0].spi_r),
+            ike,
+            "same IKE SA"
+        );
+        // Same keys both ways: with PFS both derived them with the new
+        // g^ir (RFC 7296 §2.17), which needs KEr in the answer.
+        p.assert_matched();
+        // A second initiate while the child lives is refused.
+        assert!(p.a.initiate(p.now, "c").is_err());
+
+        // The other way round: B (the IKE responder) creates the child.
+        delete_children(&mut p, false);
+        assert_eq!(child_counts(&p.a), vec![0], "{esp}");
+        p.b.initiate(p.now, "c").unwrap();
+        p.run();
+        assert_eq!(p.b.counter(IkeEvent::ChildFailed), 0, "{esp}");
+        assert_eq!(child_counts(&p.a), vec![1], "{esp}");
+        assert_eq!(child_counts(&p.b), vec![1], "{esp}");
+        p.assert_matched();
+    }
+}
+
+#[test]
+fn crafted_create_child_sa_without_rekey_sa_gets_nonce_and_ke() {
+    let mut p = rekeying(0, 0);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let (tsi, tsr) = (
+        Payload::TsI(p.a.conns[0].child.local_ts.clone()),
+        Payload::TsR(p.a.conns[0].child.remote_ts.clone()),
+    );
+    let ke = KeyExchange::generate(Group::Curve25519, &mut SystemRng).unwrap();
+    let ni = vec![7u8; 32];
+    let sa = Payload::Sa(p.a.child_proposals(0, 0x1234_5679, true));
+    let ans = crafted(
+        &mut p,
+        exchange::CREATE_CHILD_SA,
+        vec![
+            sa,
+            Payload::Nonce(ni.clone()),
+            Payload::Ke {
+                group: Group::Curve25519.id(),
+                data: ke.public_value().to_vec(),
+            },
+            tsi.clone(),
+            tsr.clone(),
+        ],
+        0,
+    )
+    .unwrap();
+    assert_eq!(notify_of(&ans), None, "{ans:?}");
+    let nr = get_nonce(&ans).expect("Nr (RFC 7296 §1.3.1)").to_vec();
+    assert_ne!(nr, ni);
+    let (kg, kr) = get_ke(&ans).expect("KEr: the request had KEi");
+    assert_eq!(kg, Group::Curve25519.id());
+    let g_ir = ke.agree(kr).unwrap();
+    let answer = get_sa(&ans).unwrap();
+    assert_eq!(answer.len(), 1);
+    let b_in = spi4(&answer[0].spi).unwrap();
+    assert!(get_ts(&ans).is_some());
+    // B installed the child with keys from the new shared secret.
+    apply(&mut p.b, &mut p.pb);
+    assert_eq!(p.b.counter(IkeEvent::ChildrenEstablished), 2);
+    let chosen = p.b.sas[0].chosen.unwrap();
+    let child = p.b.sas[0]
+        .children
+        .iter()
+        .find(|c| c.spi_in == b_in)
+        .unwrap();
+    let keys = derive_child_keys(
+        chosen.prf.unwrap(),
+        &p.a.sas[0].sk_d,
+        Some(&g_ir),
+        &ni,
+        &nr,
+        child.chosen.key_lens(),
+    )
+    .unwrap();
+    let (_, enc, _) = p.pb.sas.get(&(false, b_in)).unwrap();
+    assert_eq!(
+        enc,
+        &keys.enc_i.to_vec(),
+        "B's inbound = i->r keys with g^ir"
+    );
+    let (_, enc_out, _) = p.pb.sas.get(&(true, 0x1234_5679)).unwrap();
+    assert_eq!(enc_out, &keys.enc_r.to_vec());
+
+    // Without KEi (B's proposals allow no PFS only if it has no groups:
+    // this pair has them, so use one without): Nr, and no KEr.
+    let mut q = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    q.a.initiate(q.now, "c").unwrap();
+    q.run();
+    let sa = Payload::Sa(q.a.child_proposals(0, 0x1234_567a, false));
+    let ans = crafted(
+        &mut q,
+        exchange::CREATE_CHILD_SA,
+        vec![sa, Payload::Nonce(vec![8u8; 32]), tsi, tsr],
+        0,
+    )
+    .unwrap();
+    assert_eq!(notify_of(&ans), None, "{ans:?}");
+    assert!(get_nonce(&ans).is_some_and(|n| n != [8u8; 32]), "Nr");
+    assert!(get_ke(&ans).is_none(), "no KEr without KEi");
+    assert_eq!(q.b.counter(IkeEvent::ChildrenEstablished), 2);
+}
