@@ -22,14 +22,17 @@ use super::wire::{
 };
 use espgate_core::crypto::Suite;
 use espgate_core::sa::Mode;
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use slab::Slab;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use zeroize::Zeroizing;
 
 mod counters;
+mod timer;
 pub use counters::{Counters, IkeEvent};
+use timer::{Timer, TimerTable};
 
 /// A datagram to send. When `local` is the NAT-T port the shell prefixes
 /// the four-byte non-ESP marker (RFC 3948 §2.2).
@@ -384,6 +387,15 @@ enum Task {
 }
 
 struct IkeSa {
+    /// Creation number: tells an SA from a later one in the same slab slot.
+    serial: u64,
+    /// The timers, derived from the state by [`IkeSa::arm_timers`].
+    timers: TimerTable,
+    /// The earliest of `timers`, as filed in [`Ike`]'s deadline set.
+    deadline: Option<Duration>,
+    /// (SPIi, peer address) under which a responder SA made by
+    /// IKE_SA_INIT is found by retransmitted IKE_SA_INIT requests.
+    init_key: Option<(u64, IpAddr)>,
     conn: usize,
     initiator: bool,
     spi_i: u64,
@@ -450,6 +462,10 @@ impl IkeSa {
         now: Duration,
     ) -> IkeSa {
         IkeSa {
+            serial: 0,
+            timers: TimerTable::default(),
+            deadline: None,
+            init_key: None,
             conn,
             initiator,
             spi_i,
@@ -487,6 +503,41 @@ impl IkeSa {
             reasm: None,
             pfs_group: None,
         }
+    }
+
+    /// The timer table the state calls for (`dpd_delay`: the
+    /// connection's; zero for none). Only what [`Ike::timeout_one`] acts
+    /// on is armed.
+    fn timer_table(&self, dpd_delay: Duration) -> TimerTable {
+        let mut t = TimerTable::default();
+        let established = self.state == State::Established;
+        t.set(Timer::Retransmit, self.pending.as_ref().map(|p| p.next_at));
+        t.set(
+            Timer::HalfOpen,
+            (self.state == State::InitDone).then(|| self.created + HALF_OPEN_TIMEOUT),
+        );
+        t.set(Timer::Replaced, self.remove_at);
+        t.set(Timer::Rekey, self.rekey_at.filter(|_| established));
+        t.set(
+            Timer::Dpd,
+            (established && !dpd_delay.is_zero() && self.pending.is_none())
+                .then(|| self.last_rx + dpd_delay),
+        );
+        let child = self
+            .children
+            .iter()
+            .flat_map(|c| {
+                let (rekey, expire) = if established {
+                    (c.rekey_at, c.expire_at)
+                } else {
+                    (None, None)
+                };
+                [rekey, expire, c.pending_out.as_ref().map(|p| p.1)]
+            })
+            .flatten()
+            .min();
+        t.set(Timer::Child, child);
+        t
     }
 
     fn local_spi(&self) -> u64 {
@@ -539,7 +590,26 @@ const RETRY_DELAY: Duration = Duration::from_secs(10);
 /// The IKEv2 engine of one gateway: every connection's IKE SAs.
 pub struct Ike {
     conns: Vec<IkeConfig>,
-    sas: Vec<IkeSa>,
+    /// The IKE SAs; a handle (slab key) stays valid until its SA is
+    /// removed, whatever happens to the others.
+    sas: Slab<IkeSa>,
+    /// Our IKE SPI (SPIi of SAs we initiated, SPIr of those we answered)
+    /// to the SA: routes every message but a new IKE_SA_INIT request.
+    by_spi: HashMap<u64, usize>,
+    /// (SPIi, peer address) to the responder SA an IKE_SA_INIT made:
+    /// finds retransmitted IKE_SA_INIT requests (and cookie retries).
+    by_init: HashMap<(u64, IpAddr), usize>,
+    /// The SAs of each connection.
+    by_conn: Vec<Vec<usize>>,
+    /// The first connection with this peer address (IKE_SA_INIT requests).
+    conn_by_remote: HashMap<IpAddr, usize>,
+    /// Responder SAs waiting for IKE_AUTH.
+    half_open: usize,
+    /// Each SA's earliest deadline.
+    deadlines: BTreeSet<(Duration, usize)>,
+    /// SAs whose timers must be derived again before the engine returns.
+    dirty: Vec<usize>,
+    next_serial: u64,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
     ports: Ports,
@@ -558,6 +628,9 @@ pub struct Ike {
     /// Tests: [`Ike::install_ike_keys`] fails.
     #[cfg(test)]
     fail_key_install: bool,
+    /// Tests: SAs [`Ike::timeout_one`] visited.
+    #[cfg(test)]
+    timer_visits: u64,
 }
 
 /// A refused command.
@@ -690,10 +763,22 @@ impl Ike {
     /// - our own rekeys are retried 10 s later;
     /// - rekey jitter is left out (the deadline is the configured one).
     pub fn with_rng(conns: Vec<IkeConfig>, ports: Ports, rng: Box<dyn Rng + Send>) -> Ike {
+        let mut conn_by_remote = HashMap::new();
+        for (n, c) in conns.iter().enumerate() {
+            conn_by_remote.entry(c.remote).or_insert(n);
+        }
         Ike {
             rng,
+            by_conn: vec![Vec::new(); conns.len()],
+            conn_by_remote,
             conns,
-            sas: Vec::new(),
+            sas: Slab::new(),
+            by_spi: HashMap::new(),
+            by_init: HashMap::new(),
+            half_open: 0,
+            deadlines: BTreeSet::new(),
+            dirty: Vec::new(),
+            next_serial: 0,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             ports,
@@ -709,6 +794,8 @@ impl Ike {
             fragment_size: DEFAULT_FRAGMENT_SIZE,
             #[cfg(test)]
             fail_key_install: false,
+            #[cfg(test)]
+            timer_visits: 0,
         }
     }
 
@@ -760,7 +847,7 @@ impl Ike {
     /// Clears the cost records.
     pub fn reset_costs(&mut self) {
         self.costs = IkeCosts::default();
-        for sa in &mut self.sas {
+        for (_, sa) in &mut self.sas {
             sa.costs = IkeCosts::default();
         }
     }
@@ -825,6 +912,98 @@ impl Ike {
         Err(RngError)
     }
 
+    // -----------------------------------------------------------------
+    // The SA store
+    // -----------------------------------------------------------------
+
+    /// Files a new SA under its handle, our SPI and its connection.
+    fn insert_sa(&mut self, mut sa: IkeSa) -> usize {
+        sa.serial = self.next_serial;
+        self.next_serial += 1;
+        let (spi, conn, init_key) = (sa.local_spi(), sa.conn, sa.init_key);
+        let half_open = sa.state == State::InitDone;
+        let i = self.sas.insert(sa);
+        self.by_spi.insert(spi, i);
+        if let Some(k) = init_key {
+            self.by_init.insert(k, i);
+        }
+        self.by_conn[conn].push(i);
+        if half_open {
+            self.half_open += 1;
+        }
+        self.dirty.push(i);
+        i
+    }
+
+    /// Takes SA `i` out of the store and every index, and releases its SPI.
+    fn remove_sa(&mut self, i: usize) -> IkeSa {
+        let sa = self.sas.remove(i);
+        let spi = sa.local_spi();
+        if self.by_spi.get(&spi) == Some(&i) {
+            self.by_spi.remove(&spi);
+        }
+        if let Some(k) = sa.init_key {
+            if self.by_init.get(&k) == Some(&i) {
+                self.by_init.remove(&k);
+            }
+        }
+        self.by_conn[sa.conn].retain(|&x| x != i);
+        if let Some(d) = sa.deadline {
+            self.deadlines.remove(&(d, i));
+        }
+        if sa.state == State::InitDone {
+            self.half_open = self.half_open.saturating_sub(1);
+        }
+        self.ike_spis.remove(&spi);
+        sa
+    }
+
+    /// Moves SA `i` to `state`, keeping the half-open count.
+    fn set_state(&mut self, i: usize, state: State) {
+        let sa = &mut self.sas[i];
+        if sa.state == State::InitDone && state != State::InitDone {
+            self.half_open = self.half_open.saturating_sub(1);
+        }
+        sa.state = state;
+    }
+
+    /// Derives SA `i`'s timers again and files its earliest deadline.
+    fn rearm(&mut self, i: usize) {
+        let Some(sa) = self.sas.get_mut(i) else {
+            return;
+        };
+        sa.timers = sa.timer_table(self.conns[sa.conn].dpd_delay);
+        let next = sa.timers.next();
+        if sa.deadline != next {
+            if let Some(d) = sa.deadline {
+                self.deadlines.remove(&(d, i));
+            }
+            if let Some(d) = next {
+                self.deadlines.insert((d, i));
+            }
+            sa.deadline = next;
+        }
+    }
+
+    /// Rearms every SA touched since the last time (each public entry
+    /// point ends with this).
+    fn rearm_dirty(&mut self) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for i in dirty {
+            self.rearm(i);
+        }
+    }
+
+    /// Tests: starts SA `i`'s next queued exchange and rearms it, as an
+    /// entry point would.
+    #[cfg(test)]
+    fn kick_now(&mut self, i: usize, now: Duration) {
+        self.kick(i, now);
+        self.rearm_dirty();
+    }
+
     /// A fresh nonce.
     fn new_nonce(&mut self) -> Result<Vec<u8>, RngError> {
         rng::bytes(&mut *self.rng, NONCE_LEN)
@@ -872,8 +1051,10 @@ impl Ike {
 
     /// Status of every IKE SA.
     pub fn status(&self) -> Vec<IkeStatus> {
-        self.sas
-            .iter()
+        // In creation order (slab slots are reused).
+        let mut sas: Vec<&IkeSa> = self.sas.iter().map(|(_, s)| s).collect();
+        sas.sort_by_key(|s| s.serial);
+        sas.into_iter()
             .map(|sa| IkeStatus {
                 conn: self.conns[sa.conn].name.clone(),
                 spi_i: sa.spi_i,
@@ -928,7 +1109,7 @@ impl Ike {
         body: &[u8],
     ) -> Option<Transmit> {
         let n = self.sas.len();
-        let s = self.sas.get_mut(sa % n.max(1))?;
+        let (_, s) = self.sas.iter_mut().nth(sa % n.max(1))?;
         let base = if response {
             s.next_in_id
         } else {
@@ -971,7 +1152,9 @@ impl Ike {
     /// (CREATE_CHILD_SA).
     pub fn initiate(&mut self, now: Duration, name: &str) -> Result<(), CommandError> {
         let ci = self.conn_index(name)?;
-        if let Some(i) = self.sas.iter().position(|s| {
+        let conn_sas = &self.by_conn[ci];
+        if let Some(i) = conn_sas.iter().copied().find(|&i| {
+            let s = &self.sas[i];
             s.conn == ci
                 && s.state == State::Established
                 && !s.tasks.contains(&Task::CreateChild)
@@ -986,12 +1169,13 @@ impl Ike {
         }) {
             self.sas[i].tasks.push_back(Task::CreateChild);
             self.kick(i, now);
+            self.rearm_dirty();
             return Ok(());
         }
-        if let Some(sa) = self
-            .sas
+        if let Some(sa) = conn_sas
             .iter()
-            .find(|s| s.conn == ci && s.state != State::Deleting)
+            .map(|&i| &self.sas[i])
+            .find(|s| s.state != State::Deleting)
         {
             return Err(CommandError(format!(
                 "connection \"{name}\" already has an IKE SA ({})",
@@ -999,7 +1183,9 @@ impl Ike {
             )));
         }
         self.restart_at.remove(&ci);
-        self.start_init(now, ci, None, None).map_err(CommandError)
+        let r = self.start_init(now, ci, None, None).map_err(CommandError);
+        self.rearm_dirty();
+        r
     }
 
     /// Deletes connection `name`'s IKE SA and its children (an INFORMATIONAL
@@ -1007,15 +1193,13 @@ impl Ike {
     pub fn terminate(&mut self, now: Duration, name: &str) -> Result<(), CommandError> {
         let ci = self.conn_index(name)?;
         self.restart_at.remove(&ci);
-        let idx: Vec<usize> = (0..self.sas.len())
-            .filter(|i| self.sas[*i].conn == ci)
-            .collect();
+        let idx = self.by_conn[ci].clone();
         if idx.is_empty() {
             return Err(CommandError(format!(
                 "connection \"{name}\" has no IKE SA to terminate"
             )));
         }
-        for i in idx.into_iter().rev() {
+        for i in idx {
             if self.sas[i].state == State::Established {
                 self.sas[i].tasks.clear();
                 self.sas[i].tasks.push_back(Task::DeleteIke);
@@ -1024,6 +1208,7 @@ impl Ike {
                 self.destroy(i, "terminated before it was established".into(), false);
             }
         }
+        self.rearm_dirty();
         Ok(())
     }
 
@@ -1202,8 +1387,7 @@ impl Ike {
         sa.ni = ni;
         sa.cookie = cookie;
         sa.group = group;
-        self.sas.push(sa);
-        let i = self.sas.len() - 1;
+        let i = self.insert_sa(sa);
         if let Err(e) = self.send_init(i, now) {
             self.fail(i, e.clone());
             return Err(e);
@@ -1323,11 +1507,7 @@ impl Ike {
         h: Header,
     ) {
         // A retransmitted request: answer with the cached response.
-        if let Some(i) = self
-            .sas
-            .iter()
-            .position(|s| !s.initiator && s.spi_i == h.spi_i && s.remote.ip() == remote.ip())
-        {
+        if let Some(&i) = self.by_init.get(&(h.spi_i, remote.ip())) {
             if self.sas[i].state == State::InitDone && !self.sas[i].init_resp.is_empty() {
                 self.count(IkeEvent::RetransmittedResponses);
                 let d = self.sas[i].init_resp.clone();
@@ -1353,7 +1533,7 @@ impl Ike {
                 return;
             }
         };
-        let Some(ci) = self.conns.iter().position(|c| c.remote == remote.ip()) else {
+        let Some(&ci) = self.conn_by_remote.get(&remote.ip()) else {
             self.count(IkeEvent::DroppedNoConnection);
             self.log(
                 Level::Warn,
@@ -1390,12 +1570,7 @@ impl Ike {
             return;
         };
         // Cookies when many SAs are half open.
-        let half_open = self
-            .sas
-            .iter()
-            .filter(|s| s.state == State::InitDone)
-            .count();
-        if half_open >= self.cookie_threshold {
+        if self.half_open >= self.cookie_threshold {
             let Ok(want) = self.cookie_for(ni, remote, h.spi_i) else {
                 self.rng_failed(Some(ci), "IKE_SA_INIT request not answered");
                 return;
@@ -1541,15 +1716,14 @@ impl Ike {
         sa.init_req = data.to_vec();
         sa.group = group;
         sa.fragmentation = fragmentation;
-        self.sas.push(sa);
-        let i = self.sas.len() - 1;
+        sa.init_key = Some((h.spi_i, remote.ip()));
+        let i = self.insert_sa(sa);
         self.reply(i, exchange::IKE_SA_INIT, 0, out);
         if let Some((_, d)) = &self.sas[i].last_resp {
             self.sas[i].init_resp = d.first().cloned().unwrap_or_default();
         }
         if !self.install_ike_keys(i, &g_ir, None) {
-            self.sas.remove(i);
-            self.ike_spis.remove(&spi_r);
+            self.remove_sa(i);
             return;
         }
         self.count(IkeEvent::IkeInitAnswered);
@@ -1988,7 +2162,7 @@ impl Ike {
         let mut out = vec![Payload::IdR(our)];
         out.extend(auth);
         self.sas[i].peer_id = Some(ident.clone());
-        self.sas[i].state = State::Established;
+        self.set_state(i, State::Established);
         self.sas[i].established_at = Some(now);
         let (rekey, jitter) = (self.conns[ci].rekey_time, self.conns[ci].jitter);
         self.sas[i].rekey_at = self.after(now, rekey, jitter);
@@ -2005,12 +2179,12 @@ impl Ike {
         if initial_contact {
             // §2.4: the peer has no other IKE SA with us any more (it
             // restarted): drop ours with it, without telling it.
-            let me = (self.sas[i].spi_i, self.sas[i].spi_r);
-            while let Some(j) = self
-                .sas
+            let others: Vec<usize> = self.by_conn[ci]
                 .iter()
-                .position(|s| s.conn == ci && (s.spi_i, s.spi_r) != me)
-            {
+                .copied()
+                .filter(|&j| j != i)
+                .collect();
+            for j in others {
                 self.count(IkeEvent::InitialContactCleared);
                 self.destroy(j, format!("{ident} started over (INITIAL_CONTACT)"), false);
             }
@@ -2553,6 +2727,12 @@ impl Ike {
     /// One received IKE datagram (without the non-ESP marker), its
     /// destination (our address and port) and its source.
     pub fn handle(&mut self, now: Duration, local: SocketAddr, remote: SocketAddr, data: &[u8]) {
+        self.dispatch(now, local, remote, data);
+        self.rearm_dirty();
+    }
+
+    /// Routes one datagram to its SA (or to IKE_SA_INIT handling).
+    fn dispatch(&mut self, now: Duration, local: SocketAddr, remote: SocketAddr, data: &[u8]) {
         self.count(IkeEvent::MessagesIn);
         let h = match Header::parse(data) {
             Ok((h, _, _)) => h,
@@ -2569,17 +2749,23 @@ impl Ike {
             self.responder_init(now, local, remote, data, h);
             return;
         }
+        // The original initiator sets the I flag: a message with it is
+        // for an SA we respond to, found by its SPIr; one without it is
+        // for an SA we initiated, found by its SPIi. The peer's SPI must
+        // match too (unknown while our IKE_SA_INIT is unanswered).
         let ours = if h.initiator { h.spi_r } else { h.spi_i };
-        let Some(i) = self.sas.iter().position(|s| {
-            s.local_spi() == ours
-                && s.initiator != h.initiator
+        let found = self.by_spi.get(&ours).copied().filter(|&i| {
+            let s = &self.sas[i];
+            s.initiator != h.initiator
                 && (s.state == State::InitSent
                     || (if s.initiator { s.spi_r } else { s.spi_i })
                         == (if s.initiator { h.spi_r } else { h.spi_i }))
-        }) else {
+        });
+        let Some(i) = found else {
             self.count(IkeEvent::DroppedUnknownSpi);
             return;
         };
+        self.dirty.push(i);
         if h.response {
             self.handle_response(i, now, remote, data, h);
         } else {
@@ -2595,6 +2781,7 @@ impl Ike {
         data: &[u8],
         h: Header,
     ) {
+        let serial = self.sas[i].serial;
         let Some(pending) = &self.sas[i].pending else {
             self.count(IkeEvent::DroppedUnexpectedResponse);
             return;
@@ -2624,11 +2811,6 @@ impl Ike {
             }
             self.sas[i].remote = remote;
             self.initiator_init_response(i, now, msg);
-            if let Some(s) = self.sas.get(i) {
-                if s.state == State::AuthSent && s.init_resp.is_empty() {
-                    // Kept for the AUTH of the responder.
-                }
-            }
             return;
         }
         let Some(p) = self.open(i, data) else { return };
@@ -2663,7 +2845,7 @@ impl Ike {
                 return;
             }
         }
-        if i < self.sas.len() {
+        if self.sas.get(i).is_some_and(|s| s.serial == serial) {
             self.kick(i, now);
         }
     }
@@ -3192,8 +3374,8 @@ impl Ike {
     /// used: no child (of any of the connection's IKE SAs, e.g. one still
     /// being deleted) owns the current outbound SA any more.
     fn outbound_replaced(&mut self, ci: usize) {
-        for sa in self.sas.iter_mut().filter(|s| s.conn == ci) {
-            for c in &mut sa.children {
+        for &i in &self.by_conn[ci] {
+            for c in &mut self.sas[i].children {
                 c.out_active = false;
             }
         }
@@ -3480,10 +3662,9 @@ impl Ike {
         sa.established_at = Some(now);
         sa.peer_id = old.peer_id.clone();
         sa.fragmentation = old.fragmentation;
-        self.sas.push(sa);
-        let j = self.sas.len() - 1;
+        let j = self.insert_sa(sa);
         if !self.install_ike_keys(j, g_ir, Some((old_prf, &old_sk_d))) {
-            self.sas.remove(j);
+            self.remove_sa(j);
             return None;
         }
         Some(j)
@@ -3631,8 +3812,7 @@ impl Ike {
         for s in spis {
             self.remove_child(i, s);
         }
-        let sa = self.sas.remove(i);
-        self.ike_spis.remove(&sa.local_spi());
+        let sa = self.remove_sa(i);
         let ci = sa.conn;
         if down {
             self.events.push_back(Event::IkeDown {
@@ -3662,35 +3842,42 @@ impl Ike {
     // Timers
     // -----------------------------------------------------------------
 
-    /// When [`Ike::handle_timeout`] wants to be called next.
+    /// When [`Ike::handle_timeout`] wants to be called next: the earliest
+    /// deadline of any SA (kept ordered, so this is a lookup) or restart.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        let mut t: Option<Duration> = self.restart_at.values().min().copied();
-        let mut at = |d: Option<Duration>| {
-            if let Some(d) = d {
-                t = Some(t.map_or(d, |x| x.min(d)));
-            }
-        };
-        for sa in &self.sas {
-            at(sa.pending.as_ref().map(|p| p.next_at));
-            at(sa.rekey_at);
-            at(sa.remove_at);
-            if sa.state == State::InitDone {
-                at(Some(sa.created + HALF_OPEN_TIMEOUT));
-            }
-            let c = &self.conns[sa.conn];
-            if sa.state == State::Established && !c.dpd_delay.is_zero() && sa.pending.is_none() {
-                at(Some(sa.last_rx + c.dpd_delay));
-            }
-            for ch in &sa.children {
-                at(ch.rekey_at);
-                at(ch.expire_at);
-                at(ch.pending_out.as_ref().map(|p| p.1));
-            }
+        #[cfg(test)]
+        self.check_deadlines();
+        let sa = self.deadlines.first().map(|(t, _)| *t);
+        let restart = self.restart_at.values().min().copied();
+        match (sa, restart) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
-        t
     }
 
-    /// Retransmissions, rekeys, expiries and liveness checks due at `now`.
+    /// Tests: every SA's filed deadline is what its state calls for (an
+    /// SA changed without being rearmed would miss its timers).
+    #[cfg(test)]
+    fn check_deadlines(&self) {
+        for (i, sa) in &self.sas {
+            let want = sa.timer_table(self.conns[sa.conn].dpd_delay);
+            assert_eq!(sa.timers, want, "SA {i}'s timers are stale");
+            assert_eq!(sa.deadline, want.next(), "SA {i}'s deadline is stale");
+            if let Some(d) = sa.deadline {
+                assert!(self.deadlines.contains(&(d, i)));
+            }
+        }
+        assert_eq!(
+            self.deadlines.len(),
+            self.sas
+                .iter()
+                .filter(|(_, s)| s.deadline.is_some())
+                .count()
+        );
+    }
+
+    /// Retransmissions, rekeys, expiries and liveness checks due at `now`;
+    /// only the SAs with a due timer are visited.
     pub fn handle_timeout(&mut self, now: Duration) {
         let due: Vec<usize> = self
             .restart_at
@@ -3700,55 +3887,101 @@ impl Ike {
             .collect();
         for ci in due {
             self.restart_at.remove(&ci);
-            if !self.sas.iter().any(|s| s.conn == ci) {
+            if self.by_conn[ci].is_empty() {
                 self.log(Level::Info, Some(ci), "restarting the connection".into());
                 if self.start_init(now, ci, None, None).is_err() {
                     self.restart_at.insert(ci, now + RESTART_DELAY);
                 }
             }
         }
-        let mut i = 0;
-        while i < self.sas.len() {
-            if self.timeout_one(i, now) {
-                i += 1;
+        let due: Vec<(usize, u64)> = self
+            .deadlines
+            .range(..=(now, usize::MAX))
+            .filter_map(|&(_, i)| self.sas.get(i).map(|s| (i, s.serial)))
+            .collect();
+        for (i, serial) in due {
+            // Another SA's timer may have removed this one meanwhile.
+            if self.sas.get(i).is_some_and(|s| s.serial == serial) {
+                self.dirty.push(i);
+                self.timeout_one(i, now);
             }
+        }
+        self.rearm_dirty();
+    }
+
+    /// Handles SA `i`'s due timers.
+    fn timeout_one(&mut self, i: usize, now: Duration) {
+        #[cfg(test)]
+        {
+            self.timer_visits += 1;
+        }
+        let timers = self.sas[i].timers;
+        for timer in Timer::VALUES {
+            if !timers.is_expired(timer, now) {
+                continue;
+            }
+            match timer {
+                Timer::HalfOpen => {
+                    self.count(IkeEvent::HalfOpenExpired);
+                    self.destroy(i, "half-open SA expired (no IKE_AUTH)".into(), false);
+                    return;
+                }
+                Timer::Replaced => {
+                    self.destroy(i, "replaced by rekeying".into(), false);
+                    return;
+                }
+                Timer::Retransmit => {
+                    if !self.retransmit(i, now) {
+                        return;
+                    }
+                }
+                Timer::Child => self.child_timers(i, now),
+                Timer::Rekey => {
+                    self.sas[i].rekey_at = None;
+                    self.sas[i].tasks.push_back(Task::RekeyIke);
+                }
+                Timer::Dpd => {
+                    if self.sas[i].pending.is_none() && !self.sas[i].tasks.contains(&Task::Dpd) {
+                        self.sas[i].tasks.push_back(Task::Dpd);
+                    }
+                }
+            }
+        }
+        if self.sas[i].state == State::Established {
+            self.kick(i, now);
         }
     }
 
-    /// Handles SA `i`'s timers; false if the SA was removed.
-    fn timeout_one(&mut self, i: usize, now: Duration) -> bool {
+    /// Resends SA `i`'s outstanding request, or gives the peer up (false:
+    /// the SA is gone).
+    fn retransmit(&mut self, i: usize, now: Duration) -> bool {
         let ci = self.sas[i].conn;
-        if self.sas[i].state == State::InitDone && now >= self.sas[i].created + HALF_OPEN_TIMEOUT {
-            self.count(IkeEvent::HalfOpenExpired);
-            self.destroy(i, "half-open SA expired (no IKE_AUTH)".into(), false);
-            return false;
-        }
-        if self.sas[i].remove_at.is_some_and(|t| now >= t) {
-            self.destroy(i, "replaced by rekeying".into(), false);
-            return false;
-        }
-        // Retransmission.
-        if let Some(p) = &mut self.sas[i].pending {
-            if now >= p.next_at {
-                let r = self.conns[ci].retransmit;
-                if p.tries >= r.tries {
-                    let was_deleting = matches!(p.what, Req::DeleteIke);
-                    self.count(IkeEvent::PeersDead);
-                    let reason = format!("no answer after {} retransmissions: peer dead", r.tries);
-                    if self.conns[ci].dpd_action == DpdAction::Restart && !was_deleting {
-                        self.restart_at.insert(ci, now + RESTART_DELAY);
-                    }
-                    self.log(Level::Warn, Some(ci), reason.clone());
-                    self.destroy(i, reason, true);
-                    return false;
-                }
-                p.tries += 1;
-                p.next_at = now + r.wait(p.tries);
-                let d = p.data.clone();
-                self.count(IkeEvent::Retransmits);
-                self.transmit(i, d);
+        let r = self.conns[ci].retransmit;
+        let Some(p) = &mut self.sas[i].pending else {
+            return true;
+        };
+        if p.tries >= r.tries {
+            let was_deleting = matches!(p.what, Req::DeleteIke);
+            self.count(IkeEvent::PeersDead);
+            let reason = format!("no answer after {} retransmissions: peer dead", r.tries);
+            if self.conns[ci].dpd_action == DpdAction::Restart && !was_deleting {
+                self.restart_at.insert(ci, now + RESTART_DELAY);
             }
+            self.log(Level::Warn, Some(ci), reason.clone());
+            self.destroy(i, reason, true);
+            return false;
         }
+        p.tries += 1;
+        p.next_at = now + r.wait(p.tries);
+        let d = p.data.clone();
+        self.count(IkeEvent::Retransmits);
+        self.transmit(i, d);
+        true
+    }
+
+    /// SA `i`'s child deadlines: held outbound SAs, hard expiry, rekeys.
+    fn child_timers(&mut self, i: usize, now: Duration) {
+        let ci = self.sas[i].conn;
         // Rekey responder's held outbound SA.
         let late: Vec<u32> = self.sas[i]
             .children
@@ -3759,60 +3992,47 @@ impl Ike {
         for s in late {
             self.activate_outbound(i, s);
         }
-        if self.sas[i].state == State::Established {
-            // Child expiry and rekeys.
-            let expired: Vec<u32> = self.sas[i]
-                .children
-                .iter()
-                .filter(|c| c.expire_at.is_some_and(|t| now >= t))
-                .map(|c| c.spi_in)
-                .collect();
-            for s in expired {
-                self.count(IkeEvent::ChildrenExpired);
-                self.log(
-                    Level::Warn,
-                    Some(ci),
-                    format!("child SA {s:08x}_i reached its hard lifetime"),
-                );
-                if !self.sas[i].tasks.contains(&Task::DeleteChild(s)) {
-                    self.sas[i].tasks.push_back(Task::DeleteChild(s));
-                }
-                if let Some(c) = self.sas[i].children.iter_mut().find(|c| c.spi_in == s) {
-                    c.expire_at = None;
-                    c.rekey_at = None;
-                }
-            }
-            let rekey: Vec<u32> = self.sas[i]
-                .children
-                .iter()
-                .filter(|c| c.rekey_at.is_some_and(|t| now >= t))
-                .map(|c| c.spi_in)
-                .collect();
-            for s in rekey {
-                if let Some(c) = self.sas[i].children.iter_mut().find(|c| c.spi_in == s) {
-                    c.rekey_at = None;
-                }
-                self.sas[i].tasks.push_back(Task::RekeyChild(s));
-            }
-            if self.sas[i].rekey_at.is_some_and(|t| now >= t) {
-                self.sas[i].rekey_at = None;
-                self.sas[i].tasks.push_back(Task::RekeyIke);
-            }
-            let dpd = self.conns[ci].dpd_delay;
-            if !dpd.is_zero()
-                && self.sas[i].pending.is_none()
-                && now >= self.sas[i].last_rx + dpd
-                && !self.sas[i].tasks.contains(&Task::Dpd)
-            {
-                self.sas[i].tasks.push_back(Task::Dpd);
-            }
-            self.kick(i, now);
+        if self.sas[i].state != State::Established {
+            return;
         }
-        true
+        let expired: Vec<u32> = self.sas[i]
+            .children
+            .iter()
+            .filter(|c| c.expire_at.is_some_and(|t| now >= t))
+            .map(|c| c.spi_in)
+            .collect();
+        for s in expired {
+            self.count(IkeEvent::ChildrenExpired);
+            self.log(
+                Level::Warn,
+                Some(ci),
+                format!("child SA {s:08x}_i reached its hard lifetime"),
+            );
+            if !self.sas[i].tasks.contains(&Task::DeleteChild(s)) {
+                self.sas[i].tasks.push_back(Task::DeleteChild(s));
+            }
+            if let Some(c) = self.sas[i].children.iter_mut().find(|c| c.spi_in == s) {
+                c.expire_at = None;
+                c.rekey_at = None;
+            }
+        }
+        let rekey: Vec<u32> = self.sas[i]
+            .children
+            .iter()
+            .filter(|c| c.rekey_at.is_some_and(|t| now >= t))
+            .map(|c| c.spi_in)
+            .collect();
+        for s in rekey {
+            if let Some(c) = self.sas[i].children.iter_mut().find(|c| c.spi_in == s) {
+                c.rekey_at = None;
+            }
+            self.sas[i].tasks.push_back(Task::RekeyChild(s));
+        }
     }
 
     /// Starts the next queued exchange if none is outstanding (window of 1).
     fn kick(&mut self, i: usize, now: Duration) {
+        self.dirty.push(i);
         while self.sas[i].pending.is_none()
             && matches!(self.sas[i].state, State::Established | State::Deleting)
         {

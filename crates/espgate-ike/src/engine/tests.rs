@@ -4,7 +4,7 @@ use super::*;
 use crate::cert::Identity;
 use crate::config::{ChildConfig, IkeConfig, LocalAuth, RemoteAuth, Retransmit};
 use crate::proposal::ProposalSpec;
-use crate::rng::tests::SwitchRng;
+use crate::rng::tests::{SeededRng, SwitchRng};
 use espgate_core::selector::Prefix;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -476,7 +476,7 @@ fn lost_response_is_retransmitted_and_replayed() {
     // Now lose an IKE_AUTH-era answer: a DPD response.
     let n = p.b.counter(IkeEvent::RetransmittedResponses);
     p.a.sas[0].tasks.push_back(Task::Dpd);
-    p.a.kick(0, p.now);
+    p.a.kick_now(0, p.now);
     while let Some(t) = p.a.poll_transmit() {
         p.b.handle(p.now, t.remote, t.local, &t.data);
     }
@@ -1356,7 +1356,7 @@ fn a_failing_random_generator_fails_closed() {
     let installed_b = p.pb.sas.len();
     fail_b.store(true, Ordering::SeqCst);
     p.a.sas[0].tasks.push_back(Task::RekeyChild(a_in));
-    p.a.kick(0, p.now);
+    p.a.kick_now(0, p.now);
     p.run();
     assert_eq!(p.b.counter(IkeEvent::RngFailures), 2);
     assert_eq!(p.pb.sas.len(), installed_b);
@@ -1370,7 +1370,7 @@ fn a_failing_random_generator_fails_closed() {
     p.a.sas[0].children[0].rekey_at = None;
     p.a.sas[0].tasks.push_back(Task::RekeyChild(a_in));
     p.a.sas[0].tasks.push_back(Task::RekeyIke);
-    p.a.kick(0, p.now);
+    p.a.kick_now(0, p.now);
     assert_eq!(
         p.a.counter(IkeEvent::MessagesOut),
         sent,
@@ -1395,7 +1395,7 @@ fn delete_children(p: &mut Pair, a_side: bool) {
     for s in spis {
         e.sas[0].tasks.push_back(Task::DeleteChild(s));
     }
-    e.kick(0, p.now);
+    e.kick_now(0, p.now);
     p.run();
 }
 
@@ -1524,4 +1524,142 @@ fn crafted_create_child_sa_without_rekey_sa_gets_nonce_and_ke() {
     assert!(get_nonce(&ans).is_some_and(|n| n != [8u8; 32]), "Nr");
     assert!(get_ke(&ans).is_none(), "no KEr without KEi");
     assert_eq!(q.b.counter(IkeEvent::ChildrenEstablished), 2);
+}
+
+/// An IKE_SA_INIT request of another initiator at A's address (its own
+/// SPI), handed to B at `at`; B's answer is discarded.
+fn foreign_init(p: &mut Pair, seed: u64, at: Duration) -> Ike {
+    let mut e = Ike::with_rng(
+        vec![conf(
+            A,
+            B,
+            "aes128gcm16-prfsha256-x25519",
+            "aes128gcm16",
+            "10.1.0.0/16",
+            "10.2.0.0/16",
+        )],
+        Ports::default(),
+        Box::new(SeededRng::new(seed)),
+    );
+    e.initiate(at, "c").unwrap();
+    let t = e.poll_transmit().unwrap();
+    p.b.handle(at, t.remote, t.local, &t.data);
+    assert!(p.b.poll_transmit().is_some(), "answered");
+    e
+}
+
+#[test]
+fn sa_handles_stay_put_and_messages_route_by_spi() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    let now = p.now;
+    let _others: Vec<Ike> = (0..3).map(|n| foreign_init(&mut p, 10 + n, now)).collect();
+    assert_eq!((p.b.sas.len(), p.b.half_open), (3, 3));
+    assert_eq!((p.b.by_spi.len(), p.b.by_init.len()), (3, 3));
+    let handles: Vec<usize> = p.b.sas.iter().map(|(i, _)| i).collect();
+    let spis: Vec<u64> = handles.iter().map(|&h| p.b.sas[h].spi_r).collect();
+
+    // Removing the first SA moves no other: same handles, same index entries.
+    p.b.destroy(handles[0], "test".into(), false);
+    p.b.rearm_dirty();
+    assert!(!p.b.by_spi.contains_key(&spis[0]));
+    for (h, spi) in handles.iter().zip(&spis).skip(1) {
+        assert_eq!(p.b.by_spi[spi], *h);
+        assert_eq!(p.b.sas[*h].spi_r, *spi);
+    }
+    assert_eq!((p.b.half_open, p.b.by_init.len()), (2, 2));
+
+    // A's handshake runs next to them, each message found by its SPI; the
+    // new SA may take the freed slot. A's INITIAL_CONTACT then clears the
+    // other half-open SAs of the connection.
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+    assert_eq!(p.b.counter(IkeEvent::InitialContactCleared), 2);
+    let (h, sa) = p.b.sas.iter().next().unwrap();
+    assert_eq!(p.b.sas.len(), 1);
+    assert_eq!(p.b.by_spi.get(&sa.spi_r), Some(&h));
+    assert_eq!(p.b.by_conn[0], vec![h]);
+    assert_eq!(p.b.half_open, 0);
+    // A message for a removed SA's SPI is not routed anywhere.
+    let mut data = vec![0u8; 28];
+    data[0..8].copy_from_slice(&sa.spi_i.wrapping_add(1).to_be_bytes());
+    data[8..16].copy_from_slice(&spis[1].to_be_bytes());
+    data[17] = 0x20;
+    data[18] = exchange::INFORMATIONAL;
+    data[19] = 0x08;
+    data[24..28].copy_from_slice(&28u32.to_be_bytes());
+    let before = p.b.counter(IkeEvent::DroppedUnknownSpi);
+    p.b.handle(
+        p.now,
+        p.a.sas[h_a(&p)].remote,
+        p.a.sas[h_a(&p)].local,
+        &data,
+    );
+    assert_eq!(p.b.counter(IkeEvent::DroppedUnknownSpi), before + 1);
+    p.assert_matched();
+}
+
+/// A's only SA.
+fn h_a(p: &Pair) -> usize {
+    p.a.sas.iter().next().unwrap().0
+}
+
+#[test]
+fn each_sa_has_its_timers_and_only_due_sas_are_visited() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    let t0 = p.now;
+    let s = Duration::from_secs;
+    let _others: Vec<Ike> = (0..3)
+        .map(|n| foreign_init(&mut p, 20 + n, t0 + s(10 * n)))
+        .collect();
+    assert_eq!(p.b.poll_timeout(), Some(t0 + HALF_OPEN_TIMEOUT));
+    assert_eq!(p.b.deadlines.len(), 3);
+    // Nothing due yet: no SA visited.
+    p.b.handle_timeout(t0 + s(29));
+    assert_eq!(p.b.timer_visits, 0);
+    // The first expires alone.
+    p.b.handle_timeout(t0 + HALF_OPEN_TIMEOUT);
+    assert_eq!(p.b.timer_visits, 1);
+    assert_eq!(p.b.counter(IkeEvent::HalfOpenExpired), 1);
+    assert_eq!(p.b.sas.len(), 2);
+    assert_eq!(p.b.poll_timeout(), Some(t0 + s(10) + HALF_OPEN_TIMEOUT));
+    // Both others at once.
+    p.b.handle_timeout(t0 + s(60));
+    assert_eq!(p.b.timer_visits, 3);
+    assert_eq!(p.b.sas.len(), 0);
+    assert!(p.b.deadlines.is_empty());
+    assert_eq!(p.b.poll_timeout(), None);
+
+    // An established pair with DPD: its deadline follows the traffic.
+    let mut ca = conf(
+        A,
+        B,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16",
+        "10.1.0.0/16",
+        "10.2.0.0/16",
+    );
+    ca.dpd_delay = s(20);
+    let cb = conf(
+        B,
+        A,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16",
+        "10.2.0.0/16",
+        "10.1.0.0/16",
+    );
+    let mut p = Pair::new(ca, cb);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let h = h_a(&p);
+    assert_eq!(p.a.sas[h].timers.get(Timer::Dpd), Some(p.now + s(20)));
+    assert_eq!(p.a.poll_timeout(), Some(p.now + s(20)));
+    p.advance(s(21));
+    assert_eq!(p.a.counter(IkeEvent::DpdSent), 1);
+    // The answer moved the deadline on; retransmission is not armed.
+    assert_eq!(
+        p.a.sas[h].timers.get(Timer::Dpd),
+        Some(p.now - s(1) + s(20))
+    );
+    assert_eq!(p.a.sas[h].timers.get(Timer::Retransmit), None);
 }
