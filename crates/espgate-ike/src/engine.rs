@@ -17,8 +17,8 @@ use super::rng::{self, Rng, RngError, SystemRng};
 use super::sk::{SkCrypto, SkError};
 use super::ts;
 use super::wire::{
-    self, auth_method, cert_encoding, exchange, notify, payload, protocol, Delete, Header, Id,
-    Message, Notify, Payload, TrafficSelector,
+    self, auth_method, cert_encoding, payload, protocol, Delete, ExchangeType, Header, Id, Message,
+    Notify, NotifyType, Payload, TrafficSelector,
 };
 use espgate_core::crypto::Suite;
 use espgate_core::sa::Mode;
@@ -548,7 +548,7 @@ impl IkeSa {
         }
     }
 
-    fn header(&self, exchange_type: u8, response: bool, message_id: u32) -> Header {
+    fn header(&self, exchange_type: ExchangeType, response: bool, message_id: u32) -> Header {
         Header {
             spi_i: self.spi_i,
             spi_r: self.spi_r,
@@ -657,7 +657,7 @@ fn nat_hash(spi_i: u64, spi_r: u64, addr: SocketAddr) -> Vec<u8> {
     ctx.finish().as_ref().to_vec()
 }
 
-fn notify(t: u16, data: Vec<u8>) -> Payload {
+fn notify(t: NotifyType, data: Vec<u8>) -> Payload {
     Payload::Notify(Notify {
         protocol: 0,
         spi: Vec::new(),
@@ -666,7 +666,7 @@ fn notify(t: u16, data: Vec<u8>) -> Payload {
     })
 }
 
-fn find_notify(p: &[Payload], t: u16) -> Option<&Notify> {
+fn find_notify(p: &[Payload], t: NotifyType) -> Option<&Notify> {
     p.iter().find_map(|x| match x {
         Payload::Notify(n) if n.notify_type == t => Some(n),
         _ => None,
@@ -674,29 +674,17 @@ fn find_notify(p: &[Payload], t: u16) -> Option<&Notify> {
 }
 
 /// The first error notify (types below 16384), if any.
-fn error_notify(p: &[Payload]) -> Option<u16> {
+fn error_notify(p: &[Payload]) -> Option<NotifyType> {
     p.iter().find_map(|x| match x {
-        Payload::Notify(n) if n.notify_type < 16384 => Some(n.notify_type),
+        Payload::Notify(n) if n.notify_type.is_error() => Some(n.notify_type),
         _ => None,
     })
 }
 
-fn notify_name(t: u16) -> String {
-    match t {
-        notify::UNSUPPORTED_CRITICAL_PAYLOAD => "UNSUPPORTED_CRITICAL_PAYLOAD".into(),
-        notify::INVALID_IKE_SPI => "INVALID_IKE_SPI".into(),
-        notify::INVALID_SYNTAX => "INVALID_SYNTAX".into(),
-        notify::INVALID_MESSAGE_ID => "INVALID_MESSAGE_ID".into(),
-        notify::INVALID_SPI => "INVALID_SPI".into(),
-        notify::NO_PROPOSAL_CHOSEN => "NO_PROPOSAL_CHOSEN".into(),
-        notify::INVALID_KE_PAYLOAD => "INVALID_KE_PAYLOAD".into(),
-        notify::AUTHENTICATION_FAILED => "AUTHENTICATION_FAILED".into(),
-        notify::SINGLE_PAIR_REQUIRED => "SINGLE_PAIR_REQUIRED".into(),
-        notify::NO_ADDITIONAL_SAS => "NO_ADDITIONAL_SAS".into(),
-        notify::TS_UNACCEPTABLE => "TS_UNACCEPTABLE".into(),
-        notify::TEMPORARY_FAILURE => "TEMPORARY_FAILURE".into(),
-        notify::CHILD_SA_NOT_FOUND => "CHILD_SA_NOT_FOUND".into(),
-        other => format!("notify {other}"),
+fn notify_name(t: NotifyType) -> String {
+    match t.as_str() {
+        Some(name) => name.to_string(),
+        None => format!("notify {}", u16::from(t)),
     }
 }
 
@@ -1116,7 +1104,7 @@ impl Ike {
             s.next_out_id
         };
         let id = base.wrapping_add(u32::from(id_delta)).wrapping_sub(2);
-        let h = s.header(exchange_type, response, id);
+        let h = s.header(ExchangeType::from(exchange_type), response, id);
         let data = s.sk.as_mut()?.seal_raw(&h, first, body).ok()?;
         Some(Transmit {
             local: s.local,
@@ -1282,7 +1270,7 @@ impl Ike {
         &mut self,
         i: usize,
         now: Duration,
-        exch: u8,
+        exch: ExchangeType,
         payloads: Vec<Payload>,
         what: Req,
     ) {
@@ -1303,7 +1291,7 @@ impl Ike {
         self.transmit(i, data);
     }
 
-    fn reply(&mut self, i: usize, exch: u8, id: u32, payloads: Vec<Payload>) {
+    fn reply(&mut self, i: usize, exch: ExchangeType, id: u32, payloads: Vec<Payload>) {
         let h = self.sas[i].header(exch, true, id);
         let Some(data) = self.build(i, h, payloads) else {
             return;
@@ -1433,7 +1421,7 @@ impl Ike {
         let c = &self.conns[ci];
         let mut payloads = Vec::new();
         if let Some(ck) = &self.sas[i].cookie {
-            payloads.push(notify(notify::COOKIE, ck.clone()));
+            payloads.push(notify(NotifyType::Cookie, ck.clone()));
         }
         let props: Vec<wire::Proposal> = c
             .proposals
@@ -1449,19 +1437,19 @@ impl Ike {
         payloads.push(Payload::Nonce(self.sas[i].ni.clone()));
         let (spi_i, local, remote) = (self.sas[i].spi_i, self.sas[i].local, self.sas[i].remote);
         let src = fake_src.unwrap_or_else(|| nat_hash(spi_i, 0, local));
-        payloads.push(notify(notify::NAT_DETECTION_SOURCE_IP, src));
+        payloads.push(notify(NotifyType::NatDetectionSourceIp, src));
         payloads.push(notify(
-            notify::NAT_DETECTION_DESTINATION_IP,
+            NotifyType::NatDetectionDestinationIp,
             nat_hash(spi_i, 0, remote),
         ));
-        payloads.push(notify(notify::IKEV2_FRAGMENTATION_SUPPORTED, vec![]));
+        payloads.push(notify(NotifyType::Ikev2FragmentationSupported, vec![]));
         payloads.push(notify(
-            notify::SIGNATURE_HASH_ALGORITHMS,
+            NotifyType::SignatureHashAlgorithms,
             super::sig::encode_hash_algorithms(&super::sig::supported_hash_algorithms()),
         ));
         self.sas[i].ke = Some(ke);
         self.sas[i].next_out_id = 0;
-        self.send_request(i, now, exchange::IKE_SA_INIT, payloads, Req::Init);
+        self.send_request(i, now, ExchangeType::IkeSaInit, payloads, Req::Init);
         if let Some(p) = &self.sas[i].pending {
             self.sas[i].init_req = p.data.first().cloned().unwrap_or_default();
         }
@@ -1544,7 +1532,7 @@ impl Ike {
                 local,
                 remote,
                 &h,
-                vec![notify(notify::NO_PROPOSAL_CHOSEN, vec![])],
+                vec![notify(NotifyType::NoProposalChosen, vec![])],
             );
             return;
         };
@@ -1553,7 +1541,7 @@ impl Ike {
                 local,
                 remote,
                 &h,
-                vec![notify(notify::UNSUPPORTED_CRITICAL_PAYLOAD, vec![t])],
+                vec![notify(NotifyType::UnsupportedCriticalPayload, vec![t])],
             );
             return;
         }
@@ -1565,7 +1553,7 @@ impl Ike {
                 local,
                 remote,
                 &h,
-                vec![notify(notify::INVALID_SYNTAX, vec![])],
+                vec![notify(NotifyType::InvalidSyntax, vec![])],
             );
             return;
         };
@@ -1575,12 +1563,12 @@ impl Ike {
                 self.rng_failed(Some(ci), "IKE_SA_INIT request not answered");
                 return;
             };
-            let ok = find_notify(p, notify::COOKIE).is_some_and(|n| {
+            let ok = find_notify(p, NotifyType::Cookie).is_some_and(|n| {
                 aws_lc_rs::constant_time::verify_slices_are_equal(&n.data, &want).is_ok()
             });
             if !ok {
                 self.count(IkeEvent::CookiesSent);
-                self.reply_plain(local, remote, &h, vec![notify(notify::COOKIE, want)]);
+                self.reply_plain(local, remote, &h, vec![notify(NotifyType::Cookie, want)]);
                 return;
             }
         }
@@ -1607,7 +1595,7 @@ impl Ike {
                 local,
                 remote,
                 &h,
-                vec![notify(notify::NO_PROPOSAL_CHOSEN, vec![])],
+                vec![notify(NotifyType::NoProposalChosen, vec![])],
             );
             return;
         };
@@ -1619,7 +1607,7 @@ impl Ike {
                 remote,
                 &h,
                 vec![notify(
-                    notify::INVALID_KE_PAYLOAD,
+                    NotifyType::InvalidKePayload,
                     group.id().to_be_bytes().to_vec(),
                 )],
             );
@@ -1646,7 +1634,7 @@ impl Ike {
                     local,
                     remote,
                     &h,
-                    vec![notify(notify::INVALID_SYNTAX, vec![])],
+                    vec![notify(NotifyType::InvalidSyntax, vec![])],
                 );
                 return;
             }
@@ -1669,9 +1657,9 @@ impl Ike {
         let c = &self.conns[ci];
         let our_local = SocketAddr::new(c.local, local.port());
         // NAT detection (§2.23): compare the peer's hashes with what we see.
-        let src_ok = find_notify(p, notify::NAT_DETECTION_SOURCE_IP)
+        let src_ok = find_notify(p, NotifyType::NatDetectionSourceIp)
             .map(|n| n.data == nat_hash(h.spi_i, 0, remote));
-        let dst_ok = find_notify(p, notify::NAT_DETECTION_DESTINATION_IP)
+        let dst_ok = find_notify(p, NotifyType::NatDetectionDestinationIp)
             .map(|n| n.data == nat_hash(h.spi_i, 0, our_local));
         let nat = src_ok == Some(false) || dst_ok == Some(false) || c.force_encap;
         let mut out = vec![
@@ -1684,9 +1672,9 @@ impl Ike {
         ];
         if src_ok.is_some() {
             let src = fake_src.unwrap_or_else(|| nat_hash(h.spi_i, spi_r, our_local));
-            out.push(notify(notify::NAT_DETECTION_SOURCE_IP, src));
+            out.push(notify(NotifyType::NatDetectionSourceIp, src));
             out.push(notify(
-                notify::NAT_DETECTION_DESTINATION_IP,
+                NotifyType::NatDetectionDestinationIp,
                 nat_hash(h.spi_i, spi_r, remote),
             ));
         }
@@ -1694,12 +1682,12 @@ impl Ike {
             out.push(certreq(cas));
         }
         out.push(notify(
-            notify::SIGNATURE_HASH_ALGORITHMS,
+            NotifyType::SignatureHashAlgorithms,
             super::sig::encode_hash_algorithms(&super::sig::supported_hash_algorithms()),
         ));
-        let fragmentation = find_notify(p, notify::IKEV2_FRAGMENTATION_SUPPORTED).is_some();
+        let fragmentation = find_notify(p, NotifyType::Ikev2FragmentationSupported).is_some();
         if fragmentation {
-            out.push(notify(notify::IKEV2_FRAGMENTATION_SUPPORTED, vec![]));
+            out.push(notify(NotifyType::Ikev2FragmentationSupported, vec![]));
         }
         let mut sa = IkeSa::new(
             ci,
@@ -1718,7 +1706,7 @@ impl Ike {
         sa.fragmentation = fragmentation;
         sa.init_key = Some((h.spi_i, remote.ip()));
         let i = self.insert_sa(sa);
-        self.reply(i, exchange::IKE_SA_INIT, 0, out);
+        self.reply(i, ExchangeType::IkeSaInit, 0, out);
         if let Some((_, d)) = &self.sas[i].last_resp {
             self.sas[i].init_resp = d.first().cloned().unwrap_or_default();
         }
@@ -1795,7 +1783,7 @@ impl Ike {
     fn initiator_init_response(&mut self, i: usize, now: Duration, msg: Message) {
         let ci = self.sas[i].conn;
         let p = &msg.payloads;
-        if let Some(ck) = find_notify(p, notify::COOKIE) {
+        if let Some(ck) = find_notify(p, NotifyType::Cookie) {
             if self.sas[i].cookie.is_some() && self.sas[i].cookie.as_ref() == Some(&ck.data) {
                 return;
             }
@@ -1807,7 +1795,7 @@ impl Ike {
             }
             return;
         }
-        if let Some(n) = find_notify(p, notify::INVALID_KE_PAYLOAD) {
+        if let Some(n) = find_notify(p, NotifyType::InvalidKePayload) {
             let want = (n.data.len() == 2).then(|| u16::from_be_bytes([n.data[0], n.data[1]]));
             let ok = want.and_then(Group::from_id).filter(|g| {
                 *g != self.sas[i].group && self.conns[ci].proposals.iter().any(|p| p.dh.contains(g))
@@ -1867,9 +1855,9 @@ impl Ike {
         };
         let (spi_i, spi_r) = (msg.header.spi_i, msg.header.spi_r);
         let (local, remote) = (self.sas[i].local, self.sas[i].remote);
-        let src_ok = find_notify(p, notify::NAT_DETECTION_SOURCE_IP)
+        let src_ok = find_notify(p, NotifyType::NatDetectionSourceIp)
             .map(|n| n.data == nat_hash(spi_i, spi_r, remote));
-        let dst_ok = find_notify(p, notify::NAT_DETECTION_DESTINATION_IP)
+        let dst_ok = find_notify(p, NotifyType::NatDetectionDestinationIp)
             .map(|n| n.data == nat_hash(spi_i, spi_r, local));
         let nat = src_ok == Some(false)
             || dst_ok == Some(false)
@@ -1880,7 +1868,7 @@ impl Ike {
             sa.nr = nr.to_vec();
             sa.chosen = Some(chosen);
             sa.nat = nat;
-            sa.fragmentation = find_notify(p, notify::IKEV2_FRAGMENTATION_SUPPORTED).is_some();
+            sa.fragmentation = find_notify(p, NotifyType::Ikev2FragmentationSupported).is_some();
         }
         if !self.install_ike_keys(i, &g_ir, None) {
             self.fail(i, "could not key the IKE SA".into());
@@ -2074,7 +2062,7 @@ impl Ike {
         if let RemoteAuth::Ca(cas) = &c.remote_auth {
             payloads.push(certreq(cas));
         }
-        payloads.push(notify(notify::INITIAL_CONTACT, vec![]));
+        payloads.push(notify(NotifyType::InitialContact, vec![]));
         if let Some(r) = &c.remote_id {
             payloads.push(Payload::IdR(Id {
                 id_type: r.id_type(),
@@ -2083,13 +2071,19 @@ impl Ike {
         }
         payloads.extend(rest);
         if c.child.mode == Mode::Transport {
-            payloads.push(notify(notify::USE_TRANSPORT_MODE, vec![]));
+            payloads.push(notify(NotifyType::UseTransportMode, vec![]));
         }
         payloads.push(Payload::Sa(self.child_proposals(ci, spi_in, false)));
         payloads.push(Payload::TsI(c.child.local_ts.clone()));
         payloads.push(Payload::TsR(c.child.remote_ts.clone()));
         self.sas[i].state = State::AuthSent;
-        self.send_request(i, now, exchange::IKE_AUTH, payloads, Req::Auth { spi_in });
+        self.send_request(
+            i,
+            now,
+            ExchangeType::IkeAuth,
+            payloads,
+            Req::Auth { spi_in },
+        );
     }
 
     fn responder_auth(&mut self, i: usize, now: Duration, id: u32, p: Vec<Payload>) {
@@ -2101,9 +2095,9 @@ impl Ike {
             self.count(IkeEvent::AuthFailed);
             self.reply(
                 i,
-                exchange::IKE_AUTH,
+                ExchangeType::IkeAuth,
                 id,
-                vec![notify(notify::AUTHENTICATION_FAILED, vec![])],
+                vec![notify(NotifyType::AuthenticationFailed, vec![])],
             );
             self.destroy(i, "IKE_AUTH without IDi".into(), false);
             return;
@@ -2131,16 +2125,16 @@ impl Ike {
                 );
                 self.reply(
                     i,
-                    exchange::IKE_AUTH,
+                    ExchangeType::IkeAuth,
                     id,
-                    vec![notify(notify::AUTHENTICATION_FAILED, vec![])],
+                    vec![notify(NotifyType::AuthenticationFailed, vec![])],
                 );
                 self.destroy(i, format!("authentication failed: {e}"), false);
                 return;
             }
         };
         let our = self.our_id(ci);
-        let initial_contact = find_notify(&p, notify::INITIAL_CONTACT).is_some();
+        let initial_contact = find_notify(&p, NotifyType::InitialContact).is_some();
         let signed_r = signed_octets(
             prf,
             &self.sas[i].init_resp,
@@ -2152,9 +2146,9 @@ impl Ike {
         let Some(auth) = self.make_auth(i, &signed_r) else {
             self.reply(
                 i,
-                exchange::IKE_AUTH,
+                ExchangeType::IkeAuth,
                 id,
-                vec![notify(notify::AUTHENTICATION_FAILED, vec![])],
+                vec![notify(NotifyType::AuthenticationFailed, vec![])],
             );
             self.destroy(i, "could not create our AUTH payload".into(), false);
             return;
@@ -2173,7 +2167,7 @@ impl Ike {
             Ok(child_payloads) => out.extend(child_payloads),
             Err(n) => out.push(notify(n, vec![])),
         }
-        self.reply(i, exchange::IKE_AUTH, id, out);
+        self.reply(i, ExchangeType::IkeAuth, id, out);
         self.count(IkeEvent::IkeEstablished);
         self.ike_up(i);
         if initial_contact {
@@ -2234,17 +2228,17 @@ impl Ike {
         via: ChildExchange<'_>,
         ni: &[u8],
         nr: &[u8],
-    ) -> Result<Vec<Payload>, u16> {
+    ) -> Result<Vec<Payload>, NotifyType> {
         let (ke, rekey_of) = match via {
             ChildExchange::IkeAuth => (None, None),
             ChildExchange::CreateChildSa { ke, rekey_of } => (ke, rekey_of),
         };
         let ci = self.sas[i].conn;
         let Some(offered) = get_sa(p) else {
-            return Err(notify::INVALID_SYNTAX);
+            return Err(NotifyType::InvalidSyntax);
         };
         let Some((ts_i, ts_r)) = get_ts(p) else {
-            return Err(notify::INVALID_SYNTAX);
+            return Err(NotifyType::InvalidSyntax);
         };
         let Some((num, spi_out, chosen)) = select(
             &self.conns[ci].child.proposals,
@@ -2258,10 +2252,10 @@ impl Ike {
                 Some(ci),
                 "child SA: no acceptable ESP proposal".into(),
             );
-            return Err(notify::NO_PROPOSAL_CHOSEN);
+            return Err(NotifyType::NoProposalChosen);
         };
         let Some(spi_out) = spi4(&spi_out) else {
-            return Err(notify::INVALID_SYNTAX);
+            return Err(NotifyType::InvalidSyntax);
         };
         // The initiator's TSi is its side (our remote), TSr ours.
         let c = &self.conns[ci];
@@ -2279,9 +2273,9 @@ impl Ike {
             );
             self.count(IkeEvent::TsUnacceptable);
             self.log(Level::Warn, Some(ci), msg);
-            return Err(notify::TS_UNACCEPTABLE);
+            return Err(NotifyType::TsUnacceptable);
         }
-        let transport = find_notify(p, notify::USE_TRANSPORT_MODE).is_some();
+        let transport = find_notify(p, NotifyType::UseTransportMode).is_some();
         if transport != (c.child.mode == Mode::Transport) {
             self.log(
                 Level::Warn,
@@ -2292,25 +2286,25 @@ impl Ike {
                     if transport { "tunnel" } else { "transport" }
                 ),
             );
-            return Err(notify::NO_PROPOSAL_CHOSEN);
+            return Err(NotifyType::NoProposalChosen);
         }
         let mode = c.child.mode;
         let mut out_ke = None;
         let g_ir = match (ke, chosen.dh) {
             (Some((kg, kd)), Some(g)) => {
                 if kg != g.id() {
-                    return Err(notify::INVALID_KE_PAYLOAD);
+                    return Err(NotifyType::InvalidKePayload);
                 }
                 let k = self.new_ke(Some(i), g).map_err(|e| match e {
                     DhError::Random(..) => {
                         self.rng_failed(Some(ci), "child SA refused (TEMPORARY_FAILURE)");
-                        notify::TEMPORARY_FAILURE
+                        NotifyType::TemporaryFailure
                     }
-                    _ => notify::NO_PROPOSAL_CHOSEN,
+                    _ => NotifyType::NoProposalChosen,
                 })?;
                 let s = self
                     .timed(Some(i), IkeOp::Dh, |_| k.agree(kd))
-                    .map_err(|_| notify::INVALID_SYNTAX)?;
+                    .map_err(|_| NotifyType::InvalidSyntax)?;
                 out_ke = Some(Payload::Ke {
                     group: g.id(),
                     data: k.public_value().to_vec(),
@@ -2321,12 +2315,12 @@ impl Ike {
         };
         let Ok(spi_in) = self.new_child_spi() else {
             self.rng_failed(Some(ci), "child SA refused (TEMPORARY_FAILURE)");
-            return Err(notify::TEMPORARY_FAILURE);
+            return Err(NotifyType::TemporaryFailure);
         };
         let prf = self.sas[i]
             .chosen
             .and_then(|c| c.prf)
-            .ok_or(notify::NO_PROPOSAL_CHOSEN)?;
+            .ok_or(NotifyType::NoProposalChosen)?;
         let sk_d = self.sas[i].sk_d.clone();
         let keys = self
             .timed(Some(i), IkeOp::KeyDerivation, |_| {
@@ -2339,7 +2333,7 @@ impl Ike {
                     chosen.key_lens(),
                 )
             })
-            .ok_or(notify::NO_PROPOSAL_CHOSEN)?;
+            .ok_or(NotifyType::NoProposalChosen)?;
         let mut out = vec![Payload::Sa(vec![chosen.to_wire(
             ProposalKind::Esp,
             num,
@@ -2358,7 +2352,7 @@ impl Ike {
         out.push(Payload::TsI(remote_ts.clone()));
         out.push(Payload::TsR(local_ts.clone()));
         if mode == Mode::Transport {
-            out.insert(0, notify(notify::USE_TRANSPORT_MODE, vec![]));
+            out.insert(0, notify(NotifyType::UseTransportMode, vec![]));
         }
         // We are the responder of this exchange: i->r keys are our inbound.
         let (inbound, outbound, mut child) = self.new_child(
@@ -2502,7 +2496,7 @@ impl Ike {
 
     fn initiator_auth_response(&mut self, i: usize, now: Duration, spi_in: u32, p: Vec<Payload>) {
         let ci = self.sas[i].conn;
-        if find_notify(&p, notify::AUTHENTICATION_FAILED).is_some() {
+        if find_notify(&p, NotifyType::AuthenticationFailed).is_some() {
             self.count(IkeEvent::AuthFailed);
             self.child_spis.remove(&spi_in);
             self.fail(
@@ -2553,8 +2547,8 @@ impl Ike {
                 self.send_request(
                     i,
                     now,
-                    exchange::INFORMATIONAL,
-                    vec![notify(notify::AUTHENTICATION_FAILED, vec![])],
+                    ExchangeType::Informational,
+                    vec![notify(NotifyType::AuthenticationFailed, vec![])],
                     Req::DeleteIke,
                 );
                 self.destroy(i, format!("authentication failed: {e}"), false);
@@ -2631,7 +2625,7 @@ impl Ike {
             );
             return false;
         }
-        let transport = find_notify(p, notify::USE_TRANSPORT_MODE).is_some();
+        let transport = find_notify(p, NotifyType::UseTransportMode).is_some();
         if transport != (c.child.mode == Mode::Transport) {
             self.child_spis.remove(&spi_in);
             self.log(
@@ -2741,7 +2735,7 @@ impl Ike {
                 return;
             }
         };
-        if h.exchange_type == exchange::IKE_SA_INIT && !h.response {
+        if h.exchange_type == ExchangeType::IkeSaInit && !h.response {
             if h.spi_r != 0 {
                 self.count(IkeEvent::DroppedMalformed);
                 return;
@@ -2790,7 +2784,7 @@ impl Ike {
             self.count(IkeEvent::DroppedBadMessageId);
             return;
         }
-        if h.exchange_type == exchange::IKE_SA_INIT {
+        if h.exchange_type == ExchangeType::IkeSaInit {
             if self.sas[i].state != State::InitSent {
                 self.count(IkeEvent::DroppedUnexpectedResponse);
                 return;
@@ -2804,7 +2798,7 @@ impl Ike {
             };
             self.sas[i].last_rx = now;
             if error_notify(&msg.payloads).is_none()
-                && find_notify(&msg.payloads, notify::COOKIE).is_none()
+                && find_notify(&msg.payloads, NotifyType::Cookie).is_none()
             {
                 self.sas[i].pending = None;
                 self.sas[i].init_resp = data.to_vec();
@@ -2993,25 +2987,28 @@ impl Ike {
                 i,
                 h.exchange_type,
                 h.message_id,
-                vec![notify(notify::UNSUPPORTED_CRITICAL_PAYLOAD, vec![t])],
+                vec![notify(NotifyType::UnsupportedCriticalPayload, vec![t])],
             );
             return;
         }
         match (h.exchange_type, self.sas[i].state) {
-            (exchange::IKE_AUTH, State::InitDone) => self.responder_auth(i, now, h.message_id, p),
-            (exchange::CREATE_CHILD_SA, State::Established | State::Deleting) => {
+            (ExchangeType::IkeAuth, State::InitDone) => {
+                self.responder_auth(i, now, h.message_id, p)
+            }
+            (ExchangeType::CreateChildSa, State::Established | State::Deleting) => {
                 self.responder_create_child(i, now, h.message_id, p)
             }
-            (exchange::INFORMATIONAL, State::Established | State::Deleting | State::AuthSent) => {
-                self.responder_informational(i, now, h.message_id, p)
-            }
+            (
+                ExchangeType::Informational,
+                State::Established | State::Deleting | State::AuthSent,
+            ) => self.responder_informational(i, now, h.message_id, p),
             _ => {
                 self.count(IkeEvent::DroppedUnexpectedRequest);
                 self.reply(
                     i,
                     h.exchange_type,
                     h.message_id,
-                    vec![notify(notify::INVALID_SYNTAX, vec![])],
+                    vec![notify(NotifyType::InvalidSyntax, vec![])],
                 );
             }
         }
@@ -3026,9 +3023,9 @@ impl Ike {
         let Some(ni) = get_nonce(&p).map(|n| n.to_vec()) else {
             self.reply(
                 i,
-                exchange::CREATE_CHILD_SA,
+                ExchangeType::CreateChildSa,
                 id,
-                vec![notify(notify::INVALID_SYNTAX, vec![])],
+                vec![notify(NotifyType::InvalidSyntax, vec![])],
             );
             return;
         };
@@ -3037,24 +3034,24 @@ impl Ike {
             self.responder_ike_rekey(i, now, id, &p, ni);
             return;
         }
-        let rekey_of = find_notify(&p, notify::REKEY_SA).and_then(|n| spi4(&n.spi));
+        let rekey_of = find_notify(&p, NotifyType::RekeySa).and_then(|n| spi4(&n.spi));
         if let Some(old_out) = rekey_of {
             // The notify names the SPI the peer receives on: our outbound SPI.
             let Some(child) = self.sas[i].children.iter().find(|c| c.spi_out == old_out) else {
                 self.reply(
                     i,
-                    exchange::CREATE_CHILD_SA,
+                    ExchangeType::CreateChildSa,
                     id,
-                    vec![notify(notify::CHILD_SA_NOT_FOUND, vec![])],
+                    vec![notify(NotifyType::ChildSaNotFound, vec![])],
                 );
                 return;
             };
             if child.state == ChildState::Deleting {
                 self.reply(
                     i,
-                    exchange::CREATE_CHILD_SA,
+                    ExchangeType::CreateChildSa,
                     id,
-                    vec![notify(notify::TEMPORARY_FAILURE, vec![])],
+                    vec![notify(NotifyType::TemporaryFailure, vec![])],
                 );
                 return;
             }
@@ -3063,9 +3060,9 @@ impl Ike {
             self.rng_failed(Some(ci), "CREATE_CHILD_SA refused (TEMPORARY_FAILURE)");
             self.reply(
                 i,
-                exchange::CREATE_CHILD_SA,
+                ExchangeType::CreateChildSa,
                 id,
-                vec![notify(notify::TEMPORARY_FAILURE, vec![])],
+                vec![notify(NotifyType::TemporaryFailure, vec![])],
             );
             return;
         };
@@ -3095,10 +3092,10 @@ impl Ike {
                         old.rekey_at = None;
                     }
                 }
-                self.reply(i, exchange::CREATE_CHILD_SA, id, out);
+                self.reply(i, ExchangeType::CreateChildSa, id, out);
             }
             Err(n) => {
-                let data = if n == notify::INVALID_KE_PAYLOAD {
+                let data = if n == NotifyType::InvalidKePayload {
                     self.conns[ci]
                         .child
                         .proposals
@@ -3109,7 +3106,7 @@ impl Ike {
                 } else {
                     Vec::new()
                 };
-                self.reply(i, exchange::CREATE_CHILD_SA, id, vec![notify(n, data)]);
+                self.reply(i, ExchangeType::CreateChildSa, id, vec![notify(n, data)]);
             }
         }
     }
@@ -3184,12 +3181,12 @@ impl Ike {
             payloads.push(Payload::Notify(Notify {
                 protocol: protocol::ESP,
                 spi: old_in.to_be_bytes().to_vec(),
-                notify_type: notify::REKEY_SA,
+                notify_type: NotifyType::RekeySa,
                 data: Vec::new(),
             }));
         }
         if c.child.mode == Mode::Transport {
-            payloads.push(notify(notify::USE_TRANSPORT_MODE, vec![]));
+            payloads.push(notify(NotifyType::UseTransportMode, vec![]));
         }
         let props = self.child_proposals(ci, spi_in, ke.is_some());
         payloads.push(Payload::Sa(props));
@@ -3211,7 +3208,7 @@ impl Ike {
         self.send_request(
             i,
             now,
-            exchange::CREATE_CHILD_SA,
+            ExchangeType::CreateChildSa,
             payloads,
             Req::Child {
                 spi_in,
@@ -3234,7 +3231,7 @@ impl Ike {
         p: Vec<Payload>,
     ) {
         let ci = self.sas[i].conn;
-        if let Some(n) = find_notify(&p, notify::INVALID_KE_PAYLOAD) {
+        if let Some(n) = find_notify(&p, NotifyType::InvalidKePayload) {
             self.child_spis.remove(&spi_in);
             let want = (n.data.len() == 2)
                 .then(|| u16::from_be_bytes([n.data[0], n.data[1]]))
@@ -3437,7 +3434,7 @@ impl Ike {
         self.send_request(
             i,
             now,
-            exchange::CREATE_CHILD_SA,
+            ExchangeType::CreateChildSa,
             payloads,
             Req::IkeRekey { new_spi, ni, ke },
         );
@@ -3455,9 +3452,9 @@ impl Ike {
         let (Some(offered), Some((kg, kd))) = (get_sa(p), get_ke(p)) else {
             self.reply(
                 i,
-                exchange::CREATE_CHILD_SA,
+                ExchangeType::CreateChildSa,
                 id,
-                vec![notify(notify::INVALID_SYNTAX, vec![])],
+                vec![notify(NotifyType::InvalidSyntax, vec![])],
             );
             return;
         };
@@ -3466,9 +3463,9 @@ impl Ike {
         else {
             self.reply(
                 i,
-                exchange::CREATE_CHILD_SA,
+                ExchangeType::CreateChildSa,
                 id,
-                vec![notify(notify::NO_PROPOSAL_CHOSEN, vec![])],
+                vec![notify(NotifyType::NoProposalChosen, vec![])],
             );
             return;
         };
@@ -3478,9 +3475,9 @@ impl Ike {
         else {
             self.reply(
                 i,
-                exchange::CREATE_CHILD_SA,
+                ExchangeType::CreateChildSa,
                 id,
-                vec![notify(notify::INVALID_SYNTAX, vec![])],
+                vec![notify(NotifyType::InvalidSyntax, vec![])],
             );
             return;
         };
@@ -3488,10 +3485,10 @@ impl Ike {
         if kg != g.id() {
             self.reply(
                 i,
-                exchange::CREATE_CHILD_SA,
+                ExchangeType::CreateChildSa,
                 id,
                 vec![notify(
-                    notify::INVALID_KE_PAYLOAD,
+                    NotifyType::InvalidKePayload,
                     g.id().to_be_bytes().to_vec(),
                 )],
             );
@@ -3510,18 +3507,18 @@ impl Ike {
             }
             self.reply(
                 i,
-                exchange::CREATE_CHILD_SA,
+                ExchangeType::CreateChildSa,
                 id,
-                vec![notify(notify::TEMPORARY_FAILURE, vec![])],
+                vec![notify(NotifyType::TemporaryFailure, vec![])],
             );
             return;
         };
         let Ok(g_ir) = self.timed(Some(i), IkeOp::Dh, |_| ke.agree(kd)) else {
             self.reply(
                 i,
-                exchange::CREATE_CHILD_SA,
+                ExchangeType::CreateChildSa,
                 id,
-                vec![notify(notify::INVALID_SYNTAX, vec![])],
+                vec![notify(NotifyType::InvalidSyntax, vec![])],
             );
             return;
         };
@@ -3549,13 +3546,13 @@ impl Ike {
             );
             self.reply(
                 i,
-                exchange::CREATE_CHILD_SA,
+                ExchangeType::CreateChildSa,
                 id,
-                vec![notify(notify::TEMPORARY_FAILURE, vec![])],
+                vec![notify(NotifyType::TemporaryFailure, vec![])],
             );
             return;
         };
-        self.reply(i, exchange::CREATE_CHILD_SA, id, out);
+        self.reply(i, ExchangeType::CreateChildSa, id, out);
         self.replace_ike(i, j, now);
     }
 
@@ -3752,7 +3749,7 @@ impl Ike {
                         }));
                     }
                 }
-                Payload::Notify(n) if n.notify_type == notify::AUTHENTICATION_FAILED => {
+                Payload::Notify(n) if n.notify_type == NotifyType::AuthenticationFailed => {
                     self.log(
                         Level::Warn,
                         Some(ci),
@@ -3765,7 +3762,7 @@ impl Ike {
         }
         self.reply(
             i,
-            exchange::INFORMATIONAL,
+            ExchangeType::Informational,
             id,
             if delete_ike { Vec::new() } else { out },
         );
@@ -4053,7 +4050,7 @@ impl Ike {
                 }
                 Task::Dpd => {
                     self.count(IkeEvent::DpdSent);
-                    self.send_request(i, now, exchange::INFORMATIONAL, Vec::new(), Req::Dpd);
+                    self.send_request(i, now, ExchangeType::Informational, Vec::new(), Req::Dpd);
                 }
                 Task::DeleteChild(s) => {
                     let Some(c) = self.sas[i].children.iter_mut().find(|c| c.spi_in == s) else {
@@ -4067,7 +4064,7 @@ impl Ike {
                     self.send_request(
                         i,
                         now,
-                        exchange::INFORMATIONAL,
+                        ExchangeType::Informational,
                         payloads,
                         Req::DeleteChild { spi_in: s },
                     );
@@ -4077,7 +4074,7 @@ impl Ike {
                     self.send_request(
                         i,
                         now,
-                        exchange::INFORMATIONAL,
+                        ExchangeType::Informational,
                         vec![Payload::Delete(Delete::Ike)],
                         Req::DeleteIke,
                     );

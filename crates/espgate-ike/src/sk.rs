@@ -322,7 +322,7 @@ pub struct Fragment {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{exchange, Notify};
+    use crate::wire::{ExchangeType, Notify, NotifyType};
 
     fn pair(suite: &str) -> (SkCrypto, SkCrypto) {
         let s: Suite = suite.parse().unwrap();
@@ -341,7 +341,7 @@ mod tests {
             spi_i: 1,
             spi_r: 2,
             minor_version: 0,
-            exchange_type: exchange::INFORMATIONAL,
+            exchange_type: ExchangeType::Informational,
             initiator: true,
             version: false,
             response: false,
@@ -363,7 +363,7 @@ mod tests {
                 Payload::Notify(Notify {
                     protocol: 0,
                     spi: vec![],
-                    notify_type: 16384,
+                    notify_type: NotifyType::InitialContact,
                     data: vec![],
                 }),
                 Payload::Nonce(vec![9; 33]),

@@ -96,16 +96,90 @@ impl std::error::Error for IkeError {}
 /// Result of IKE parsing and emitting.
 pub type IkeResult<T> = Result<T, IkeError>;
 
-/// Exchange types (RFC 7296 §3.1).
-pub mod exchange {
+/// A registry of IANA codepoints as an enum: one variant per value this
+/// codec knows, `Unknown` for any other, converted both ways without loss.
+/// Equality and hashing are by value, so `Unknown(n)` of a known `n`
+/// equals its variant.
+macro_rules! codepoint {
+    (
+        $(#[$meta:meta])*
+        $name:ident: $ty:ty {
+            $( $(#[doc = $doc:literal])* $variant:ident = $value:literal => $text:literal, )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy)]
+        pub enum $name {
+            $( $(#[doc = $doc])* $variant, )*
+            /// A value without a variant here.
+            Unknown($ty),
+        }
+
+        impl From<$ty> for $name {
+            fn from(v: $ty) -> Self {
+                match v {
+                    $( $value => $name::$variant, )*
+                    other => $name::Unknown(other),
+                }
+            }
+        }
+
+        impl From<$name> for $ty {
+            fn from(v: $name) -> $ty {
+                match v {
+                    $( $name::$variant => $value, )*
+                    $name::Unknown(other) => other,
+                }
+            }
+        }
+
+        impl $name {
+            /// The registry's name, for a known value.
+            pub fn as_str(self) -> Option<&'static str> {
+                match <$ty>::from(self) {
+                    $( $value => Some($text), )*
+                    _ => None,
+                }
+            }
+        }
+
+        impl PartialEq for $name {
+            fn eq(&self, other: &Self) -> bool {
+                <$ty>::from(*self) == <$ty>::from(*other)
+            }
+        }
+
+        impl Eq for $name {}
+
+        impl std::hash::Hash for $name {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                <$ty>::from(*self).hash(state);
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self.as_str() {
+                    Some(t) => f.write_str(t),
+                    None => write!(f, "{}", <$ty>::from(*self)),
+                }
+            }
+        }
+    };
+}
+
+codepoint! {
+    /// Exchange types (RFC 7296 §3.1).
+    ExchangeType: u8 {
     /// IKE_SA_INIT.
-    pub const IKE_SA_INIT: u8 = 34;
+    IkeSaInit = 34 => "IKE_SA_INIT",
     /// IKE_AUTH.
-    pub const IKE_AUTH: u8 = 35;
+    IkeAuth = 35 => "IKE_AUTH",
     /// CREATE_CHILD_SA.
-    pub const CREATE_CHILD_SA: u8 = 36;
+    CreateChildSa = 36 => "CREATE_CHILD_SA",
     /// INFORMATIONAL.
-    pub const INFORMATIONAL: u8 = 37;
+    Informational = 37 => "INFORMATIONAL",
+    }
 }
 
 /// Payload types (RFC 7296 §3.2, RFC 7383 §2.5).
@@ -278,70 +352,80 @@ pub mod attribute {
     pub const KEY_LENGTH: u16 = 14;
 }
 
-/// Notify message types (RFC 7296 §3.10.1, RFC 7383, RFC 7427).
-pub mod notify {
+codepoint! {
+    /// Notify message types (RFC 7296 §3.10.1, RFC 7383, RFC 7427). Types
+    /// below 16384 are errors, the others status notifications.
+    NotifyType: u16 {
     /// UNSUPPORTED_CRITICAL_PAYLOAD (data: the one-octet payload type).
-    pub const UNSUPPORTED_CRITICAL_PAYLOAD: u16 = 1;
+    UnsupportedCriticalPayload = 1 => "UNSUPPORTED_CRITICAL_PAYLOAD",
     /// INVALID_IKE_SPI.
-    pub const INVALID_IKE_SPI: u16 = 4;
+    InvalidIkeSpi = 4 => "INVALID_IKE_SPI",
     /// INVALID_MAJOR_VERSION.
-    pub const INVALID_MAJOR_VERSION: u16 = 5;
+    InvalidMajorVersion = 5 => "INVALID_MAJOR_VERSION",
     /// INVALID_SYNTAX.
-    pub const INVALID_SYNTAX: u16 = 7;
+    InvalidSyntax = 7 => "INVALID_SYNTAX",
     /// INVALID_MESSAGE_ID.
-    pub const INVALID_MESSAGE_ID: u16 = 9;
+    InvalidMessageId = 9 => "INVALID_MESSAGE_ID",
     /// INVALID_SPI.
-    pub const INVALID_SPI: u16 = 11;
+    InvalidSpi = 11 => "INVALID_SPI",
     /// NO_PROPOSAL_CHOSEN.
-    pub const NO_PROPOSAL_CHOSEN: u16 = 14;
+    NoProposalChosen = 14 => "NO_PROPOSAL_CHOSEN",
     /// INVALID_KE_PAYLOAD.
-    pub const INVALID_KE_PAYLOAD: u16 = 17;
+    InvalidKePayload = 17 => "INVALID_KE_PAYLOAD",
     /// AUTHENTICATION_FAILED.
-    pub const AUTHENTICATION_FAILED: u16 = 24;
+    AuthenticationFailed = 24 => "AUTHENTICATION_FAILED",
     /// SINGLE_PAIR_REQUIRED.
-    pub const SINGLE_PAIR_REQUIRED: u16 = 34;
+    SinglePairRequired = 34 => "SINGLE_PAIR_REQUIRED",
     /// NO_ADDITIONAL_SAS.
-    pub const NO_ADDITIONAL_SAS: u16 = 35;
+    NoAdditionalSas = 35 => "NO_ADDITIONAL_SAS",
     /// INTERNAL_ADDRESS_FAILURE.
-    pub const INTERNAL_ADDRESS_FAILURE: u16 = 36;
+    InternalAddressFailure = 36 => "INTERNAL_ADDRESS_FAILURE",
     /// FAILED_CP_REQUIRED.
-    pub const FAILED_CP_REQUIRED: u16 = 37;
+    FailedCpRequired = 37 => "FAILED_CP_REQUIRED",
     /// TS_UNACCEPTABLE.
-    pub const TS_UNACCEPTABLE: u16 = 38;
+    TsUnacceptable = 38 => "TS_UNACCEPTABLE",
     /// INVALID_SELECTORS.
-    pub const INVALID_SELECTORS: u16 = 39;
+    InvalidSelectors = 39 => "INVALID_SELECTORS",
     /// TEMPORARY_FAILURE.
-    pub const TEMPORARY_FAILURE: u16 = 43;
+    TemporaryFailure = 43 => "TEMPORARY_FAILURE",
     /// CHILD_SA_NOT_FOUND.
-    pub const CHILD_SA_NOT_FOUND: u16 = 44;
+    ChildSaNotFound = 44 => "CHILD_SA_NOT_FOUND",
     /// INITIAL_CONTACT.
-    pub const INITIAL_CONTACT: u16 = 16384;
+    InitialContact = 16384 => "INITIAL_CONTACT",
     /// SET_WINDOW_SIZE.
-    pub const SET_WINDOW_SIZE: u16 = 16385;
+    SetWindowSize = 16385 => "SET_WINDOW_SIZE",
     /// ADDITIONAL_TS_POSSIBLE.
-    pub const ADDITIONAL_TS_POSSIBLE: u16 = 16386;
+    AdditionalTsPossible = 16386 => "ADDITIONAL_TS_POSSIBLE",
     /// IPCOMP_SUPPORTED.
-    pub const IPCOMP_SUPPORTED: u16 = 16387;
+    IpcompSupported = 16387 => "IPCOMP_SUPPORTED",
     /// NAT_DETECTION_SOURCE_IP.
-    pub const NAT_DETECTION_SOURCE_IP: u16 = 16388;
+    NatDetectionSourceIp = 16388 => "NAT_DETECTION_SOURCE_IP",
     /// NAT_DETECTION_DESTINATION_IP.
-    pub const NAT_DETECTION_DESTINATION_IP: u16 = 16389;
+    NatDetectionDestinationIp = 16389 => "NAT_DETECTION_DESTINATION_IP",
     /// COOKIE.
-    pub const COOKIE: u16 = 16390;
+    Cookie = 16390 => "COOKIE",
     /// USE_TRANSPORT_MODE.
-    pub const USE_TRANSPORT_MODE: u16 = 16391;
+    UseTransportMode = 16391 => "USE_TRANSPORT_MODE",
     /// HTTP_CERT_LOOKUP_SUPPORTED.
-    pub const HTTP_CERT_LOOKUP_SUPPORTED: u16 = 16392;
+    HttpCertLookupSupported = 16392 => "HTTP_CERT_LOOKUP_SUPPORTED",
     /// REKEY_SA.
-    pub const REKEY_SA: u16 = 16393;
+    RekeySa = 16393 => "REKEY_SA",
     /// ESP_TFC_PADDING_NOT_SUPPORTED.
-    pub const ESP_TFC_PADDING_NOT_SUPPORTED: u16 = 16394;
+    EspTfcPaddingNotSupported = 16394 => "ESP_TFC_PADDING_NOT_SUPPORTED",
     /// NON_FIRST_FRAGMENTS_ALSO.
-    pub const NON_FIRST_FRAGMENTS_ALSO: u16 = 16395;
+    NonFirstFragmentsAlso = 16395 => "NON_FIRST_FRAGMENTS_ALSO",
     /// IKEV2_FRAGMENTATION_SUPPORTED (RFC 7383).
-    pub const IKEV2_FRAGMENTATION_SUPPORTED: u16 = 16430;
+    Ikev2FragmentationSupported = 16430 => "IKEV2_FRAGMENTATION_SUPPORTED",
     /// SIGNATURE_HASH_ALGORITHMS (RFC 7427).
-    pub const SIGNATURE_HASH_ALGORITHMS: u16 = 16431;
+    SignatureHashAlgorithms = 16431 => "SIGNATURE_HASH_ALGORITHMS",
+    }
+}
+
+impl NotifyType {
+    /// An error type (below 16384, RFC 7296 §3.10.1), not a status.
+    pub fn is_error(self) -> bool {
+        u16::from(self) < 16384
+    }
 }
 
 /// Identification types (RFC 7296 §3.5).
@@ -410,8 +494,8 @@ pub struct Header {
     pub spi_r: u64,
     /// Minor version (the major version is always 2).
     pub minor_version: u8,
-    /// Exchange type (see [`exchange`]).
-    pub exchange_type: u8,
+    /// Exchange type.
+    pub exchange_type: ExchangeType,
     /// Initiator flag: set by the original initiator of the IKE SA.
     pub initiator: bool,
     /// Version flag: the sender can speak a higher major version.
@@ -443,7 +527,7 @@ impl Header {
             spi_i: u64::from_be_bytes(b[0..8].try_into().map_err(|_| IkeError::Truncated)?),
             spi_r: u64::from_be_bytes(b[8..16].try_into().map_err(|_| IkeError::Truncated)?),
             minor_version: ver & 0x0f,
-            exchange_type: b[18],
+            exchange_type: ExchangeType::from(b[18]),
             initiator: flags & FLAG_I != 0,
             version: flags & FLAG_V != 0,
             response: flags & FLAG_R != 0,
@@ -457,7 +541,7 @@ impl Header {
         out.extend_from_slice(&self.spi_r.to_be_bytes());
         out.push(next_payload);
         out.push(0x20 | (self.minor_version & 0x0f));
-        out.push(self.exchange_type);
+        out.push(u8::from(self.exchange_type));
         let mut flags = 0;
         if self.initiator {
             flags |= FLAG_I;
@@ -566,8 +650,8 @@ pub struct Notify {
     pub protocol: u8,
     /// SPI (empty when not about a child SA).
     pub spi: Vec<u8>,
-    /// Notify message type (see [`notify`]).
-    pub notify_type: u16,
+    /// Notify message type.
+    pub notify_type: NotifyType,
     /// Notification data.
     pub data: Vec<u8>,
 }
@@ -791,7 +875,7 @@ impl Payload {
                 Payload::Notify(Notify {
                     protocol: b[0],
                     spi: b[4..spi_end].to_vec(),
-                    notify_type: be16(b, 2),
+                    notify_type: NotifyType::from(be16(b, 2)),
                     data: b[spi_end..].to_vec(),
                 })
             }
@@ -864,7 +948,7 @@ impl Payload {
             Payload::Notify(n) => {
                 out.push(n.protocol);
                 out.push(u8::try_from(n.spi.len()).map_err(|_| IkeError::TooBig)?);
-                out.extend_from_slice(&n.notify_type.to_be_bytes());
+                out.extend_from_slice(&u16::from(n.notify_type).to_be_bytes());
                 out.extend_from_slice(&n.spi);
                 out.extend_from_slice(&n.data);
             }

@@ -107,7 +107,10 @@ fn flatten(m: &Message, len: usize) -> BTreeMap<String, String> {
     let h = &m.header;
     put("header.spi_i".into(), format!("{:016x}", h.spi_i));
     put("header.spi_r".into(), format!("{:016x}", h.spi_r));
-    put("header.exchange_type".into(), h.exchange_type.to_string());
+    put(
+        "header.exchange_type".into(),
+        u8::from(h.exchange_type).to_string(),
+    );
     put("header.initiator".into(), u8::from(h.initiator).to_string());
     put("header.response".into(), u8::from(h.response).to_string());
     put("header.message_id".into(), h.message_id.to_string());
@@ -165,7 +168,7 @@ fn flatten(m: &Message, len: usize) -> BTreeMap<String, String> {
             Payload::Notify(n) => {
                 put(k("protocol"), n.protocol.to_string());
                 put(k("spi"), hex::encode(&n.spi));
-                put(k("notify_type"), n.notify_type.to_string());
+                put(k("notify_type"), u16::from(n.notify_type).to_string());
                 put(k("data"), hex::encode(&n.data));
             }
             Payload::Delete(Delete::Ike) => {

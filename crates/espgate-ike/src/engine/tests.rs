@@ -975,7 +975,7 @@ fn fragmented_ike_auth_and_rekeys() {
     q.a.initiate(q.now, "c").unwrap();
     let init: Vec<Transmit> = std::iter::from_fn(|| q.a.poll_transmit()).collect();
     let mut m = Message::parse(&init[0].data).unwrap();
-    m.payloads.retain(|x| !matches!(x, Payload::Notify(n) if n.notify_type == notify::IKEV2_FRAGMENTATION_SUPPORTED));
+    m.payloads.retain(|x| !matches!(x, Payload::Notify(n) if n.notify_type == NotifyType::Ikev2FragmentationSupported));
     // The edited request replaces the original (A's AUTH signs what A sent,
     // so A's stored copy must match: start over from B's answer to it).
     let edited = m.emit().unwrap();
@@ -994,7 +994,12 @@ fn fragmented_ike_auth_and_rekeys() {
 
 /// Seals `payloads` as A's next request on its IKE SA and hands it to B;
 /// returns B's decrypted answer (None if B did not answer).
-fn crafted(p: &mut Pair, exch: u8, payloads: Vec<Payload>, id_offset: u32) -> Option<Vec<Payload>> {
+fn crafted(
+    p: &mut Pair,
+    exch: ExchangeType,
+    payloads: Vec<Payload>,
+    id_offset: u32,
+) -> Option<Vec<Payload>> {
     let id = p.a.sas[0].next_out_id + id_offset;
     let h = p.a.sas[0].header(exch, false, id);
     let data = p.a.sas[0].sk.as_mut().unwrap().seal(&h, &payloads).unwrap();
@@ -1007,7 +1012,7 @@ fn crafted(p: &mut Pair, exch: u8, payloads: Vec<Payload>, id_offset: u32) -> Op
     Some(p.a.sas[0].sk.as_ref().unwrap().open(&t.data).unwrap().1)
 }
 
-fn notify_of(p: &[Payload]) -> Option<(u16, Vec<u8>)> {
+fn notify_of(p: &[Payload]) -> Option<(NotifyType, Vec<u8>)> {
     p.iter().find_map(|x| match x {
         Payload::Notify(n) => Some((n.notify_type, n.data.clone())),
         _ => None,
@@ -1030,7 +1035,7 @@ fn crafted_requests_get_the_right_error_notifies() {
         Payload::Notify(Notify {
             protocol: protocol::ESP,
             spi: spi.to_be_bytes().to_vec(),
-            notify_type: notify::REKEY_SA,
+            notify_type: NotifyType::RekeySa,
             data: vec![],
         })
     };
@@ -1043,7 +1048,7 @@ fn crafted_requests_get_the_right_error_notifies() {
     // An unknown payload with the critical bit.
     let ans = crafted(
         &mut p,
-        exchange::INFORMATIONAL,
+        ExchangeType::Informational,
         vec![Payload::Unknown {
             payload_type: 200,
             critical: true,
@@ -1054,14 +1059,14 @@ fn crafted_requests_get_the_right_error_notifies() {
     .unwrap();
     assert_eq!(
         notify_of(&ans),
-        Some((notify::UNSUPPORTED_CRITICAL_PAYLOAD, vec![200]))
+        Some((NotifyType::UnsupportedCriticalPayload, vec![200]))
     );
 
     // Rekeying a child SA that does not exist.
     let (tsi, tsr) = ts(&p);
     let ans = crafted(
         &mut p,
-        exchange::CREATE_CHILD_SA,
+        ExchangeType::CreateChildSa,
         vec![
             rekey_notify(0xdead_beef),
             esp_78.clone(),
@@ -1074,7 +1079,7 @@ fn crafted_requests_get_the_right_error_notifies() {
     .unwrap();
     assert_eq!(
         notify_of(&ans).map(|n| n.0),
-        Some(notify::CHILD_SA_NOT_FOUND)
+        Some(NotifyType::ChildSaNotFound)
     );
 
     // A PFS KE payload of a group B does not use: INVALID_KE_PAYLOAD naming x25519.
@@ -1082,7 +1087,7 @@ fn crafted_requests_get_the_right_error_notifies() {
     let (tsi, tsr) = ts(&p);
     let ans = crafted(
         &mut p,
-        exchange::CREATE_CHILD_SA,
+        ExchangeType::CreateChildSa,
         vec![
             rekey_notify(a_in),
             esp_79.clone(),
@@ -1100,7 +1105,7 @@ fn crafted_requests_get_the_right_error_notifies() {
     assert_eq!(
         notify_of(&ans),
         Some((
-            notify::INVALID_KE_PAYLOAD,
+            NotifyType::InvalidKePayload,
             Group::Curve25519.id().to_be_bytes().to_vec()
         ))
     );
@@ -1109,7 +1114,7 @@ fn crafted_requests_get_the_right_error_notifies() {
     let other = ts::from_prefix(pfx("172.16.0.0/12"), 0);
     let ans = crafted(
         &mut p,
-        exchange::CREATE_CHILD_SA,
+        ExchangeType::CreateChildSa,
         vec![
             esp_7a.clone(),
             Payload::Nonce(vec![7; 32]),
@@ -1119,7 +1124,10 @@ fn crafted_requests_get_the_right_error_notifies() {
         0,
     )
     .unwrap();
-    assert_eq!(notify_of(&ans).map(|n| n.0), Some(notify::TS_UNACCEPTABLE));
+    assert_eq!(
+        notify_of(&ans).map(|n| n.0),
+        Some(NotifyType::TsUnacceptable)
+    );
 
     // No acceptable ESP proposal.
     let chacha = ProposalSpec::parse(ProposalKind::Esp, "chacha20poly1305")
@@ -1128,7 +1136,7 @@ fn crafted_requests_get_the_right_error_notifies() {
     let (tsi, tsr) = ts(&p);
     let ans = crafted(
         &mut p,
-        exchange::CREATE_CHILD_SA,
+        ExchangeType::CreateChildSa,
         vec![
             Payload::Sa(vec![chacha]),
             Payload::Nonce(vec![8; 32]),
@@ -1140,13 +1148,13 @@ fn crafted_requests_get_the_right_error_notifies() {
     .unwrap();
     assert_eq!(
         notify_of(&ans).map(|n| n.0),
-        Some(notify::NO_PROPOSAL_CHOSEN)
+        Some(NotifyType::NoProposalChosen)
     );
 
     // A Delete naming no SA of B: an empty answer, nothing removed.
     let ans = crafted(
         &mut p,
-        exchange::INFORMATIONAL,
+        ExchangeType::Informational,
         vec![Payload::Delete(Delete::Child {
             protocol: protocol::ESP,
             spis: vec![7],
@@ -1159,12 +1167,12 @@ fn crafted_requests_get_the_right_error_notifies() {
 
     // A message ID ahead of the window: dropped without an answer.
     let before = p.b.counter(IkeEvent::DroppedBadMessageId);
-    assert!(crafted(&mut p, exchange::INFORMATIONAL, vec![], 5).is_none());
+    assert!(crafted(&mut p, ExchangeType::Informational, vec![], 5).is_none());
     assert_eq!(p.b.counter(IkeEvent::DroppedBadMessageId), before + 1);
 
     // A tampered message: dropped silently (RFC 7296 §2.21.2).
     let id = p.a.sas[0].next_out_id;
-    let h = p.a.sas[0].header(exchange::INFORMATIONAL, false, id);
+    let h = p.a.sas[0].header(ExchangeType::Informational, false, id);
     let mut data = p.a.sas[0].sk.as_mut().unwrap().seal(&h, &[]).unwrap();
     let n = data.len();
     data[n - 1] ^= 1;
@@ -1456,7 +1464,7 @@ fn crafted_create_child_sa_without_rekey_sa_gets_nonce_and_ke() {
     let sa = Payload::Sa(p.a.child_proposals(0, 0x1234_5679, true));
     let ans = crafted(
         &mut p,
-        exchange::CREATE_CHILD_SA,
+        ExchangeType::CreateChildSa,
         vec![
             sa,
             Payload::Nonce(ni.clone()),
@@ -1515,7 +1523,7 @@ fn crafted_create_child_sa_without_rekey_sa_gets_nonce_and_ke() {
     let sa = Payload::Sa(q.a.child_proposals(0, 0x1234_567a, false));
     let ans = crafted(
         &mut q,
-        exchange::CREATE_CHILD_SA,
+        ExchangeType::CreateChildSa,
         vec![sa, Payload::Nonce(vec![8u8; 32]), tsi, tsr],
         0,
     )
@@ -1585,7 +1593,7 @@ fn sa_handles_stay_put_and_messages_route_by_spi() {
     data[0..8].copy_from_slice(&sa.spi_i.wrapping_add(1).to_be_bytes());
     data[8..16].copy_from_slice(&spis[1].to_be_bytes());
     data[17] = 0x20;
-    data[18] = exchange::INFORMATIONAL;
+    data[18] = u8::from(ExchangeType::Informational);
     data[19] = 0x08;
     data[24..28].copy_from_slice(&28u32.to_be_bytes());
     let before = p.b.counter(IkeEvent::DroppedUnknownSpi);

@@ -1,7 +1,7 @@
 use super::*;
 use proptest::prelude::*;
 
-fn hdr(exchange_type: u8) -> Header {
+fn hdr(exchange_type: ExchangeType) -> Header {
     Header {
         spi_i: 0x0102_0304_0506_0708,
         spi_r: 0x1112_1314_1516_1718,
@@ -84,13 +84,13 @@ fn all_plain_payloads() -> Vec<Payload> {
         Payload::Notify(Notify {
             protocol: 0,
             spi: vec![],
-            notify_type: notify::NAT_DETECTION_SOURCE_IP,
+            notify_type: NotifyType::NatDetectionSourceIp,
             data: vec![0x22; 20],
         }),
         Payload::Notify(Notify {
             protocol: protocol::ESP,
             spi: vec![1, 2, 3, 4],
-            notify_type: notify::REKEY_SA,
+            notify_type: NotifyType::RekeySa,
             data: vec![],
         }),
         Payload::Delete(Delete::Ike),
@@ -131,7 +131,7 @@ fn all_plain_payloads() -> Vec<Payload> {
 fn msgs() -> Vec<Message> {
     vec![
         Message {
-            header: hdr(exchange::IKE_SA_INIT),
+            header: hdr(ExchangeType::IkeSaInit),
             payloads: all_plain_payloads(),
         },
         Message {
@@ -140,13 +140,13 @@ fn msgs() -> Vec<Message> {
                 initiator: false,
                 version: true,
                 minor_version: 1,
-                ..hdr(exchange::IKE_AUTH)
+                ..hdr(ExchangeType::IkeAuth)
             },
             payloads: vec![
                 Payload::Notify(Notify {
                     protocol: 0,
                     spi: vec![],
-                    notify_type: notify::INITIAL_CONTACT,
+                    notify_type: NotifyType::InitialContact,
                     data: vec![],
                 }),
                 Payload::Sk {
@@ -156,7 +156,7 @@ fn msgs() -> Vec<Message> {
             ],
         },
         Message {
-            header: hdr(exchange::IKE_AUTH),
+            header: hdr(ExchangeType::IkeAuth),
             payloads: vec![Payload::Skf {
                 first_payload: payload::IDI,
                 number: 1,
@@ -165,7 +165,7 @@ fn msgs() -> Vec<Message> {
             }],
         },
         Message {
-            header: hdr(exchange::INFORMATIONAL),
+            header: hdr(ExchangeType::Informational),
             payloads: vec![],
         },
     ]
@@ -194,7 +194,7 @@ fn header_layout() {
     assert_eq!(&b[0..8], &[1, 2, 3, 4, 5, 6, 7, 8]);
     assert_eq!(b[16], payload::NOTIFY);
     assert_eq!(b[17], 0x21);
-    assert_eq!(b[18], exchange::IKE_AUTH);
+    assert_eq!(ExchangeType::from(b[18]), ExchangeType::IkeAuth);
     assert_eq!(b[19], 0x30); // R|V
     assert_eq!(be32(&b, 20), 7);
     // Notify's next payload is SK, SK's next payload is the inner first payload.
@@ -207,7 +207,7 @@ fn header_layout() {
 #[test]
 fn key_length_attribute_is_tv() {
     let m = Message {
-        header: hdr(exchange::IKE_SA_INIT),
+        header: hdr(ExchangeType::IkeSaInit),
         payloads: vec![sa()],
     };
     let b = m.emit().unwrap();
@@ -227,7 +227,7 @@ fn key_length_attribute_is_tv() {
 #[test]
 fn unknown_critical_is_reported() {
     let mut m = Message {
-        header: hdr(exchange::IKE_AUTH),
+        header: hdr(ExchangeType::IkeAuth),
         payloads: vec![
             Payload::Nonce(vec![1; 16]),
             Payload::Unknown {
@@ -255,7 +255,7 @@ fn unknown_critical_is_reported() {
     );
     // The critical bit on a known payload is ignored (RFC 7296 §2.5).
     let mut b = Message {
-        header: hdr(exchange::IKE_AUTH),
+        header: hdr(ExchangeType::IkeAuth),
         payloads: vec![Payload::Nonce(vec![1; 16])],
     }
     .emit()
@@ -432,7 +432,7 @@ fn specific_errors() {
 
 fn one(p: Payload) -> Vec<u8> {
     Message {
-        header: hdr(exchange::INFORMATIONAL),
+        header: hdr(ExchangeType::Informational),
         payloads: vec![p],
     }
     .emit()
@@ -457,7 +457,7 @@ fn payload_specific_errors() {
     let mut t = one(Payload::Notify(Notify {
         protocol: 3,
         spi: vec![1, 2, 3, 4],
-        notify_type: notify::REKEY_SA,
+        notify_type: NotifyType::RekeySa,
         data: vec![],
     }));
     t[33] = 5;
@@ -501,7 +501,7 @@ fn payload_specific_errors() {
 #[test]
 fn encrypted_must_be_last_and_not_nested() {
     let m = Message {
-        header: hdr(exchange::IKE_AUTH),
+        header: hdr(ExchangeType::IkeAuth),
         payloads: vec![
             Payload::Sk {
                 first_payload: 35,
@@ -540,7 +540,7 @@ fn encrypted_must_be_last_and_not_nested() {
 #[test]
 fn payload_count_is_bounded() {
     let mut m = Message {
-        header: hdr(exchange::INFORMATIONAL),
+        header: hdr(ExchangeType::Informational),
         payloads: vec![Payload::VendorId(vec![]); MAX_PAYLOADS],
     };
     let b = m.emit().unwrap();
@@ -562,7 +562,7 @@ fn emit_refuses_unencodable_values() {
     let too_big = Payload::Nonce(vec![0; 70_000]);
     assert_eq!(
         Message {
-            header: hdr(34),
+            header: hdr(ExchangeType::IkeSaInit),
             payloads: vec![too_big]
         }
         .emit(),
@@ -585,13 +585,13 @@ fn emit_refuses_unencodable_values() {
         }),
     ] {
         let m = Message {
-            header: hdr(37),
+            header: hdr(ExchangeType::Informational),
             payloads: vec![p],
         };
         assert_eq!(m.emit(), Err(IkeError::Unencodable));
     }
     let m = Message {
-        header: hdr(37),
+        header: hdr(ExchangeType::Informational),
         payloads: vec![Payload::TsI(vec![])],
     };
     assert_eq!(m.emit(), Err(IkeError::BadTrafficSelector));
@@ -610,4 +610,55 @@ proptest! {
             prop_assert_eq!(Message::parse(&e).unwrap(), m);
         }
     }
+}
+
+#[test]
+fn codepoints_convert_both_ways_without_loss() {
+    for v in 0..=u8::MAX {
+        let e = ExchangeType::from(v);
+        assert_eq!(u8::from(e), v);
+        assert_eq!(e.as_str().is_some(), (34..=37).contains(&v), "{v}");
+    }
+    for v in [
+        0u16,
+        1,
+        7,
+        14,
+        17,
+        43,
+        100,
+        16383,
+        16384,
+        16393,
+        16431,
+        40000,
+        u16::MAX,
+    ] {
+        let n = NotifyType::from(v);
+        assert_eq!(u16::from(n), v);
+        assert_eq!(n.is_error(), v < 16384, "{v}");
+    }
+    // Known values get their variant and name; Unknown(n) of a known n is
+    // the same value.
+    assert_eq!(ExchangeType::from(36), ExchangeType::CreateChildSa);
+    assert_eq!(ExchangeType::Unknown(36), ExchangeType::CreateChildSa);
+    assert_eq!(NotifyType::from(16390), NotifyType::Cookie);
+    assert_eq!(NotifyType::Cookie.as_str(), Some("COOKIE"));
+    assert_eq!(NotifyType::Cookie.to_string(), "COOKIE");
+    assert_eq!(NotifyType::from(40000).to_string(), "40000");
+    assert_eq!(NotifyType::from(40000), NotifyType::Unknown(40000));
+    assert_eq!(ExchangeType::IkeSaInit.to_string(), "IKE_SA_INIT");
+    // An unknown exchange type survives parse and emit.
+    let m = Message {
+        header: hdr(ExchangeType::from(99)),
+        payloads: vec![Payload::Notify(Notify {
+            protocol: 0,
+            spi: vec![],
+            notify_type: NotifyType::from(40000),
+            data: vec![1],
+        })],
+    };
+    let b = m.emit().unwrap();
+    assert_eq!(b[18], 99);
+    assert_eq!(Message::parse(&b).unwrap(), m);
 }
