@@ -17,8 +17,8 @@ use super::rng::{self, Rng, RngError, SystemRng};
 use super::sk::{SkCrypto, SkError};
 use super::ts;
 use super::wire::{
-    self, auth_method, cert_encoding, payload, protocol, Delete, ExchangeType, Header, Id, Message,
-    Notify, NotifyType, Payload, TrafficSelector,
+    self, auth_method, cert_encoding, protocol, Delete, ExchangeType, Header, Id, Message, Notify,
+    NotifyType, Payload, PayloadType, TrafficSelector,
 };
 use espgate_core::crypto::Suite;
 use espgate_core::sa::Mode;
@@ -443,7 +443,7 @@ struct Reassembly {
     /// (message ID, response flag).
     key: (u32, bool),
     total: u16,
-    first: u8,
+    first: PayloadType,
     parts: BTreeMap<u16, Vec<u8>>,
 }
 
@@ -1105,7 +1105,10 @@ impl Ike {
         };
         let id = base.wrapping_add(u32::from(id_delta)).wrapping_sub(2);
         let h = s.header(ExchangeType::from(exchange_type), response, id);
-        let data = s.sk.as_mut()?.seal_raw(&h, first, body).ok()?;
+        let data =
+            s.sk.as_mut()?
+                .seal_raw(&h, PayloadType::from(first), body)
+                .ok()?;
         Some(Transmit {
             local: s.local,
             remote: s.remote,
@@ -1541,7 +1544,10 @@ impl Ike {
                 local,
                 remote,
                 &h,
-                vec![notify(NotifyType::UnsupportedCriticalPayload, vec![t])],
+                vec![notify(
+                    NotifyType::UnsupportedCriticalPayload,
+                    vec![u8::from(t)],
+                )],
             );
             return;
         }
@@ -2847,7 +2853,7 @@ impl Ike {
     /// Decrypts a message of SA `i`, counting failures. A fragment
     /// (RFC 7383) is kept until its message is complete: `None` until then.
     fn open(&mut self, i: usize, data: &[u8]) -> Option<Vec<Payload>> {
-        if data.get(16) == Some(&payload::SKF) {
+        if data.get(16) == Some(&u8::from(PayloadType::Skf)) {
             return self.open_fragment(i, data);
         }
         let r = self.timed(Some(i), IkeOp::Decrypt, |s| match &s.sas[i].sk {
@@ -2902,7 +2908,7 @@ impl Ike {
             sa.reasm = Some(Reassembly {
                 key,
                 total: f.total,
-                first: 0,
+                first: PayloadType::NoNext,
                 parts: BTreeMap::new(),
             });
         }
@@ -2951,7 +2957,7 @@ impl Ike {
                 // A retransmitted request: the cached response again (§2.1).
                 // A fragmented request is answered once per retransmission:
                 // on its first fragment (RFC 7383 §2.6.1).
-                let skf = data.get(16) == Some(&payload::SKF);
+                let skf = data.get(16) == Some(&u8::from(PayloadType::Skf));
                 if !skf || data.get(32..34) == Some(&[0, 1][..]) {
                     let resp = resp.clone();
                     self.count(IkeEvent::RetransmittedResponses);
@@ -2987,7 +2993,10 @@ impl Ike {
                 i,
                 h.exchange_type,
                 h.message_id,
-                vec![notify(NotifyType::UnsupportedCriticalPayload, vec![t])],
+                vec![notify(
+                    NotifyType::UnsupportedCriticalPayload,
+                    vec![u8::from(t)],
+                )],
             );
             return;
         }

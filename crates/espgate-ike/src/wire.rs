@@ -182,44 +182,47 @@ codepoint! {
     }
 }
 
-/// Payload types (RFC 7296 §3.2, RFC 7383 §2.5).
-pub mod payload {
+codepoint! {
+    /// Payload types (RFC 7296 §3.2, RFC 7383 §2.5), named as RFC 7296
+    /// writes them in exchange diagrams.
+    PayloadType: u8 {
     /// No next payload.
-    pub const NONE: u8 = 0;
+    NoNext = 0 => "NO_NEXT_PAYLOAD",
     /// Security Association.
-    pub const SA: u8 = 33;
+    Sa = 33 => "SA",
     /// Key Exchange.
-    pub const KE: u8 = 34;
+    Ke = 34 => "KE",
     /// Identification - Initiator.
-    pub const IDI: u8 = 35;
+    IdI = 35 => "IDi",
     /// Identification - Responder.
-    pub const IDR: u8 = 36;
+    IdR = 36 => "IDr",
     /// Certificate.
-    pub const CERT: u8 = 37;
+    Cert = 37 => "CERT",
     /// Certificate Request.
-    pub const CERTREQ: u8 = 38;
+    CertReq = 38 => "CERTREQ",
     /// Authentication.
-    pub const AUTH: u8 = 39;
+    Auth = 39 => "AUTH",
     /// Nonce.
-    pub const NONCE: u8 = 40;
+    Nonce = 40 => "Nonce",
     /// Notify.
-    pub const NOTIFY: u8 = 41;
+    Notify = 41 => "N",
     /// Delete.
-    pub const DELETE: u8 = 42;
+    Delete = 42 => "D",
     /// Vendor ID.
-    pub const VENDOR_ID: u8 = 43;
+    VendorId = 43 => "V",
     /// Traffic Selector - Initiator.
-    pub const TSI: u8 = 44;
+    TsI = 44 => "TSi",
     /// Traffic Selector - Responder.
-    pub const TSR: u8 = 45;
+    TsR = 45 => "TSr",
     /// Encrypted and Authenticated.
-    pub const SK: u8 = 46;
+    Sk = 46 => "SK",
     /// Configuration (not decoded: carried as an unknown payload).
-    pub const CP: u8 = 47;
+    Cp = 47 => "CP",
     /// Extensible Authentication (not decoded: carried as an unknown payload).
-    pub const EAP: u8 = 48;
+    Eap = 48 => "EAP",
     /// Encrypted and Authenticated Fragment (RFC 7383).
-    pub const SKF: u8 = 53;
+    Skf = 53 => "SKF",
+    }
 }
 
 /// Protocol IDs in proposals, notifies and deletes.
@@ -514,7 +517,7 @@ impl Header {
     /// Reads the fixed header only (no payload checks): what a dispatcher
     /// needs to find the IKE SA before the whole message is parsed. Returns
     /// the header, the first payload type and the Length field.
-    pub fn parse(b: &[u8]) -> IkeResult<(Header, u8, u32)> {
+    pub fn parse(b: &[u8]) -> IkeResult<(Header, PayloadType, u32)> {
         if b.len() < HEADER_LEN {
             return Err(IkeError::Truncated);
         }
@@ -533,13 +536,13 @@ impl Header {
             response: flags & FLAG_R != 0,
             message_id: be32(b, 20),
         };
-        Ok((h, b[16], be32(b, 24)))
+        Ok((h, PayloadType::from(b[16]), be32(b, 24)))
     }
 
-    fn emit(&self, out: &mut Vec<u8>, next_payload: u8, length: u32) {
+    fn emit(&self, out: &mut Vec<u8>, next_payload: PayloadType, length: u32) {
         out.extend_from_slice(&self.spi_i.to_be_bytes());
         out.extend_from_slice(&self.spi_r.to_be_bytes());
-        out.push(next_payload);
+        out.push(u8::from(next_payload));
         out.push(0x20 | (self.minor_version & 0x0f));
         out.push(u8::from(self.exchange_type));
         let mut flags = 0;
@@ -762,14 +765,14 @@ pub enum Payload {
     /// Encrypted and Authenticated (always last).
     Sk {
         /// Type of the first payload inside (the SK's Next Payload field).
-        first_payload: u8,
+        first_payload: PayloadType,
         /// IV, ciphertext, padding and ICV, still encrypted.
         data: Vec<u8>,
     },
     /// Encrypted and Authenticated Fragment (RFC 7383; always last).
     Skf {
         /// Type of the first inner payload (fragment 1 only; 0 otherwise).
-        first_payload: u8,
+        first_payload: PayloadType,
         /// Fragment number, from 1.
         number: u16,
         /// Total number of fragments.
@@ -780,7 +783,7 @@ pub enum Payload {
     /// A payload this codec does not decode, with its critical bit.
     Unknown {
         /// Payload type.
-        payload_type: u8,
+        payload_type: PayloadType,
         /// Critical bit: a receiver that does not understand the type must
         /// reject the message with UNSUPPORTED_CRITICAL_PAYLOAD.
         critical: bool,
@@ -789,29 +792,29 @@ pub enum Payload {
     },
 }
 
-fn is_decoded_type(t: u8) -> bool {
-    matches!(t, payload::SA..=payload::SK | payload::SKF)
+fn is_decoded_type(t: PayloadType) -> bool {
+    matches!(u8::from(t), 33..=46 | 53)
 }
 
 impl Payload {
-    /// The payload type number.
-    pub fn payload_type(&self) -> u8 {
+    /// The payload type.
+    pub fn payload_type(&self) -> PayloadType {
         match self {
-            Payload::Sa(_) => payload::SA,
-            Payload::Ke { .. } => payload::KE,
-            Payload::IdI(_) => payload::IDI,
-            Payload::IdR(_) => payload::IDR,
-            Payload::Cert { .. } => payload::CERT,
-            Payload::CertReq { .. } => payload::CERTREQ,
-            Payload::Auth { .. } => payload::AUTH,
-            Payload::Nonce(_) => payload::NONCE,
-            Payload::Notify(_) => payload::NOTIFY,
-            Payload::Delete(_) => payload::DELETE,
-            Payload::VendorId(_) => payload::VENDOR_ID,
-            Payload::TsI(_) => payload::TSI,
-            Payload::TsR(_) => payload::TSR,
-            Payload::Sk { .. } => payload::SK,
-            Payload::Skf { .. } => payload::SKF,
+            Payload::Sa(_) => PayloadType::Sa,
+            Payload::Ke { .. } => PayloadType::Ke,
+            Payload::IdI(_) => PayloadType::IdI,
+            Payload::IdR(_) => PayloadType::IdR,
+            Payload::Cert { .. } => PayloadType::Cert,
+            Payload::CertReq { .. } => PayloadType::CertReq,
+            Payload::Auth { .. } => PayloadType::Auth,
+            Payload::Nonce(_) => PayloadType::Nonce,
+            Payload::Notify(_) => PayloadType::Notify,
+            Payload::Delete(_) => PayloadType::Delete,
+            Payload::VendorId(_) => PayloadType::VendorId,
+            Payload::TsI(_) => PayloadType::TsI,
+            Payload::TsR(_) => PayloadType::TsR,
+            Payload::Sk { .. } => PayloadType::Sk,
+            Payload::Skf { .. } => PayloadType::Skf,
             Payload::Unknown { payload_type, .. } => *payload_type,
         }
     }
@@ -820,53 +823,58 @@ impl Payload {
         matches!(self, Payload::Sk { .. } | Payload::Skf { .. })
     }
 
-    fn parse_body(ptype: u8, next: u8, critical: bool, b: &[u8]) -> IkeResult<Payload> {
+    fn parse_body(
+        ptype: PayloadType,
+        next: PayloadType,
+        critical: bool,
+        b: &[u8],
+    ) -> IkeResult<Payload> {
         let short = |n: usize| {
             if b.len() < n {
-                Err(IkeError::BadPayloadLength(ptype))
+                Err(IkeError::BadPayloadLength(u8::from(ptype)))
             } else {
                 Ok(())
             }
         };
         Ok(match ptype {
-            payload::SA => Payload::Sa(parse_proposals(b)?),
-            payload::KE => {
+            PayloadType::Sa => Payload::Sa(parse_proposals(b)?),
+            PayloadType::Ke => {
                 short(4)?;
                 Payload::Ke {
                     group: be16(b, 0),
                     data: b[4..].to_vec(),
                 }
             }
-            payload::IDI | payload::IDR => {
+            PayloadType::IdI | PayloadType::IdR => {
                 short(4)?;
                 let id = Id {
                     id_type: b[0],
                     data: b[4..].to_vec(),
                 };
-                if ptype == payload::IDI {
+                if ptype == PayloadType::IdI {
                     Payload::IdI(id)
                 } else {
                     Payload::IdR(id)
                 }
             }
-            payload::CERT | payload::CERTREQ => {
+            PayloadType::Cert | PayloadType::CertReq => {
                 short(1)?;
                 let (encoding, data) = (b[0], b[1..].to_vec());
-                if ptype == payload::CERT {
+                if ptype == PayloadType::Cert {
                     Payload::Cert { encoding, data }
                 } else {
                     Payload::CertReq { encoding, data }
                 }
             }
-            payload::AUTH => {
+            PayloadType::Auth => {
                 short(4)?;
                 Payload::Auth {
                     method: b[0],
                     data: b[4..].to_vec(),
                 }
             }
-            payload::NONCE => Payload::Nonce(b.to_vec()),
-            payload::NOTIFY => {
+            PayloadType::Nonce => Payload::Nonce(b.to_vec()),
+            PayloadType::Notify => {
                 short(4)?;
                 let spi_end = 4 + usize::from(b[1]);
                 if spi_end > b.len() {
@@ -879,7 +887,7 @@ impl Payload {
                     data: b[spi_end..].to_vec(),
                 })
             }
-            payload::DELETE => {
+            PayloadType::Delete => {
                 short(4)?;
                 let (proto, spi_size, num) = (b[0], b[1], usize::from(be16(b, 2)));
                 let spis = &b[4..];
@@ -896,14 +904,14 @@ impl Payload {
                     _ => return Err(IkeError::BadDelete),
                 }
             }
-            payload::VENDOR_ID => Payload::VendorId(b.to_vec()),
-            payload::TSI => Payload::TsI(parse_selectors(b)?),
-            payload::TSR => Payload::TsR(parse_selectors(b)?),
-            payload::SK => Payload::Sk {
+            PayloadType::VendorId => Payload::VendorId(b.to_vec()),
+            PayloadType::TsI => Payload::TsI(parse_selectors(b)?),
+            PayloadType::TsR => Payload::TsR(parse_selectors(b)?),
+            PayloadType::Sk => Payload::Sk {
                 first_payload: next,
                 data: b.to_vec(),
             },
-            payload::SKF => {
+            PayloadType::Skf => {
                 short(4)?;
                 let (number, total) = (be16(b, 0), be16(b, 2));
                 if number == 0 || number > total {
@@ -982,7 +990,7 @@ impl Payload {
             Payload::Unknown {
                 payload_type, body, ..
             } => {
-                if *payload_type == payload::NONE || is_decoded_type(*payload_type) {
+                if *payload_type == PayloadType::NoNext || is_decoded_type(*payload_type) {
                     return Err(IkeError::Unencodable);
                 }
                 out.extend_from_slice(body);
@@ -1255,21 +1263,25 @@ fn emit_selectors(ts: &[TrafficSelector], out: &mut Vec<u8>) -> IkeResult<()> {
 /// exactly: the body of a message, or the decrypted body of an SK payload
 /// (`inside_sk`: then an SK/SKF inside is an error). An SK/SKF payload ends
 /// the chain and must end at the end of `b`.
-pub fn parse_payload_chain(first: u8, mut b: &[u8], inside_sk: bool) -> IkeResult<Vec<Payload>> {
+pub fn parse_payload_chain(
+    first: PayloadType,
+    mut b: &[u8],
+    inside_sk: bool,
+) -> IkeResult<Vec<Payload>> {
     let mut out = Vec::new();
     let mut ptype = first;
-    while ptype != payload::NONE {
+    while ptype != PayloadType::NoNext {
         if out.len() == MAX_PAYLOADS {
             return Err(IkeError::TooManyPayloads);
         }
         if b.len() < PAYLOAD_HEADER_LEN {
-            return Err(IkeError::BadPayloadLength(ptype));
+            return Err(IkeError::BadPayloadLength(u8::from(ptype)));
         }
-        let next = b[0];
+        let next = PayloadType::from(b[0]);
         let critical = b[1] & CRITICAL != 0;
         let len = usize::from(be16(b, 2));
         if len < PAYLOAD_HEADER_LEN || len > b.len() {
-            return Err(IkeError::BadPayloadLength(ptype));
+            return Err(IkeError::BadPayloadLength(u8::from(ptype)));
         }
         let p = Payload::parse_body(ptype, next, critical, &b[PAYLOAD_HEADER_LEN..len])?;
         b = &b[len..];
@@ -1290,8 +1302,9 @@ pub fn parse_payload_chain(first: u8, mut b: &[u8], inside_sk: bool) -> IkeResul
 }
 
 /// Emits a payload chain (see [`parse_payload_chain`]) and returns the type
-/// of its first payload (0 when empty), for the enclosing Next Payload field.
-pub fn emit_payload_chain(payloads: &[Payload], out: &mut Vec<u8>) -> IkeResult<u8> {
+/// of its first payload ([`PayloadType::NoNext`] when empty), for the
+/// enclosing Next Payload field.
+pub fn emit_payload_chain(payloads: &[Payload], out: &mut Vec<u8>) -> IkeResult<PayloadType> {
     if payloads.len() > MAX_PAYLOADS {
         return Err(IkeError::TooManyPayloads);
     }
@@ -1305,20 +1318,20 @@ pub fn emit_payload_chain(payloads: &[Payload], out: &mut Vec<u8>) -> IkeResult<
             }
             _ => payloads
                 .get(i + 1)
-                .map_or(payload::NONE, Payload::payload_type),
+                .map_or(PayloadType::NoNext, Payload::payload_type),
         };
         let flags = match p {
             Payload::Unknown { critical: true, .. } => CRITICAL,
             _ => 0,
         };
         let start = out.len();
-        out.extend_from_slice(&[next, flags, 0, 0]);
+        out.extend_from_slice(&[u8::from(next), flags, 0, 0]);
         p.emit_body(out)?;
         patch_len16(out, start, IkeError::TooBig)?;
     }
     Ok(payloads
         .first()
-        .map_or(payload::NONE, Payload::payload_type))
+        .map_or(PayloadType::NoNext, Payload::payload_type))
 }
 
 /// A whole IKE message: header and payloads.
@@ -1358,7 +1371,7 @@ impl Message {
     /// The type of the first unknown payload with the critical bit set, if
     /// any: the message must then be rejected with an
     /// UNSUPPORTED_CRITICAL_PAYLOAD notify carrying this type (RFC 7296 §2.5).
-    pub fn unsupported_critical(&self) -> Option<u8> {
+    pub fn unsupported_critical(&self) -> Option<PayloadType> {
         self.payloads.iter().find_map(|p| match p {
             Payload::Unknown {
                 payload_type,
@@ -1370,7 +1383,7 @@ impl Message {
     }
 
     /// The payloads of one type, in order.
-    pub fn payloads_of(&self, payload_type: u8) -> impl Iterator<Item = &Payload> {
+    pub fn payloads_of(&self, payload_type: PayloadType) -> impl Iterator<Item = &Payload> {
         self.payloads
             .iter()
             .filter(move |p| p.payload_type() == payload_type)

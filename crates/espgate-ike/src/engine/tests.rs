@@ -1050,7 +1050,7 @@ fn crafted_requests_get_the_right_error_notifies() {
         &mut p,
         ExchangeType::Informational,
         vec![Payload::Unknown {
-            payload_type: 200,
+            payload_type: PayloadType::from(200),
             critical: true,
             body: vec![1],
         }],

@@ -121,7 +121,7 @@ fn all_plain_payloads() -> Vec<Payload> {
             body: vec![0; 12],
         }]),
         Payload::Unknown {
-            payload_type: payload::CP,
+            payload_type: PayloadType::Cp,
             critical: false,
             body: vec![1, 0, 0, 0],
         },
@@ -150,7 +150,7 @@ fn msgs() -> Vec<Message> {
                     data: vec![],
                 }),
                 Payload::Sk {
-                    first_payload: payload::IDI,
+                    first_payload: PayloadType::IdI,
                     data: vec![0x77; 64],
                 },
             ],
@@ -158,7 +158,7 @@ fn msgs() -> Vec<Message> {
         Message {
             header: hdr(ExchangeType::IkeAuth),
             payloads: vec![Payload::Skf {
-                first_payload: payload::IDI,
+                first_payload: PayloadType::IdI,
                 number: 1,
                 total: 3,
                 data: vec![0x66; 48],
@@ -183,7 +183,10 @@ fn roundtrip_every_payload_kind() {
     // The kinds are all there.
     let m = &msgs()[0];
     for t in [33u8, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 47] {
-        assert!(m.payloads_of(t).next().is_some(), "payload {t}");
+        assert!(
+            m.payloads_of(PayloadType::from(t)).next().is_some(),
+            "payload {t}"
+        );
     }
     assert_eq!(m.notifies().count(), 2);
 }
@@ -192,15 +195,15 @@ fn roundtrip_every_payload_kind() {
 fn header_layout() {
     let b = msgs()[1].emit().unwrap();
     assert_eq!(&b[0..8], &[1, 2, 3, 4, 5, 6, 7, 8]);
-    assert_eq!(b[16], payload::NOTIFY);
+    assert_eq!(b[16], u8::from(PayloadType::Notify));
     assert_eq!(b[17], 0x21);
     assert_eq!(ExchangeType::from(b[18]), ExchangeType::IkeAuth);
     assert_eq!(b[19], 0x30); // R|V
     assert_eq!(be32(&b, 20), 7);
     // Notify's next payload is SK, SK's next payload is the inner first payload.
-    assert_eq!(b[28], payload::SK);
+    assert_eq!(b[28], u8::from(PayloadType::Sk));
     let sk = 28 + usize::from(be16(&b, 30));
-    assert_eq!(b[sk], payload::IDI);
+    assert_eq!(b[sk], u8::from(PayloadType::IdI));
     assert_eq!(usize::from(be16(&b, sk + 2)), 4 + 64);
 }
 
@@ -231,12 +234,12 @@ fn unknown_critical_is_reported() {
         payloads: vec![
             Payload::Nonce(vec![1; 16]),
             Payload::Unknown {
-                payload_type: 200,
+                payload_type: PayloadType::from(200),
                 critical: false,
                 body: vec![9; 3],
             },
             Payload::Unknown {
-                payload_type: 201,
+                payload_type: PayloadType::from(201),
                 critical: true,
                 body: vec![],
             },
@@ -245,7 +248,7 @@ fn unknown_critical_is_reported() {
     let b = m.emit().unwrap();
     let p = Message::parse(&b).unwrap();
     assert_eq!(p, m);
-    assert_eq!(p.unsupported_critical(), Some(201));
+    assert_eq!(p.unsupported_critical(), Some(PayloadType::from(201)));
     m.payloads.pop();
     assert_eq!(
         Message::parse(&m.emit().unwrap())
@@ -296,7 +299,7 @@ fn length_field_offsets(b: &[u8]) -> Vec<usize> {
         v.push(at + 2);
         let len = usize::from(be16(b, at + 2));
         let body = at + 4;
-        if ptype == payload::SA {
+        if ptype == u8::from(PayloadType::Sa) {
             let mut p = body;
             while p < at + len {
                 v.push(p + 2);
@@ -319,14 +322,14 @@ fn length_field_offsets(b: &[u8]) -> Vec<usize> {
                 p += plen;
             }
         }
-        if ptype == payload::TSI || ptype == payload::TSR {
+        if ptype == u8::from(PayloadType::TsI) || ptype == u8::from(PayloadType::TsR) {
             let mut s = body + 4;
             while s < at + len {
                 v.push(s + 2);
                 s += usize::from(be16(b, s + 2));
             }
         }
-        ptype = if ptype == payload::SK || ptype == payload::SKF {
+        ptype = if ptype == u8::from(PayloadType::Sk) || ptype == u8::from(PayloadType::Skf) {
             0
         } else {
             b[at]
@@ -481,7 +484,7 @@ fn payload_specific_errors() {
     }
     // SKF fragment numbers.
     let f = one(Payload::Skf {
-        first_payload: 0,
+        first_payload: PayloadType::from(0),
         number: 2,
         total: 2,
         data: vec![1; 16],
@@ -494,7 +497,7 @@ fn payload_specific_errors() {
     }
     // Empty SA payload.
     let mut t = one(Payload::Nonce(vec![]));
-    t[16] = payload::SA;
+    t[16] = u8::from(PayloadType::Sa);
     assert_eq!(Message::parse(&t), Err(IkeError::BadProposal));
 }
 
@@ -504,7 +507,7 @@ fn encrypted_must_be_last_and_not_nested() {
         header: hdr(ExchangeType::IkeAuth),
         payloads: vec![
             Payload::Sk {
-                first_payload: 35,
+                first_payload: PayloadType::from(35),
                 data: vec![1; 8],
             },
             Payload::Nonce(vec![1]),
@@ -523,7 +526,7 @@ fn encrypted_must_be_last_and_not_nested() {
         &[
             Payload::Nonce(vec![1; 4]),
             Payload::Sk {
-                first_payload: 0,
+                first_payload: PayloadType::from(0),
                 data: vec![],
             },
         ],
@@ -548,7 +551,7 @@ fn payload_count_is_bounded() {
     // One more, built by hand since emit refuses it.
     let mut t = b.clone();
     let last = t.len() - 4;
-    t[last] = payload::VENDOR_ID;
+    t[last] = u8::from(PayloadType::VendorId);
     t.extend_from_slice(&[0, 0, 0, 4]);
     let n = t.len() as u32;
     t[24..28].copy_from_slice(&n.to_be_bytes());
@@ -570,12 +573,12 @@ fn emit_refuses_unencodable_values() {
     );
     for p in [
         Payload::Unknown {
-            payload_type: payload::NONCE,
+            payload_type: PayloadType::Nonce,
             critical: false,
             body: vec![],
         },
         Payload::Unknown {
-            payload_type: 0,
+            payload_type: PayloadType::from(0),
             critical: false,
             body: vec![],
         },
@@ -648,6 +651,14 @@ fn codepoints_convert_both_ways_without_loss() {
     assert_eq!(NotifyType::from(40000).to_string(), "40000");
     assert_eq!(NotifyType::from(40000), NotifyType::Unknown(40000));
     assert_eq!(ExchangeType::IkeSaInit.to_string(), "IKE_SA_INIT");
+    for v in 0..=u8::MAX {
+        let t = PayloadType::from(v);
+        assert_eq!(u8::from(t), v);
+        assert_eq!(is_decoded_type(t), (33..=46).contains(&v) || v == 53, "{v}");
+    }
+    assert_eq!(PayloadType::from(47), PayloadType::Cp);
+    assert_eq!(PayloadType::Skf.as_str(), Some("SKF"));
+    assert_eq!(PayloadType::from(200).to_string(), "200");
     // An unknown exchange type survives parse and emit.
     let m = Message {
         header: hdr(ExchangeType::from(99)),
