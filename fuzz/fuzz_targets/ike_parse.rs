@@ -11,7 +11,7 @@
 //! that parse to the same value, and re-emitting those gives the same bytes.
 #![no_main]
 
-use espgate_ike::wire::{emit_payload_chain, parse_payload_chain, Message, HEADER_LEN};
+use espgate_ike::wire::{emit_payload_chain, parse_payload_chain, Message, PayloadType, HEADER_LEN};
 use libfuzzer_sys::fuzz_target;
 
 fn check_message(b: &[u8]) {
@@ -38,7 +38,7 @@ fuzz_target!(|data: &[u8]| {
         check_message(&b);
     }
     if let Some((&first, body)) = data.split_first() {
-        if let Ok(p) = parse_payload_chain(first, body, true) {
+        if let Ok(p) = parse_payload_chain(PayloadType::from(first), body, true) {
             let mut out = Vec::new();
             let f = emit_payload_chain(&p, &mut out).expect("a parsed chain must re-emit");
             assert_eq!(out.len(), body.len());

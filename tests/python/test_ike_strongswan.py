@@ -11,7 +11,9 @@ with `--uri`.
 Cases: espgate as initiator and as responder; PSK and ECDSA certificates
 (made with strongSwan's own `pki`); aes128gcm16-prfsha256-x25519 and
 aes256-sha256-modp2048; traffic both ways; child and IKE rekeys under a
-running transfer; DPD after charon is killed, recovery when it returns.
+running transfer; DPD after charon is killed, recovery when it returns;
+a new child SA on an established IKE SA (CREATE_CHILD_SA without
+REKEY_SA), created by charon and by espgate, with and without PFS.
 
 scripts/setup.sh installs strongSwan; without it the tests are skipped.
 """
@@ -346,3 +348,47 @@ def test_fragmented_ike_auth_both_ways(lab):
     assert_traffic(d, c)
     assert d.stop() == 0
 
+
+
+def children(d):
+    sas = ike_status(d)["sas"]
+    return [ch for ch in sas[0]["children"] if ch["state"] == "installed"] if sas else []
+
+
+@pytest.mark.parametrize("esp", ["aes128gcm16-x25519", "aes128gcm16"])
+def test_new_child_sa_on_the_established_ike_sa(lab, esp):
+    """charon terminates its child and initiates it again on the same IKE
+    SA: a CREATE_CHILD_SA without REKEY_SA (with PFS: KEi, and KEr back),
+    which espgate must answer with Nr (RFC 7296 §1.3.1). Then the same with
+    espgate creating the child (`espgate initiate` on an IKE SA without
+    children)."""
+    d, c = setup(lab, esp_proposals=esp, ike_extra='start_action = "start"')
+    c.start()
+    d.start()
+    wait_for("the IKE SA", lambda: established(d) and charon_established(c), 30, (d,))
+    assert_traffic(d, c)
+    spis = ike_status(d)["sas"][0]["spis"]
+    for creator in ("charon", "espgate"):
+        r = c.swanctl_cmd("--terminate", "--child", "net", timeout=60)
+        assert r.returncode == 0, f"{r.stdout}{r.stderr}\n{logs(d, c)}"
+        wait_for("espgate to drop the child", lambda: not children(d), 15, (d,))
+        assert d.sas("in") == [] and d.sas("out") == [], logs(d, c)
+        if creator == "charon":
+            # swanctl gives up after 20 s (before the fix, charon found
+            # no Nr in the answer: "payload of type NONCE not occurred").
+            r = c.swanctl_cmd("--initiate", "--child", "net", "--timeout", "20", timeout=40)
+            assert r.returncode == 0, f"{r.stdout}{r.stderr}\n{logs(d, c)}"
+        else:
+            ctl(d, "initiate", "sun")
+        wait_for(f"the child created by {creator}", lambda: len(children(d)) == 1 and charon_established(c), 20,
+                 (d,))
+        sas = ike_status(d)["sas"]
+        assert len(sas) == 1 and sas[0]["spis"] == spis, f"not on the same IKE SA: {sas}"
+        assert sas[0]["children"][0]["algorithms"] == esp, sas
+        assert_traffic(d, c)
+        log = c.log_text()
+        assert "processing failed" not in log and "not occurred" not in log, log[-5000:]
+    counters = ike_status(d)["counters"]
+    assert counters.get("children_established", 0) == 3, counters
+    assert counters.get("child_failed", 0) == 0, counters
+    assert d.stop() == 0

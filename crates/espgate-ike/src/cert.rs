@@ -13,8 +13,10 @@ use std::time::Duration;
 
 use rustls_pki_types::{CertificateDer, SignatureVerificationAlgorithm, UnixTime};
 
+use rustls_pki_types::pem::PemObject;
+
 use super::sig::der::{self, Reader};
-use super::sig::{pem, PublicKey, SigError};
+use super::sig::{pem_error, PublicKey, SigError};
 
 /// ID type ID_IPV4_ADDR (RFC 7296 §3.5).
 pub const ID_IPV4_ADDR: u8 = 1;
@@ -457,7 +459,12 @@ const OID_COMMON_NAME: &[u8] = &[0x55, 0x04, 0x03];
 
 impl Certificate {
     /// Parses one DER certificate (v1 to v3). Signatures and validity are
-    /// not checked here; see [`verify_chain`].
+    /// not checked here; see [`verify_chain`] (webpki).
+    ///
+    /// Read by hand: webpki's certificate parser accepts v3 only (trust
+    /// anchors may be v1) and exposes the subject and issuer but neither
+    /// the subjectAltName e-mail, IP address and directory names IKE
+    /// identities are matched against, nor the subjectKeyIdentifier.
     pub fn from_der(input: &[u8]) -> Result<Certificate, CertError> {
         use der::{ctx, ctx_prim, BIT_STRING, INTEGER, SEQUENCE};
         const WHAT: &str = "certificate";
@@ -532,11 +539,15 @@ impl Certificate {
     /// Reads every `CERTIFICATE` block of PEM text, in order; other blocks
     /// are skipped. At least one certificate must be present.
     pub fn from_pem(input: &[u8]) -> Result<Vec<Certificate>, CertError> {
-        let blocks = pem::parse(input).map_err(CertError::Pem)?;
-        let certs = blocks
-            .iter()
-            .filter(|b| b.label == "CERTIFICATE")
-            .map(|b| Certificate::from_der(&b.der))
+        let certs = CertificateDer::pem_slice_iter(input)
+            .map(|c| match c {
+                Ok(der) => Certificate::from_der(der.as_ref()),
+                Err(e) => Err(CertError::Pem(pem_error(
+                    input,
+                    &e,
+                    "no CERTIFICATE block found",
+                ))),
+            })
             .collect::<Result<Vec<_>, _>>()?;
         if certs.is_empty() {
             return Err(CertError::Pem("no CERTIFICATE block found"));

@@ -19,13 +19,16 @@
 //!
 //! Private keys never leave the crypto library objects, which cleanse their
 //! memory when freed; shared secrets are returned in [`Zeroizing`] buffers.
-//! Nothing here does I/O; randomness comes from aws-lc's generator.
+//! Nothing here does I/O; private keys are drawn from the caller's
+//! [`Rng`] (fail closed: no key without random bytes) and imported into
+//! aws-lc.
 
 use std::fmt;
 
 use aws_lc_rs::agreement::{self, PrivateKey, UnparsedPublicKey};
 use zeroize::Zeroizing;
 
+use super::rng::{Rng, RngError};
 use super::wire::dh as ids;
 
 /// A Diffie-Hellman group (IKEv2 transform type 4).
@@ -116,6 +119,17 @@ impl Group {
         }
     }
 
+    /// Bytes of random private key material [`KeyExchange::generate`]
+    /// draws: the scalar size for X25519 and ECP, the exponent length
+    /// rounded up to whole bytes for MODP.
+    fn private_len(self) -> usize {
+        match self {
+            Group::Curve25519 | Group::Ecp256 => 32,
+            Group::Ecp384 => 48,
+            Group::Modp2048 | Group::Modp3072 => (modp::exponent_bits(self) as usize).div_ceil(8),
+        }
+    }
+
     /// Every supported group, in default preference order.
     pub fn all() -> &'static [Group] {
         &ALL_GROUPS
@@ -154,9 +168,12 @@ pub enum DhError {
     /// low-order point giving an all-zero secret).
     #[error("{0} peer public value rejected")]
     InvalidPublic(Group),
-    /// The crypto library failed (allocation, randomness, internal error).
+    /// The crypto library failed (allocation, internal error).
     #[error("{0} key exchange failed in the crypto library")]
     Crypto(Group),
+    /// The random number generator failed: no private key was made.
+    #[error("{0} key exchange: {1}")]
+    Random(Group, RngError),
 }
 
 /// The private half of one group's key exchange.
@@ -188,18 +205,41 @@ impl fmt::Debug for KeyExchange {
 }
 
 impl KeyExchange {
-    /// Generates a fresh private key for `group` and computes its public
-    /// value.
+    /// Generates a fresh private key for `group` from `rng` and computes
+    /// its public value: 32 random bytes for X25519 (clamped by the
+    /// library, RFC 7748), a random scalar in [1, n-1] for the ECP groups
+    /// (rejection sampling), a random exponent of exactly 320 (modp2048)
+    /// or 420 (modp3072) bits for MODP (see [`modp::exponent_bits`]).
     ///
     /// # Errors
+    /// [`DhError::Random`] if `rng` fails (never a key from zeros),
     /// [`DhError::Crypto`] if the crypto library fails.
-    pub fn generate(group: Group) -> Result<KeyExchange, DhError> {
+    pub fn generate(group: Group, rng: &mut dyn Rng) -> Result<KeyExchange, DhError> {
+        let mut private = Zeroizing::new(vec![0u8; group.private_len()]);
         match group.ec_algorithm() {
             Some(alg) => {
-                let key = PrivateKey::generate(alg).map_err(|_| DhError::Crypto(group))?;
-                KeyExchange::from_ec_key(group, key)
+                // A P-256/P-384 scalar from uniform bytes is out of range
+                // with probability below 2^-32; X25519 takes any 32 bytes.
+                for _ in 0..8 {
+                    rng.fill(&mut private)
+                        .map_err(|e| DhError::Random(group, e))?;
+                    if let Ok(key) = PrivateKey::from_private_key(alg, &private) {
+                        return KeyExchange::from_ec_key(group, key);
+                    }
+                }
+                Err(DhError::Crypto(group))
             }
-            None => KeyExchange::from_dh_key(group, modp::DhKey::generate(group)?),
+            None => {
+                rng.fill(&mut private)
+                    .map_err(|e| DhError::Random(group, e))?;
+                // Exactly exponent_bits bits: clear the excess high bits of
+                // the first byte and set the top one.
+                let bits = modp::exponent_bits(group);
+                let excess = private.len() * 8 - bits as usize;
+                private[0] &= 0xff >> excess;
+                private[0] |= 0x80 >> excess;
+                KeyExchange::from_dh_key(group, modp::DhKey::from_private(group, &private)?)
+            }
         }
     }
 
@@ -406,6 +446,20 @@ mod modp {
         }
     }
 
+    /// Bits of the private exponents we generate: the upper bound of RFC
+    /// 3526's estimates of what the group's strength calls for (320 bits
+    /// for modp2048, 420 for modp3072; NIST SP 800-56A asks for at least
+    /// twice the strength, 224 and 256 bits), not the prime's full length:
+    /// a full-length exponent buys no security and costs several times the
+    /// time.
+    pub(super) fn exponent_bits(group: Group) -> u32 {
+        if group == Group::Modp2048 {
+            320
+        } else {
+            420
+        }
+    }
+
     impl DhKey {
         /// A DH object with p and g = 2 set, no key pair yet.
         fn with_group(group: Group) -> Result<DhKey, DhError> {
@@ -437,30 +491,7 @@ mod modp {
             Ok(dh)
         }
 
-        /// Generates a random private exponent and g^x. The exponent has
-        /// the upper bound of RFC 3526's estimates of what the group's
-        /// strength calls for (320 bits for modp2048, 420 for modp3072;
-        /// NIST SP 800-56A asks for at least twice the strength, 224 and
-        /// 256 bits), not the prime's full length: a full-length exponent
-        /// buys no security and costs several times the time.
-        pub(super) fn generate(group: Group) -> Result<DhKey, DhError> {
-            let dh = DhKey::with_group(group)?;
-            let bits: u32 = if group == Group::Modp2048 { 320 } else { 420 };
-            // SAFETY: `dh` is a valid DH; DH_set_length only records the
-            // length of the private exponent DH_generate_key will draw.
-            if unsafe { ffi::DH_set_length(dh.0.as_ptr(), bits) } != 1 {
-                return Err(DhError::Crypto(group));
-            }
-            // SAFETY: `dh` is a valid DH with p and g set and no key;
-            // DH_generate_key allocates the key pair inside it.
-            if unsafe { ffi::DH_generate_key(dh.0.as_ptr()) } != 1 {
-                return Err(DhError::Crypto(group));
-            }
-            Ok(dh)
-        }
-
-        /// Uses the big-endian private exponent `x` (known-answer tests).
-        #[cfg(test)]
+        /// Uses the big-endian private exponent `x` and computes g^x.
         pub(super) fn from_private(group: Group, x: &[u8]) -> Result<DhKey, DhError> {
             let dh = DhKey::with_group(group)?;
             let x = Bn::from_be_bytes(x).ok_or(DhError::Crypto(group))?;
@@ -549,6 +580,31 @@ mod modp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rng::tests::{SeededRng, SwitchRng};
+    use crate::rng::SystemRng;
+
+    #[test]
+    fn generation_draws_from_the_callers_rng_and_fails_closed() {
+        for &group in Group::all() {
+            // Same seed, same key; another seed, another key.
+            let a = KeyExchange::generate(group, &mut SeededRng::new(7)).unwrap();
+            let b = KeyExchange::generate(group, &mut SeededRng::new(7)).unwrap();
+            let c = KeyExchange::generate(group, &mut SeededRng::new(8)).unwrap();
+            assert_eq!(a.public_value(), b.public_value(), "{group}");
+            assert_ne!(a.public_value(), c.public_value(), "{group}");
+            assert_eq!(
+                a.agree(c.public_value()).unwrap(),
+                c.agree(a.public_value()).unwrap(),
+                "{group}"
+            );
+            // A failing generator gives no key at all.
+            let (mut r, fail) = SwitchRng::new(1);
+            fail.store(true, std::sync::atomic::Ordering::SeqCst);
+            let e = KeyExchange::generate(group, &mut r).unwrap_err();
+            assert_eq!(e, DhError::Random(group, RngError), "{group}");
+            assert!(e.to_string().contains("random number generator"), "{e}");
+        }
+    }
 
     fn h(s: &str) -> Vec<u8> {
         hex::decode(s).expect("test vector hex")
@@ -571,7 +627,7 @@ mod tests {
         for (g, max) in [(Group::Modp2048, 320), (Group::Modp3072, 420)] {
             let mut bits = Vec::new();
             for _ in 0..8 {
-                let k = KeyExchange::generate(g).unwrap();
+                let k = KeyExchange::generate(g, &mut SystemRng).unwrap();
                 let Secret::Modp(d) = &k.secret else {
                     panic!("not MODP")
                 };
@@ -618,8 +674,8 @@ mod tests {
     #[test]
     fn every_group_agrees_with_itself() {
         for &group in Group::all() {
-            let a = KeyExchange::generate(group).unwrap();
-            let b = KeyExchange::generate(group).unwrap();
+            let a = KeyExchange::generate(group, &mut SystemRng).unwrap();
+            let b = KeyExchange::generate(group, &mut SystemRng).unwrap();
             assert_eq!(a.group(), group);
             assert_eq!(a.public_value().len(), group.public_len(), "{group}");
             assert_eq!(b.public_value().len(), group.public_len(), "{group}");
@@ -630,7 +686,7 @@ mod tests {
             assert_eq!(sa, sb, "{group}");
             assert!(sa.iter().any(|&x| x != 0), "{group}");
             // Against a third party the secret differs.
-            let c = KeyExchange::generate(group).unwrap();
+            let c = KeyExchange::generate(group, &mut SystemRng).unwrap();
             assert_ne!(a.agree(c.public_value()).unwrap(), sa, "{group}");
         }
     }
@@ -639,7 +695,7 @@ mod tests {
     fn debug_shows_only_the_group() {
         let k = KeyExchange::from_private(Group::Curve25519, &h(X25519_A)).unwrap();
         assert_eq!(format!("{k:?}"), "KeyExchange { group: Curve25519, .. }");
-        let k = KeyExchange::generate(Group::Modp2048).unwrap();
+        let k = KeyExchange::generate(Group::Modp2048, &mut SystemRng).unwrap();
         assert_eq!(format!("{k:?}"), "KeyExchange { group: Modp2048, .. }");
     }
 
@@ -884,8 +940,8 @@ mod tests {
     #[test]
     fn wrong_length_is_rejected() {
         for &group in Group::all() {
-            let k = KeyExchange::generate(group).unwrap();
-            let good = KeyExchange::generate(group)
+            let k = KeyExchange::generate(group, &mut SystemRng).unwrap();
+            let good = KeyExchange::generate(group, &mut SystemRng)
                 .unwrap()
                 .public_value()
                 .to_vec();
@@ -946,7 +1002,7 @@ mod tests {
         for (group, p) in [(Group::Modp2048, h(P2048)), (Group::Modp3072, h(P3072))] {
             let n = group.public_len();
             assert_eq!(p.len(), n);
-            let k = KeyExchange::generate(group).unwrap();
+            let k = KeyExchange::generate(group, &mut SystemRng).unwrap();
             let too_big = vec![0xffu8; n];
             let bad = [
                 ("0", small(0, n)),
@@ -975,7 +1031,7 @@ mod tests {
     #[test]
     fn ecp_point_not_on_curve_is_rejected() {
         for (group, gr) in [(Group::Ecp256, h(ECP256_GR)), (Group::Ecp384, h(ECP384_GR))] {
-            let k = KeyExchange::generate(group).unwrap();
+            let k = KeyExchange::generate(group, &mut SystemRng).unwrap();
             assert!(k.agree(&gr).is_ok());
             let n = group.public_len();
             let mut flipped_y = gr.clone();

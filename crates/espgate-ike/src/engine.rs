@@ -10,22 +10,29 @@
 
 use super::cert::{verify_chain, Certificate, Identity};
 use super::config::{DpdAction, IkeConfig, LocalAuth, RemoteAuth};
-use super::dh::{Group, KeyExchange};
+use super::dh::{DhError, Group, KeyExchange};
 use super::keys::{derive_child_keys, derive_ike_keys, psk_auth, signed_octets, IkeKeyInput, Prf};
 use super::proposal::{select, Chosen, ProposalKind};
+use super::rng::{self, Rng, RngError, SystemRng};
 use super::sk::{SkCrypto, SkError};
 use super::ts;
 use super::wire::{
-    self, auth_method, cert_encoding, exchange, notify, payload, protocol, Delete, Header, Id,
-    Message, Notify, Payload, TrafficSelector,
+    self, auth_method, cert_encoding, protocol, Delete, ExchangeType, Header, Id, Message, Notify,
+    NotifyType, Payload, PayloadType, TrafficSelector,
 };
 use espgate_core::crypto::Suite;
 use espgate_core::sa::Mode;
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use slab::Slab;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use zeroize::Zeroizing;
+
+mod counters;
+mod timer;
+pub use counters::{Counters, IkeEvent};
+use timer::{Timer, TimerTable};
 
 /// A datagram to send. When `local` is the NAT-T port the shell prefixes
 /// the four-byte non-ESP marker (RFC 3948 §2.2).
@@ -346,6 +353,19 @@ enum Req {
     DeleteIke,
 }
 
+/// The exchange that negotiates a child SA (responder side).
+#[derive(Clone, Copy)]
+enum ChildExchange<'a> {
+    /// IKE_AUTH: the IKE SA's nonces key the child, no KE.
+    IkeAuth,
+    /// CREATE_CHILD_SA: a new child, or the rekey of the child whose
+    /// outbound SPI `rekey_of` is; `ke`: the request's KEi (group, data).
+    CreateChildSa {
+        ke: Option<(u16, &'a [u8])>,
+        rekey_of: Option<u32>,
+    },
+}
+
 struct Pending {
     id: u32,
     /// The request's datagrams (several when fragmented).
@@ -358,6 +378,8 @@ struct Pending {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Task {
     RekeyChild(u32),
+    /// A new child SA on the IKE SA (CREATE_CHILD_SA without REKEY_SA).
+    CreateChild,
     RekeyIke,
     Dpd,
     DeleteChild(u32),
@@ -365,6 +387,15 @@ enum Task {
 }
 
 struct IkeSa {
+    /// Creation number: tells an SA from a later one in the same slab slot.
+    serial: u64,
+    /// The timers, derived from the state by [`IkeSa::arm_timers`].
+    timers: TimerTable,
+    /// The earliest of `timers`, as filed in [`Ike`]'s deadline set.
+    deadline: Option<Duration>,
+    /// (SPIi, peer address) under which a responder SA made by
+    /// IKE_SA_INIT is found by retransmitted IKE_SA_INIT requests.
+    init_key: Option<(u64, IpAddr)>,
     conn: usize,
     initiator: bool,
     spi_i: u64,
@@ -412,7 +443,7 @@ struct Reassembly {
     /// (message ID, response flag).
     key: (u32, bool),
     total: u16,
-    first: u8,
+    first: PayloadType,
     parts: BTreeMap<u16, Vec<u8>>,
 }
 
@@ -431,6 +462,10 @@ impl IkeSa {
         now: Duration,
     ) -> IkeSa {
         IkeSa {
+            serial: 0,
+            timers: TimerTable::default(),
+            deadline: None,
+            init_key: None,
             conn,
             initiator,
             spi_i,
@@ -470,6 +505,41 @@ impl IkeSa {
         }
     }
 
+    /// The timer table the state calls for (`dpd_delay`: the
+    /// connection's; zero for none). Only what [`Ike::timeout_one`] acts
+    /// on is armed.
+    fn timer_table(&self, dpd_delay: Duration) -> TimerTable {
+        let mut t = TimerTable::default();
+        let established = self.state == State::Established;
+        t.set(Timer::Retransmit, self.pending.as_ref().map(|p| p.next_at));
+        t.set(
+            Timer::HalfOpen,
+            (self.state == State::InitDone).then(|| self.created + HALF_OPEN_TIMEOUT),
+        );
+        t.set(Timer::Replaced, self.remove_at);
+        t.set(Timer::Rekey, self.rekey_at.filter(|_| established));
+        t.set(
+            Timer::Dpd,
+            (established && !dpd_delay.is_zero() && self.pending.is_none())
+                .then(|| self.last_rx + dpd_delay),
+        );
+        let child = self
+            .children
+            .iter()
+            .flat_map(|c| {
+                let (rekey, expire) = if established {
+                    (c.rekey_at, c.expire_at)
+                } else {
+                    (None, None)
+                };
+                [rekey, expire, c.pending_out.as_ref().map(|p| p.1)]
+            })
+            .flatten()
+            .min();
+        t.set(Timer::Child, child);
+        t
+    }
+
     fn local_spi(&self) -> u64 {
         if self.initiator {
             self.spi_i
@@ -478,7 +548,7 @@ impl IkeSa {
         }
     }
 
-    fn header(&self, exchange_type: u8, response: bool, message_id: u32) -> Header {
+    fn header(&self, exchange_type: ExchangeType, response: bool, message_id: u32) -> Header {
         Header {
             spi_i: self.spi_i,
             spi_r: self.spi_r,
@@ -514,24 +584,53 @@ const OLD_IKE_SA_GRACE: Duration = Duration::from_secs(30);
 const DEFAULT_FRAGMENT_SIZE: usize = 1200;
 /// Retry a failed `restart` connection after this.
 const RESTART_DELAY: Duration = Duration::from_secs(5);
+/// Retry a rekey that was refused or could not be started after this.
+const RETRY_DELAY: Duration = Duration::from_secs(10);
 
 /// The IKEv2 engine of one gateway: every connection's IKE SAs.
 pub struct Ike {
     conns: Vec<IkeConfig>,
-    sas: Vec<IkeSa>,
+    /// The IKE SAs; a handle (slab key) stays valid until its SA is
+    /// removed, whatever happens to the others.
+    sas: Slab<IkeSa>,
+    /// Our IKE SPI (SPIi of SAs we initiated, SPIr of those we answered)
+    /// to the SA: routes every message but a new IKE_SA_INIT request.
+    by_spi: HashMap<u64, usize>,
+    /// (SPIi, peer address) to the responder SA an IKE_SA_INIT made:
+    /// finds retransmitted IKE_SA_INIT requests (and cookie retries).
+    by_init: HashMap<(u64, IpAddr), usize>,
+    /// The SAs of each connection.
+    by_conn: Vec<Vec<usize>>,
+    /// The first connection with this peer address (IKE_SA_INIT requests).
+    conn_by_remote: HashMap<IpAddr, usize>,
+    /// Responder SAs waiting for IKE_AUTH.
+    half_open: usize,
+    /// Each SA's earliest deadline.
+    deadlines: BTreeSet<(Duration, usize)>,
+    /// SAs whose timers must be derived again before the engine returns.
+    dirty: Vec<usize>,
+    next_serial: u64,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
     ports: Ports,
     cookie_threshold: usize,
-    cookie_secret: Zeroizing<[u8; 32]>,
+    /// Drawn when the first cookie is needed.
+    cookie_secret: Option<Zeroizing<[u8; 32]>>,
+    rng: Box<dyn Rng + Send>,
     unix_at_epoch: u64,
-    counters: BTreeMap<&'static str, u64>,
+    counters: Counters,
     costs: IkeCosts,
     clock: Option<fn() -> u64>,
     child_spis: HashSet<u32>,
     ike_spis: HashSet<u64>,
     restart_at: BTreeMap<usize, Duration>,
     fragment_size: usize,
+    /// Tests: [`Ike::install_ike_keys`] fails.
+    #[cfg(test)]
+    fail_key_install: bool,
+    /// Tests: SAs [`Ike::timeout_one`] visited.
+    #[cfg(test)]
+    timer_visits: u64,
 }
 
 /// A refused command.
@@ -546,19 +645,6 @@ impl fmt::Display for CommandError {
 
 impl std::error::Error for CommandError {}
 
-fn random_bytes(n: usize) -> Vec<u8> {
-    let mut v = vec![0u8; n];
-    // The CSPRNG failing is not recoverable in any useful way; zeros would
-    // be caught by peers (and never happen with aws-lc).
-    let _ = aws_lc_rs::rand::fill(&mut v);
-    v
-}
-
-fn random_u64() -> u64 {
-    let b = random_bytes(8);
-    u64::from_be_bytes(b.try_into().unwrap_or([1; 8]))
-}
-
 fn nat_hash(spi_i: u64, spi_r: u64, addr: SocketAddr) -> Vec<u8> {
     let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA1_FOR_LEGACY_USE_ONLY);
     ctx.update(&spi_i.to_be_bytes());
@@ -571,7 +657,7 @@ fn nat_hash(spi_i: u64, spi_r: u64, addr: SocketAddr) -> Vec<u8> {
     ctx.finish().as_ref().to_vec()
 }
 
-fn notify(t: u16, data: Vec<u8>) -> Payload {
+fn notify(t: NotifyType, data: Vec<u8>) -> Payload {
     Payload::Notify(Notify {
         protocol: 0,
         spi: Vec::new(),
@@ -580,7 +666,7 @@ fn notify(t: u16, data: Vec<u8>) -> Payload {
     })
 }
 
-fn find_notify(p: &[Payload], t: u16) -> Option<&Notify> {
+fn find_notify(p: &[Payload], t: NotifyType) -> Option<&Notify> {
     p.iter().find_map(|x| match x {
         Payload::Notify(n) if n.notify_type == t => Some(n),
         _ => None,
@@ -588,29 +674,17 @@ fn find_notify(p: &[Payload], t: u16) -> Option<&Notify> {
 }
 
 /// The first error notify (types below 16384), if any.
-fn error_notify(p: &[Payload]) -> Option<u16> {
+fn error_notify(p: &[Payload]) -> Option<NotifyType> {
     p.iter().find_map(|x| match x {
-        Payload::Notify(n) if n.notify_type < 16384 => Some(n.notify_type),
+        Payload::Notify(n) if n.notify_type.is_error() => Some(n.notify_type),
         _ => None,
     })
 }
 
-fn notify_name(t: u16) -> String {
-    match t {
-        notify::UNSUPPORTED_CRITICAL_PAYLOAD => "UNSUPPORTED_CRITICAL_PAYLOAD".into(),
-        notify::INVALID_IKE_SPI => "INVALID_IKE_SPI".into(),
-        notify::INVALID_SYNTAX => "INVALID_SYNTAX".into(),
-        notify::INVALID_MESSAGE_ID => "INVALID_MESSAGE_ID".into(),
-        notify::INVALID_SPI => "INVALID_SPI".into(),
-        notify::NO_PROPOSAL_CHOSEN => "NO_PROPOSAL_CHOSEN".into(),
-        notify::INVALID_KE_PAYLOAD => "INVALID_KE_PAYLOAD".into(),
-        notify::AUTHENTICATION_FAILED => "AUTHENTICATION_FAILED".into(),
-        notify::SINGLE_PAIR_REQUIRED => "SINGLE_PAIR_REQUIRED".into(),
-        notify::NO_ADDITIONAL_SAS => "NO_ADDITIONAL_SAS".into(),
-        notify::TS_UNACCEPTABLE => "TS_UNACCEPTABLE".into(),
-        notify::TEMPORARY_FAILURE => "TEMPORARY_FAILURE".into(),
-        notify::CHILD_SA_NOT_FOUND => "CHILD_SA_NOT_FOUND".into(),
-        other => format!("notify {other}"),
+fn notify_name(t: NotifyType) -> String {
+    match t.as_str() {
+        Some(name) => name.to_string(),
+        None => format!("notify {}", u16::from(t)),
     }
 }
 
@@ -652,41 +726,64 @@ fn spi4(v: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes(v.try_into().ok()?))
 }
 
-fn after(now: Duration, d: Duration, jitter: Duration) -> Option<Duration> {
-    if d.is_zero() {
-        return None;
-    }
-    let j = if jitter.is_zero() {
-        Duration::ZERO
-    } else {
-        let r = u64::from_be_bytes(random_bytes(8).try_into().unwrap_or([0; 8]));
-        let max = jitter.min(d / 2).as_nanos().max(1);
-        Duration::from_nanos(u64::try_from(u128::from(r) % max).unwrap_or(0))
-    };
-    Some(now + d - j)
-}
+/// Distinct SPIs a generator gets to produce a fresh one; a generator
+/// that repeats itself this often is broken.
+const SPI_TRIES: usize = 64;
 
 impl Ike {
-    /// An engine for these connections.
+    /// An engine for these connections, drawing its randomness from the
+    /// system CSPRNG ([`SystemRng`]).
     pub fn new(conns: Vec<IkeConfig>, ports: Ports) -> Ike {
-        let mut secret = Zeroizing::new([0u8; 32]);
-        let _ = aws_lc_rs::rand::fill(&mut secret[..]);
+        Ike::with_rng(conns, ports, Box::new(SystemRng))
+    }
+
+    /// An engine drawing every SPI, nonce, private key and cookie secret
+    /// from `rng`.
+    ///
+    /// When `rng` fails, nothing is sent with a value that is not random
+    /// (each failure counts [`IkeEvent::RngFailures`] and logs a warning):
+    /// - [`Ike::initiate`] refuses (a restart is retried later);
+    /// - an IKE_SA_INIT request is not answered (the peer retransmits);
+    /// - our IKE_SA_INIT retried with a cookie or another group, or our
+    ///   IKE_AUTH, fails the IKE SA;
+    /// - a CREATE_CHILD_SA request (child or IKE SA) is answered with
+    ///   TEMPORARY_FAILURE (so is a child SA in IKE_AUTH);
+    /// - our own rekeys are retried 10 s later;
+    /// - rekey jitter is left out (the deadline is the configured one).
+    pub fn with_rng(conns: Vec<IkeConfig>, ports: Ports, rng: Box<dyn Rng + Send>) -> Ike {
+        let mut conn_by_remote = HashMap::new();
+        for (n, c) in conns.iter().enumerate() {
+            conn_by_remote.entry(c.remote).or_insert(n);
+        }
         Ike {
+            rng,
+            by_conn: vec![Vec::new(); conns.len()],
+            conn_by_remote,
             conns,
-            sas: Vec::new(),
+            sas: Slab::new(),
+            by_spi: HashMap::new(),
+            by_init: HashMap::new(),
+            half_open: 0,
+            deadlines: BTreeSet::new(),
+            dirty: Vec::new(),
+            next_serial: 0,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             ports,
             cookie_threshold: 32,
-            cookie_secret: secret,
+            cookie_secret: None,
             unix_at_epoch: 0,
-            counters: BTreeMap::new(),
+            counters: Counters::default(),
             costs: IkeCosts::default(),
             clock: None,
             child_spis: HashSet::new(),
             ike_spis: HashSet::new(),
             restart_at: BTreeMap::new(),
             fragment_size: DEFAULT_FRAGMENT_SIZE,
+            #[cfg(test)]
+            fail_key_install: false,
+            #[cfg(test)]
+            timer_visits: 0,
         }
     }
 
@@ -719,9 +816,15 @@ impl Ike {
         &self.conns
     }
 
-    /// Counters: messages, exchanges and every reason a message was dropped.
-    pub fn counters(&self) -> &BTreeMap<&'static str, u64> {
+    /// Counters: messages, exchanges and every reason a message or an
+    /// exchange was dropped or failed.
+    pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// How many `event`s happened.
+    pub fn counter(&self, event: IkeEvent) -> u64 {
+        self.counters.get(event)
     }
 
     /// Operation costs of every IKE SA ever handled.
@@ -732,7 +835,7 @@ impl Ike {
     /// Clears the cost records.
     pub fn reset_costs(&mut self) {
         self.costs = IkeCosts::default();
-        for sa in &mut self.sas {
+        for (_, sa) in &mut self.sas {
             sa.costs = IkeCosts::default();
         }
     }
@@ -747,8 +850,8 @@ impl Ike {
         self.events.pop_front()
     }
 
-    fn count(&mut self, what: &'static str) {
-        *self.counters.entry(what).or_default() += 1;
+    fn count(&mut self, what: IkeEvent) {
+        self.counters.add(what);
     }
 
     fn log(&mut self, level: Level, conn: Option<usize>, message: String) {
@@ -774,30 +877,172 @@ impl Ike {
         r
     }
 
-    fn new_child_spi(&mut self) -> u32 {
-        loop {
-            let b = random_bytes(4);
-            let s = u32::from_be_bytes(b.try_into().unwrap_or([0; 4]));
+    /// A fresh inbound child SPI, reserved.
+    fn new_child_spi(&mut self) -> Result<u32, RngError> {
+        for _ in 0..SPI_TRIES {
+            let s = rng::u32(&mut *self.rng)?;
             // SPIs 1-255 are reserved (RFC 4303 §2.1).
             if s > 255 && self.child_spis.insert(s) {
-                return s;
+                return Ok(s);
             }
+        }
+        Err(RngError)
+    }
+
+    /// A fresh IKE SPI of ours, reserved.
+    fn new_ike_spi(&mut self) -> Result<u64, RngError> {
+        for _ in 0..SPI_TRIES {
+            let s = rng::u64(&mut *self.rng)?;
+            if s != 0 && self.ike_spis.insert(s) {
+                return Ok(s);
+            }
+        }
+        Err(RngError)
+    }
+
+    // -----------------------------------------------------------------
+    // The SA store
+    // -----------------------------------------------------------------
+
+    /// Files a new SA under its handle, our SPI and its connection.
+    fn insert_sa(&mut self, mut sa: IkeSa) -> usize {
+        sa.serial = self.next_serial;
+        self.next_serial += 1;
+        let (spi, conn, init_key) = (sa.local_spi(), sa.conn, sa.init_key);
+        let half_open = sa.state == State::InitDone;
+        let i = self.sas.insert(sa);
+        self.by_spi.insert(spi, i);
+        if let Some(k) = init_key {
+            self.by_init.insert(k, i);
+        }
+        self.by_conn[conn].push(i);
+        if half_open {
+            self.half_open += 1;
+        }
+        self.dirty.push(i);
+        i
+    }
+
+    /// Takes SA `i` out of the store and every index, and releases its SPI.
+    fn remove_sa(&mut self, i: usize) -> IkeSa {
+        let sa = self.sas.remove(i);
+        let spi = sa.local_spi();
+        if self.by_spi.get(&spi) == Some(&i) {
+            self.by_spi.remove(&spi);
+        }
+        if let Some(k) = sa.init_key {
+            if self.by_init.get(&k) == Some(&i) {
+                self.by_init.remove(&k);
+            }
+        }
+        self.by_conn[sa.conn].retain(|&x| x != i);
+        if let Some(d) = sa.deadline {
+            self.deadlines.remove(&(d, i));
+        }
+        if sa.state == State::InitDone {
+            self.half_open = self.half_open.saturating_sub(1);
+        }
+        self.ike_spis.remove(&spi);
+        sa
+    }
+
+    /// Moves SA `i` to `state`, keeping the half-open count.
+    fn set_state(&mut self, i: usize, state: State) {
+        let sa = &mut self.sas[i];
+        if sa.state == State::InitDone && state != State::InitDone {
+            self.half_open = self.half_open.saturating_sub(1);
+        }
+        sa.state = state;
+    }
+
+    /// Derives SA `i`'s timers again and files its earliest deadline.
+    fn rearm(&mut self, i: usize) {
+        let Some(sa) = self.sas.get_mut(i) else {
+            return;
+        };
+        sa.timers = sa.timer_table(self.conns[sa.conn].dpd_delay);
+        let next = sa.timers.next();
+        if sa.deadline != next {
+            if let Some(d) = sa.deadline {
+                self.deadlines.remove(&(d, i));
+            }
+            if let Some(d) = next {
+                self.deadlines.insert((d, i));
+            }
+            sa.deadline = next;
         }
     }
 
-    fn new_ike_spi(&mut self) -> u64 {
-        loop {
-            let s = random_u64();
-            if s != 0 && self.ike_spis.insert(s) {
-                return s;
-            }
+    /// Rearms every SA touched since the last time (each public entry
+    /// point ends with this).
+    fn rearm_dirty(&mut self) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for i in dirty {
+            self.rearm(i);
         }
+    }
+
+    /// Tests: starts SA `i`'s next queued exchange and rearms it, as an
+    /// entry point would.
+    #[cfg(test)]
+    fn kick_now(&mut self, i: usize, now: Duration) {
+        self.kick(i, now);
+        self.rearm_dirty();
+    }
+
+    /// A fresh nonce.
+    fn new_nonce(&mut self) -> Result<Vec<u8>, RngError> {
+        rng::bytes(&mut *self.rng, NONCE_LEN)
+    }
+
+    /// A fresh key pair of `group`, its cost accounted to SA `i`.
+    fn new_ke(&mut self, i: Option<usize>, group: Group) -> Result<KeyExchange, DhError> {
+        self.timed(i, IkeOp::Dh, |s| KeyExchange::generate(group, &mut *s.rng))
+    }
+
+    /// Counts and reports a failure of the random generator; `what`: what
+    /// the engine does instead.
+    fn rng_failed(&mut self, ci: Option<usize>, what: &str) {
+        self.count(IkeEvent::RngFailures);
+        self.log(
+            Level::Warn,
+            ci,
+            format!("the random number generator failed: {what}"),
+        );
+    }
+
+    /// `now + d` less a random jitter of at most `jitter` (and `d / 2`);
+    /// `None` when `d` is zero (never).
+    fn after(&mut self, now: Duration, d: Duration, jitter: Duration) -> Option<Duration> {
+        if d.is_zero() {
+            return None;
+        }
+        let j = if jitter.is_zero() {
+            Duration::ZERO
+        } else {
+            match rng::u64(&mut *self.rng) {
+                Ok(r) => {
+                    let max = jitter.min(d / 2).as_nanos().max(1);
+                    Duration::from_nanos(u64::try_from(u128::from(r) % max).unwrap_or(0))
+                }
+                Err(_) => {
+                    // Jitter only spreads rekeys out; its absence is safe.
+                    self.count(IkeEvent::RngFailures);
+                    Duration::ZERO
+                }
+            }
+        };
+        Some(now + d - j)
     }
 
     /// Status of every IKE SA.
     pub fn status(&self) -> Vec<IkeStatus> {
-        self.sas
-            .iter()
+        // In creation order (slab slots are reused).
+        let mut sas: Vec<&IkeSa> = self.sas.iter().map(|(_, s)| s).collect();
+        sas.sort_by_key(|s| s.serial);
+        sas.into_iter()
             .map(|sa| IkeStatus {
                 conn: self.conns[sa.conn].name.clone(),
                 spi_i: sa.spi_i,
@@ -852,15 +1097,18 @@ impl Ike {
         body: &[u8],
     ) -> Option<Transmit> {
         let n = self.sas.len();
-        let s = self.sas.get_mut(sa % n.max(1))?;
+        let (_, s) = self.sas.iter_mut().nth(sa % n.max(1))?;
         let base = if response {
             s.next_in_id
         } else {
             s.next_out_id
         };
         let id = base.wrapping_add(u32::from(id_delta)).wrapping_sub(2);
-        let h = s.header(exchange_type, response, id);
-        let data = s.sk.as_mut()?.seal_raw(&h, first, body).ok()?;
+        let h = s.header(ExchangeType::from(exchange_type), response, id);
+        let data =
+            s.sk.as_mut()?
+                .seal_raw(&h, PayloadType::from(first), body)
+                .ok()?;
         Some(Transmit {
             local: s.local,
             remote: s.remote,
@@ -889,13 +1137,36 @@ impl Ike {
             })
     }
 
-    /// Starts an IKE SA (and its child) for connection `name`.
+    /// Starts an IKE SA (and its child) for connection `name`; when the
+    /// connection has an established IKE SA without a live child SA (the
+    /// peer deleted it, or it expired), creates the child on it
+    /// (CREATE_CHILD_SA).
     pub fn initiate(&mut self, now: Duration, name: &str) -> Result<(), CommandError> {
         let ci = self.conn_index(name)?;
-        if let Some(sa) = self
-            .sas
+        let conn_sas = &self.by_conn[ci];
+        if let Some(i) = conn_sas.iter().copied().find(|&i| {
+            let s = &self.sas[i];
+            s.conn == ci
+                && s.state == State::Established
+                && !s.tasks.contains(&Task::CreateChild)
+                && !matches!(
+                    &s.pending,
+                    Some(Pending {
+                        what: Req::Child { rekey_of: None, .. },
+                        ..
+                    })
+                )
+                && s.children.iter().all(|c| c.state == ChildState::Deleting)
+        }) {
+            self.sas[i].tasks.push_back(Task::CreateChild);
+            self.kick(i, now);
+            self.rearm_dirty();
+            return Ok(());
+        }
+        if let Some(sa) = conn_sas
             .iter()
-            .find(|s| s.conn == ci && s.state != State::Deleting)
+            .map(|&i| &self.sas[i])
+            .find(|s| s.state != State::Deleting)
         {
             return Err(CommandError(format!(
                 "connection \"{name}\" already has an IKE SA ({})",
@@ -903,8 +1174,9 @@ impl Ike {
             )));
         }
         self.restart_at.remove(&ci);
-        self.start_init(now, ci, None, None);
-        Ok(())
+        let r = self.start_init(now, ci, None, None).map_err(CommandError);
+        self.rearm_dirty();
+        r
     }
 
     /// Deletes connection `name`'s IKE SA and its children (an INFORMATIONAL
@@ -912,15 +1184,13 @@ impl Ike {
     pub fn terminate(&mut self, now: Duration, name: &str) -> Result<(), CommandError> {
         let ci = self.conn_index(name)?;
         self.restart_at.remove(&ci);
-        let idx: Vec<usize> = (0..self.sas.len())
-            .filter(|i| self.sas[*i].conn == ci)
-            .collect();
+        let idx = self.by_conn[ci].clone();
         if idx.is_empty() {
             return Err(CommandError(format!(
                 "connection \"{name}\" has no IKE SA to terminate"
             )));
         }
-        for i in idx.into_iter().rev() {
+        for i in idx {
             if self.sas[i].state == State::Established {
                 self.sas[i].tasks.clear();
                 self.sas[i].tasks.push_back(Task::DeleteIke);
@@ -929,6 +1199,7 @@ impl Ike {
                 self.destroy(i, "terminated before it was established".into(), false);
             }
         }
+        self.rearm_dirty();
         Ok(())
     }
 
@@ -944,10 +1215,7 @@ impl Ike {
                 remote: sa.remote,
                 data,
             });
-            self.counters
-                .entry("messages_out")
-                .and_modify(|n| *n += 1)
-                .or_insert(1);
+            self.counters.add(IkeEvent::MessagesOut);
         }
     }
 
@@ -983,13 +1251,13 @@ impl Ike {
         });
         if let Ok(m) = &r {
             if m.len() > 1 {
-                self.count("fragmented_messages_out");
+                self.count(IkeEvent::FragmentedMessagesOut);
             }
         }
         match r {
             Ok(m) => Some(m),
             Err(e) => {
-                self.count("build_errors");
+                self.count(IkeEvent::BuildErrors);
                 let c = self.sas[i].conn;
                 self.log(
                     Level::Warn,
@@ -1005,7 +1273,7 @@ impl Ike {
         &mut self,
         i: usize,
         now: Duration,
-        exch: u8,
+        exch: ExchangeType,
         payloads: Vec<Payload>,
         what: Req,
     ) {
@@ -1026,7 +1294,7 @@ impl Ike {
         self.transmit(i, data);
     }
 
-    fn reply(&mut self, i: usize, exch: u8, id: u32, payloads: Vec<Payload>) {
+    fn reply(&mut self, i: usize, exch: ExchangeType, id: u32, payloads: Vec<Payload>) {
         let h = self.sas[i].header(exch, true, id);
         let Some(data) = self.build(i, h, payloads) else {
             return;
@@ -1065,7 +1333,7 @@ impl Ike {
                 remote,
                 data,
             });
-            self.count("messages_out");
+            self.count(IkeEvent::MessagesOut);
         }
     }
 
@@ -1073,30 +1341,49 @@ impl Ike {
     // IKE_SA_INIT
     // -----------------------------------------------------------------
 
+    /// A new IKE SA of connection `ci` and its IKE_SA_INIT request; `Err`
+    /// says why nothing was sent.
     fn start_init(
         &mut self,
         now: Duration,
         ci: usize,
         group: Option<Group>,
         cookie: Option<Vec<u8>>,
-    ) {
+    ) -> Result<(), String> {
         let c = &self.conns[ci];
         let Some(first_group) = c.proposals.first().and_then(|p| p.dh.first().copied()) else {
-            self.log(Level::Warn, Some(ci), "no IKE proposal with a group".into());
-            return;
+            let e = "no IKE proposal with a group".to_string();
+            self.log(Level::Warn, Some(ci), e.clone());
+            return Err(e);
         };
         let group = group.unwrap_or(first_group);
         let local = SocketAddr::new(c.local, self.ports.ike);
         let remote = SocketAddr::new(c.remote, self.ports.ike);
-        let spi_i = self.new_ike_spi();
+        let spi_i = match self.new_ike_spi() {
+            Ok(s) => s,
+            Err(e) => {
+                self.rng_failed(Some(ci), "IKE SA not initiated");
+                return Err(format!("cannot initiate: {e}"));
+            }
+        };
+        let ni = match self.new_nonce() {
+            Ok(n) => n,
+            Err(e) => {
+                self.ike_spis.remove(&spi_i);
+                self.rng_failed(Some(ci), "IKE SA not initiated");
+                return Err(format!("cannot initiate: {e}"));
+            }
+        };
         let mut sa = IkeSa::new(ci, true, (spi_i, 0), State::InitSent, (local, remote), now);
-        sa.ni = random_bytes(NONCE_LEN);
+        sa.ni = ni;
         sa.cookie = cookie;
         sa.group = group;
-        self.sas.push(sa);
-        let i = self.sas.len() - 1;
-        self.send_init(i, now);
-        self.count("ike_init_sent");
+        let i = self.insert_sa(sa);
+        if let Err(e) = self.send_init(i, now) {
+            self.fail(i, e.clone());
+            return Err(e);
+        }
+        self.count(IkeEvent::IkeInitSent);
         self.log(
             Level::Info,
             Some(ci),
@@ -1105,27 +1392,39 @@ impl Ike {
                 group.name()
             ),
         );
+        Ok(())
     }
 
-    fn send_init(&mut self, i: usize, now: Duration) {
+    /// Sends (again, with a cookie or another group) SA `i`'s IKE_SA_INIT
+    /// request with a new key pair; `Err` says why it was not sent.
+    fn send_init(&mut self, i: usize, now: Duration) -> Result<(), String> {
         let group = self.sas[i].group;
-        let ke = match self.timed(Some(i), IkeOp::Dh, |_| KeyExchange::generate(group)) {
+        let ci = self.sas[i].conn;
+        let ke = match self.new_ke(Some(i), group) {
             Ok(k) => k,
             Err(e) => {
-                let c = self.sas[i].conn;
-                self.log(
-                    Level::Warn,
-                    Some(c),
-                    format!("key exchange {}: {e}", group.name()),
-                );
-                return;
+                if matches!(e, DhError::Random(..)) {
+                    self.rng_failed(Some(ci), "IKE_SA_INIT not sent");
+                }
+                return Err(format!("key exchange {}: {e}", group.name()));
             }
+        };
+        let fake_src = if self.conns[ci].force_encap {
+            match rng::bytes(&mut *self.rng, 20) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    self.rng_failed(Some(ci), "IKE_SA_INIT not sent");
+                    return Err(format!("NAT detection: {e}"));
+                }
+            }
+        } else {
+            None
         };
         let ci = self.sas[i].conn;
         let c = &self.conns[ci];
         let mut payloads = Vec::new();
         if let Some(ck) = &self.sas[i].cookie {
-            payloads.push(notify(notify::COOKIE, ck.clone()));
+            payloads.push(notify(NotifyType::Cookie, ck.clone()));
         }
         let props: Vec<wire::Proposal> = c
             .proposals
@@ -1140,31 +1439,43 @@ impl Ike {
         });
         payloads.push(Payload::Nonce(self.sas[i].ni.clone()));
         let (spi_i, local, remote) = (self.sas[i].spi_i, self.sas[i].local, self.sas[i].remote);
-        let src = if c.force_encap {
-            random_bytes(20)
-        } else {
-            nat_hash(spi_i, 0, local)
-        };
-        payloads.push(notify(notify::NAT_DETECTION_SOURCE_IP, src));
+        let src = fake_src.unwrap_or_else(|| nat_hash(spi_i, 0, local));
+        payloads.push(notify(NotifyType::NatDetectionSourceIp, src));
         payloads.push(notify(
-            notify::NAT_DETECTION_DESTINATION_IP,
+            NotifyType::NatDetectionDestinationIp,
             nat_hash(spi_i, 0, remote),
         ));
-        payloads.push(notify(notify::IKEV2_FRAGMENTATION_SUPPORTED, vec![]));
+        payloads.push(notify(NotifyType::Ikev2FragmentationSupported, vec![]));
         payloads.push(notify(
-            notify::SIGNATURE_HASH_ALGORITHMS,
+            NotifyType::SignatureHashAlgorithms,
             super::sig::encode_hash_algorithms(&super::sig::supported_hash_algorithms()),
         ));
         self.sas[i].ke = Some(ke);
         self.sas[i].next_out_id = 0;
-        self.send_request(i, now, exchange::IKE_SA_INIT, payloads, Req::Init);
+        self.send_request(i, now, ExchangeType::IkeSaInit, payloads, Req::Init);
         if let Some(p) = &self.sas[i].pending {
             self.sas[i].init_req = p.data.first().cloned().unwrap_or_default();
         }
+        Ok(())
     }
 
-    fn cookie_for(&self, ni: &[u8], remote: SocketAddr, spi_i: u64) -> Vec<u8> {
-        // RFC 7296 §2.6: <VersionIDofSecret> | Hash(Ni | IPi | SPIi | <secret>).
+    /// The cookie the peer at `remote` must return (RFC 7296 §2.6); the
+    /// secret is drawn when the first cookie is needed.
+    fn cookie_for(
+        &mut self,
+        ni: &[u8],
+        remote: SocketAddr,
+        spi_i: u64,
+    ) -> Result<Vec<u8>, RngError> {
+        let secret = match &self.cookie_secret {
+            Some(s) => s,
+            None => {
+                let mut s = Zeroizing::new([0u8; 32]);
+                self.rng.fill(&mut s[..])?;
+                self.cookie_secret.insert(s)
+            }
+        };
+        // <VersionIDofSecret> | Hash(Ni | IPi | SPIi | <secret>).
         let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
         ctx.update(ni);
         match remote.ip() {
@@ -1172,10 +1483,10 @@ impl Ike {
             IpAddr::V6(a) => ctx.update(&a.octets()),
         }
         ctx.update(&spi_i.to_be_bytes());
-        ctx.update(&self.cookie_secret[..]);
+        ctx.update(&secret[..]);
         let mut out = vec![0, 0, 0, 1];
         out.extend_from_slice(ctx.finish().as_ref());
-        out
+        Ok(out)
     }
 
     fn responder_init(
@@ -1187,28 +1498,24 @@ impl Ike {
         h: Header,
     ) {
         // A retransmitted request: answer with the cached response.
-        if let Some(i) = self
-            .sas
-            .iter()
-            .position(|s| !s.initiator && s.spi_i == h.spi_i && s.remote.ip() == remote.ip())
-        {
+        if let Some(&i) = self.by_init.get(&(h.spi_i, remote.ip())) {
             if self.sas[i].state == State::InitDone && !self.sas[i].init_resp.is_empty() {
-                self.count("retransmitted_responses");
+                self.count(IkeEvent::RetransmittedResponses);
                 let d = self.sas[i].init_resp.clone();
                 self.transmit(i, vec![d]);
             } else {
-                self.count("dropped_duplicate_init");
+                self.count(IkeEvent::DroppedDuplicateInit);
             }
             return;
         }
         if h.message_id != 0 {
-            self.count("dropped_bad_message_id");
+            self.count(IkeEvent::DroppedBadMessageId);
             return;
         }
         let msg = match self.timed(None, IkeOp::Decode, |_| Message::parse(data)) {
             Ok(m) => m,
             Err(e) => {
-                self.count("dropped_malformed");
+                self.count(IkeEvent::DroppedMalformed);
                 self.log(
                     Level::Debug,
                     None,
@@ -1217,8 +1524,8 @@ impl Ike {
                 return;
             }
         };
-        let Some(ci) = self.conns.iter().position(|c| c.remote == remote.ip()) else {
-            self.count("dropped_no_connection");
+        let Some(&ci) = self.conn_by_remote.get(&remote.ip()) else {
+            self.count(IkeEvent::DroppedNoConnection);
             self.log(
                 Level::Warn,
                 None,
@@ -1228,7 +1535,7 @@ impl Ike {
                 local,
                 remote,
                 &h,
-                vec![notify(notify::NO_PROPOSAL_CHOSEN, vec![])],
+                vec![notify(NotifyType::NoProposalChosen, vec![])],
             );
             return;
         };
@@ -1237,43 +1544,44 @@ impl Ike {
                 local,
                 remote,
                 &h,
-                vec![notify(notify::UNSUPPORTED_CRITICAL_PAYLOAD, vec![t])],
+                vec![notify(
+                    NotifyType::UnsupportedCriticalPayload,
+                    vec![u8::from(t)],
+                )],
             );
             return;
         }
         let p = &msg.payloads;
         let (Some(offered), Some((kg, kdata)), Some(ni)) = (get_sa(p), get_ke(p), get_nonce(p))
         else {
-            self.count("dropped_malformed");
+            self.count(IkeEvent::DroppedMalformed);
             self.reply_plain(
                 local,
                 remote,
                 &h,
-                vec![notify(notify::INVALID_SYNTAX, vec![])],
+                vec![notify(NotifyType::InvalidSyntax, vec![])],
             );
             return;
         };
         // Cookies when many SAs are half open.
-        let half_open = self
-            .sas
-            .iter()
-            .filter(|s| s.state == State::InitDone)
-            .count();
-        if half_open >= self.cookie_threshold {
-            let want = self.cookie_for(ni, remote, h.spi_i);
-            let ok = find_notify(p, notify::COOKIE).is_some_and(|n| {
+        if self.half_open >= self.cookie_threshold {
+            let Ok(want) = self.cookie_for(ni, remote, h.spi_i) else {
+                self.rng_failed(Some(ci), "IKE_SA_INIT request not answered");
+                return;
+            };
+            let ok = find_notify(p, NotifyType::Cookie).is_some_and(|n| {
                 aws_lc_rs::constant_time::verify_slices_are_equal(&n.data, &want).is_ok()
             });
             if !ok {
-                self.count("cookies_sent");
-                self.reply_plain(local, remote, &h, vec![notify(notify::COOKIE, want)]);
+                self.count(IkeEvent::CookiesSent);
+                self.reply_plain(local, remote, &h, vec![notify(NotifyType::Cookie, want)]);
                 return;
             }
         }
         let Some((num, _, chosen)) =
             select(&self.conns[ci].proposals, offered, ProposalKind::Ike, false)
         else {
-            self.count("no_proposal_chosen");
+            self.count(IkeEvent::NoProposalChosen);
             let offered_names: Vec<String> = offered.iter().map(describe_proposal).collect();
             self.log(
                 Level::Warn,
@@ -1293,32 +1601,36 @@ impl Ike {
                 local,
                 remote,
                 &h,
-                vec![notify(notify::NO_PROPOSAL_CHOSEN, vec![])],
+                vec![notify(NotifyType::NoProposalChosen, vec![])],
             );
             return;
         };
         let Some(group) = chosen.dh else { return };
         if kg != group.id() {
-            self.count("invalid_ke_sent");
+            self.count(IkeEvent::InvalidKeSent);
             self.reply_plain(
                 local,
                 remote,
                 &h,
                 vec![notify(
-                    notify::INVALID_KE_PAYLOAD,
+                    NotifyType::InvalidKePayload,
                     group.id().to_be_bytes().to_vec(),
                 )],
             );
             return;
         }
-        let ke = match self.timed(None, IkeOp::Dh, |_| KeyExchange::generate(group)) {
+        let ke = match self.new_ke(None, group) {
             Ok(k) => k,
+            Err(DhError::Random(..)) => {
+                self.rng_failed(Some(ci), "IKE_SA_INIT request not answered");
+                return;
+            }
             Err(_) => return,
         };
         let g_ir = match self.timed(None, IkeOp::Dh, |_| ke.agree(kdata)) {
             Ok(g) => g,
             Err(e) => {
-                self.count("dropped_bad_ke");
+                self.count(IkeEvent::DroppedBadKe);
                 self.log(
                     Level::Warn,
                     Some(ci),
@@ -1328,19 +1640,32 @@ impl Ike {
                     local,
                     remote,
                     &h,
-                    vec![notify(notify::INVALID_SYNTAX, vec![])],
+                    vec![notify(NotifyType::InvalidSyntax, vec![])],
                 );
                 return;
             }
         };
-        let spi_r = self.new_ike_spi();
+        let fake_src = if self.conns[ci].force_encap {
+            rng::bytes(&mut *self.rng, 20).map(Some)
+        } else {
+            Ok(None)
+        };
+        let (spi_r, nr, fake_src) = match (self.new_ike_spi(), self.new_nonce(), fake_src) {
+            (Ok(s), Ok(n), Ok(f)) => (s, n, f),
+            (s, _, _) => {
+                if let Ok(s) = s {
+                    self.ike_spis.remove(&s);
+                }
+                self.rng_failed(Some(ci), "IKE_SA_INIT request not answered");
+                return;
+            }
+        };
         let c = &self.conns[ci];
         let our_local = SocketAddr::new(c.local, local.port());
-        let nr = random_bytes(NONCE_LEN);
         // NAT detection (§2.23): compare the peer's hashes with what we see.
-        let src_ok = find_notify(p, notify::NAT_DETECTION_SOURCE_IP)
+        let src_ok = find_notify(p, NotifyType::NatDetectionSourceIp)
             .map(|n| n.data == nat_hash(h.spi_i, 0, remote));
-        let dst_ok = find_notify(p, notify::NAT_DETECTION_DESTINATION_IP)
+        let dst_ok = find_notify(p, NotifyType::NatDetectionDestinationIp)
             .map(|n| n.data == nat_hash(h.spi_i, 0, our_local));
         let nat = src_ok == Some(false) || dst_ok == Some(false) || c.force_encap;
         let mut out = vec![
@@ -1352,14 +1677,10 @@ impl Ike {
             Payload::Nonce(nr.clone()),
         ];
         if src_ok.is_some() {
-            let src = if c.force_encap {
-                random_bytes(20)
-            } else {
-                nat_hash(h.spi_i, spi_r, our_local)
-            };
-            out.push(notify(notify::NAT_DETECTION_SOURCE_IP, src));
+            let src = fake_src.unwrap_or_else(|| nat_hash(h.spi_i, spi_r, our_local));
+            out.push(notify(NotifyType::NatDetectionSourceIp, src));
             out.push(notify(
-                notify::NAT_DETECTION_DESTINATION_IP,
+                NotifyType::NatDetectionDestinationIp,
                 nat_hash(h.spi_i, spi_r, remote),
             ));
         }
@@ -1367,12 +1688,12 @@ impl Ike {
             out.push(certreq(cas));
         }
         out.push(notify(
-            notify::SIGNATURE_HASH_ALGORITHMS,
+            NotifyType::SignatureHashAlgorithms,
             super::sig::encode_hash_algorithms(&super::sig::supported_hash_algorithms()),
         ));
-        let fragmentation = find_notify(p, notify::IKEV2_FRAGMENTATION_SUPPORTED).is_some();
+        let fragmentation = find_notify(p, NotifyType::Ikev2FragmentationSupported).is_some();
         if fragmentation {
-            out.push(notify(notify::IKEV2_FRAGMENTATION_SUPPORTED, vec![]));
+            out.push(notify(NotifyType::Ikev2FragmentationSupported, vec![]));
         }
         let mut sa = IkeSa::new(
             ci,
@@ -1389,17 +1710,17 @@ impl Ike {
         sa.init_req = data.to_vec();
         sa.group = group;
         sa.fragmentation = fragmentation;
-        self.sas.push(sa);
-        let i = self.sas.len() - 1;
-        self.reply(i, exchange::IKE_SA_INIT, 0, out);
+        sa.init_key = Some((h.spi_i, remote.ip()));
+        let i = self.insert_sa(sa);
+        self.reply(i, ExchangeType::IkeSaInit, 0, out);
         if let Some((_, d)) = &self.sas[i].last_resp {
             self.sas[i].init_resp = d.first().cloned().unwrap_or_default();
         }
         if !self.install_ike_keys(i, &g_ir, None) {
-            self.sas.remove(i);
+            self.remove_sa(i);
             return;
         }
-        self.count("ike_init_answered");
+        self.count(IkeEvent::IkeInitAnswered);
         self.log(
             Level::Info,
             Some(ci),
@@ -1421,6 +1742,10 @@ impl Ike {
             return false;
         };
         let Some(prf) = chosen.prf else { return false };
+        #[cfg(test)]
+        if self.fail_key_install {
+            return false;
+        }
         let keys = self.timed(Some(i), IkeOp::KeyDerivation, |s| {
             let sa = &s.sas[i];
             let input = IkeKeyInput {
@@ -1464,22 +1789,24 @@ impl Ike {
     fn initiator_init_response(&mut self, i: usize, now: Duration, msg: Message) {
         let ci = self.sas[i].conn;
         let p = &msg.payloads;
-        if let Some(ck) = find_notify(p, notify::COOKIE) {
+        if let Some(ck) = find_notify(p, NotifyType::Cookie) {
             if self.sas[i].cookie.is_some() && self.sas[i].cookie.as_ref() == Some(&ck.data) {
                 return;
             }
-            self.count("cookies_received");
+            self.count(IkeEvent::CookiesReceived);
             self.sas[i].cookie = Some(ck.data.clone());
             self.sas[i].pending = None;
-            self.send_init(i, now);
+            if let Err(e) = self.send_init(i, now) {
+                self.fail(i, e);
+            }
             return;
         }
-        if let Some(n) = find_notify(p, notify::INVALID_KE_PAYLOAD) {
+        if let Some(n) = find_notify(p, NotifyType::InvalidKePayload) {
             let want = (n.data.len() == 2).then(|| u16::from_be_bytes([n.data[0], n.data[1]]));
             let ok = want.and_then(Group::from_id).filter(|g| {
                 *g != self.sas[i].group && self.conns[ci].proposals.iter().any(|p| p.dh.contains(g))
             });
-            self.count("invalid_ke_received");
+            self.count(IkeEvent::InvalidKeReceived);
             match ok {
                 Some(g) => {
                     self.log(
@@ -1489,7 +1816,9 @@ impl Ike {
                     );
                     self.sas[i].group = g;
                     self.sas[i].pending = None;
-                    self.send_init(i, now);
+                    if let Err(e) = self.send_init(i, now) {
+                        self.fail(i, e);
+                    }
                 }
                 None => self.fail(
                     i,
@@ -1532,9 +1861,9 @@ impl Ike {
         };
         let (spi_i, spi_r) = (msg.header.spi_i, msg.header.spi_r);
         let (local, remote) = (self.sas[i].local, self.sas[i].remote);
-        let src_ok = find_notify(p, notify::NAT_DETECTION_SOURCE_IP)
+        let src_ok = find_notify(p, NotifyType::NatDetectionSourceIp)
             .map(|n| n.data == nat_hash(spi_i, spi_r, remote));
-        let dst_ok = find_notify(p, notify::NAT_DETECTION_DESTINATION_IP)
+        let dst_ok = find_notify(p, NotifyType::NatDetectionDestinationIp)
             .map(|n| n.data == nat_hash(spi_i, spi_r, local));
         let nat = src_ok == Some(false)
             || dst_ok == Some(false)
@@ -1545,7 +1874,7 @@ impl Ike {
             sa.nr = nr.to_vec();
             sa.chosen = Some(chosen);
             sa.nat = nat;
-            sa.fragmentation = find_notify(p, notify::IKEV2_FRAGMENTATION_SUPPORTED).is_some();
+            sa.fragmentation = find_notify(p, NotifyType::Ikev2FragmentationSupported).is_some();
         }
         if !self.install_ike_keys(i, &g_ir, None) {
             self.fail(i, "could not key the IKE SA".into());
@@ -1725,7 +2054,11 @@ impl Ike {
             self.fail(i, "could not create our AUTH payload".into());
             return;
         };
-        let spi_in = self.new_child_spi();
+        let Ok(spi_in) = self.new_child_spi() else {
+            self.rng_failed(Some(ci), "IKE_AUTH not sent");
+            self.fail(i, "no child SPI: the random number generator failed".into());
+            return;
+        };
         let c = &self.conns[ci];
         let mut payloads = vec![Payload::IdI(id)];
         let (certs, rest): (Vec<Payload>, Vec<Payload>) = auth
@@ -1735,7 +2068,7 @@ impl Ike {
         if let RemoteAuth::Ca(cas) = &c.remote_auth {
             payloads.push(certreq(cas));
         }
-        payloads.push(notify(notify::INITIAL_CONTACT, vec![]));
+        payloads.push(notify(NotifyType::InitialContact, vec![]));
         if let Some(r) = &c.remote_id {
             payloads.push(Payload::IdR(Id {
                 id_type: r.id_type(),
@@ -1744,13 +2077,19 @@ impl Ike {
         }
         payloads.extend(rest);
         if c.child.mode == Mode::Transport {
-            payloads.push(notify(notify::USE_TRANSPORT_MODE, vec![]));
+            payloads.push(notify(NotifyType::UseTransportMode, vec![]));
         }
         payloads.push(Payload::Sa(self.child_proposals(ci, spi_in, false)));
         payloads.push(Payload::TsI(c.child.local_ts.clone()));
         payloads.push(Payload::TsR(c.child.remote_ts.clone()));
         self.sas[i].state = State::AuthSent;
-        self.send_request(i, now, exchange::IKE_AUTH, payloads, Req::Auth { spi_in });
+        self.send_request(
+            i,
+            now,
+            ExchangeType::IkeAuth,
+            payloads,
+            Req::Auth { spi_in },
+        );
     }
 
     fn responder_auth(&mut self, i: usize, now: Duration, id: u32, p: Vec<Payload>) {
@@ -1759,12 +2098,12 @@ impl Ike {
             Payload::IdI(v) => Some(v.clone()),
             _ => None,
         }) else {
-            self.count("auth_failed");
+            self.count(IkeEvent::AuthFailed);
             self.reply(
                 i,
-                exchange::IKE_AUTH,
+                ExchangeType::IkeAuth,
                 id,
-                vec![notify(notify::AUTHENTICATION_FAILED, vec![])],
+                vec![notify(NotifyType::AuthenticationFailed, vec![])],
             );
             self.destroy(i, "IKE_AUTH without IDi".into(), false);
             return;
@@ -1784,7 +2123,7 @@ impl Ike {
         let ident = match self.verify_peer(i, &p, &peer_id, &signed) {
             Ok(x) => x,
             Err(e) => {
-                self.count("auth_failed");
+                self.count(IkeEvent::AuthFailed);
                 self.log(
                     Level::Warn,
                     Some(ci),
@@ -1792,16 +2131,16 @@ impl Ike {
                 );
                 self.reply(
                     i,
-                    exchange::IKE_AUTH,
+                    ExchangeType::IkeAuth,
                     id,
-                    vec![notify(notify::AUTHENTICATION_FAILED, vec![])],
+                    vec![notify(NotifyType::AuthenticationFailed, vec![])],
                 );
                 self.destroy(i, format!("authentication failed: {e}"), false);
                 return;
             }
         };
         let our = self.our_id(ci);
-        let initial_contact = find_notify(&p, notify::INITIAL_CONTACT).is_some();
+        let initial_contact = find_notify(&p, NotifyType::InitialContact).is_some();
         let signed_r = signed_octets(
             prf,
             &self.sas[i].init_resp,
@@ -1813,9 +2152,9 @@ impl Ike {
         let Some(auth) = self.make_auth(i, &signed_r) else {
             self.reply(
                 i,
-                exchange::IKE_AUTH,
+                ExchangeType::IkeAuth,
                 id,
-                vec![notify(notify::AUTHENTICATION_FAILED, vec![])],
+                vec![notify(NotifyType::AuthenticationFailed, vec![])],
             );
             self.destroy(i, "could not create our AUTH payload".into(), false);
             return;
@@ -1823,30 +2162,30 @@ impl Ike {
         let mut out = vec![Payload::IdR(our)];
         out.extend(auth);
         self.sas[i].peer_id = Some(ident.clone());
-        self.sas[i].state = State::Established;
+        self.set_state(i, State::Established);
         self.sas[i].established_at = Some(now);
-        let c = &self.conns[ci];
-        self.sas[i].rekey_at = after(now, c.rekey_time, c.jitter);
+        let (rekey, jitter) = (self.conns[ci].rekey_time, self.conns[ci].jitter);
+        self.sas[i].rekey_at = self.after(now, rekey, jitter);
         // The child SA.
         let ni = self.sas[i].ni.clone();
         let nr = self.sas[i].nr.clone();
-        match self.accept_child(i, now, &p, None, &ni, &nr, None) {
+        match self.accept_child(i, now, &p, ChildExchange::IkeAuth, &ni, &nr) {
             Ok(child_payloads) => out.extend(child_payloads),
             Err(n) => out.push(notify(n, vec![])),
         }
-        self.reply(i, exchange::IKE_AUTH, id, out);
-        self.count("ike_established");
+        self.reply(i, ExchangeType::IkeAuth, id, out);
+        self.count(IkeEvent::IkeEstablished);
         self.ike_up(i);
         if initial_contact {
             // §2.4: the peer has no other IKE SA with us any more (it
             // restarted): drop ours with it, without telling it.
-            let me = (self.sas[i].spi_i, self.sas[i].spi_r);
-            while let Some(j) = self
-                .sas
+            let others: Vec<usize> = self.by_conn[ci]
                 .iter()
-                .position(|s| s.conn == ci && (s.spi_i, s.spi_r) != me)
-            {
-                self.count("initial_contact_cleared");
+                .copied()
+                .filter(|&j| j != i)
+                .collect();
+            for j in others {
+                self.count(IkeEvent::InitialContactCleared);
                 self.destroy(j, format!("{ident} started over (INITIAL_CONTACT)"), false);
             }
         }
@@ -1892,17 +2231,20 @@ impl Ike {
         i: usize,
         now: Duration,
         p: &[Payload],
-        ke: Option<(u16, &[u8])>,
+        via: ChildExchange<'_>,
         ni: &[u8],
         nr: &[u8],
-        rekey_of: Option<u32>,
-    ) -> Result<Vec<Payload>, u16> {
+    ) -> Result<Vec<Payload>, NotifyType> {
+        let (ke, rekey_of) = match via {
+            ChildExchange::IkeAuth => (None, None),
+            ChildExchange::CreateChildSa { ke, rekey_of } => (ke, rekey_of),
+        };
         let ci = self.sas[i].conn;
         let Some(offered) = get_sa(p) else {
-            return Err(notify::INVALID_SYNTAX);
+            return Err(NotifyType::InvalidSyntax);
         };
         let Some((ts_i, ts_r)) = get_ts(p) else {
-            return Err(notify::INVALID_SYNTAX);
+            return Err(NotifyType::InvalidSyntax);
         };
         let Some((num, spi_out, chosen)) = select(
             &self.conns[ci].child.proposals,
@@ -1910,16 +2252,16 @@ impl Ike {
             ProposalKind::Esp,
             ke.is_some(),
         ) else {
-            self.count("no_proposal_chosen");
+            self.count(IkeEvent::NoProposalChosen);
             self.log(
                 Level::Warn,
                 Some(ci),
                 "child SA: no acceptable ESP proposal".into(),
             );
-            return Err(notify::NO_PROPOSAL_CHOSEN);
+            return Err(NotifyType::NoProposalChosen);
         };
         let Some(spi_out) = spi4(&spi_out) else {
-            return Err(notify::INVALID_SYNTAX);
+            return Err(NotifyType::InvalidSyntax);
         };
         // The initiator's TSi is its side (our remote), TSr ours.
         let c = &self.conns[ci];
@@ -1935,11 +2277,11 @@ impl Ike {
                 join(&c.child.remote_ts),
                 join(&c.child.local_ts),
             );
-            self.count("ts_unacceptable");
+            self.count(IkeEvent::TsUnacceptable);
             self.log(Level::Warn, Some(ci), msg);
-            return Err(notify::TS_UNACCEPTABLE);
+            return Err(NotifyType::TsUnacceptable);
         }
-        let transport = find_notify(p, notify::USE_TRANSPORT_MODE).is_some();
+        let transport = find_notify(p, NotifyType::UseTransportMode).is_some();
         if transport != (c.child.mode == Mode::Transport) {
             self.log(
                 Level::Warn,
@@ -1950,21 +2292,25 @@ impl Ike {
                     if transport { "tunnel" } else { "transport" }
                 ),
             );
-            return Err(notify::NO_PROPOSAL_CHOSEN);
+            return Err(NotifyType::NoProposalChosen);
         }
         let mode = c.child.mode;
         let mut out_ke = None;
         let g_ir = match (ke, chosen.dh) {
             (Some((kg, kd)), Some(g)) => {
                 if kg != g.id() {
-                    return Err(notify::INVALID_KE_PAYLOAD);
+                    return Err(NotifyType::InvalidKePayload);
                 }
-                let k = self
-                    .timed(Some(i), IkeOp::Dh, |_| KeyExchange::generate(g))
-                    .map_err(|_| notify::NO_PROPOSAL_CHOSEN)?;
+                let k = self.new_ke(Some(i), g).map_err(|e| match e {
+                    DhError::Random(..) => {
+                        self.rng_failed(Some(ci), "child SA refused (TEMPORARY_FAILURE)");
+                        NotifyType::TemporaryFailure
+                    }
+                    _ => NotifyType::NoProposalChosen,
+                })?;
                 let s = self
                     .timed(Some(i), IkeOp::Dh, |_| k.agree(kd))
-                    .map_err(|_| notify::INVALID_SYNTAX)?;
+                    .map_err(|_| NotifyType::InvalidSyntax)?;
                 out_ke = Some(Payload::Ke {
                     group: g.id(),
                     data: k.public_value().to_vec(),
@@ -1973,11 +2319,14 @@ impl Ike {
             }
             _ => None,
         };
-        let spi_in = self.new_child_spi();
+        let Ok(spi_in) = self.new_child_spi() else {
+            self.rng_failed(Some(ci), "child SA refused (TEMPORARY_FAILURE)");
+            return Err(NotifyType::TemporaryFailure);
+        };
         let prf = self.sas[i]
             .chosen
             .and_then(|c| c.prf)
-            .ok_or(notify::NO_PROPOSAL_CHOSEN)?;
+            .ok_or(NotifyType::NoProposalChosen)?;
         let sk_d = self.sas[i].sk_d.clone();
         let keys = self
             .timed(Some(i), IkeOp::KeyDerivation, |_| {
@@ -1990,13 +2339,17 @@ impl Ike {
                     chosen.key_lens(),
                 )
             })
-            .ok_or(notify::NO_PROPOSAL_CHOSEN)?;
+            .ok_or(NotifyType::NoProposalChosen)?;
         let mut out = vec![Payload::Sa(vec![chosen.to_wire(
             ProposalKind::Esp,
             num,
             &spi_in.to_be_bytes(),
         )])];
-        if rekey_of.is_some() {
+        if let ChildExchange::CreateChildSa { .. } = via {
+            // RFC 7296 §1.3.1/§1.3.2: SA, Nr, [KEr], TSi, TSr, for a new
+            // child as for a rekey; KEr whenever the request had KEi and
+            // the chosen proposal has a group (the keys then include g^ir,
+            // §2.17).
             out.push(Payload::Nonce(nr.to_vec()));
             if let Some(k) = out_ke {
                 out.push(k);
@@ -2005,7 +2358,7 @@ impl Ike {
         out.push(Payload::TsI(remote_ts.clone()));
         out.push(Payload::TsR(local_ts.clone()));
         if mode == Mode::Transport {
-            out.insert(0, notify(notify::USE_TRANSPORT_MODE, vec![]));
+            out.insert(0, notify(NotifyType::UseTransportMode, vec![]));
         }
         // We are the responder of this exchange: i->r keys are our inbound.
         let (inbound, outbound, mut child) = self.new_child(
@@ -2048,9 +2401,9 @@ impl Ike {
             ),
         );
         self.count(if rekey_of.is_some() {
-            "child_rekeys"
+            IkeEvent::ChildRekeys
         } else {
-            "children_established"
+            IkeEvent::ChildrenEstablished
         });
         self.sas[i].children.push(child);
         Ok(out)
@@ -2060,7 +2413,7 @@ impl Ike {
     /// the exchange (its initiator-to-responder keys are our outbound ones).
     #[allow(clippy::too_many_arguments)]
     fn new_child(
-        &self,
+        &mut self,
         i: usize,
         now: Duration,
         initiated: bool,
@@ -2099,6 +2452,7 @@ impl Ike {
             mode,
         );
         let c = &self.conns[self.sas[i].conn].child;
+        let (rekey, jitter, life) = (c.rekey_time, c.jitter, c.life_time);
         let child = Child {
             spi_in,
             spi_out,
@@ -2106,8 +2460,8 @@ impl Ike {
             local_ts,
             remote_ts,
             state: ChildState::Installed,
-            rekey_at: after(now, c.rekey_time, c.jitter),
-            expire_at: (!c.life_time.is_zero()).then(|| now + c.life_time),
+            rekey_at: self.after(now, rekey, jitter),
+            expire_at: (!life.is_zero()).then(|| now + life),
             pending_out: None,
             out_active: false,
             nonces: (ni.to_vec(), nr.to_vec()),
@@ -2148,8 +2502,8 @@ impl Ike {
 
     fn initiator_auth_response(&mut self, i: usize, now: Duration, spi_in: u32, p: Vec<Payload>) {
         let ci = self.sas[i].conn;
-        if find_notify(&p, notify::AUTHENTICATION_FAILED).is_some() {
-            self.count("auth_failed");
+        if find_notify(&p, NotifyType::AuthenticationFailed).is_some() {
+            self.count(IkeEvent::AuthFailed);
             self.child_spis.remove(&spi_in);
             self.fail(
                 i,
@@ -2188,7 +2542,7 @@ impl Ike {
         match self.verify_peer(i, &p, &peer_id, &signed) {
             Ok(ident) => self.sas[i].peer_id = Some(ident),
             Err(e) => {
-                self.count("auth_failed");
+                self.count(IkeEvent::AuthFailed);
                 self.log(
                     Level::Warn,
                     Some(ci),
@@ -2199,8 +2553,8 @@ impl Ike {
                 self.send_request(
                     i,
                     now,
-                    exchange::INFORMATIONAL,
-                    vec![notify(notify::AUTHENTICATION_FAILED, vec![])],
+                    ExchangeType::Informational,
+                    vec![notify(NotifyType::AuthenticationFailed, vec![])],
                     Req::DeleteIke,
                 );
                 self.destroy(i, format!("authentication failed: {e}"), false);
@@ -2209,9 +2563,9 @@ impl Ike {
         }
         self.sas[i].state = State::Established;
         self.sas[i].established_at = Some(now);
-        let c = &self.conns[ci];
-        self.sas[i].rekey_at = after(now, c.rekey_time, c.jitter);
-        self.count("ike_established");
+        let (rekey, jitter) = (self.conns[ci].rekey_time, self.conns[ci].jitter);
+        self.sas[i].rekey_at = self.after(now, rekey, jitter);
+        self.count(IkeEvent::IkeEstablished);
         self.ike_up(i);
         let ni = self.sas[i].ni.clone();
         let nr = self.sas[i].nr.clone();
@@ -2234,7 +2588,7 @@ impl Ike {
         let ci = self.sas[i].conn;
         if let Some(e) = error_notify(p) {
             self.child_spis.remove(&spi_in);
-            self.count("child_failed");
+            self.count(IkeEvent::ChildFailed);
             self.log(
                 Level::Warn,
                 Some(ci),
@@ -2258,7 +2612,7 @@ impl Ike {
         let tsr = get_ts(p).map(|(a, b)| (a.to_vec(), b.to_vec()));
         let (Some(chosen), Some(spi_out), Some((ts_i, ts_r))) = (chosen, spi_out, tsr) else {
             self.child_spis.remove(&spi_in);
-            self.count("child_failed");
+            self.count(IkeEvent::ChildFailed);
             self.log(
                 Level::Warn,
                 Some(ci),
@@ -2269,7 +2623,7 @@ impl Ike {
         let c = &self.conns[ci];
         if !ts::covered(&ts_i, &c.child.local_ts) || !ts::covered(&ts_r, &c.child.remote_ts) {
             self.child_spis.remove(&spi_in);
-            self.count("child_failed");
+            self.count(IkeEvent::ChildFailed);
             self.log(
                 Level::Warn,
                 Some(ci),
@@ -2277,7 +2631,7 @@ impl Ike {
             );
             return false;
         }
-        let transport = find_notify(p, notify::USE_TRANSPORT_MODE).is_some();
+        let transport = find_notify(p, NotifyType::UseTransportMode).is_some();
         if transport != (c.child.mode == Mode::Transport) {
             self.child_spis.remove(&spi_in);
             self.log(
@@ -2341,9 +2695,9 @@ impl Ike {
         self.outbound_replaced(ci);
         self.sas[i].children.push(child);
         self.count(if rekey_of.is_some() {
-            "child_rekeys"
+            IkeEvent::ChildRekeys
         } else {
-            "children_established"
+            IkeEvent::ChildrenEstablished
         });
         self.log(
             Level::Info,
@@ -2373,33 +2727,45 @@ impl Ike {
     /// One received IKE datagram (without the non-ESP marker), its
     /// destination (our address and port) and its source.
     pub fn handle(&mut self, now: Duration, local: SocketAddr, remote: SocketAddr, data: &[u8]) {
-        self.count("messages_in");
+        self.dispatch(now, local, remote, data);
+        self.rearm_dirty();
+    }
+
+    /// Routes one datagram to its SA (or to IKE_SA_INIT handling).
+    fn dispatch(&mut self, now: Duration, local: SocketAddr, remote: SocketAddr, data: &[u8]) {
+        self.count(IkeEvent::MessagesIn);
         let h = match Header::parse(data) {
             Ok((h, _, _)) => h,
             Err(_) => {
-                self.count("dropped_malformed");
+                self.count(IkeEvent::DroppedMalformed);
                 return;
             }
         };
-        if h.exchange_type == exchange::IKE_SA_INIT && !h.response {
+        if h.exchange_type == ExchangeType::IkeSaInit && !h.response {
             if h.spi_r != 0 {
-                self.count("dropped_malformed");
+                self.count(IkeEvent::DroppedMalformed);
                 return;
             }
             self.responder_init(now, local, remote, data, h);
             return;
         }
+        // The original initiator sets the I flag: a message with it is
+        // for an SA we respond to, found by its SPIr; one without it is
+        // for an SA we initiated, found by its SPIi. The peer's SPI must
+        // match too (unknown while our IKE_SA_INIT is unanswered).
         let ours = if h.initiator { h.spi_r } else { h.spi_i };
-        let Some(i) = self.sas.iter().position(|s| {
-            s.local_spi() == ours
-                && s.initiator != h.initiator
+        let found = self.by_spi.get(&ours).copied().filter(|&i| {
+            let s = &self.sas[i];
+            s.initiator != h.initiator
                 && (s.state == State::InitSent
                     || (if s.initiator { s.spi_r } else { s.spi_i })
                         == (if s.initiator { h.spi_r } else { h.spi_i }))
-        }) else {
-            self.count("dropped_unknown_spi");
+        });
+        let Some(i) = found else {
+            self.count(IkeEvent::DroppedUnknownSpi);
             return;
         };
+        self.dirty.push(i);
         if h.response {
             self.handle_response(i, now, remote, data, h);
         } else {
@@ -2415,40 +2781,36 @@ impl Ike {
         data: &[u8],
         h: Header,
     ) {
+        let serial = self.sas[i].serial;
         let Some(pending) = &self.sas[i].pending else {
-            self.count("dropped_unexpected_response");
+            self.count(IkeEvent::DroppedUnexpectedResponse);
             return;
         };
         if pending.id != h.message_id {
-            self.count("dropped_bad_message_id");
+            self.count(IkeEvent::DroppedBadMessageId);
             return;
         }
-        if h.exchange_type == exchange::IKE_SA_INIT {
+        if h.exchange_type == ExchangeType::IkeSaInit {
             if self.sas[i].state != State::InitSent {
-                self.count("dropped_unexpected_response");
+                self.count(IkeEvent::DroppedUnexpectedResponse);
                 return;
             }
             let msg = match self.timed(Some(i), IkeOp::Decode, |_| Message::parse(data)) {
                 Ok(m) => m,
                 Err(_) => {
-                    self.count("dropped_malformed");
+                    self.count(IkeEvent::DroppedMalformed);
                     return;
                 }
             };
             self.sas[i].last_rx = now;
             if error_notify(&msg.payloads).is_none()
-                && find_notify(&msg.payloads, notify::COOKIE).is_none()
+                && find_notify(&msg.payloads, NotifyType::Cookie).is_none()
             {
                 self.sas[i].pending = None;
                 self.sas[i].init_resp = data.to_vec();
             }
             self.sas[i].remote = remote;
             self.initiator_init_response(i, now, msg);
-            if let Some(s) = self.sas.get(i) {
-                if s.state == State::AuthSent && s.init_resp.is_empty() {
-                    // Kept for the AUTH of the responder.
-                }
-            }
             return;
         }
         let Some(p) = self.open(i, data) else { return };
@@ -2483,7 +2845,7 @@ impl Ike {
                 return;
             }
         }
-        if i < self.sas.len() {
+        if self.sas.get(i).is_some_and(|s| s.serial == serial) {
             self.kick(i, now);
         }
     }
@@ -2491,7 +2853,7 @@ impl Ike {
     /// Decrypts a message of SA `i`, counting failures. A fragment
     /// (RFC 7383) is kept until its message is complete: `None` until then.
     fn open(&mut self, i: usize, data: &[u8]) -> Option<Vec<Payload>> {
-        if data.get(16) == Some(&payload::SKF) {
+        if data.get(16) == Some(&u8::from(PayloadType::Skf)) {
             return self.open_fragment(i, data);
         }
         let r = self.timed(Some(i), IkeOp::Decrypt, |s| match &s.sas[i].sk {
@@ -2501,11 +2863,11 @@ impl Ike {
         match r {
             Ok((_, p)) => Some(p),
             Err(SkError::Integrity) => {
-                self.count("dropped_integrity");
+                self.count(IkeEvent::DroppedIntegrity);
                 None
             }
             Err(e) => {
-                self.count("dropped_malformed");
+                self.count(IkeEvent::DroppedMalformed);
                 let c = self.sas[i].conn;
                 self.log(Level::Debug, Some(c), format!("message dropped: {e}"));
                 None
@@ -2521,19 +2883,19 @@ impl Ike {
         let (h, f) = match r {
             Ok(x) => x,
             Err(SkError::Integrity) => {
-                self.count("dropped_integrity");
+                self.count(IkeEvent::DroppedIntegrity);
                 return None;
             }
             Err(e) => {
-                self.count("dropped_malformed");
+                self.count(IkeEvent::DroppedMalformed);
                 let c = self.sas[i].conn;
                 self.log(Level::Debug, Some(c), format!("fragment dropped: {e}"));
                 return None;
             }
         };
-        self.count("fragments_in");
+        self.count(IkeEvent::FragmentsIn);
         if usize::from(f.total) > MAX_FRAGMENTS {
-            self.count("dropped_too_many_fragments");
+            self.count(IkeEvent::DroppedTooManyFragments);
             return None;
         }
         let key = (h.message_id, h.response);
@@ -2546,7 +2908,7 @@ impl Ike {
             sa.reasm = Some(Reassembly {
                 key,
                 total: f.total,
-                first: 0,
+                first: PayloadType::NoNext,
                 parts: BTreeMap::new(),
             });
         }
@@ -2564,11 +2926,11 @@ impl Ike {
             wire::parse_payload_chain(r.first, &body, true)
         }) {
             Ok(p) => {
-                self.count("fragmented_messages_in");
+                self.count(IkeEvent::FragmentedMessagesIn);
                 Some(p)
             }
             Err(e) => {
-                self.count("dropped_malformed");
+                self.count(IkeEvent::DroppedMalformed);
                 let c = self.sas[i].conn;
                 self.log(
                     Level::Debug,
@@ -2595,17 +2957,17 @@ impl Ike {
                 // A retransmitted request: the cached response again (§2.1).
                 // A fragmented request is answered once per retransmission:
                 // on its first fragment (RFC 7383 §2.6.1).
-                let skf = data.get(16) == Some(&payload::SKF);
+                let skf = data.get(16) == Some(&u8::from(PayloadType::Skf));
                 if !skf || data.get(32..34) == Some(&[0, 1][..]) {
                     let resp = resp.clone();
-                    self.count("retransmitted_responses");
+                    self.count(IkeEvent::RetransmittedResponses);
                     self.transmit(i, resp);
                 }
                 return;
             }
         }
         if h.message_id != sa.next_in_id {
-            self.count("dropped_bad_message_id");
+            self.count(IkeEvent::DroppedBadMessageId);
             return;
         }
         let Some(p) = self.open(i, data) else { return };
@@ -2631,25 +2993,31 @@ impl Ike {
                 i,
                 h.exchange_type,
                 h.message_id,
-                vec![notify(notify::UNSUPPORTED_CRITICAL_PAYLOAD, vec![t])],
+                vec![notify(
+                    NotifyType::UnsupportedCriticalPayload,
+                    vec![u8::from(t)],
+                )],
             );
             return;
         }
         match (h.exchange_type, self.sas[i].state) {
-            (exchange::IKE_AUTH, State::InitDone) => self.responder_auth(i, now, h.message_id, p),
-            (exchange::CREATE_CHILD_SA, State::Established | State::Deleting) => {
+            (ExchangeType::IkeAuth, State::InitDone) => {
+                self.responder_auth(i, now, h.message_id, p)
+            }
+            (ExchangeType::CreateChildSa, State::Established | State::Deleting) => {
                 self.responder_create_child(i, now, h.message_id, p)
             }
-            (exchange::INFORMATIONAL, State::Established | State::Deleting | State::AuthSent) => {
-                self.responder_informational(i, now, h.message_id, p)
-            }
+            (
+                ExchangeType::Informational,
+                State::Established | State::Deleting | State::AuthSent,
+            ) => self.responder_informational(i, now, h.message_id, p),
             _ => {
-                self.count("dropped_unexpected_request");
+                self.count(IkeEvent::DroppedUnexpectedRequest);
                 self.reply(
                     i,
                     h.exchange_type,
                     h.message_id,
-                    vec![notify(notify::INVALID_SYNTAX, vec![])],
+                    vec![notify(NotifyType::InvalidSyntax, vec![])],
                 );
             }
         }
@@ -2664,9 +3032,9 @@ impl Ike {
         let Some(ni) = get_nonce(&p).map(|n| n.to_vec()) else {
             self.reply(
                 i,
-                exchange::CREATE_CHILD_SA,
+                ExchangeType::CreateChildSa,
                 id,
-                vec![notify(notify::INVALID_SYNTAX, vec![])],
+                vec![notify(NotifyType::InvalidSyntax, vec![])],
             );
             return;
         };
@@ -2675,38 +3043,49 @@ impl Ike {
             self.responder_ike_rekey(i, now, id, &p, ni);
             return;
         }
-        let rekey_of = find_notify(&p, notify::REKEY_SA).and_then(|n| spi4(&n.spi));
+        let rekey_of = find_notify(&p, NotifyType::RekeySa).and_then(|n| spi4(&n.spi));
         if let Some(old_out) = rekey_of {
             // The notify names the SPI the peer receives on: our outbound SPI.
             let Some(child) = self.sas[i].children.iter().find(|c| c.spi_out == old_out) else {
                 self.reply(
                     i,
-                    exchange::CREATE_CHILD_SA,
+                    ExchangeType::CreateChildSa,
                     id,
-                    vec![notify(notify::CHILD_SA_NOT_FOUND, vec![])],
+                    vec![notify(NotifyType::ChildSaNotFound, vec![])],
                 );
                 return;
             };
             if child.state == ChildState::Deleting {
                 self.reply(
                     i,
-                    exchange::CREATE_CHILD_SA,
+                    ExchangeType::CreateChildSa,
                     id,
-                    vec![notify(notify::TEMPORARY_FAILURE, vec![])],
+                    vec![notify(NotifyType::TemporaryFailure, vec![])],
                 );
                 return;
             }
         }
-        let nr = random_bytes(NONCE_LEN);
+        let Ok(nr) = self.new_nonce() else {
+            self.rng_failed(Some(ci), "CREATE_CHILD_SA refused (TEMPORARY_FAILURE)");
+            self.reply(
+                i,
+                ExchangeType::CreateChildSa,
+                id,
+                vec![notify(NotifyType::TemporaryFailure, vec![])],
+            );
+            return;
+        };
         let ke = get_ke(&p).map(|(g, d)| (g, d.to_vec()));
         let r = self.accept_child(
             i,
             now,
             &p,
-            ke.as_ref().map(|(g, d)| (*g, &d[..])),
+            ChildExchange::CreateChildSa {
+                ke: ke.as_ref().map(|(g, d)| (*g, &d[..])),
+                rekey_of,
+            },
             &ni,
             &nr,
-            rekey_of,
         );
         match r {
             Ok(out) => {
@@ -2722,10 +3101,10 @@ impl Ike {
                         old.rekey_at = None;
                     }
                 }
-                self.reply(i, exchange::CREATE_CHILD_SA, id, out);
+                self.reply(i, ExchangeType::CreateChildSa, id, out);
             }
             Err(n) => {
-                let data = if n == notify::INVALID_KE_PAYLOAD {
+                let data = if n == NotifyType::InvalidKePayload {
                     self.conns[ci]
                         .child
                         .proposals
@@ -2736,20 +3115,26 @@ impl Ike {
                 } else {
                     Vec::new()
                 };
-                self.reply(i, exchange::CREATE_CHILD_SA, id, vec![notify(n, data)]);
+                self.reply(i, ExchangeType::CreateChildSa, id, vec![notify(n, data)]);
             }
         }
     }
 
-    fn start_child_rekey(&mut self, i: usize, now: Duration, old_in: u32) {
+    /// Sends a CREATE_CHILD_SA request: the rekey of our child whose
+    /// inbound SPI is `rekey_of`, or (`None`) a new child SA of the
+    /// connection (RFC 7296 §1.3.1), with PFS when the connection's ESP
+    /// proposals have groups.
+    fn start_child(&mut self, i: usize, now: Duration, rekey_of: Option<u32>) {
         let ci = self.sas[i].conn;
-        let Some(old) = self.sas[i].children.iter_mut().find(|c| c.spi_in == old_in) else {
-            return;
-        };
-        if old.state != ChildState::Installed {
-            return;
+        if let Some(old_in) = rekey_of {
+            let Some(old) = self.sas[i].children.iter_mut().find(|c| c.spi_in == old_in) else {
+                return;
+            };
+            if old.state != ChildState::Installed {
+                return;
+            }
+            old.state = ChildState::Rekeying;
         }
-        old.state = ChildState::Rekeying;
         let pfs: Vec<Group> = self.conns[ci]
             .child
             .proposals
@@ -2762,23 +3147,55 @@ impl Ike {
             .filter(|g| pfs.contains(g))
             .or(pfs.first().copied());
         let ke = match group {
-            Some(g) => match self.timed(Some(i), IkeOp::Dh, |_| KeyExchange::generate(g)) {
-                Ok(k) => Some(k),
-                Err(_) => return,
-            },
-            None => None,
+            Some(g) => self.new_ke(Some(i), g).map(Some).map_err(|e| e.to_string()),
+            None => Ok(None),
         };
-        let spi_in = self.new_child_spi();
-        let ni = random_bytes(NONCE_LEN);
+        let drawn = ke.and_then(|ke| {
+            let spi_in = self.new_child_spi().map_err(|e| e.to_string())?;
+            match self.new_nonce() {
+                Ok(ni) => Ok((ke, spi_in, ni)),
+                Err(e) => {
+                    self.child_spis.remove(&spi_in);
+                    Err(e.to_string())
+                }
+            }
+        });
+        let (ke, spi_in, ni) = match drawn {
+            Ok(x) => x,
+            Err(e) => {
+                // Not sent: the child stays as it is and is rekeyed later
+                // (a new child is left to the operator, or the peer).
+                self.count(IkeEvent::RngFailures);
+                let what = match rekey_of {
+                    Some(old_in) => format!("child SA {old_in:08x}_i not rekeyed"),
+                    None => "no new child SA".to_string(),
+                };
+                self.log(
+                    Level::Warn,
+                    Some(ci),
+                    format!("{what} ({e}): retrying in 10 s"),
+                );
+                if let Some(old) =
+                    rekey_of.and_then(|o| self.sas[i].children.iter_mut().find(|c| c.spi_in == o))
+                {
+                    old.state = ChildState::Installed;
+                    old.rekey_at = Some(now + RETRY_DELAY);
+                }
+                return;
+            }
+        };
         let c = &self.conns[ci];
-        let mut payloads = vec![Payload::Notify(Notify {
-            protocol: protocol::ESP,
-            spi: old_in.to_be_bytes().to_vec(),
-            notify_type: notify::REKEY_SA,
-            data: Vec::new(),
-        })];
+        let mut payloads = Vec::new();
+        if let Some(old_in) = rekey_of {
+            payloads.push(Payload::Notify(Notify {
+                protocol: protocol::ESP,
+                spi: old_in.to_be_bytes().to_vec(),
+                notify_type: NotifyType::RekeySa,
+                data: Vec::new(),
+            }));
+        }
         if c.child.mode == Mode::Transport {
-            payloads.push(notify(notify::USE_TRANSPORT_MODE, vec![]));
+            payloads.push(notify(NotifyType::UseTransportMode, vec![]));
         }
         let props = self.child_proposals(ci, spi_in, ke.is_some());
         payloads.push(Payload::Sa(props));
@@ -2789,20 +3206,22 @@ impl Ike {
                 data: k.public_value().to_vec(),
             });
         }
-        let old = self.sas[i].children.iter().find(|c| c.spi_in == old_in);
-        let (lts, rts) = old
-            .map(|o| (o.local_ts.clone(), o.remote_ts.clone()))
-            .unwrap_or_default();
+        // A rekey keeps the selectors agreed; a new child asks for ours.
+        let old = rekey_of.and_then(|o| self.sas[i].children.iter().find(|c| c.spi_in == o));
+        let (lts, rts) = match old {
+            Some(o) => (o.local_ts.clone(), o.remote_ts.clone()),
+            None => (c.child.local_ts.clone(), c.child.remote_ts.clone()),
+        };
         payloads.push(Payload::TsI(lts));
         payloads.push(Payload::TsR(rts));
         self.send_request(
             i,
             now,
-            exchange::CREATE_CHILD_SA,
+            ExchangeType::CreateChildSa,
             payloads,
             Req::Child {
                 spi_in,
-                rekey_of: Some(old_in),
+                rekey_of,
                 ni,
                 ke,
             },
@@ -2821,7 +3240,7 @@ impl Ike {
         p: Vec<Payload>,
     ) {
         let ci = self.sas[i].conn;
-        if let Some(n) = find_notify(&p, notify::INVALID_KE_PAYLOAD) {
+        if let Some(n) = find_notify(&p, NotifyType::InvalidKePayload) {
             self.child_spis.remove(&spi_in);
             let want = (n.data.len() == 2)
                 .then(|| u16::from_be_bytes([n.data[0], n.data[1]]))
@@ -2833,13 +3252,13 @@ impl Ike {
                     .iter()
                     .any(|p| p.dh.contains(g))
             });
-            self.count("invalid_ke_received");
+            self.count(IkeEvent::InvalidKeReceived);
             self.log(
                 Level::Info,
                 Some(ci),
                 match offered {
                     Some(g) => format!(
-                        "peer wants PFS group {} for the child rekey: retrying",
+                        "peer wants PFS group {} for the child SA: retrying",
                         g.name()
                     ),
                     None => format!(
@@ -2849,6 +3268,9 @@ impl Ike {
             );
             if offered.is_some() {
                 self.sas[i].pfs_group = offered;
+                if rekey_of.is_none() {
+                    self.sas[i].tasks.push_back(Task::CreateChild);
+                }
             }
             if let Some(old) =
                 rekey_of.and_then(|o| self.sas[i].children.iter_mut().find(|c| c.spi_in == o))
@@ -2859,13 +3281,20 @@ impl Ike {
             return;
         }
         let Some(nr) = get_nonce(&p).map(|n| n.to_vec()) else {
-            if let Some(e) = error_notify(&p) {
-                self.log(
-                    Level::Warn,
-                    Some(ci),
-                    format!("child rekey refused: {}", notify_name(e)),
-                );
-            }
+            let what = if rekey_of.is_some() {
+                "child rekey"
+            } else {
+                "new child SA"
+            };
+            self.count(IkeEvent::ChildFailed);
+            self.log(
+                Level::Warn,
+                Some(ci),
+                match error_notify(&p) {
+                    Some(e) => format!("{what} refused: {}", notify_name(e)),
+                    None => format!("{what}: the answer has no nonce"),
+                },
+            );
             self.child_spis.remove(&spi_in);
             if let Some(old) =
                 rekey_of.and_then(|o| self.sas[i].children.iter_mut().find(|c| c.spi_in == o))
@@ -2904,7 +3333,7 @@ impl Ike {
             let min_ours = a.nonces.0.clone().min(a.nonces.1.clone());
             let min_peer = b.nonces.0.clone().min(b.nonces.1.clone());
             let b_in = b.spi_in;
-            self.count("rekey_collisions");
+            self.count(IkeEvent::RekeyCollisions);
             if min_ours < min_peer {
                 self.log(
                     Level::Info,
@@ -2951,8 +3380,8 @@ impl Ike {
     /// used: no child (of any of the connection's IKE SAs, e.g. one still
     /// being deleted) owns the current outbound SA any more.
     fn outbound_replaced(&mut self, ci: usize) {
-        for sa in self.sas.iter_mut().filter(|s| s.conn == ci) {
-            for c in &mut sa.children {
+        for &i in &self.by_conn[ci] {
+            for c in &mut self.sas[i].children {
                 c.out_active = false;
             }
         }
@@ -2967,12 +3396,30 @@ impl Ike {
         let Some(group) = self.sas[i].chosen.and_then(|c| c.dh) else {
             return;
         };
-        let ke = match self.timed(Some(i), IkeOp::Dh, |_| KeyExchange::generate(group)) {
-            Ok(k) => k,
-            Err(_) => return,
+        let drawn = self.new_ke(Some(i), group).map_err(|e| e.to_string());
+        let drawn = drawn.and_then(|ke| {
+            let new_spi = self.new_ike_spi().map_err(|e| e.to_string())?;
+            match self.new_nonce() {
+                Ok(ni) => Ok((ke, new_spi, ni)),
+                Err(e) => {
+                    self.ike_spis.remove(&new_spi);
+                    Err(e.to_string())
+                }
+            }
+        });
+        let (ke, new_spi, ni) = match drawn {
+            Ok(x) => x,
+            Err(e) => {
+                self.count(IkeEvent::RngFailures);
+                self.log(
+                    Level::Warn,
+                    Some(ci),
+                    format!("IKE SA not rekeyed ({e}): retrying in 10 s"),
+                );
+                self.sas[i].rekey_at = Some(now + RETRY_DELAY);
+                return;
+            }
         };
-        let new_spi = self.new_ike_spi();
-        let ni = random_bytes(NONCE_LEN);
         let props: Vec<wire::Proposal> = self.conns[ci]
             .proposals
             .iter()
@@ -2996,7 +3443,7 @@ impl Ike {
         self.send_request(
             i,
             now,
-            exchange::CREATE_CHILD_SA,
+            ExchangeType::CreateChildSa,
             payloads,
             Req::IkeRekey { new_spi, ni, ke },
         );
@@ -3014,9 +3461,9 @@ impl Ike {
         let (Some(offered), Some((kg, kd))) = (get_sa(p), get_ke(p)) else {
             self.reply(
                 i,
-                exchange::CREATE_CHILD_SA,
+                ExchangeType::CreateChildSa,
                 id,
-                vec![notify(notify::INVALID_SYNTAX, vec![])],
+                vec![notify(NotifyType::InvalidSyntax, vec![])],
             );
             return;
         };
@@ -3025,9 +3472,9 @@ impl Ike {
         else {
             self.reply(
                 i,
-                exchange::CREATE_CHILD_SA,
+                ExchangeType::CreateChildSa,
                 id,
-                vec![notify(notify::NO_PROPOSAL_CHOSEN, vec![])],
+                vec![notify(NotifyType::NoProposalChosen, vec![])],
             );
             return;
         };
@@ -3037,9 +3484,9 @@ impl Ike {
         else {
             self.reply(
                 i,
-                exchange::CREATE_CHILD_SA,
+                ExchangeType::CreateChildSa,
                 id,
-                vec![notify(notify::INVALID_SYNTAX, vec![])],
+                vec![notify(NotifyType::InvalidSyntax, vec![])],
             );
             return;
         };
@@ -3047,29 +3494,43 @@ impl Ike {
         if kg != g.id() {
             self.reply(
                 i,
-                exchange::CREATE_CHILD_SA,
+                ExchangeType::CreateChildSa,
                 id,
                 vec![notify(
-                    notify::INVALID_KE_PAYLOAD,
+                    NotifyType::InvalidKePayload,
                     g.id().to_be_bytes().to_vec(),
                 )],
             );
             return;
         }
-        let Ok(ke) = self.timed(Some(i), IkeOp::Dh, |_| KeyExchange::generate(g)) else {
+        let ke = self.new_ke(Some(i), g);
+        let our_spi = self.new_ike_spi();
+        let nr = self.new_nonce();
+        let rng_failed = matches!(ke, Err(DhError::Random(..))) || our_spi.is_err() || nr.is_err();
+        let (Ok(ke), Ok(our_spi), Ok(nr)) = (ke, our_spi, nr) else {
+            if rng_failed {
+                self.rng_failed(Some(ci), "IKE SA rekey refused (TEMPORARY_FAILURE)");
+            }
+            if let Ok(s) = our_spi {
+                self.ike_spis.remove(&s);
+            }
+            self.reply(
+                i,
+                ExchangeType::CreateChildSa,
+                id,
+                vec![notify(NotifyType::TemporaryFailure, vec![])],
+            );
             return;
         };
         let Ok(g_ir) = self.timed(Some(i), IkeOp::Dh, |_| ke.agree(kd)) else {
             self.reply(
                 i,
-                exchange::CREATE_CHILD_SA,
+                ExchangeType::CreateChildSa,
                 id,
-                vec![notify(notify::INVALID_SYNTAX, vec![])],
+                vec![notify(NotifyType::InvalidSyntax, vec![])],
             );
             return;
         };
-        let our_spi = self.new_ike_spi();
-        let nr = random_bytes(NONCE_LEN);
         let out = vec![
             Payload::Sa(vec![chosen.to_wire(
                 ProposalKind::Ike,
@@ -3082,9 +3543,26 @@ impl Ike {
                 data: ke.public_value().to_vec(),
             },
         ];
-        self.reply(i, exchange::CREATE_CHILD_SA, id, out);
-        // The peer initiated the rekey: it is the new SA's initiator.
-        self.rekeyed_ike(i, now, false, peer_spi, our_spi, chosen, ni, nr, &g_ir);
+        // The peer initiated the rekey: it is the new SA's initiator. Keyed
+        // before we answer: if that fails we refuse, and keep everything.
+        let Some(j) = self.rekeyed_ike(i, now, false, peer_spi, our_spi, chosen, ni, nr, &g_ir)
+        else {
+            self.ike_spis.remove(&our_spi);
+            self.log(
+                Level::Warn,
+                Some(ci),
+                "IKE SA rekey refused: the new SA could not be keyed".into(),
+            );
+            self.reply(
+                i,
+                ExchangeType::CreateChildSa,
+                id,
+                vec![notify(NotifyType::TemporaryFailure, vec![])],
+            );
+            return;
+        };
+        self.reply(i, ExchangeType::CreateChildSa, id, out);
+        self.replace_ike(i, j, now);
     }
 
     fn ike_rekey_response(
@@ -3136,16 +3614,27 @@ impl Ike {
             self.sas[i].rekey_at = Some(now + Duration::from_secs(10));
             return;
         };
-        let j = self.rekeyed_ike(i, now, true, new_spi, peer_spi, chosen, ni, nr, &g_ir);
-        if let Some(old) = j {
-            // We initiated: we delete the old IKE SA.
-            self.sas[old].tasks.clear();
-            self.sas[old].tasks.push_back(Task::DeleteIke);
-        }
+        let Some(j) = self.rekeyed_ike(i, now, true, new_spi, peer_spi, chosen, ni, nr, &g_ir)
+        else {
+            // The old SA keeps its children and is rekeyed again later.
+            self.ike_spis.remove(&new_spi);
+            self.log(
+                Level::Warn,
+                Some(ci),
+                "IKE SA rekey: the new SA could not be keyed; retrying in 10 s".into(),
+            );
+            self.sas[i].rekey_at = Some(now + RETRY_DELAY);
+            return;
+        };
+        self.replace_ike(i, j, now);
+        // We initiated: we delete the old IKE SA.
+        self.sas[i].tasks.clear();
+        self.sas[i].tasks.push_back(Task::DeleteIke);
     }
 
-    /// Creates the IKE SA that replaces SA `i`, moves the children to it and
-    /// returns the index of the old SA.
+    /// Creates and keys the IKE SA that is to replace SA `i`, without
+    /// children yet (see [`Ike::replace_ike`]), and returns its index;
+    /// `None` (and nothing changed) if it cannot be keyed.
     #[allow(clippy::too_many_arguments)]
     fn rekeyed_ike(
         &mut self,
@@ -3162,8 +3651,7 @@ impl Ike {
         let old_prf = self.sas[i].chosen.and_then(|c| c.prf)?;
         let old_sk_d = self.sas[i].sk_d.clone();
         let ci = self.sas[i].conn;
-        let old = &mut self.sas[i];
-        let children = std::mem::take(&mut old.children);
+        let old = &self.sas[i];
         let mut sa = IkeSa::new(
             ci,
             we_initiated,
@@ -3177,11 +3665,24 @@ impl Ike {
         sa.ni = ni;
         sa.nr = nr;
         sa.group = chosen.dh.unwrap_or(old.group);
-        sa.children = children;
         sa.established_at = Some(now);
-        sa.rekey_at = after(now, self.conns[ci].rekey_time, self.conns[ci].jitter);
         sa.peer_id = old.peer_id.clone();
         sa.fragmentation = old.fragmentation;
+        let j = self.insert_sa(sa);
+        if !self.install_ike_keys(j, g_ir, Some((old_prf, &old_sk_d))) {
+            self.remove_sa(j);
+            return None;
+        }
+        Some(j)
+    }
+
+    /// The keyed IKE SA `j` replaces SA `i`: the children and their
+    /// pending tasks move to it, `i` waits for its deletion.
+    fn replace_ike(&mut self, i: usize, j: usize, now: Duration) {
+        let ci = self.sas[i].conn;
+        let rekey_at = self.after(now, self.conns[ci].rekey_time, self.conns[ci].jitter);
+        let old = &mut self.sas[i];
+        let children = std::mem::take(&mut old.children);
         old.rekey_at = None;
         old.remove_at = Some(now + OLD_IKE_SA_GRACE);
         old.state = State::Deleting;
@@ -3194,15 +3695,13 @@ impl Ike {
             .collect();
         old.tasks
             .retain(|t| !matches!(t, Task::RekeyChild(_) | Task::DeleteChild(_)));
-        self.sas.push(sa);
-        let j = self.sas.len() - 1;
-        self.sas[j].tasks.extend(moved);
-        if !self.install_ike_keys(j, g_ir, Some((old_prf, &old_sk_d))) {
-            self.sas.remove(j);
-            return None;
-        }
-        self.count("ike_rekeys");
-        let algs = chosen.name();
+        let new = &mut self.sas[j];
+        new.children = children;
+        new.tasks.extend(moved);
+        new.rekey_at = rekey_at;
+        let (spi_i, spi_r) = (new.spi_i, new.spi_r);
+        let algs = new.chosen.map(|c| c.name()).unwrap_or_default();
+        self.count(IkeEvent::IkeRekeys);
         self.events.push_back(Event::IkeUp {
             conn: self.conns[ci].name.clone(),
             algorithms: algs.clone(),
@@ -3213,7 +3712,6 @@ impl Ike {
             format!("IKE SA rekeyed: {spi_i:016x}_i {spi_r:016x}_r ({algs})"),
         );
         self.kick(j, now);
-        Some(i)
     }
 
     // -----------------------------------------------------------------
@@ -3260,7 +3758,7 @@ impl Ike {
                         }));
                     }
                 }
-                Payload::Notify(n) if n.notify_type == notify::AUTHENTICATION_FAILED => {
+                Payload::Notify(n) if n.notify_type == NotifyType::AuthenticationFailed => {
                     self.log(
                         Level::Warn,
                         Some(ci),
@@ -3273,7 +3771,7 @@ impl Ike {
         }
         self.reply(
             i,
-            exchange::INFORMATIONAL,
+            ExchangeType::Informational,
             id,
             if delete_ike { Vec::new() } else { out },
         );
@@ -3320,8 +3818,7 @@ impl Ike {
         for s in spis {
             self.remove_child(i, s);
         }
-        let sa = self.sas.remove(i);
-        self.ike_spis.remove(&sa.local_spi());
+        let sa = self.remove_sa(i);
         let ci = sa.conn;
         if down {
             self.events.push_back(Event::IkeDown {
@@ -3342,7 +3839,7 @@ impl Ike {
     /// An exchange we started failed before the SA was usable.
     fn fail(&mut self, i: usize, reason: String) {
         let ci = self.sas[i].conn;
-        self.count("ike_failed");
+        self.count(IkeEvent::IkeFailed);
         self.log(Level::Warn, Some(ci), reason.clone());
         self.destroy(i, reason, true);
     }
@@ -3351,35 +3848,42 @@ impl Ike {
     // Timers
     // -----------------------------------------------------------------
 
-    /// When [`Ike::handle_timeout`] wants to be called next.
+    /// When [`Ike::handle_timeout`] wants to be called next: the earliest
+    /// deadline of any SA (kept ordered, so this is a lookup) or restart.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        let mut t: Option<Duration> = self.restart_at.values().min().copied();
-        let mut at = |d: Option<Duration>| {
-            if let Some(d) = d {
-                t = Some(t.map_or(d, |x| x.min(d)));
-            }
-        };
-        for sa in &self.sas {
-            at(sa.pending.as_ref().map(|p| p.next_at));
-            at(sa.rekey_at);
-            at(sa.remove_at);
-            if sa.state == State::InitDone {
-                at(Some(sa.created + HALF_OPEN_TIMEOUT));
-            }
-            let c = &self.conns[sa.conn];
-            if sa.state == State::Established && !c.dpd_delay.is_zero() && sa.pending.is_none() {
-                at(Some(sa.last_rx + c.dpd_delay));
-            }
-            for ch in &sa.children {
-                at(ch.rekey_at);
-                at(ch.expire_at);
-                at(ch.pending_out.as_ref().map(|p| p.1));
-            }
+        #[cfg(test)]
+        self.check_deadlines();
+        let sa = self.deadlines.first().map(|(t, _)| *t);
+        let restart = self.restart_at.values().min().copied();
+        match (sa, restart) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
-        t
     }
 
-    /// Retransmissions, rekeys, expiries and liveness checks due at `now`.
+    /// Tests: every SA's filed deadline is what its state calls for (an
+    /// SA changed without being rearmed would miss its timers).
+    #[cfg(test)]
+    fn check_deadlines(&self) {
+        for (i, sa) in &self.sas {
+            let want = sa.timer_table(self.conns[sa.conn].dpd_delay);
+            assert_eq!(sa.timers, want, "SA {i}'s timers are stale");
+            assert_eq!(sa.deadline, want.next(), "SA {i}'s deadline is stale");
+            if let Some(d) = sa.deadline {
+                assert!(self.deadlines.contains(&(d, i)));
+            }
+        }
+        assert_eq!(
+            self.deadlines.len(),
+            self.sas
+                .iter()
+                .filter(|(_, s)| s.deadline.is_some())
+                .count()
+        );
+    }
+
+    /// Retransmissions, rekeys, expiries and liveness checks due at `now`;
+    /// only the SAs with a due timer are visited.
     pub fn handle_timeout(&mut self, now: Duration) {
         let due: Vec<usize> = self
             .restart_at
@@ -3389,53 +3893,101 @@ impl Ike {
             .collect();
         for ci in due {
             self.restart_at.remove(&ci);
-            if !self.sas.iter().any(|s| s.conn == ci) {
+            if self.by_conn[ci].is_empty() {
                 self.log(Level::Info, Some(ci), "restarting the connection".into());
-                self.start_init(now, ci, None, None);
+                if self.start_init(now, ci, None, None).is_err() {
+                    self.restart_at.insert(ci, now + RESTART_DELAY);
+                }
             }
         }
-        let mut i = 0;
-        while i < self.sas.len() {
-            if self.timeout_one(i, now) {
-                i += 1;
+        let due: Vec<(usize, u64)> = self
+            .deadlines
+            .range(..=(now, usize::MAX))
+            .filter_map(|&(_, i)| self.sas.get(i).map(|s| (i, s.serial)))
+            .collect();
+        for (i, serial) in due {
+            // Another SA's timer may have removed this one meanwhile.
+            if self.sas.get(i).is_some_and(|s| s.serial == serial) {
+                self.dirty.push(i);
+                self.timeout_one(i, now);
             }
+        }
+        self.rearm_dirty();
+    }
+
+    /// Handles SA `i`'s due timers.
+    fn timeout_one(&mut self, i: usize, now: Duration) {
+        #[cfg(test)]
+        {
+            self.timer_visits += 1;
+        }
+        let timers = self.sas[i].timers;
+        for timer in Timer::VALUES {
+            if !timers.is_expired(timer, now) {
+                continue;
+            }
+            match timer {
+                Timer::HalfOpen => {
+                    self.count(IkeEvent::HalfOpenExpired);
+                    self.destroy(i, "half-open SA expired (no IKE_AUTH)".into(), false);
+                    return;
+                }
+                Timer::Replaced => {
+                    self.destroy(i, "replaced by rekeying".into(), false);
+                    return;
+                }
+                Timer::Retransmit => {
+                    if !self.retransmit(i, now) {
+                        return;
+                    }
+                }
+                Timer::Child => self.child_timers(i, now),
+                Timer::Rekey => {
+                    self.sas[i].rekey_at = None;
+                    self.sas[i].tasks.push_back(Task::RekeyIke);
+                }
+                Timer::Dpd => {
+                    if self.sas[i].pending.is_none() && !self.sas[i].tasks.contains(&Task::Dpd) {
+                        self.sas[i].tasks.push_back(Task::Dpd);
+                    }
+                }
+            }
+        }
+        if self.sas[i].state == State::Established {
+            self.kick(i, now);
         }
     }
 
-    /// Handles SA `i`'s timers; false if the SA was removed.
-    fn timeout_one(&mut self, i: usize, now: Duration) -> bool {
+    /// Resends SA `i`'s outstanding request, or gives the peer up (false:
+    /// the SA is gone).
+    fn retransmit(&mut self, i: usize, now: Duration) -> bool {
         let ci = self.sas[i].conn;
-        if self.sas[i].state == State::InitDone && now >= self.sas[i].created + HALF_OPEN_TIMEOUT {
-            self.count("half_open_expired");
-            self.destroy(i, "half-open SA expired (no IKE_AUTH)".into(), false);
-            return false;
-        }
-        if self.sas[i].remove_at.is_some_and(|t| now >= t) {
-            self.destroy(i, "replaced by rekeying".into(), false);
-            return false;
-        }
-        // Retransmission.
-        if let Some(p) = &mut self.sas[i].pending {
-            if now >= p.next_at {
-                let r = self.conns[ci].retransmit;
-                if p.tries >= r.tries {
-                    let was_deleting = matches!(p.what, Req::DeleteIke);
-                    self.count("peers_dead");
-                    let reason = format!("no answer after {} retransmissions: peer dead", r.tries);
-                    if self.conns[ci].dpd_action == DpdAction::Restart && !was_deleting {
-                        self.restart_at.insert(ci, now + RESTART_DELAY);
-                    }
-                    self.log(Level::Warn, Some(ci), reason.clone());
-                    self.destroy(i, reason, true);
-                    return false;
-                }
-                p.tries += 1;
-                p.next_at = now + r.wait(p.tries);
-                let d = p.data.clone();
-                self.count("retransmits");
-                self.transmit(i, d);
+        let r = self.conns[ci].retransmit;
+        let Some(p) = &mut self.sas[i].pending else {
+            return true;
+        };
+        if p.tries >= r.tries {
+            let was_deleting = matches!(p.what, Req::DeleteIke);
+            self.count(IkeEvent::PeersDead);
+            let reason = format!("no answer after {} retransmissions: peer dead", r.tries);
+            if self.conns[ci].dpd_action == DpdAction::Restart && !was_deleting {
+                self.restart_at.insert(ci, now + RESTART_DELAY);
             }
+            self.log(Level::Warn, Some(ci), reason.clone());
+            self.destroy(i, reason, true);
+            return false;
         }
+        p.tries += 1;
+        p.next_at = now + r.wait(p.tries);
+        let d = p.data.clone();
+        self.count(IkeEvent::Retransmits);
+        self.transmit(i, d);
+        true
+    }
+
+    /// SA `i`'s child deadlines: held outbound SAs, hard expiry, rekeys.
+    fn child_timers(&mut self, i: usize, now: Duration) {
+        let ci = self.sas[i].conn;
         // Rekey responder's held outbound SA.
         let late: Vec<u32> = self.sas[i]
             .children
@@ -3446,60 +3998,47 @@ impl Ike {
         for s in late {
             self.activate_outbound(i, s);
         }
-        if self.sas[i].state == State::Established {
-            // Child expiry and rekeys.
-            let expired: Vec<u32> = self.sas[i]
-                .children
-                .iter()
-                .filter(|c| c.expire_at.is_some_and(|t| now >= t))
-                .map(|c| c.spi_in)
-                .collect();
-            for s in expired {
-                self.count("children_expired");
-                self.log(
-                    Level::Warn,
-                    Some(ci),
-                    format!("child SA {s:08x}_i reached its hard lifetime"),
-                );
-                if !self.sas[i].tasks.contains(&Task::DeleteChild(s)) {
-                    self.sas[i].tasks.push_back(Task::DeleteChild(s));
-                }
-                if let Some(c) = self.sas[i].children.iter_mut().find(|c| c.spi_in == s) {
-                    c.expire_at = None;
-                    c.rekey_at = None;
-                }
-            }
-            let rekey: Vec<u32> = self.sas[i]
-                .children
-                .iter()
-                .filter(|c| c.rekey_at.is_some_and(|t| now >= t))
-                .map(|c| c.spi_in)
-                .collect();
-            for s in rekey {
-                if let Some(c) = self.sas[i].children.iter_mut().find(|c| c.spi_in == s) {
-                    c.rekey_at = None;
-                }
-                self.sas[i].tasks.push_back(Task::RekeyChild(s));
-            }
-            if self.sas[i].rekey_at.is_some_and(|t| now >= t) {
-                self.sas[i].rekey_at = None;
-                self.sas[i].tasks.push_back(Task::RekeyIke);
-            }
-            let dpd = self.conns[ci].dpd_delay;
-            if !dpd.is_zero()
-                && self.sas[i].pending.is_none()
-                && now >= self.sas[i].last_rx + dpd
-                && !self.sas[i].tasks.contains(&Task::Dpd)
-            {
-                self.sas[i].tasks.push_back(Task::Dpd);
-            }
-            self.kick(i, now);
+        if self.sas[i].state != State::Established {
+            return;
         }
-        true
+        let expired: Vec<u32> = self.sas[i]
+            .children
+            .iter()
+            .filter(|c| c.expire_at.is_some_and(|t| now >= t))
+            .map(|c| c.spi_in)
+            .collect();
+        for s in expired {
+            self.count(IkeEvent::ChildrenExpired);
+            self.log(
+                Level::Warn,
+                Some(ci),
+                format!("child SA {s:08x}_i reached its hard lifetime"),
+            );
+            if !self.sas[i].tasks.contains(&Task::DeleteChild(s)) {
+                self.sas[i].tasks.push_back(Task::DeleteChild(s));
+            }
+            if let Some(c) = self.sas[i].children.iter_mut().find(|c| c.spi_in == s) {
+                c.expire_at = None;
+                c.rekey_at = None;
+            }
+        }
+        let rekey: Vec<u32> = self.sas[i]
+            .children
+            .iter()
+            .filter(|c| c.rekey_at.is_some_and(|t| now >= t))
+            .map(|c| c.spi_in)
+            .collect();
+        for s in rekey {
+            if let Some(c) = self.sas[i].children.iter_mut().find(|c| c.spi_in == s) {
+                c.rekey_at = None;
+            }
+            self.sas[i].tasks.push_back(Task::RekeyChild(s));
+        }
     }
 
     /// Starts the next queued exchange if none is outstanding (window of 1).
     fn kick(&mut self, i: usize, now: Duration) {
+        self.dirty.push(i);
         while self.sas[i].pending.is_none()
             && matches!(self.sas[i].state, State::Established | State::Deleting)
         {
@@ -3507,15 +4046,20 @@ impl Ike {
                 return;
             };
             match t {
-                Task::RekeyChild(s) => self.start_child_rekey(i, now, s),
+                Task::RekeyChild(s) => self.start_child(i, now, Some(s)),
+                Task::CreateChild => {
+                    if self.sas[i].state == State::Established {
+                        self.start_child(i, now, None);
+                    }
+                }
                 Task::RekeyIke => {
                     if self.sas[i].state == State::Established {
                         self.start_ike_rekey(i, now);
                     }
                 }
                 Task::Dpd => {
-                    self.count("dpd_sent");
-                    self.send_request(i, now, exchange::INFORMATIONAL, Vec::new(), Req::Dpd);
+                    self.count(IkeEvent::DpdSent);
+                    self.send_request(i, now, ExchangeType::Informational, Vec::new(), Req::Dpd);
                 }
                 Task::DeleteChild(s) => {
                     let Some(c) = self.sas[i].children.iter_mut().find(|c| c.spi_in == s) else {
@@ -3529,7 +4073,7 @@ impl Ike {
                     self.send_request(
                         i,
                         now,
-                        exchange::INFORMATIONAL,
+                        ExchangeType::Informational,
                         payloads,
                         Req::DeleteChild { spi_in: s },
                     );
@@ -3539,7 +4083,7 @@ impl Ike {
                     self.send_request(
                         i,
                         now,
-                        exchange::INFORMATIONAL,
+                        ExchangeType::Informational,
                         vec![Payload::Delete(Delete::Ike)],
                         Req::DeleteIke,
                     );

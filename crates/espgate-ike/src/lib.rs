@@ -6,6 +6,7 @@
 //!   the responder's choice; [`ts`]: traffic selectors and narrowing.
 //! - [`dh`], [`keys`], [`sk`], [`sig`], [`cert`]: key exchange groups, the
 //!   PRF and key derivation, the Encrypted payload, signatures, X.509.
+//! - [`rng`]: the randomness every SPI, nonce and key is drawn from.
 //! - [`engine`]: the state machine ([`engine::Ike`]), configured with
 //!   [`config::IkeConfig`]: datagrams and time in, datagrams and events out.
 //!
@@ -18,6 +19,7 @@ pub mod dh;
 pub mod engine;
 pub mod keys;
 pub mod proposal;
+pub mod rng;
 pub mod sig;
 pub mod sk;
 pub mod ts;

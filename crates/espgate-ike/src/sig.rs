@@ -26,6 +26,12 @@
 //!
 //! All cryptography is aws-lc-rs. Nothing here does I/O: keys come in as
 //! bytes (PEM or DER) and randomness comes from aws-lc-rs's system RNG.
+//! PEM sections are read by rustls-pki-types, the SubjectPublicKeyInfo
+//! structure is checked by webpki, and keys are parsed and checked by
+//! aws-lc-rs's own PKCS#8, SEC1, PKCS#1 and SPKI parsers. The only DER
+//! read here by hand is the AlgorithmIdentifier of a PKCS#8 key or an SPKI
+//! (no crate API names a key's algorithm; we need it to pick the parser and
+//! to name an algorithm we do not support) and RFC 7427's AUTH data.
 
 use core::fmt;
 
@@ -35,6 +41,8 @@ use aws_lc_rs::signature::{
     self as lc, EcdsaKeyPair, Ed25519KeyPair, KeyPair as _, ParsedPublicKey, RsaKeyPair,
     RsaPssSaltLength, RsaPublicKeyComponents, UnparsedPublicKey,
 };
+use rustls_pki_types::pem::{self as pki_pem, PemObject};
+use rustls_pki_types::{alg_id, PrivateKeyDer, SubjectPublicKeyInfoDer};
 use zeroize::Zeroizing;
 
 /// Hash algorithm number SHA1 (RFC 7427 §7); never accepted for signatures.
@@ -425,71 +433,76 @@ fn key_rejected(e: aws_lc_rs::error::KeyRejected) -> SigError {
 impl PrivateKey {
     /// Reads the first private key in PEM text: PKCS#8 `PRIVATE KEY`, SEC1
     /// `EC PRIVATE KEY` or PKCS#1 `RSA PRIVATE KEY`. Other blocks (such as
-    /// `EC PARAMETERS`) are skipped; encrypted keys are refused.
+    /// `EC PARAMETERS`) and text around them are skipped; encrypted keys
+    /// are refused.
     pub fn from_pem(pem: &[u8]) -> Result<PrivateKey, SigError> {
-        let blocks = pem::parse(pem).map_err(SigError::Pem)?;
-        for b in &blocks {
-            match b.label.as_str() {
-                "PRIVATE KEY" | "EC PRIVATE KEY" | "RSA PRIVATE KEY" => {
-                    return PrivateKey::from_der(&b.der)
-                }
-                "ENCRYPTED PRIVATE KEY" => {
-                    return Err(SigError::Pem("encrypted private keys are not supported"))
-                }
-                _ => {}
-            }
+        match PrivateKeyDer::from_pem_slice(pem) {
+            Ok(key) => PrivateKey::from_key_der(&key),
+            Err(e) => Err(SigError::Pem(pem_error(
+                pem,
+                &e,
+                "no PRIVATE KEY block found",
+            ))),
         }
-        Err(SigError::Pem("no PRIVATE KEY block found"))
     }
 
     /// Reads a DER private key: PKCS#8 (v1 or v2), SEC1 `ECPrivateKey`
-    /// (P-256 or P-384) or PKCS#1 `RSAPrivateKey`.
+    /// (P-256 or P-384) or PKCS#1 `RSAPrivateKey` (the format is told by
+    /// rustls-pki-types from the structure).
     pub fn from_der(input: &[u8]) -> Result<PrivateKey, SigError> {
-        use der::{oid, Reader, INTEGER, OCTET_STRING, OID, SEQUENCE};
-        const WHAT: &str = "private key";
-        let m = |_| SigError::Malformed(WHAT);
-        let body = der::single(input, SEQUENCE).map_err(m)?;
-        let mut r = Reader::new(body);
-        let version = der::small_uint(r.read(INTEGER).map_err(m)?).map_err(m)?;
-        match r.peek_tag() {
-            // PKCS#8 PrivateKeyInfo / OneAsymmetricKey: version, AlgorithmIdentifier, key.
-            Some(SEQUENCE) => {
-                let alg = r.read(SEQUENCE).map_err(m)?;
-                let mut ar = Reader::new(alg);
-                let o = ar.read(OID).map_err(m)?;
-                let inner = if o == oid::ED25519 {
-                    KeyPairInner::Ed25519(Ed25519KeyPair::from_pkcs8(input).map_err(key_rejected)?)
-                } else if o == oid::EC_PUBLIC_KEY {
-                    let curve = ar.read(OID).map_err(m)?;
-                    let alg = ecdsa_signing_alg(curve)?;
-                    KeyPairInner::Ecdsa(EcdsaKeyPair::from_pkcs8(alg, input).map_err(key_rejected)?)
-                } else if o == oid::RSA_ENCRYPTION {
-                    KeyPairInner::Rsa(RsaKeyPair::from_pkcs8(input).map_err(key_rejected)?)
+        let key = PrivateKeyDer::try_from(input).map_err(|_| SigError::Malformed("private key"))?;
+        PrivateKey::from_key_der(&key)
+    }
+
+    fn from_key_der(key: &PrivateKeyDer<'_>) -> Result<PrivateKey, SigError> {
+        let inner = match key {
+            PrivateKeyDer::Pkcs8(k) => {
+                let der = k.secret_pkcs8_der();
+                let alg = pkcs8_algorithm(der)?;
+                if alg == alg_id::ED25519.as_ref() {
+                    KeyPairInner::Ed25519(Ed25519KeyPair::from_pkcs8(der).map_err(key_rejected)?)
+                } else if alg == alg_id::ECDSA_P256.as_ref() {
+                    KeyPairInner::Ecdsa(
+                        EcdsaKeyPair::from_pkcs8(&lc::ECDSA_P256_SHA256_ASN1_SIGNING, der)
+                            .map_err(key_rejected)?,
+                    )
+                } else if alg == alg_id::ECDSA_P384.as_ref() {
+                    KeyPairInner::Ecdsa(
+                        EcdsaKeyPair::from_pkcs8(&lc::ECDSA_P384_SHA384_ASN1_SIGNING, der)
+                            .map_err(key_rejected)?,
+                    )
+                } else if is_rsa_encryption(alg) {
+                    KeyPairInner::Rsa(RsaKeyPair::from_pkcs8(der).map_err(key_rejected)?)
                 } else {
-                    return Err(SigError::UnsupportedKey(der::oid_to_string(o)));
-                };
-                PrivateKey::new(inner)
+                    return Err(unsupported_algorithm(alg));
+                }
             }
-            // SEC1 ECPrivateKey: version 1, privateKey OCTET STRING, [0] curve, [1] point.
-            Some(OCTET_STRING) if version == 1 => {
-                let d = r.read(OCTET_STRING).map_err(m)?;
-                let curve = match r.read_optional(der::ctx(0)).map_err(m)? {
-                    Some(p) => der::single(p, OID).map_err(m)?,
-                    None if d.len() == 32 => oid::P256,
-                    None if d.len() == 48 => oid::P384,
-                    None => return Err(SigError::UnsupportedKey("EC key of unknown curve".into())),
+            // SEC1 names its curve (or implies it by the scalar's length):
+            // aws-lc-rs checks it against the curve we try.
+            PrivateKeyDer::Sec1(k) => {
+                let der = k.secret_sec1_der();
+                let p256 =
+                    EcdsaKeyPair::from_private_key_der(&lc::ECDSA_P256_SHA256_ASN1_SIGNING, der);
+                let key = match p256 {
+                    Ok(key) => key,
+                    Err(_) => {
+                        EcdsaKeyPair::from_private_key_der(&lc::ECDSA_P384_SHA384_ASN1_SIGNING, der)
+                            .map_err(|_| {
+                                SigError::UnsupportedKey(
+                            "EC private key that is neither P-256 nor P-384 (or is malformed)"
+                                .into(),
+                        )
+                            })?
+                    }
                 };
-                let alg = ecdsa_signing_alg(curve)?;
-                PrivateKey::new(KeyPairInner::Ecdsa(
-                    EcdsaKeyPair::from_private_key_der(alg, input).map_err(key_rejected)?,
-                ))
+                KeyPairInner::Ecdsa(key)
             }
-            // PKCS#1 RSAPrivateKey: version 0, modulus INTEGER, ...
-            Some(INTEGER) if version == 0 => PrivateKey::new(KeyPairInner::Rsa(
-                RsaKeyPair::from_der(input).map_err(key_rejected)?,
-            )),
-            _ => Err(SigError::Malformed(WHAT)),
-        }
+            PrivateKeyDer::Pkcs1(k) => {
+                KeyPairInner::Rsa(RsaKeyPair::from_der(k.secret_pkcs1_der()).map_err(key_rejected)?)
+            }
+            _ => return Err(SigError::UnsupportedKey("private key format".into())),
+        };
+        PrivateKey::new(inner)
     }
 
     /// Generates a fresh key. RSA keys are 3072 bits.
@@ -536,7 +549,7 @@ impl PrivateKey {
                 d.as_ref().to_vec()
             }
         });
-        Ok(pem::encode("PRIVATE KEY", &der))
+        Ok(pem_encode("PRIVATE KEY", &der))
     }
 
     /// The kind of this key.
@@ -644,105 +657,70 @@ impl PrivateKey {
     }
 }
 
-fn ecdsa_signing_alg(curve: &[u8]) -> Result<&'static lc::EcdsaSigningAlgorithm, SigError> {
-    if curve == der::oid::P256 {
-        Ok(&lc::ECDSA_P256_SHA256_ASN1_SIGNING)
-    } else if curve == der::oid::P384 {
-        Ok(&lc::ECDSA_P384_SHA384_ASN1_SIGNING)
-    } else {
-        Err(SigError::UnsupportedKey(format!(
-            "EC curve {}",
-            der::oid_to_string(curve)
-        )))
-    }
-}
-
 /// A public key: its kind and DER SubjectPublicKeyInfo.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PublicKey {
     kind: KeyKind,
-    /// The full SubjectPublicKeyInfo DER.
+    /// The full SubjectPublicKeyInfo DER (what aws-lc-rs verifies with).
     spki: Vec<u8>,
-    /// The subjectPublicKey bits: 32 raw bytes (Ed25519), the uncompressed
-    /// point (ECDSA) or the PKCS#1 RSAPublicKey DER (RSA).
-    key: Vec<u8>,
+    /// RSA: the modulus and public exponent, big-endian (RSASSA-PSS with a
+    /// salt length of the peer's choice needs them apart).
+    rsa: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl PublicKey {
-    /// Reads a DER SubjectPublicKeyInfo (Ed25519, EC P-256/P-384 with an
-    /// uncompressed point, or rsaEncryption of 2048 to 8192 bits) and checks
-    /// the key with aws-lc-rs.
+    /// Reads a DER SubjectPublicKeyInfo (Ed25519, EC P-256/P-384, or
+    /// rsaEncryption of 2048 to 8192 bits): its structure checked by
+    /// webpki, the key parsed and checked by aws-lc-rs.
     pub fn from_spki_der(input: &[u8]) -> Result<PublicKey, SigError> {
-        use der::{oid, Reader, BIT_STRING, NULL, OID, SEQUENCE};
         const WHAT: &str = "SubjectPublicKeyInfo";
-        let m = |_| SigError::Malformed(WHAT);
-        let body = der::single(input, SEQUENCE).map_err(m)?;
-        let mut r = Reader::new(body);
-        let alg = r.read(SEQUENCE).map_err(m)?;
-        let bits = r.read(BIT_STRING).map_err(m)?;
-        r.finish().map_err(m)?;
-        let key = match bits.split_first() {
-            Some((0, key)) => key,
-            _ => return Err(SigError::Malformed(WHAT)),
+        let der = SubjectPublicKeyInfoDer::from(input);
+        webpki::RawPublicKeyEntity::try_from(&der).map_err(|_| SigError::Malformed(WHAT))?;
+        let alg = spki_algorithm(input)?;
+        let check = |alg: &'static dyn lc::VerificationAlgorithm| {
+            ParsedPublicKey::new(alg, input).map_err(key_rejected)
         };
-        let mut ar = Reader::new(alg);
-        let o = ar.read(OID).map_err(m)?;
-        let (kind, check_alg): (KeyKind, &'static dyn lc::VerificationAlgorithm) =
-            if o == oid::ED25519 {
-                ar.finish().map_err(m)?;
-                if key.len() != 32 {
-                    return Err(SigError::Malformed("Ed25519 public key"));
-                }
-                (KeyKind::Ed25519, &lc::ED25519)
-            } else if o == oid::EC_PUBLIC_KEY {
-                let curve = ar.read(OID).map_err(m)?;
-                ar.finish().map_err(m)?;
-                let (kind, len, alg): (_, _, &'static dyn lc::VerificationAlgorithm) =
-                    if curve == oid::P256 {
-                        (KeyKind::EcdsaP256, 65, &lc::ECDSA_P256_SHA256_ASN1)
-                    } else if curve == oid::P384 {
-                        (KeyKind::EcdsaP384, 97, &lc::ECDSA_P384_SHA384_ASN1)
-                    } else {
-                        return Err(SigError::UnsupportedKey(format!(
-                            "EC curve {}",
-                            der::oid_to_string(curve)
-                        )));
-                    };
-                if key.len() != len || key[0] != 0x04 {
-                    return Err(SigError::Malformed(
-                        "EC public key (uncompressed point expected)",
-                    ));
-                }
-                (kind, alg)
-            } else if o == oid::RSA_ENCRYPTION {
-                if !(ar.rest().is_empty() || ar.rest() == [NULL, 0]) {
-                    return Err(SigError::Malformed(WHAT));
-                }
-                let (n, _e) = rsa_components(key)?;
-                let bits = n.len() * 8 - n[0].leading_zeros() as usize;
-                if !(2048..=8192).contains(&bits) {
-                    return Err(SigError::UnsupportedKey(format!(
-                        "RSA key of {bits} bits (2048 to 8192 accepted)"
-                    )));
-                }
-                (KeyKind::Rsa, &lc::RSA_PKCS1_2048_8192_SHA256)
-            } else {
-                return Err(SigError::UnsupportedKey(der::oid_to_string(o)));
+        let (kind, rsa) = if alg == alg_id::ED25519.as_ref() {
+            check(&lc::ED25519)?;
+            (KeyKind::Ed25519, None)
+        } else if alg == alg_id::ECDSA_P256.as_ref() {
+            check(&lc::ECDSA_P256_SHA256_ASN1)?;
+            (KeyKind::EcdsaP256, None)
+        } else if alg == alg_id::ECDSA_P384.as_ref() {
+            check(&lc::ECDSA_P384_SHA384_ASN1)?;
+            (KeyKind::EcdsaP384, None)
+        } else if is_rsa_encryption(alg) {
+            let key = aws_lc_rs::rsa::PublicKey::from_der(input).map_err(key_rejected)?;
+            let c = aws_lc_rs::rsa::PublicKeyComponents::<Vec<u8>>::from(&key);
+            let bits = match c.n.iter().position(|b| *b != 0) {
+                Some(i) => (c.n.len() - i) * 8 - c.n[i].leading_zeros() as usize,
+                None => 0,
             };
-        ParsedPublicKey::new(check_alg, key).map_err(key_rejected)?;
+            if !(2048..=8192).contains(&bits) {
+                return Err(SigError::UnsupportedKey(format!(
+                    "RSA key of {bits} bits (2048 to 8192 accepted)"
+                )));
+            }
+            (KeyKind::Rsa, Some((c.n, c.e)))
+        } else {
+            return Err(unsupported_algorithm(alg));
+        };
         Ok(PublicKey {
             kind,
             spki: input.to_vec(),
-            key: key.to_vec(),
+            rsa,
         })
     }
 
     /// Reads the first `PUBLIC KEY` (SubjectPublicKeyInfo) block of PEM text.
     pub fn from_pem(pem: &[u8]) -> Result<PublicKey, SigError> {
-        let blocks = pem::parse(pem).map_err(SigError::Pem)?;
-        match blocks.iter().find(|b| b.label == "PUBLIC KEY") {
-            Some(b) => PublicKey::from_spki_der(&b.der),
-            None => Err(SigError::Pem("no PUBLIC KEY block found")),
+        match SubjectPublicKeyInfoDer::from_pem_slice(pem) {
+            Ok(spki) => PublicKey::from_spki_der(spki.as_ref()),
+            Err(e) => Err(SigError::Pem(pem_error(
+                pem,
+                &e,
+                "no PUBLIC KEY block found",
+            ))),
         }
     }
 
@@ -818,7 +796,10 @@ impl PublicKey {
                     _ => 64,
                 });
                 let params = base.with_pss_salt_length(RsaPssSaltLength::Custom(salt));
-                let (n, e) = rsa_components(&self.key)?;
+                let (n, e) = self
+                    .rsa
+                    .as_ref()
+                    .ok_or(SigError::Malformed("RSA public key"))?;
                 return RsaPublicKeyComponents { n, e }
                     .verify(&params, msg, signature)
                     .map_err(|_| SigError::BadSignature);
@@ -830,7 +811,7 @@ impl PublicKey {
                 })
             }
         };
-        UnparsedPublicKey::new(alg, &self.key)
+        UnparsedPublicKey::new(alg, &self.spki)
             .verify(msg, signature)
             .map_err(|_| SigError::BadSignature)
     }
@@ -879,23 +860,73 @@ impl PublicKey {
                 "RFC 4754 ECDSA signature (wrong length)",
             ));
         }
-        UnparsedPublicKey::new(alg, &self.key)
+        UnparsedPublicKey::new(alg, &self.spki)
             .verify(signed_octets, auth_data)
             .map_err(|_| SigError::BadSignature)
     }
 }
 
-/// Splits a PKCS#1 RSAPublicKey into the modulus and exponent, big-endian
-/// without leading zeros.
-fn rsa_components(key: &[u8]) -> Result<(&[u8], &[u8]), SigError> {
-    const WHAT: &str = "RSA public key";
-    let m = |_| SigError::Malformed(WHAT);
-    let body = der::single(key, der::SEQUENCE).map_err(m)?;
-    let mut r = der::Reader::new(body);
-    let n = der::positive_integer(r.read(der::INTEGER).map_err(m)?).map_err(m)?;
-    let e = der::positive_integer(r.read(der::INTEGER).map_err(m)?).map_err(m)?;
-    r.finish().map_err(m)?;
-    Ok((n, e))
+/// The AlgorithmIdentifier of a PKCS#8 key, without its SEQUENCE header
+/// (as rustls-pki-types' `alg_id` constants are). Read by hand: no crate
+/// API names a PKCS#8 key's algorithm, and we need it to choose the
+/// aws-lc-rs parser and to name an algorithm we do not support.
+fn pkcs8_algorithm(input: &[u8]) -> Result<&[u8], SigError> {
+    use der::{Reader, INTEGER, SEQUENCE};
+    let m = |_| SigError::Malformed("private key");
+    let mut r = Reader::new(der::single(input, SEQUENCE).map_err(m)?);
+    r.read(INTEGER).map_err(m)?;
+    r.read(SEQUENCE).map_err(m)
+}
+
+/// The AlgorithmIdentifier of a SubjectPublicKeyInfo (whose structure
+/// webpki has checked), without its SEQUENCE header; by hand for the same
+/// reason as [`pkcs8_algorithm`].
+fn spki_algorithm(input: &[u8]) -> Result<&[u8], SigError> {
+    let m = |_| SigError::Malformed("SubjectPublicKeyInfo");
+    let mut r = der::Reader::new(der::single(input, der::SEQUENCE).map_err(m)?);
+    r.read(der::SEQUENCE).map_err(m)
+}
+
+/// rsaEncryption, with its NULL parameters (RFC 8017) or, as some encoders
+/// write it, without.
+fn is_rsa_encryption(alg: &[u8]) -> bool {
+    let with_null = alg_id::RSA_ENCRYPTION.as_ref();
+    alg == with_null || with_null.strip_suffix(&[der::NULL, 0]) == Some(alg)
+}
+
+/// The error for a key algorithm we do not support, naming it.
+fn unsupported_algorithm(alg: &[u8]) -> SigError {
+    let mut r = der::Reader::new(alg);
+    let Ok(o) = r.read(der::OID) else {
+        return SigError::Malformed("key AlgorithmIdentifier");
+    };
+    if o == der::oid::EC_PUBLIC_KEY {
+        if let Ok(curve) = r.read(der::OID) {
+            return SigError::UnsupportedKey(format!("EC curve {}", der::oid_to_string(curve)));
+        }
+    }
+    SigError::UnsupportedKey(der::oid_to_string(o))
+}
+
+/// A rustls-pki-types PEM error as a message; `none`: what to say when
+/// the text has no block of the kind asked for.
+pub(crate) fn pem_error(text: &[u8], e: &pki_pem::Error, none: &'static str) -> &'static str {
+    let has = |needle: &[u8]| text.windows(needle.len()).any(|w| w == needle);
+    match e {
+        pki_pem::Error::NoItemsFound if has(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") => {
+            "encrypted private keys are not supported"
+        }
+        pki_pem::Error::NoItemsFound => none,
+        // RFC 1421 headers (Proc-Type, DEK-Info) are not base64.
+        pki_pem::Error::Base64Decode(_) if has(b"Proc-Type: 4,ENCRYPTED") => {
+            "encrypted PEM blocks are not supported"
+        }
+        pki_pem::Error::Base64Decode(_) => "invalid base64",
+        pki_pem::Error::MissingSectionEnd { .. } => "missing or mismatched END line",
+        pki_pem::Error::IllegalSectionStart { .. } => "malformed BEGIN line",
+        pki_pem::Error::SectionTooLarge => "block too large",
+        _ => "unreadable PEM",
+    }
 }
 
 /// A small strict DER reader and writer (single-byte tags, definite lengths
@@ -932,10 +963,6 @@ pub(crate) mod der {
     pub(crate) mod oid {
         pub(crate) const ED25519: &[u8] = &[0x2b, 0x65, 0x70];
         pub(crate) const EC_PUBLIC_KEY: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01];
-        pub(crate) const P256: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
-        pub(crate) const P384: &[u8] = &[0x2b, 0x81, 0x04, 0x00, 0x22];
-        pub(crate) const RSA_ENCRYPTION: &[u8] =
-            &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01];
         pub(crate) const MGF1: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x08];
         pub(crate) const RSASSA_PSS: &[u8] =
             &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0a];
@@ -1178,108 +1205,32 @@ pub(crate) mod der {
     }
 }
 
-/// PEM (RFC 7468) reading and writing. Decoded bytes are kept in
-/// `Zeroizing` buffers since they may hold private keys.
-pub(crate) mod pem {
+/// Encodes `der` as a PEM block (RFC 7468) with 64-character lines. By
+/// hand with base64ct: rustls-pki-types reads PEM but does not write it.
+pub(crate) fn pem_encode(label: &str, der: &[u8]) -> Zeroizing<String> {
     use base64ct::{Base64, Encoding};
-    use zeroize::Zeroizing;
-
-    /// One `-----BEGIN label-----` ... `-----END label-----` block.
-    pub(crate) struct Block {
-        pub(crate) label: String,
-        pub(crate) der: Zeroizing<Vec<u8>>,
+    let b64_len = Base64::encoded_len(der);
+    let mut b64 = Zeroizing::new(vec![0u8; b64_len]);
+    // The buffer has exactly the encoded length, so encoding cannot fail.
+    let text = Base64::encode(der, b64.as_mut_slice()).unwrap_or("");
+    let lines = b64_len.div_ceil(64);
+    let mut out = Zeroizing::new(String::with_capacity(
+        2 * (label.len() + 16) + b64_len + lines,
+    ));
+    out.push_str("-----BEGIN ");
+    out.push_str(label);
+    out.push_str("-----\n");
+    let mut rest = text;
+    while !rest.is_empty() {
+        let (line, tail) = rest.split_at(rest.len().min(64));
+        out.push_str(line);
+        out.push('\n');
+        rest = tail;
     }
-
-    fn trim(line: &[u8]) -> &[u8] {
-        let start = line
-            .iter()
-            .position(|b| !b.is_ascii_whitespace())
-            .unwrap_or(line.len());
-        let end = line
-            .iter()
-            .rposition(|b| !b.is_ascii_whitespace())
-            .map_or(start, |p| p + 1);
-        &line[start..end.max(start)]
-    }
-
-    fn label_of<'a>(line: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
-        line.strip_prefix(prefix)?.strip_suffix(b"-----")
-    }
-
-    /// All PEM blocks of `input`, in order. Text outside blocks is ignored;
-    /// RFC 1421 headers inside a block are skipped, except that an encrypted
-    /// block (`Proc-Type: 4,ENCRYPTED`) is an error.
-    pub(crate) fn parse(input: &[u8]) -> Result<Vec<Block>, &'static str> {
-        let mut blocks = Vec::new();
-        let mut current: Option<(String, Zeroizing<Vec<u8>>)> = None;
-        for raw_line in input.split(|&b| b == b'\n') {
-            let line = trim(raw_line);
-            match current.as_mut() {
-                None => {
-                    if let Some(label) = label_of(line, b"-----BEGIN ") {
-                        let label = core::str::from_utf8(label)
-                            .map_err(|_| "BEGIN line label is not text")?;
-                        current = Some((label.to_owned(), Zeroizing::new(Vec::new())));
-                    }
-                }
-                Some((label, b64)) => {
-                    if let Some(end) = label_of(line, b"-----END ") {
-                        if end != label.as_bytes() {
-                            return Err("END line does not match BEGIN line");
-                        }
-                        let mut der = Zeroizing::new(vec![0u8; b64.len() / 4 * 3 + 3]);
-                        let n = Base64::decode(b64.as_slice(), der.as_mut_slice())
-                            .map_err(|_| "invalid base64")?
-                            .len();
-                        der.truncate(n);
-                        let label = core::mem::take(label);
-                        blocks.push(Block { label, der });
-                        current = None;
-                    } else if line.starts_with(b"-----") {
-                        return Err("BEGIN line inside a block");
-                    } else if line.contains(&b':') {
-                        if line.starts_with(b"Proc-Type:")
-                            && line.windows(9).any(|w| w == b"ENCRYPTED")
-                        {
-                            return Err("encrypted PEM blocks are not supported");
-                        }
-                    } else {
-                        b64.extend(line.iter().filter(|b| !b.is_ascii_whitespace()));
-                    }
-                }
-            }
-        }
-        if current.is_some() {
-            return Err("missing END line");
-        }
-        Ok(blocks)
-    }
-
-    /// Encodes `der` as a PEM block with 64-character lines.
-    pub(crate) fn encode(label: &str, der: &[u8]) -> Zeroizing<String> {
-        let b64_len = Base64::encoded_len(der);
-        let mut b64 = Zeroizing::new(vec![0u8; b64_len]);
-        // The buffer has exactly the encoded length, so encoding cannot fail.
-        let text = Base64::encode(der, b64.as_mut_slice()).unwrap_or("");
-        let lines = b64_len.div_ceil(64);
-        let mut out = Zeroizing::new(String::with_capacity(
-            2 * (label.len() + 16) + b64_len + lines,
-        ));
-        out.push_str("-----BEGIN ");
-        out.push_str(label);
-        out.push_str("-----\n");
-        let mut rest = text;
-        while !rest.is_empty() {
-            let (line, tail) = rest.split_at(rest.len().min(64));
-            out.push_str(line);
-            out.push('\n');
-            rest = tail;
-        }
-        out.push_str("-----END ");
-        out.push_str(label);
-        out.push_str("-----\n");
-        out
-    }
+    out.push_str("-----END ");
+    out.push_str(label);
+    out.push_str("-----\n");
+    out
 }
 
 #[cfg(test)]
@@ -1333,11 +1284,18 @@ mod tests {
 
     /// The signatureAlgorithm field of a DER certificate (made by openssl).
     fn cert_sig_alg(pem_text: &[u8]) -> Vec<u8> {
-        let blocks = pem::parse(pem_text).unwrap();
-        let body = der::single(&blocks[0].der, der::SEQUENCE).unwrap();
+        let cert = pem_der(pem_text);
+        let body = der::single(&cert, der::SEQUENCE).unwrap();
         let mut r = der::Reader::new(body);
         r.read(der::SEQUENCE).unwrap();
         r.read_raw(der::SEQUENCE).unwrap().to_vec()
+    }
+
+    /// The DER of the first PEM block of `text`, whatever its kind.
+    fn pem_der(text: &[u8]) -> Vec<u8> {
+        <(pki_pem::SectionKind, Vec<u8>)>::from_pem_slice(text)
+            .unwrap()
+            .1
     }
 
     fn unhex(s: &str) -> Vec<u8> {
@@ -1806,12 +1764,9 @@ mod tests {
             assert_eq!(k.kind(), kind);
             let pk = public(pub_pem);
             assert_eq!(k.public_key(), pk);
-            assert_eq!(
-                pk.spki_der(),
-                pem::parse(pub_pem).unwrap()[0].der.as_slice()
-            );
+            assert_eq!(pk.spki_der(), pem_der(pub_pem).as_slice());
             // DER input works too, and PKCS#8 export reads back to the same key.
-            let der = pem::parse(key_pem).unwrap().remove(0).der;
+            let der = pem_der(key_pem);
             assert_eq!(PrivateKey::from_der(&der).unwrap().public_key(), pk);
             let exported = k.to_pkcs8_pem().unwrap();
             assert!(exported.starts_with("-----BEGIN PRIVATE KEY-----\n"));
@@ -1825,11 +1780,8 @@ mod tests {
         }
         // The P-256 PKCS#8 export is what openssl made from the SEC1 key.
         let exported = key(fixture!("p256.key")).to_pkcs8_pem().unwrap();
-        let openssl_der = pem::parse(fixture!("p256-pkcs8.key"))
-            .unwrap()
-            .remove(0)
-            .der;
-        let ours = pem::parse(exported.as_bytes()).unwrap().remove(0).der;
+        let openssl_der = pem_der(fixture!("p256-pkcs8.key"));
+        let ours = pem_der(exported.as_bytes());
         assert_eq!(
             PrivateKey::from_der(&ours).unwrap().public_key(),
             PrivateKey::from_der(&openssl_der).unwrap().public_key()
@@ -1861,10 +1813,7 @@ mod tests {
         // A public key is not a private key and vice versa.
         let spki = public(fixture!("p256.pub")).spki_der().to_vec();
         assert!(PrivateKey::from_der(&spki).is_err());
-        let pkcs8 = pem::parse(fixture!("p256-pkcs8.key"))
-            .unwrap()
-            .remove(0)
-            .der;
+        let pkcs8 = pem_der(fixture!("p256-pkcs8.key"));
         assert!(PublicKey::from_spki_der(&pkcs8).is_err());
         // A point not on the curve is rejected.
         let mut off_curve = spki.clone();
@@ -1878,6 +1827,68 @@ mod tests {
         let mut trailing = spki;
         trailing.push(0);
         assert!(PublicKey::from_spki_der(&trailing).is_err());
+    }
+
+    #[test]
+    fn pem_and_key_errors_say_what_is_wrong() {
+        let msg = |r: Result<PrivateKey, SigError>| r.unwrap_err().to_string();
+        let encrypted =
+            b"-----BEGIN ENCRYPTED PRIVATE KEY-----\nMAA=\n-----END ENCRYPTED PRIVATE KEY-----\n";
+        assert_eq!(
+            msg(PrivateKey::from_pem(encrypted)),
+            "PEM: encrypted private keys are not supported"
+        );
+        let legacy = b"-----BEGIN EC PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\n\
+            DEK-Info: AES-128-CBC,00000000000000000000000000000000\n\nMAA=\n\
+            -----END EC PRIVATE KEY-----\n";
+        assert_eq!(
+            msg(PrivateKey::from_pem(legacy)),
+            "PEM: encrypted PEM blocks are not supported"
+        );
+        assert_eq!(
+            msg(PrivateKey::from_pem(
+                b"-----BEGIN PRIVATE KEY-----\n!!!!\n-----END PRIVATE KEY-----\n"
+            )),
+            "PEM: invalid base64"
+        );
+        assert_eq!(
+            msg(PrivateKey::from_pem(b"-----BEGIN PRIVATE KEY-----\nMAA=\n")),
+            "PEM: missing or mismatched END line"
+        );
+        assert_eq!(
+            PublicKey::from_pem(fixture!("p256.key"))
+                .unwrap_err()
+                .to_string(),
+            "PEM: no PUBLIC KEY block found"
+        );
+        // An algorithm we do not support is named (Ed448, RFC 8410).
+        let mut ed448 = vec![
+            0x30, 0x43, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x71, 0x03, 0x3a, 0x00,
+        ];
+        ed448.extend([7u8; 57]);
+        assert_eq!(
+            PublicKey::from_spki_der(&ed448),
+            Err(SigError::UnsupportedKey("1.3.101.113".into()))
+        );
+        // rsaEncryption without its NULL parameters is read too.
+        let rsa = public(fixture!("rsa2048.pub"));
+        let spki = rsa.spki_der();
+        let alg = [
+            0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01, 0x05,
+            0x00,
+        ];
+        assert_eq!(&spki[4..4 + alg.len()], &alg[..]);
+        let bits = &spki[4 + alg.len()..];
+        let mut body = vec![
+            0x30, 0x0b, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01,
+        ];
+        body.extend_from_slice(bits);
+        let no_null = der::write(der::SEQUENCE, &body);
+        let k = PublicKey::from_spki_der(&no_null).unwrap();
+        assert_eq!(k.kind(), KeyKind::Rsa);
+        let sig = fixture!("msg.rsa-pss-sha256.sig");
+        let auth = wrap(&SigScheme::RsaPssSha256.algorithm_identifier(), sig);
+        assert_eq!(k.verify_auth(&auth, MSG), Ok(SigScheme::RsaPssSha256));
     }
 
     #[test]
@@ -2055,7 +2066,8 @@ mod tests {
             let _ = PublicKey::from_spki_der(&data);
             let _ = SigScheme::parse_algorithm_identifier(&data);
             let _ = decode_hash_algorithms(&data);
-            let _ = pem::parse(&data);
+            let _ = PrivateKey::from_pem(&data);
+            let _ = PublicKey::from_pem(&data);
             let _ = der::oid_to_string(&data);
             let pk = public(fixture!("p256.pub"));
             let _ = pk.verify_auth(&data, MSG);

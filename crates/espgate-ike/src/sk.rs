@@ -8,7 +8,7 @@
 //! encryption + integrity the MAC covers everything before the ICV.
 
 use super::wire::{
-    emit_payload_chain, parse_payload_chain, payload, Header, IkeError, Payload, HEADER_LEN,
+    emit_payload_chain, parse_payload_chain, Header, IkeError, Payload, PayloadType, HEADER_LEN,
     PAYLOAD_HEADER_LEN,
 };
 use espgate_core::crypto::{AuthCtx, Suite, SuiteError, Transform};
@@ -103,7 +103,7 @@ impl SkCrypto {
     pub fn seal_raw(
         &mut self,
         header: &Header,
-        first: u8,
+        first: PayloadType,
         body: &[u8],
     ) -> Result<Vec<u8>, SkError> {
         self.seal_part(header, first, None, body)
@@ -113,7 +113,7 @@ impl SkCrypto {
     fn seal_part(
         &mut self,
         header: &Header,
-        first: u8,
+        first: PayloadType,
         fragment: Option<(u16, u16)>,
         body: &[u8],
     ) -> Result<Vec<u8>, SkError> {
@@ -193,7 +193,11 @@ impl SkCrypto {
         let mut out = Vec::with_capacity(total);
         for (k, part) in body.chunks(chunk).enumerate() {
             let number = u16::try_from(k + 1).map_err(|_| SkError::Wire(IkeError::TooBig))?;
-            let f = if number == 1 { first } else { payload::NONE };
+            let f = if number == 1 {
+                first
+            } else {
+                PayloadType::NoNext
+            };
             out.push(self.seal_part(header, f, Some((number, total16)), part)?);
         }
         Ok(out)
@@ -210,20 +214,22 @@ impl SkCrypto {
                 datagram: msg.len(),
             }));
         }
-        if first != payload::SKF {
+        if first != PayloadType::Skf {
             return Err(SkError::NotEncrypted);
         }
         let hdr_len = HEADER_LEN + PAYLOAD_HEADER_LEN + 4;
         if msg.len() < hdr_len {
             return Err(SkError::Wire(IkeError::Truncated));
         }
-        let inner_first = msg[HEADER_LEN];
+        let inner_first = PayloadType::from(msg[HEADER_LEN]);
         let skf_len = usize::from(u16::from_be_bytes([
             msg[HEADER_LEN + 2],
             msg[HEADER_LEN + 3],
         ]));
         if skf_len != msg.len() - HEADER_LEN {
-            return Err(SkError::Wire(IkeError::BadPayloadLength(payload::SKF)));
+            return Err(SkError::Wire(IkeError::BadPayloadLength(u8::from(
+                PayloadType::Skf,
+            ))));
         }
         let number = u16::from_be_bytes([msg[HEADER_LEN + 4], msg[HEADER_LEN + 5]]);
         let total = u16::from_be_bytes([msg[HEADER_LEN + 6], msg[HEADER_LEN + 7]]);
@@ -252,20 +258,22 @@ impl SkCrypto {
                 datagram: msg.len(),
             }));
         }
-        if first != payload::SK {
+        if first != PayloadType::Sk {
             return Err(SkError::NotEncrypted);
         }
         let hdr_len = HEADER_LEN + PAYLOAD_HEADER_LEN;
         if msg.len() < hdr_len {
             return Err(SkError::Wire(IkeError::Truncated));
         }
-        let inner_first = msg[HEADER_LEN];
+        let inner_first = PayloadType::from(msg[HEADER_LEN]);
         let sk_len = usize::from(u16::from_be_bytes([
             msg[HEADER_LEN + 2],
             msg[HEADER_LEN + 3],
         ]));
         if sk_len != msg.len() - HEADER_LEN {
-            return Err(SkError::Wire(IkeError::BadPayloadLength(payload::SK)));
+            return Err(SkError::Wire(IkeError::BadPayloadLength(u8::from(
+                PayloadType::Sk,
+            ))));
         }
         let inner = self.decrypt(msg, hdr_len)?;
         let payloads = parse_payload_chain(inner_first, &inner, true)?;
@@ -314,7 +322,7 @@ pub struct Fragment {
     /// Number of fragments of the message.
     pub total: u16,
     /// Type of the first inner payload (meaningful in fragment 1 only).
-    pub first: u8,
+    pub first: PayloadType,
     /// This fragment's piece of the inner payload chain.
     pub data: Vec<u8>,
 }
@@ -322,7 +330,7 @@ pub struct Fragment {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{exchange, Notify};
+    use crate::wire::{ExchangeType, Notify, NotifyType};
 
     fn pair(suite: &str) -> (SkCrypto, SkCrypto) {
         let s: Suite = suite.parse().unwrap();
@@ -341,7 +349,7 @@ mod tests {
             spi_i: 1,
             spi_r: 2,
             minor_version: 0,
-            exchange_type: exchange::INFORMATIONAL,
+            exchange_type: ExchangeType::Informational,
             initiator: true,
             version: false,
             response: false,
@@ -363,7 +371,7 @@ mod tests {
                 Payload::Notify(Notify {
                     protocol: 0,
                     spi: vec![],
-                    notify_type: 16384,
+                    notify_type: NotifyType::InitialContact,
                     data: vec![],
                 }),
                 Payload::Nonce(vec![9; 33]),

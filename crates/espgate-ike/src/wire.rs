@@ -96,56 +96,133 @@ impl std::error::Error for IkeError {}
 /// Result of IKE parsing and emitting.
 pub type IkeResult<T> = Result<T, IkeError>;
 
-/// Exchange types (RFC 7296 §3.1).
-pub mod exchange {
-    /// IKE_SA_INIT.
-    pub const IKE_SA_INIT: u8 = 34;
-    /// IKE_AUTH.
-    pub const IKE_AUTH: u8 = 35;
-    /// CREATE_CHILD_SA.
-    pub const CREATE_CHILD_SA: u8 = 36;
-    /// INFORMATIONAL.
-    pub const INFORMATIONAL: u8 = 37;
+/// A registry of IANA codepoints as an enum: one variant per value this
+/// codec knows, `Unknown` for any other, converted both ways without loss.
+/// Equality and hashing are by value, so `Unknown(n)` of a known `n`
+/// equals its variant.
+macro_rules! codepoint {
+    (
+        $(#[$meta:meta])*
+        $name:ident: $ty:ty {
+            $( $(#[doc = $doc:literal])* $variant:ident = $value:literal => $text:literal, )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy)]
+        pub enum $name {
+            $( $(#[doc = $doc])* $variant, )*
+            /// A value without a variant here.
+            Unknown($ty),
+        }
+
+        impl From<$ty> for $name {
+            fn from(v: $ty) -> Self {
+                match v {
+                    $( $value => $name::$variant, )*
+                    other => $name::Unknown(other),
+                }
+            }
+        }
+
+        impl From<$name> for $ty {
+            fn from(v: $name) -> $ty {
+                match v {
+                    $( $name::$variant => $value, )*
+                    $name::Unknown(other) => other,
+                }
+            }
+        }
+
+        impl $name {
+            /// The registry's name, for a known value.
+            pub fn as_str(self) -> Option<&'static str> {
+                match <$ty>::from(self) {
+                    $( $value => Some($text), )*
+                    _ => None,
+                }
+            }
+        }
+
+        impl PartialEq for $name {
+            fn eq(&self, other: &Self) -> bool {
+                <$ty>::from(*self) == <$ty>::from(*other)
+            }
+        }
+
+        impl Eq for $name {}
+
+        impl std::hash::Hash for $name {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                <$ty>::from(*self).hash(state);
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self.as_str() {
+                    Some(t) => f.write_str(t),
+                    None => write!(f, "{}", <$ty>::from(*self)),
+                }
+            }
+        }
+    };
 }
 
-/// Payload types (RFC 7296 §3.2, RFC 7383 §2.5).
-pub mod payload {
+codepoint! {
+    /// Exchange types (RFC 7296 §3.1).
+    ExchangeType: u8 {
+    /// IKE_SA_INIT.
+    IkeSaInit = 34 => "IKE_SA_INIT",
+    /// IKE_AUTH.
+    IkeAuth = 35 => "IKE_AUTH",
+    /// CREATE_CHILD_SA.
+    CreateChildSa = 36 => "CREATE_CHILD_SA",
+    /// INFORMATIONAL.
+    Informational = 37 => "INFORMATIONAL",
+    }
+}
+
+codepoint! {
+    /// Payload types (RFC 7296 §3.2, RFC 7383 §2.5), named as RFC 7296
+    /// writes them in exchange diagrams.
+    PayloadType: u8 {
     /// No next payload.
-    pub const NONE: u8 = 0;
+    NoNext = 0 => "NO_NEXT_PAYLOAD",
     /// Security Association.
-    pub const SA: u8 = 33;
+    Sa = 33 => "SA",
     /// Key Exchange.
-    pub const KE: u8 = 34;
+    Ke = 34 => "KE",
     /// Identification - Initiator.
-    pub const IDI: u8 = 35;
+    IdI = 35 => "IDi",
     /// Identification - Responder.
-    pub const IDR: u8 = 36;
+    IdR = 36 => "IDr",
     /// Certificate.
-    pub const CERT: u8 = 37;
+    Cert = 37 => "CERT",
     /// Certificate Request.
-    pub const CERTREQ: u8 = 38;
+    CertReq = 38 => "CERTREQ",
     /// Authentication.
-    pub const AUTH: u8 = 39;
+    Auth = 39 => "AUTH",
     /// Nonce.
-    pub const NONCE: u8 = 40;
+    Nonce = 40 => "Nonce",
     /// Notify.
-    pub const NOTIFY: u8 = 41;
+    Notify = 41 => "N",
     /// Delete.
-    pub const DELETE: u8 = 42;
+    Delete = 42 => "D",
     /// Vendor ID.
-    pub const VENDOR_ID: u8 = 43;
+    VendorId = 43 => "V",
     /// Traffic Selector - Initiator.
-    pub const TSI: u8 = 44;
+    TsI = 44 => "TSi",
     /// Traffic Selector - Responder.
-    pub const TSR: u8 = 45;
+    TsR = 45 => "TSr",
     /// Encrypted and Authenticated.
-    pub const SK: u8 = 46;
+    Sk = 46 => "SK",
     /// Configuration (not decoded: carried as an unknown payload).
-    pub const CP: u8 = 47;
+    Cp = 47 => "CP",
     /// Extensible Authentication (not decoded: carried as an unknown payload).
-    pub const EAP: u8 = 48;
+    Eap = 48 => "EAP",
     /// Encrypted and Authenticated Fragment (RFC 7383).
-    pub const SKF: u8 = 53;
+    Skf = 53 => "SKF",
+    }
 }
 
 /// Protocol IDs in proposals, notifies and deletes.
@@ -278,70 +355,80 @@ pub mod attribute {
     pub const KEY_LENGTH: u16 = 14;
 }
 
-/// Notify message types (RFC 7296 §3.10.1, RFC 7383, RFC 7427).
-pub mod notify {
+codepoint! {
+    /// Notify message types (RFC 7296 §3.10.1, RFC 7383, RFC 7427). Types
+    /// below 16384 are errors, the others status notifications.
+    NotifyType: u16 {
     /// UNSUPPORTED_CRITICAL_PAYLOAD (data: the one-octet payload type).
-    pub const UNSUPPORTED_CRITICAL_PAYLOAD: u16 = 1;
+    UnsupportedCriticalPayload = 1 => "UNSUPPORTED_CRITICAL_PAYLOAD",
     /// INVALID_IKE_SPI.
-    pub const INVALID_IKE_SPI: u16 = 4;
+    InvalidIkeSpi = 4 => "INVALID_IKE_SPI",
     /// INVALID_MAJOR_VERSION.
-    pub const INVALID_MAJOR_VERSION: u16 = 5;
+    InvalidMajorVersion = 5 => "INVALID_MAJOR_VERSION",
     /// INVALID_SYNTAX.
-    pub const INVALID_SYNTAX: u16 = 7;
+    InvalidSyntax = 7 => "INVALID_SYNTAX",
     /// INVALID_MESSAGE_ID.
-    pub const INVALID_MESSAGE_ID: u16 = 9;
+    InvalidMessageId = 9 => "INVALID_MESSAGE_ID",
     /// INVALID_SPI.
-    pub const INVALID_SPI: u16 = 11;
+    InvalidSpi = 11 => "INVALID_SPI",
     /// NO_PROPOSAL_CHOSEN.
-    pub const NO_PROPOSAL_CHOSEN: u16 = 14;
+    NoProposalChosen = 14 => "NO_PROPOSAL_CHOSEN",
     /// INVALID_KE_PAYLOAD.
-    pub const INVALID_KE_PAYLOAD: u16 = 17;
+    InvalidKePayload = 17 => "INVALID_KE_PAYLOAD",
     /// AUTHENTICATION_FAILED.
-    pub const AUTHENTICATION_FAILED: u16 = 24;
+    AuthenticationFailed = 24 => "AUTHENTICATION_FAILED",
     /// SINGLE_PAIR_REQUIRED.
-    pub const SINGLE_PAIR_REQUIRED: u16 = 34;
+    SinglePairRequired = 34 => "SINGLE_PAIR_REQUIRED",
     /// NO_ADDITIONAL_SAS.
-    pub const NO_ADDITIONAL_SAS: u16 = 35;
+    NoAdditionalSas = 35 => "NO_ADDITIONAL_SAS",
     /// INTERNAL_ADDRESS_FAILURE.
-    pub const INTERNAL_ADDRESS_FAILURE: u16 = 36;
+    InternalAddressFailure = 36 => "INTERNAL_ADDRESS_FAILURE",
     /// FAILED_CP_REQUIRED.
-    pub const FAILED_CP_REQUIRED: u16 = 37;
+    FailedCpRequired = 37 => "FAILED_CP_REQUIRED",
     /// TS_UNACCEPTABLE.
-    pub const TS_UNACCEPTABLE: u16 = 38;
+    TsUnacceptable = 38 => "TS_UNACCEPTABLE",
     /// INVALID_SELECTORS.
-    pub const INVALID_SELECTORS: u16 = 39;
+    InvalidSelectors = 39 => "INVALID_SELECTORS",
     /// TEMPORARY_FAILURE.
-    pub const TEMPORARY_FAILURE: u16 = 43;
+    TemporaryFailure = 43 => "TEMPORARY_FAILURE",
     /// CHILD_SA_NOT_FOUND.
-    pub const CHILD_SA_NOT_FOUND: u16 = 44;
+    ChildSaNotFound = 44 => "CHILD_SA_NOT_FOUND",
     /// INITIAL_CONTACT.
-    pub const INITIAL_CONTACT: u16 = 16384;
+    InitialContact = 16384 => "INITIAL_CONTACT",
     /// SET_WINDOW_SIZE.
-    pub const SET_WINDOW_SIZE: u16 = 16385;
+    SetWindowSize = 16385 => "SET_WINDOW_SIZE",
     /// ADDITIONAL_TS_POSSIBLE.
-    pub const ADDITIONAL_TS_POSSIBLE: u16 = 16386;
+    AdditionalTsPossible = 16386 => "ADDITIONAL_TS_POSSIBLE",
     /// IPCOMP_SUPPORTED.
-    pub const IPCOMP_SUPPORTED: u16 = 16387;
+    IpcompSupported = 16387 => "IPCOMP_SUPPORTED",
     /// NAT_DETECTION_SOURCE_IP.
-    pub const NAT_DETECTION_SOURCE_IP: u16 = 16388;
+    NatDetectionSourceIp = 16388 => "NAT_DETECTION_SOURCE_IP",
     /// NAT_DETECTION_DESTINATION_IP.
-    pub const NAT_DETECTION_DESTINATION_IP: u16 = 16389;
+    NatDetectionDestinationIp = 16389 => "NAT_DETECTION_DESTINATION_IP",
     /// COOKIE.
-    pub const COOKIE: u16 = 16390;
+    Cookie = 16390 => "COOKIE",
     /// USE_TRANSPORT_MODE.
-    pub const USE_TRANSPORT_MODE: u16 = 16391;
+    UseTransportMode = 16391 => "USE_TRANSPORT_MODE",
     /// HTTP_CERT_LOOKUP_SUPPORTED.
-    pub const HTTP_CERT_LOOKUP_SUPPORTED: u16 = 16392;
+    HttpCertLookupSupported = 16392 => "HTTP_CERT_LOOKUP_SUPPORTED",
     /// REKEY_SA.
-    pub const REKEY_SA: u16 = 16393;
+    RekeySa = 16393 => "REKEY_SA",
     /// ESP_TFC_PADDING_NOT_SUPPORTED.
-    pub const ESP_TFC_PADDING_NOT_SUPPORTED: u16 = 16394;
+    EspTfcPaddingNotSupported = 16394 => "ESP_TFC_PADDING_NOT_SUPPORTED",
     /// NON_FIRST_FRAGMENTS_ALSO.
-    pub const NON_FIRST_FRAGMENTS_ALSO: u16 = 16395;
+    NonFirstFragmentsAlso = 16395 => "NON_FIRST_FRAGMENTS_ALSO",
     /// IKEV2_FRAGMENTATION_SUPPORTED (RFC 7383).
-    pub const IKEV2_FRAGMENTATION_SUPPORTED: u16 = 16430;
+    Ikev2FragmentationSupported = 16430 => "IKEV2_FRAGMENTATION_SUPPORTED",
     /// SIGNATURE_HASH_ALGORITHMS (RFC 7427).
-    pub const SIGNATURE_HASH_ALGORITHMS: u16 = 16431;
+    SignatureHashAlgorithms = 16431 => "SIGNATURE_HASH_ALGORITHMS",
+    }
+}
+
+impl NotifyType {
+    /// An error type (below 16384, RFC 7296 §3.10.1), not a status.
+    pub fn is_error(self) -> bool {
+        u16::from(self) < 16384
+    }
 }
 
 /// Identification types (RFC 7296 §3.5).
@@ -410,8 +497,8 @@ pub struct Header {
     pub spi_r: u64,
     /// Minor version (the major version is always 2).
     pub minor_version: u8,
-    /// Exchange type (see [`exchange`]).
-    pub exchange_type: u8,
+    /// Exchange type.
+    pub exchange_type: ExchangeType,
     /// Initiator flag: set by the original initiator of the IKE SA.
     pub initiator: bool,
     /// Version flag: the sender can speak a higher major version.
@@ -430,7 +517,7 @@ impl Header {
     /// Reads the fixed header only (no payload checks): what a dispatcher
     /// needs to find the IKE SA before the whole message is parsed. Returns
     /// the header, the first payload type and the Length field.
-    pub fn parse(b: &[u8]) -> IkeResult<(Header, u8, u32)> {
+    pub fn parse(b: &[u8]) -> IkeResult<(Header, PayloadType, u32)> {
         if b.len() < HEADER_LEN {
             return Err(IkeError::Truncated);
         }
@@ -443,21 +530,21 @@ impl Header {
             spi_i: u64::from_be_bytes(b[0..8].try_into().map_err(|_| IkeError::Truncated)?),
             spi_r: u64::from_be_bytes(b[8..16].try_into().map_err(|_| IkeError::Truncated)?),
             minor_version: ver & 0x0f,
-            exchange_type: b[18],
+            exchange_type: ExchangeType::from(b[18]),
             initiator: flags & FLAG_I != 0,
             version: flags & FLAG_V != 0,
             response: flags & FLAG_R != 0,
             message_id: be32(b, 20),
         };
-        Ok((h, b[16], be32(b, 24)))
+        Ok((h, PayloadType::from(b[16]), be32(b, 24)))
     }
 
-    fn emit(&self, out: &mut Vec<u8>, next_payload: u8, length: u32) {
+    fn emit(&self, out: &mut Vec<u8>, next_payload: PayloadType, length: u32) {
         out.extend_from_slice(&self.spi_i.to_be_bytes());
         out.extend_from_slice(&self.spi_r.to_be_bytes());
-        out.push(next_payload);
+        out.push(u8::from(next_payload));
         out.push(0x20 | (self.minor_version & 0x0f));
-        out.push(self.exchange_type);
+        out.push(u8::from(self.exchange_type));
         let mut flags = 0;
         if self.initiator {
             flags |= FLAG_I;
@@ -566,8 +653,8 @@ pub struct Notify {
     pub protocol: u8,
     /// SPI (empty when not about a child SA).
     pub spi: Vec<u8>,
-    /// Notify message type (see [`notify`]).
-    pub notify_type: u16,
+    /// Notify message type.
+    pub notify_type: NotifyType,
     /// Notification data.
     pub data: Vec<u8>,
 }
@@ -678,14 +765,14 @@ pub enum Payload {
     /// Encrypted and Authenticated (always last).
     Sk {
         /// Type of the first payload inside (the SK's Next Payload field).
-        first_payload: u8,
+        first_payload: PayloadType,
         /// IV, ciphertext, padding and ICV, still encrypted.
         data: Vec<u8>,
     },
     /// Encrypted and Authenticated Fragment (RFC 7383; always last).
     Skf {
         /// Type of the first inner payload (fragment 1 only; 0 otherwise).
-        first_payload: u8,
+        first_payload: PayloadType,
         /// Fragment number, from 1.
         number: u16,
         /// Total number of fragments.
@@ -696,7 +783,7 @@ pub enum Payload {
     /// A payload this codec does not decode, with its critical bit.
     Unknown {
         /// Payload type.
-        payload_type: u8,
+        payload_type: PayloadType,
         /// Critical bit: a receiver that does not understand the type must
         /// reject the message with UNSUPPORTED_CRITICAL_PAYLOAD.
         critical: bool,
@@ -705,29 +792,29 @@ pub enum Payload {
     },
 }
 
-fn is_decoded_type(t: u8) -> bool {
-    matches!(t, payload::SA..=payload::SK | payload::SKF)
+fn is_decoded_type(t: PayloadType) -> bool {
+    matches!(u8::from(t), 33..=46 | 53)
 }
 
 impl Payload {
-    /// The payload type number.
-    pub fn payload_type(&self) -> u8 {
+    /// The payload type.
+    pub fn payload_type(&self) -> PayloadType {
         match self {
-            Payload::Sa(_) => payload::SA,
-            Payload::Ke { .. } => payload::KE,
-            Payload::IdI(_) => payload::IDI,
-            Payload::IdR(_) => payload::IDR,
-            Payload::Cert { .. } => payload::CERT,
-            Payload::CertReq { .. } => payload::CERTREQ,
-            Payload::Auth { .. } => payload::AUTH,
-            Payload::Nonce(_) => payload::NONCE,
-            Payload::Notify(_) => payload::NOTIFY,
-            Payload::Delete(_) => payload::DELETE,
-            Payload::VendorId(_) => payload::VENDOR_ID,
-            Payload::TsI(_) => payload::TSI,
-            Payload::TsR(_) => payload::TSR,
-            Payload::Sk { .. } => payload::SK,
-            Payload::Skf { .. } => payload::SKF,
+            Payload::Sa(_) => PayloadType::Sa,
+            Payload::Ke { .. } => PayloadType::Ke,
+            Payload::IdI(_) => PayloadType::IdI,
+            Payload::IdR(_) => PayloadType::IdR,
+            Payload::Cert { .. } => PayloadType::Cert,
+            Payload::CertReq { .. } => PayloadType::CertReq,
+            Payload::Auth { .. } => PayloadType::Auth,
+            Payload::Nonce(_) => PayloadType::Nonce,
+            Payload::Notify(_) => PayloadType::Notify,
+            Payload::Delete(_) => PayloadType::Delete,
+            Payload::VendorId(_) => PayloadType::VendorId,
+            Payload::TsI(_) => PayloadType::TsI,
+            Payload::TsR(_) => PayloadType::TsR,
+            Payload::Sk { .. } => PayloadType::Sk,
+            Payload::Skf { .. } => PayloadType::Skf,
             Payload::Unknown { payload_type, .. } => *payload_type,
         }
     }
@@ -736,53 +823,58 @@ impl Payload {
         matches!(self, Payload::Sk { .. } | Payload::Skf { .. })
     }
 
-    fn parse_body(ptype: u8, next: u8, critical: bool, b: &[u8]) -> IkeResult<Payload> {
+    fn parse_body(
+        ptype: PayloadType,
+        next: PayloadType,
+        critical: bool,
+        b: &[u8],
+    ) -> IkeResult<Payload> {
         let short = |n: usize| {
             if b.len() < n {
-                Err(IkeError::BadPayloadLength(ptype))
+                Err(IkeError::BadPayloadLength(u8::from(ptype)))
             } else {
                 Ok(())
             }
         };
         Ok(match ptype {
-            payload::SA => Payload::Sa(parse_proposals(b)?),
-            payload::KE => {
+            PayloadType::Sa => Payload::Sa(parse_proposals(b)?),
+            PayloadType::Ke => {
                 short(4)?;
                 Payload::Ke {
                     group: be16(b, 0),
                     data: b[4..].to_vec(),
                 }
             }
-            payload::IDI | payload::IDR => {
+            PayloadType::IdI | PayloadType::IdR => {
                 short(4)?;
                 let id = Id {
                     id_type: b[0],
                     data: b[4..].to_vec(),
                 };
-                if ptype == payload::IDI {
+                if ptype == PayloadType::IdI {
                     Payload::IdI(id)
                 } else {
                     Payload::IdR(id)
                 }
             }
-            payload::CERT | payload::CERTREQ => {
+            PayloadType::Cert | PayloadType::CertReq => {
                 short(1)?;
                 let (encoding, data) = (b[0], b[1..].to_vec());
-                if ptype == payload::CERT {
+                if ptype == PayloadType::Cert {
                     Payload::Cert { encoding, data }
                 } else {
                     Payload::CertReq { encoding, data }
                 }
             }
-            payload::AUTH => {
+            PayloadType::Auth => {
                 short(4)?;
                 Payload::Auth {
                     method: b[0],
                     data: b[4..].to_vec(),
                 }
             }
-            payload::NONCE => Payload::Nonce(b.to_vec()),
-            payload::NOTIFY => {
+            PayloadType::Nonce => Payload::Nonce(b.to_vec()),
+            PayloadType::Notify => {
                 short(4)?;
                 let spi_end = 4 + usize::from(b[1]);
                 if spi_end > b.len() {
@@ -791,11 +883,11 @@ impl Payload {
                 Payload::Notify(Notify {
                     protocol: b[0],
                     spi: b[4..spi_end].to_vec(),
-                    notify_type: be16(b, 2),
+                    notify_type: NotifyType::from(be16(b, 2)),
                     data: b[spi_end..].to_vec(),
                 })
             }
-            payload::DELETE => {
+            PayloadType::Delete => {
                 short(4)?;
                 let (proto, spi_size, num) = (b[0], b[1], usize::from(be16(b, 2)));
                 let spis = &b[4..];
@@ -812,14 +904,14 @@ impl Payload {
                     _ => return Err(IkeError::BadDelete),
                 }
             }
-            payload::VENDOR_ID => Payload::VendorId(b.to_vec()),
-            payload::TSI => Payload::TsI(parse_selectors(b)?),
-            payload::TSR => Payload::TsR(parse_selectors(b)?),
-            payload::SK => Payload::Sk {
+            PayloadType::VendorId => Payload::VendorId(b.to_vec()),
+            PayloadType::TsI => Payload::TsI(parse_selectors(b)?),
+            PayloadType::TsR => Payload::TsR(parse_selectors(b)?),
+            PayloadType::Sk => Payload::Sk {
                 first_payload: next,
                 data: b.to_vec(),
             },
-            payload::SKF => {
+            PayloadType::Skf => {
                 short(4)?;
                 let (number, total) = (be16(b, 0), be16(b, 2));
                 if number == 0 || number > total {
@@ -864,7 +956,7 @@ impl Payload {
             Payload::Notify(n) => {
                 out.push(n.protocol);
                 out.push(u8::try_from(n.spi.len()).map_err(|_| IkeError::TooBig)?);
-                out.extend_from_slice(&n.notify_type.to_be_bytes());
+                out.extend_from_slice(&u16::from(n.notify_type).to_be_bytes());
                 out.extend_from_slice(&n.spi);
                 out.extend_from_slice(&n.data);
             }
@@ -898,7 +990,7 @@ impl Payload {
             Payload::Unknown {
                 payload_type, body, ..
             } => {
-                if *payload_type == payload::NONE || is_decoded_type(*payload_type) {
+                if *payload_type == PayloadType::NoNext || is_decoded_type(*payload_type) {
                     return Err(IkeError::Unencodable);
                 }
                 out.extend_from_slice(body);
@@ -1171,21 +1263,25 @@ fn emit_selectors(ts: &[TrafficSelector], out: &mut Vec<u8>) -> IkeResult<()> {
 /// exactly: the body of a message, or the decrypted body of an SK payload
 /// (`inside_sk`: then an SK/SKF inside is an error). An SK/SKF payload ends
 /// the chain and must end at the end of `b`.
-pub fn parse_payload_chain(first: u8, mut b: &[u8], inside_sk: bool) -> IkeResult<Vec<Payload>> {
+pub fn parse_payload_chain(
+    first: PayloadType,
+    mut b: &[u8],
+    inside_sk: bool,
+) -> IkeResult<Vec<Payload>> {
     let mut out = Vec::new();
     let mut ptype = first;
-    while ptype != payload::NONE {
+    while ptype != PayloadType::NoNext {
         if out.len() == MAX_PAYLOADS {
             return Err(IkeError::TooManyPayloads);
         }
         if b.len() < PAYLOAD_HEADER_LEN {
-            return Err(IkeError::BadPayloadLength(ptype));
+            return Err(IkeError::BadPayloadLength(u8::from(ptype)));
         }
-        let next = b[0];
+        let next = PayloadType::from(b[0]);
         let critical = b[1] & CRITICAL != 0;
         let len = usize::from(be16(b, 2));
         if len < PAYLOAD_HEADER_LEN || len > b.len() {
-            return Err(IkeError::BadPayloadLength(ptype));
+            return Err(IkeError::BadPayloadLength(u8::from(ptype)));
         }
         let p = Payload::parse_body(ptype, next, critical, &b[PAYLOAD_HEADER_LEN..len])?;
         b = &b[len..];
@@ -1206,8 +1302,9 @@ pub fn parse_payload_chain(first: u8, mut b: &[u8], inside_sk: bool) -> IkeResul
 }
 
 /// Emits a payload chain (see [`parse_payload_chain`]) and returns the type
-/// of its first payload (0 when empty), for the enclosing Next Payload field.
-pub fn emit_payload_chain(payloads: &[Payload], out: &mut Vec<u8>) -> IkeResult<u8> {
+/// of its first payload ([`PayloadType::NoNext`] when empty), for the
+/// enclosing Next Payload field.
+pub fn emit_payload_chain(payloads: &[Payload], out: &mut Vec<u8>) -> IkeResult<PayloadType> {
     if payloads.len() > MAX_PAYLOADS {
         return Err(IkeError::TooManyPayloads);
     }
@@ -1221,20 +1318,20 @@ pub fn emit_payload_chain(payloads: &[Payload], out: &mut Vec<u8>) -> IkeResult<
             }
             _ => payloads
                 .get(i + 1)
-                .map_or(payload::NONE, Payload::payload_type),
+                .map_or(PayloadType::NoNext, Payload::payload_type),
         };
         let flags = match p {
             Payload::Unknown { critical: true, .. } => CRITICAL,
             _ => 0,
         };
         let start = out.len();
-        out.extend_from_slice(&[next, flags, 0, 0]);
+        out.extend_from_slice(&[u8::from(next), flags, 0, 0]);
         p.emit_body(out)?;
         patch_len16(out, start, IkeError::TooBig)?;
     }
     Ok(payloads
         .first()
-        .map_or(payload::NONE, Payload::payload_type))
+        .map_or(PayloadType::NoNext, Payload::payload_type))
 }
 
 /// A whole IKE message: header and payloads.
@@ -1274,7 +1371,7 @@ impl Message {
     /// The type of the first unknown payload with the critical bit set, if
     /// any: the message must then be rejected with an
     /// UNSUPPORTED_CRITICAL_PAYLOAD notify carrying this type (RFC 7296 §2.5).
-    pub fn unsupported_critical(&self) -> Option<u8> {
+    pub fn unsupported_critical(&self) -> Option<PayloadType> {
         self.payloads.iter().find_map(|p| match p {
             Payload::Unknown {
                 payload_type,
@@ -1286,7 +1383,7 @@ impl Message {
     }
 
     /// The payloads of one type, in order.
-    pub fn payloads_of(&self, payload_type: u8) -> impl Iterator<Item = &Payload> {
+    pub fn payloads_of(&self, payload_type: PayloadType) -> impl Iterator<Item = &Payload> {
         self.payloads
             .iter()
             .filter(move |p| p.payload_type() == payload_type)

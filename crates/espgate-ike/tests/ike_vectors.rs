@@ -107,7 +107,10 @@ fn flatten(m: &Message, len: usize) -> BTreeMap<String, String> {
     let h = &m.header;
     put("header.spi_i".into(), format!("{:016x}", h.spi_i));
     put("header.spi_r".into(), format!("{:016x}", h.spi_r));
-    put("header.exchange_type".into(), h.exchange_type.to_string());
+    put(
+        "header.exchange_type".into(),
+        u8::from(h.exchange_type).to_string(),
+    );
     put("header.initiator".into(), u8::from(h.initiator).to_string());
     put("header.response".into(), u8::from(h.response).to_string());
     put("header.message_id".into(), h.message_id.to_string());
@@ -118,7 +121,7 @@ fn flatten(m: &Message, len: usize) -> BTreeMap<String, String> {
     }
     for (i, p) in m.payloads.iter().enumerate() {
         let k = |s: &str| format!("payload.{i}.{s}");
-        put(k("type"), p.payload_type().to_string());
+        put(k("type"), u8::from(p.payload_type()).to_string());
         let critical = matches!(p, Payload::Unknown { critical: true, .. });
         put(k("critical"), u8::from(critical).to_string());
         match p {
@@ -165,7 +168,7 @@ fn flatten(m: &Message, len: usize) -> BTreeMap<String, String> {
             Payload::Notify(n) => {
                 put(k("protocol"), n.protocol.to_string());
                 put(k("spi"), hex::encode(&n.spi));
-                put(k("notify_type"), n.notify_type.to_string());
+                put(k("notify_type"), u16::from(n.notify_type).to_string());
                 put(k("data"), hex::encode(&n.data));
             }
             Payload::Delete(Delete::Ike) => {
@@ -237,7 +240,7 @@ fn flatten(m: &Message, len: usize) -> BTreeMap<String, String> {
                 first_payload,
                 data,
             } => {
-                put(k("first_payload"), first_payload.to_string());
+                put(k("first_payload"), u8::from(*first_payload).to_string());
                 put(k("data"), hex::encode(data));
             }
             Payload::Skf {
@@ -246,7 +249,7 @@ fn flatten(m: &Message, len: usize) -> BTreeMap<String, String> {
                 total,
                 data,
             } => {
-                put(k("first_payload"), first_payload.to_string());
+                put(k("first_payload"), u8::from(*first_payload).to_string());
                 put(k("number"), number.to_string());
                 put(k("total"), total.to_string());
                 put(k("data"), hex::encode(data));
@@ -315,5 +318,5 @@ fn scapy_unknown_critical_vector_is_reported() {
         panic!("hex")
     };
     let m = Message::parse(&hex::decode(hx).unwrap()).unwrap();
-    assert_eq!(m.unsupported_critical(), Some(200));
+    assert_eq!(m.unsupported_critical().map(u8::from), Some(200));
 }

@@ -325,8 +325,8 @@ impl IkeDriver {
     pub fn counters(&self) -> std::collections::BTreeMap<String, u64> {
         self.ike
             .counters()
-            .iter()
-            .map(|(k, v)| (k.to_string(), *v))
+            .nonzero()
+            .map(|(e, v)| (e.as_str().to_string(), v))
             .collect()
     }
 

@@ -4,8 +4,11 @@ use super::*;
 use crate::cert::Identity;
 use crate::config::{ChildConfig, IkeConfig, LocalAuth, RemoteAuth, Retransmit};
 use crate::proposal::ProposalSpec;
+use crate::rng::tests::{SeededRng, SwitchRng};
 use espgate_core::selector::Prefix;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 const A: &str = "192.0.2.1";
 const B: &str = "192.0.2.2";
@@ -126,6 +129,17 @@ impl Pair {
             drop_b: false,
             delivered: 0,
         }
+    }
+
+    /// Two engines with seeded generators that fail while their switch
+    /// (A's, B's) is on.
+    fn with_switches(ca: IkeConfig, cb: IkeConfig) -> (Pair, Arc<AtomicBool>, Arc<AtomicBool>) {
+        let mut p = Pair::new(ca.clone(), cb.clone());
+        let (ra, fa) = SwitchRng::new(1);
+        let (rb, fb) = SwitchRng::new(2);
+        p.a = Ike::with_rng(vec![ca], Ports::default(), Box::new(ra));
+        p.b = Ike::with_rng(vec![cb], Ports::default(), Box::new(rb));
+        (p, fa, fb)
     }
 
     fn psk(ike: &str, esp: &str) -> Pair {
@@ -285,7 +299,7 @@ fn wrong_psk_fails_both_sides() {
     p.run();
     assert!(p.a.status().is_empty() && p.b.status().is_empty());
     assert!(p.pa.sas.is_empty() && p.pb.sas.is_empty());
-    assert_eq!(p.b.counters()["auth_failed"], 1);
+    assert_eq!(p.b.counter(IkeEvent::AuthFailed), 1);
     assert!(
         p.pa.down
             .iter()
@@ -318,7 +332,7 @@ fn wrong_identity_fails() {
     p.a.initiate(p.now, "c").unwrap();
     p.run();
     assert!(p.a.status().is_empty() && p.b.status().is_empty());
-    assert_eq!(p.b.counters()["auth_failed"], 1);
+    assert_eq!(p.b.counter(IkeEvent::AuthFailed), 1);
 }
 
 #[test]
@@ -344,7 +358,7 @@ fn no_common_proposal() {
     p.a.initiate(p.now, "c").unwrap();
     p.run();
     assert!(p.a.status().is_empty() && p.b.status().is_empty());
-    assert_eq!(p.b.counters()["no_proposal_chosen"], 1);
+    assert_eq!(p.b.counter(IkeEvent::NoProposalChosen), 1);
     assert!(p.pa.down.iter().any(|r| r.contains("NO_PROPOSAL_CHOSEN")));
 }
 
@@ -370,8 +384,8 @@ fn invalid_ke_retry_with_the_peers_group() {
     );
     p.a.initiate(p.now, "c").unwrap();
     p.run();
-    assert_eq!(p.b.counters()["invalid_ke_sent"], 1);
-    assert_eq!(p.a.counters()["invalid_ke_received"], 1);
+    assert_eq!(p.b.counter(IkeEvent::InvalidKeSent), 1);
+    assert_eq!(p.a.counter(IkeEvent::InvalidKeReceived), 1);
     assert_eq!(established(&p.a), 1);
     assert!(p.a.status()[0]
         .algorithms
@@ -387,8 +401,8 @@ fn cookie_round_trip_under_half_open_pressure() {
     p.b.set_cookie_threshold(0);
     p.a.initiate(p.now, "c").unwrap();
     p.run();
-    assert_eq!(p.b.counters()["cookies_sent"], 1);
-    assert_eq!(p.a.counters()["cookies_received"], 1);
+    assert_eq!(p.b.counter(IkeEvent::CookiesSent), 1);
+    assert_eq!(p.a.counter(IkeEvent::CookiesReceived), 1);
     assert_eq!((established(&p.a), established(&p.b)), (1, 1));
     p.assert_matched();
 }
@@ -443,7 +457,7 @@ fn narrowing_and_ts_unacceptable() {
     // The IKE SA stands; no child (§1.2).
     assert_eq!((established(&p.a), established(&p.b)), (1, 1));
     assert!(p.pa.sas.is_empty() && p.pb.sas.is_empty());
-    assert_eq!(p.b.counters()["ts_unacceptable"], 1);
+    assert_eq!(p.b.counter(IkeEvent::TsUnacceptable), 1);
 }
 
 #[test]
@@ -456,23 +470,19 @@ fn lost_response_is_retransmitted_and_replayed() {
     }
     while p.b.poll_transmit().is_some() {}
     p.advance(Duration::from_secs(2));
-    assert_eq!(p.a.counters()["retransmits"], 1);
-    assert_eq!(p.b.counters()["retransmitted_responses"], 1);
+    assert_eq!(p.a.counter(IkeEvent::Retransmits), 1);
+    assert_eq!(p.b.counter(IkeEvent::RetransmittedResponses), 1);
     assert_eq!((established(&p.a), established(&p.b)), (1, 1));
     // Now lose an IKE_AUTH-era answer: a DPD response.
-    let n =
-        p.b.counters()
-            .get("retransmitted_responses")
-            .copied()
-            .unwrap_or(0);
+    let n = p.b.counter(IkeEvent::RetransmittedResponses);
     p.a.sas[0].tasks.push_back(Task::Dpd);
-    p.a.kick(0, p.now);
+    p.a.kick_now(0, p.now);
     while let Some(t) = p.a.poll_transmit() {
         p.b.handle(p.now, t.remote, t.local, &t.data);
     }
     while p.b.poll_transmit().is_some() {}
     p.advance(Duration::from_secs(2));
-    assert_eq!(p.b.counters()["retransmitted_responses"], n + 1);
+    assert_eq!(p.b.counter(IkeEvent::RetransmittedResponses), n + 1);
     assert!(p.a.sas[0].pending.is_none());
 }
 
@@ -511,7 +521,7 @@ fn child_rekey_is_make_before_break() {
     let old_b_out = p.pb.current_out.unwrap();
     p.pb.log.clear();
     p.advance(Duration::from_secs(6));
-    assert_eq!(p.a.counters()["child_rekeys"], 1);
+    assert_eq!(p.a.counter(IkeEvent::ChildRekeys), 1);
     p.assert_matched();
     assert_ne!(p.pa.current_out, Some(old_a_out));
     assert_ne!(p.pb.current_out, Some(old_b_out));
@@ -529,7 +539,11 @@ fn child_rekey_is_make_before_break() {
     assert!(p.a.costs().ops[&IkeOp::Dh].0 >= 4);
     // Many rekeys keep working (seed 001's 5 s lifetime).
     p.advance(Duration::from_secs(60));
-    assert!(p.a.counters()["child_rekeys"] >= 11, "{:?}", p.a.counters());
+    assert!(
+        p.a.counter(IkeEvent::ChildRekeys) >= 11,
+        "{:?}",
+        p.a.counters()
+    );
     p.assert_matched();
     assert_eq!(p.pa.sas.len(), 2);
     assert_eq!(p.pb.sas.len(), 2);
@@ -543,8 +557,8 @@ fn ike_rekey_keeps_children() {
     let spis = (p.a.status()[0].spi_i, p.a.status()[0].spi_r);
     let children_before = p.pa.sas.clone();
     p.advance(Duration::from_secs(11));
-    assert_eq!(p.a.counters()["ike_rekeys"], 1);
-    assert_eq!(p.b.counters()["ike_rekeys"], 1);
+    assert_eq!(p.a.counter(IkeEvent::IkeRekeys), 1);
+    assert_eq!(p.b.counter(IkeEvent::IkeRekeys), 1);
     let st = p.a.status();
     assert_eq!(st.len(), 1, "old IKE SA deleted");
     assert_ne!((st[0].spi_i, st[0].spi_r), spis);
@@ -558,8 +572,67 @@ fn ike_rekey_keeps_children() {
     );
     // The new SA works: a liveness check and a second rekey.
     p.advance(Duration::from_secs(11));
-    assert_eq!(p.a.counters()["ike_rekeys"], 2);
+    assert_eq!(p.a.counter(IkeEvent::IkeRekeys), 2);
     assert_eq!(p.b.status().len(), 1);
+}
+
+/// The children of the IKE SAs of `e`, by IKE SA.
+fn child_counts(e: &Ike) -> Vec<usize> {
+    e.status().iter().map(|s| s.children.len()).collect()
+}
+
+#[test]
+fn ike_rekey_whose_keys_cannot_be_installed_keeps_the_children() {
+    // Initiator side: the answer arrives, our new SA cannot be keyed.
+    let mut p = rekeying(10, 0);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let st = p.a.status();
+    let spis = (st[0].spi_i, st[0].spi_r);
+    let planes = (p.pa.sas.clone(), p.pb.sas.clone());
+    p.a.fail_key_install = true;
+    p.advance(Duration::from_secs(10));
+    assert_eq!(p.a.counter(IkeEvent::IkeRekeys), 0);
+    let st = p.a.status();
+    assert_eq!(st.len(), 1, "{st:?}");
+    assert_eq!((st[0].spi_i, st[0].spi_r), spis, "the old SA stays");
+    assert_eq!(st[0].state, "established");
+    assert_eq!(
+        child_counts(&p.a),
+        vec![1],
+        "the child stays with the old SA"
+    );
+    assert_eq!(p.pa.sas, planes.0, "no SA removed or lost");
+    assert!(p.pa.down.is_empty(), "{:?}", p.pa.down);
+    // The rekey is retried later, and then works; the child moves along.
+    p.a.fail_key_install = false;
+    p.advance(Duration::from_secs(11));
+    assert_eq!(p.a.counter(IkeEvent::IkeRekeys), 1);
+    assert_eq!(child_counts(&p.a), vec![1]);
+    assert_ne!((p.a.status()[0].spi_i, p.a.status()[0].spi_r), spis);
+    assert_eq!(p.pa.sas, planes.0);
+    assert_eq!(p.pb.sas, planes.1);
+    p.assert_matched();
+
+    // Responder side: B cannot key the new SA, so it refuses the rekey
+    // (before answering) and keeps its children; A retries.
+    let mut p = rekeying(10, 0);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let planes = (p.pa.sas.clone(), p.pb.sas.clone());
+    p.b.fail_key_install = true;
+    p.advance(Duration::from_secs(10));
+    assert_eq!(p.b.counter(IkeEvent::IkeRekeys), 0);
+    assert_eq!(p.a.counter(IkeEvent::IkeRekeys), 0);
+    assert_eq!(child_counts(&p.b), vec![1]);
+    assert_eq!(child_counts(&p.a), vec![1]);
+    assert_eq!(p.pb.sas, planes.1);
+    p.b.fail_key_install = false;
+    p.advance(Duration::from_secs(11));
+    assert_eq!(p.b.counter(IkeEvent::IkeRekeys), 1);
+    assert_eq!(child_counts(&p.b), vec![1]);
+    assert_eq!((p.pa.sas.clone(), p.pb.sas.clone()), planes);
+    p.assert_matched();
 }
 
 #[test]
@@ -586,13 +659,13 @@ fn dpd_detects_a_dead_peer_and_restart_recovers() {
     p.a.initiate(p.now, "c").unwrap();
     p.run();
     p.advance(Duration::from_secs(25));
-    assert!(p.a.counters()["dpd_sent"] >= 2);
+    assert!(p.a.counter(IkeEvent::DpdSent) >= 2);
     assert_eq!(established(&p.a), 1);
     // B dies (loses its state and stops answering).
     p.b = Ike::new(p.b.conns.clone(), Ports::default());
     p.drop_b = true;
     p.advance(Duration::from_secs(30));
-    assert_eq!(p.a.counters()["peers_dead"], 1);
+    assert_eq!(p.a.counter(IkeEvent::PeersDead), 1);
     assert!(p.pa.sas.is_empty(), "children removed: {:?}", p.pa.log);
     assert!(p.pa.down.iter().any(|r| r.contains("peer dead")));
     // B comes back: the restart finds it.
@@ -642,9 +715,7 @@ fn simultaneous_child_rekey_leaves_one_pair() {
         p.run();
         p.advance(Duration::from_secs(1));
         assert!(
-            p.a.counters().get("rekey_collisions").copied().unwrap_or(0)
-                + p.b.counters().get("rekey_collisions").copied().unwrap_or(0)
-                >= 1
+            p.a.counter(IkeEvent::RekeyCollisions) + p.b.counter(IkeEvent::RekeyCollisions) >= 1
         );
         assert_eq!(p.pa.sas.len(), 2, "{:?}", p.pa.log);
         assert_eq!(p.pb.sas.len(), 2, "{:?}", p.pb.log);
@@ -669,7 +740,7 @@ fn garbage_and_replays_are_counted_not_fatal() {
     }
     // An old IKE_SA_INIT again: answered from cache or ignored, no new SA.
     p.b.handle(p.now, to, from, &first[0].data);
-    assert!(p.b.counters()["dropped_malformed"] > 0);
+    assert!(p.b.counter(IkeEvent::DroppedMalformed) > 0);
     assert_eq!(p.b.status().len(), 1);
     assert_eq!(established(&p.b), 1);
 }
@@ -680,7 +751,6 @@ fn garbage_and_replays_are_counted_not_fatal() {
 
 use crate::cert::Certificate;
 use crate::sig::{KeyKind, PrivateKey};
-use std::sync::Arc;
 
 fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(format!(
@@ -754,13 +824,13 @@ fn certificate_of_another_ca_or_identity_is_refused() {
     p.a.initiate(p.now, "c").unwrap();
     p.run();
     assert!(p.a.status().is_empty() && p.b.status().is_empty());
-    assert_eq!(p.b.counters()["auth_failed"], 1);
+    assert_eq!(p.b.counter(IkeEvent::AuthFailed), 1);
     // A valid certificate that does not name the identity A claims.
     let mut p = cert_pair("cnonly-p256.crt", "ca-p256.crt");
     p.a.initiate(p.now, "c").unwrap();
     p.run();
     assert!(p.a.status().is_empty() && p.b.status().is_empty());
-    assert_eq!(p.b.counters()["auth_failed"], 1);
+    assert_eq!(p.b.counter(IkeEvent::AuthFailed), 1);
 }
 
 #[test]
@@ -837,7 +907,7 @@ fn raw_public_keys_every_kind() {
     p.a.initiate(p.now, "c").unwrap();
     p.run();
     assert!(p.b.status().is_empty());
-    assert_eq!(p.b.counters()["auth_failed"], 1);
+    assert_eq!(p.b.counter(IkeEvent::AuthFailed), 1);
 }
 
 #[test]
@@ -851,19 +921,19 @@ fn fragmented_ike_auth_and_rekeys() {
     p.run();
     assert_eq!((established(&p.a), established(&p.b)), (1, 1));
     assert!(
-        p.a.counters()["fragmented_messages_out"] >= 1,
+        p.a.counter(IkeEvent::FragmentedMessagesOut) >= 1,
         "{:?}",
         p.a.counters()
     );
-    assert!(p.b.counters()["fragmented_messages_in"] >= 1);
+    assert!(p.b.counter(IkeEvent::FragmentedMessagesIn) >= 1);
     assert!(
-        p.b.counters()["fragmented_messages_out"] >= 1,
+        p.b.counter(IkeEvent::FragmentedMessagesOut) >= 1,
         "the RSA answer is fragmented too"
     );
-    assert!(p.a.counters()["fragmented_messages_in"] >= 1);
+    assert!(p.a.counter(IkeEvent::FragmentedMessagesIn) >= 1);
     p.assert_matched();
     p.advance(Duration::from_secs(6));
-    assert_eq!(p.a.counters()["child_rekeys"], 1);
+    assert_eq!(p.a.counter(IkeEvent::ChildRekeys), 1);
     p.assert_matched();
 
     // A lost fragment of the IKE_AUTH response: A retransmits its request
@@ -888,9 +958,9 @@ fn fragmented_ike_auth_and_rekeys() {
     }
     assert_eq!(established(&p.a), 0);
     p.advance(Duration::from_secs(2));
-    assert_eq!(p.a.counters()["retransmits"], 1);
+    assert_eq!(p.a.counter(IkeEvent::Retransmits), 1);
     assert_eq!(
-        p.b.counters()["retransmitted_responses"],
+        p.b.counter(IkeEvent::RetransmittedResponses),
         1,
         "once, not once per fragment"
     );
@@ -905,7 +975,7 @@ fn fragmented_ike_auth_and_rekeys() {
     q.a.initiate(q.now, "c").unwrap();
     let init: Vec<Transmit> = std::iter::from_fn(|| q.a.poll_transmit()).collect();
     let mut m = Message::parse(&init[0].data).unwrap();
-    m.payloads.retain(|x| !matches!(x, Payload::Notify(n) if n.notify_type == notify::IKEV2_FRAGMENTATION_SUPPORTED));
+    m.payloads.retain(|x| !matches!(x, Payload::Notify(n) if n.notify_type == NotifyType::Ikev2FragmentationSupported));
     // The edited request replaces the original (A's AUTH signs what A sent,
     // so A's stored copy must match: start over from B's answer to it).
     let edited = m.emit().unwrap();
@@ -914,8 +984,8 @@ fn fragmented_ike_auth_and_rekeys() {
     q.b.handle(q.now, init[0].remote, init[0].local, &edited);
     q.run();
     assert_eq!((established(&q.a), established(&q.b)), (1, 1));
-    assert!(!q.a.counters().contains_key("fragmented_messages_out"));
-    assert!(!q.b.counters().contains_key("fragmented_messages_in"));
+    assert!(q.a.counter(IkeEvent::FragmentedMessagesOut) == 0);
+    assert!(q.b.counter(IkeEvent::FragmentedMessagesIn) == 0);
 }
 
 // ---------------------------------------------------------------------
@@ -924,7 +994,12 @@ fn fragmented_ike_auth_and_rekeys() {
 
 /// Seals `payloads` as A's next request on its IKE SA and hands it to B;
 /// returns B's decrypted answer (None if B did not answer).
-fn crafted(p: &mut Pair, exch: u8, payloads: Vec<Payload>, id_offset: u32) -> Option<Vec<Payload>> {
+fn crafted(
+    p: &mut Pair,
+    exch: ExchangeType,
+    payloads: Vec<Payload>,
+    id_offset: u32,
+) -> Option<Vec<Payload>> {
     let id = p.a.sas[0].next_out_id + id_offset;
     let h = p.a.sas[0].header(exch, false, id);
     let data = p.a.sas[0].sk.as_mut().unwrap().seal(&h, &payloads).unwrap();
@@ -937,7 +1012,7 @@ fn crafted(p: &mut Pair, exch: u8, payloads: Vec<Payload>, id_offset: u32) -> Op
     Some(p.a.sas[0].sk.as_ref().unwrap().open(&t.data).unwrap().1)
 }
 
-fn notify_of(p: &[Payload]) -> Option<(u16, Vec<u8>)> {
+fn notify_of(p: &[Payload]) -> Option<(NotifyType, Vec<u8>)> {
     p.iter().find_map(|x| match x {
         Payload::Notify(n) => Some((n.notify_type, n.data.clone())),
         _ => None,
@@ -960,7 +1035,7 @@ fn crafted_requests_get_the_right_error_notifies() {
         Payload::Notify(Notify {
             protocol: protocol::ESP,
             spi: spi.to_be_bytes().to_vec(),
-            notify_type: notify::REKEY_SA,
+            notify_type: NotifyType::RekeySa,
             data: vec![],
         })
     };
@@ -973,9 +1048,9 @@ fn crafted_requests_get_the_right_error_notifies() {
     // An unknown payload with the critical bit.
     let ans = crafted(
         &mut p,
-        exchange::INFORMATIONAL,
+        ExchangeType::Informational,
         vec![Payload::Unknown {
-            payload_type: 200,
+            payload_type: PayloadType::from(200),
             critical: true,
             body: vec![1],
         }],
@@ -984,14 +1059,14 @@ fn crafted_requests_get_the_right_error_notifies() {
     .unwrap();
     assert_eq!(
         notify_of(&ans),
-        Some((notify::UNSUPPORTED_CRITICAL_PAYLOAD, vec![200]))
+        Some((NotifyType::UnsupportedCriticalPayload, vec![200]))
     );
 
     // Rekeying a child SA that does not exist.
     let (tsi, tsr) = ts(&p);
     let ans = crafted(
         &mut p,
-        exchange::CREATE_CHILD_SA,
+        ExchangeType::CreateChildSa,
         vec![
             rekey_notify(0xdead_beef),
             esp_78.clone(),
@@ -1004,15 +1079,15 @@ fn crafted_requests_get_the_right_error_notifies() {
     .unwrap();
     assert_eq!(
         notify_of(&ans).map(|n| n.0),
-        Some(notify::CHILD_SA_NOT_FOUND)
+        Some(NotifyType::ChildSaNotFound)
     );
 
     // A PFS KE payload of a group B does not use: INVALID_KE_PAYLOAD naming x25519.
-    let ke = KeyExchange::generate(Group::Ecp256).unwrap();
+    let ke = KeyExchange::generate(Group::Ecp256, &mut SystemRng).unwrap();
     let (tsi, tsr) = ts(&p);
     let ans = crafted(
         &mut p,
-        exchange::CREATE_CHILD_SA,
+        ExchangeType::CreateChildSa,
         vec![
             rekey_notify(a_in),
             esp_79.clone(),
@@ -1030,7 +1105,7 @@ fn crafted_requests_get_the_right_error_notifies() {
     assert_eq!(
         notify_of(&ans),
         Some((
-            notify::INVALID_KE_PAYLOAD,
+            NotifyType::InvalidKePayload,
             Group::Curve25519.id().to_be_bytes().to_vec()
         ))
     );
@@ -1039,7 +1114,7 @@ fn crafted_requests_get_the_right_error_notifies() {
     let other = ts::from_prefix(pfx("172.16.0.0/12"), 0);
     let ans = crafted(
         &mut p,
-        exchange::CREATE_CHILD_SA,
+        ExchangeType::CreateChildSa,
         vec![
             esp_7a.clone(),
             Payload::Nonce(vec![7; 32]),
@@ -1049,7 +1124,10 @@ fn crafted_requests_get_the_right_error_notifies() {
         0,
     )
     .unwrap();
-    assert_eq!(notify_of(&ans).map(|n| n.0), Some(notify::TS_UNACCEPTABLE));
+    assert_eq!(
+        notify_of(&ans).map(|n| n.0),
+        Some(NotifyType::TsUnacceptable)
+    );
 
     // No acceptable ESP proposal.
     let chacha = ProposalSpec::parse(ProposalKind::Esp, "chacha20poly1305")
@@ -1058,7 +1136,7 @@ fn crafted_requests_get_the_right_error_notifies() {
     let (tsi, tsr) = ts(&p);
     let ans = crafted(
         &mut p,
-        exchange::CREATE_CHILD_SA,
+        ExchangeType::CreateChildSa,
         vec![
             Payload::Sa(vec![chacha]),
             Payload::Nonce(vec![8; 32]),
@@ -1070,13 +1148,13 @@ fn crafted_requests_get_the_right_error_notifies() {
     .unwrap();
     assert_eq!(
         notify_of(&ans).map(|n| n.0),
-        Some(notify::NO_PROPOSAL_CHOSEN)
+        Some(NotifyType::NoProposalChosen)
     );
 
     // A Delete naming no SA of B: an empty answer, nothing removed.
     let ans = crafted(
         &mut p,
-        exchange::INFORMATIONAL,
+        ExchangeType::Informational,
         vec![Payload::Delete(Delete::Child {
             protocol: protocol::ESP,
             spis: vec![7],
@@ -1088,23 +1166,19 @@ fn crafted_requests_get_the_right_error_notifies() {
     assert_eq!(p.b.status()[0].children.len(), 1);
 
     // A message ID ahead of the window: dropped without an answer.
-    let before =
-        p.b.counters()
-            .get("dropped_bad_message_id")
-            .copied()
-            .unwrap_or(0);
-    assert!(crafted(&mut p, exchange::INFORMATIONAL, vec![], 5).is_none());
-    assert_eq!(p.b.counters()["dropped_bad_message_id"], before + 1);
+    let before = p.b.counter(IkeEvent::DroppedBadMessageId);
+    assert!(crafted(&mut p, ExchangeType::Informational, vec![], 5).is_none());
+    assert_eq!(p.b.counter(IkeEvent::DroppedBadMessageId), before + 1);
 
     // A tampered message: dropped silently (RFC 7296 §2.21.2).
     let id = p.a.sas[0].next_out_id;
-    let h = p.a.sas[0].header(exchange::INFORMATIONAL, false, id);
+    let h = p.a.sas[0].header(ExchangeType::Informational, false, id);
     let mut data = p.a.sas[0].sk.as_mut().unwrap().seal(&h, &[]).unwrap();
     let n = data.len();
     data[n - 1] ^= 1;
     p.b.handle(p.now, p.a.sas[0].remote, p.a.sas[0].local, &data);
     assert!(p.b.poll_transmit().is_none());
-    assert_eq!(p.b.counters()["dropped_integrity"], 1);
+    assert_eq!(p.b.counter(IkeEvent::DroppedIntegrity), 1);
 
     // Through all this the SAs stayed up and in step.
     assert_eq!((established(&p.a), established(&p.b)), (1, 1));
@@ -1134,8 +1208,13 @@ fn child_rekey_invalid_ke_retries_with_the_peers_pfs_group() {
     p.a.initiate(p.now, "c").unwrap();
     p.run();
     p.advance(Duration::from_secs(7));
-    assert_eq!(p.a.counters()["invalid_ke_received"], 1);
-    assert_eq!(p.a.counters()["child_rekeys"], 1, "{:?}", p.a.counters());
+    assert_eq!(p.a.counter(IkeEvent::InvalidKeReceived), 1);
+    assert_eq!(
+        p.a.counter(IkeEvent::ChildRekeys),
+        1,
+        "{:?}",
+        p.a.counters()
+    );
     assert_eq!(p.a.status()[0].children[0].algorithms, "aes128gcm16-ecp256");
     p.assert_matched();
 }
@@ -1186,8 +1265,409 @@ fn initial_contact_clears_the_stale_sa() {
     let st = p.b.status();
     assert_eq!(st.len(), 1, "only the new IKE SA");
     assert_ne!(st[0].children[0].spi_in, old);
-    assert_eq!(p.b.counters()["initial_contact_cleared"], 1);
+    assert_eq!(p.b.counter(IkeEvent::InitialContactCleared), 1);
     assert_eq!(p.pb.sas.len(), 2, "{:?}", p.pb.log);
     assert!(p.pb.down.is_empty(), "the connection stayed up");
     p.assert_matched();
+}
+
+/// The IKE_SA_INIT request or response in `t`, parsed.
+fn init_nonce(t: &Transmit) -> Option<Vec<u8>> {
+    let m = Message::parse(&t.data).ok()?;
+    m.payloads.iter().find_map(|x| match x {
+        Payload::Nonce(n) => Some(n.clone()),
+        _ => None,
+    })
+}
+
+/// Warnings among the events queued by `e` (the events are consumed).
+fn warnings(e: &mut Ike) -> Vec<String> {
+    let mut w = Vec::new();
+    while let Some(ev) = e.poll_event() {
+        if let Event::Log {
+            level: Level::Warn,
+            message,
+            ..
+        } = ev
+        {
+            w.push(message);
+        }
+    }
+    w
+}
+
+#[test]
+fn a_failing_random_generator_fails_closed() {
+    let (mut p, fail_a, fail_b) = Pair::with_switches(
+        conf(
+            A,
+            B,
+            "aes128gcm16-prfsha256-x25519",
+            "aes128gcm16",
+            "10.1.0.0/16",
+            "10.2.0.0/16",
+        ),
+        conf(
+            B,
+            A,
+            "aes128gcm16-prfsha256-x25519",
+            "aes128gcm16",
+            "10.2.0.0/16",
+            "10.1.0.0/16",
+        ),
+    );
+
+    // Initiator: no IKE_SA_INIT leaves (not with a zero nonce, not at
+    // all), the command says why, the failure is counted and logged.
+    fail_a.store(true, Ordering::SeqCst);
+    let e = p.a.initiate(p.now, "c").unwrap_err();
+    assert!(e.0.contains("random number generator"), "{e}");
+    assert!(
+        p.a.poll_transmit().is_none(),
+        "a message left without randomness"
+    );
+    assert_eq!(p.a.counter(IkeEvent::RngFailures), 1);
+    assert_eq!(p.a.counter(IkeEvent::IkeInitSent), 0);
+    assert!(p.a.status().is_empty());
+    let w = warnings(&mut p.a);
+    assert!(
+        w.iter()
+            .any(|m| m.contains("random number generator failed")),
+        "{w:?}"
+    );
+    assert_eq!(p.a.poll_timeout(), None, "nothing half-made is left behind");
+
+    // Responder: the request is not answered (the initiator retransmits).
+    fail_a.store(false, Ordering::SeqCst);
+    fail_b.store(true, Ordering::SeqCst);
+    p.a.initiate(p.now, "c").unwrap();
+    let t = p.a.poll_transmit().unwrap();
+    let ni = init_nonce(&t).unwrap();
+    assert!(ni.iter().any(|b| *b != 0), "a zero nonce");
+    p.b.handle(p.now, t.remote, t.local, &t.data);
+    assert!(
+        p.b.poll_transmit().is_none(),
+        "an answer left without randomness"
+    );
+    assert_eq!(p.b.counter(IkeEvent::RngFailures), 1);
+    assert_eq!(p.b.counter(IkeEvent::IkeInitAnswered), 0);
+    assert!(p.b.status().is_empty());
+    // The generator recovers: the retransmission is answered.
+    fail_b.store(false, Ordering::SeqCst);
+    p.advance(Duration::from_secs(2));
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+    p.assert_matched();
+
+    // A CREATE_CHILD_SA request the responder cannot draw a nonce for is
+    // refused with TEMPORARY_FAILURE; nothing is installed.
+    let a_in = p.a.sas[0].children[0].spi_in;
+    let installed_b = p.pb.sas.len();
+    fail_b.store(true, Ordering::SeqCst);
+    p.a.sas[0].tasks.push_back(Task::RekeyChild(a_in));
+    p.a.kick_now(0, p.now);
+    p.run();
+    assert_eq!(p.b.counter(IkeEvent::RngFailures), 2);
+    assert_eq!(p.pb.sas.len(), installed_b);
+    assert_eq!(p.a.counter(IkeEvent::ChildRekeys), 0);
+    assert_eq!(p.a.sas[0].children[0].state, ChildState::Installed);
+    fail_b.store(false, Ordering::SeqCst);
+
+    // Our own rekey without randomness is not sent and is retried later.
+    fail_a.store(true, Ordering::SeqCst);
+    let sent = p.a.counter(IkeEvent::MessagesOut);
+    p.a.sas[0].children[0].rekey_at = None;
+    p.a.sas[0].tasks.push_back(Task::RekeyChild(a_in));
+    p.a.sas[0].tasks.push_back(Task::RekeyIke);
+    p.a.kick_now(0, p.now);
+    assert_eq!(
+        p.a.counter(IkeEvent::MessagesOut),
+        sent,
+        "sent without randomness"
+    );
+    assert_eq!(p.a.counter(IkeEvent::RngFailures), 3);
+    assert_eq!(p.a.sas[0].children[0].state, ChildState::Installed);
+    assert_eq!(p.a.sas[0].children[0].rekey_at, Some(p.now + RETRY_DELAY));
+    assert_eq!(p.a.sas[0].rekey_at, Some(p.now + RETRY_DELAY));
+    fail_a.store(false, Ordering::SeqCst);
+    p.advance(RETRY_DELAY + Duration::from_secs(1));
+    assert_eq!(p.a.counter(IkeEvent::ChildRekeys), 1);
+    assert_eq!(p.a.counter(IkeEvent::IkeRekeys), 1);
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+    p.assert_matched();
+}
+
+/// Deletes every child of `e`'s first IKE SA (our INFORMATIONAL Delete).
+fn delete_children(p: &mut Pair, a_side: bool) {
+    let e = if a_side { &mut p.a } else { &mut p.b };
+    let spis: Vec<u32> = e.sas[0].children.iter().map(|c| c.spi_in).collect();
+    for s in spis {
+        e.sas[0].tasks.push_back(Task::DeleteChild(s));
+    }
+    e.kick_now(0, p.now);
+    p.run();
+}
+
+#[test]
+fn a_new_child_sa_on_an_established_ike_sa_with_and_without_pfs() {
+    for esp in ["aes128gcm16-x25519", "aes256gcm16-ecp256", "aes128gcm16"] {
+        let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", esp);
+        p.a.initiate(p.now, "c").unwrap();
+        p.run();
+        let ike = (p.a.status()[0].spi_i, p.a.status()[0].spi_r);
+        // A's child goes (like `swanctl --terminate --child`), then A
+        // asks for a new one on the same IKE SA.
+        delete_children(&mut p, true);
+        assert_eq!(child_counts(&p.a), vec![0], "{esp}");
+        assert_eq!(child_counts(&p.b), vec![0], "{esp}");
+        assert!(p.pa.sas.is_empty() && p.pb.sas.is_empty(), "{esp}");
+        p.a.initiate(p.now, "c").unwrap();
+        p.run();
+        assert_eq!(p.a.counter(IkeEvent::ChildFailed), 0, "{esp}");
+        assert_eq!(p.a.counter(IkeEvent::ChildrenEstablished), 2, "{esp}");
+        assert_eq!(p.b.counter(IkeEvent::ChildrenEstablished), 2, "{esp}");
+        assert_eq!(child_counts(&p.a), vec![1], "{esp}");
+        assert_eq!(child_counts(&p.b), vec![1], "{esp}");
+        assert_eq!(
+            (p.a.status()[0].spi_i, p.a.status()[0].spi_r),
+            ike,
+            "same IKE SA"
+        );
+        // Same keys both ways: with PFS both derived them with the new
+        // g^ir (RFC 7296 §2.17), which needs KEr in the answer.
+        p.assert_matched();
+        // A second initiate while the child lives is refused.
+        assert!(p.a.initiate(p.now, "c").is_err());
+
+        // The other way round: B (the IKE responder) creates the child.
+        delete_children(&mut p, false);
+        assert_eq!(child_counts(&p.a), vec![0], "{esp}");
+        p.b.initiate(p.now, "c").unwrap();
+        p.run();
+        assert_eq!(p.b.counter(IkeEvent::ChildFailed), 0, "{esp}");
+        assert_eq!(child_counts(&p.a), vec![1], "{esp}");
+        assert_eq!(child_counts(&p.b), vec![1], "{esp}");
+        p.assert_matched();
+    }
+}
+
+#[test]
+fn crafted_create_child_sa_without_rekey_sa_gets_nonce_and_ke() {
+    let mut p = rekeying(0, 0);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let (tsi, tsr) = (
+        Payload::TsI(p.a.conns[0].child.local_ts.clone()),
+        Payload::TsR(p.a.conns[0].child.remote_ts.clone()),
+    );
+    let ke = KeyExchange::generate(Group::Curve25519, &mut SystemRng).unwrap();
+    let ni = vec![7u8; 32];
+    let sa = Payload::Sa(p.a.child_proposals(0, 0x1234_5679, true));
+    let ans = crafted(
+        &mut p,
+        ExchangeType::CreateChildSa,
+        vec![
+            sa,
+            Payload::Nonce(ni.clone()),
+            Payload::Ke {
+                group: Group::Curve25519.id(),
+                data: ke.public_value().to_vec(),
+            },
+            tsi.clone(),
+            tsr.clone(),
+        ],
+        0,
+    )
+    .unwrap();
+    assert_eq!(notify_of(&ans), None, "{ans:?}");
+    let nr = get_nonce(&ans).expect("Nr (RFC 7296 §1.3.1)").to_vec();
+    assert_ne!(nr, ni);
+    let (kg, kr) = get_ke(&ans).expect("KEr: the request had KEi");
+    assert_eq!(kg, Group::Curve25519.id());
+    let g_ir = ke.agree(kr).unwrap();
+    let answer = get_sa(&ans).unwrap();
+    assert_eq!(answer.len(), 1);
+    let b_in = spi4(&answer[0].spi).unwrap();
+    assert!(get_ts(&ans).is_some());
+    // B installed the child with keys from the new shared secret.
+    apply(&mut p.b, &mut p.pb);
+    assert_eq!(p.b.counter(IkeEvent::ChildrenEstablished), 2);
+    let chosen = p.b.sas[0].chosen.unwrap();
+    let child = p.b.sas[0]
+        .children
+        .iter()
+        .find(|c| c.spi_in == b_in)
+        .unwrap();
+    let keys = derive_child_keys(
+        chosen.prf.unwrap(),
+        &p.a.sas[0].sk_d,
+        Some(&g_ir),
+        &ni,
+        &nr,
+        child.chosen.key_lens(),
+    )
+    .unwrap();
+    let (_, enc, _) = p.pb.sas.get(&(false, b_in)).unwrap();
+    assert_eq!(
+        enc,
+        &keys.enc_i.to_vec(),
+        "B's inbound = i->r keys with g^ir"
+    );
+    let (_, enc_out, _) = p.pb.sas.get(&(true, 0x1234_5679)).unwrap();
+    assert_eq!(enc_out, &keys.enc_r.to_vec());
+
+    // Without KEi (B's proposals allow no PFS only if it has no groups:
+    // this pair has them, so use one without): Nr, and no KEr.
+    let mut q = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    q.a.initiate(q.now, "c").unwrap();
+    q.run();
+    let sa = Payload::Sa(q.a.child_proposals(0, 0x1234_567a, false));
+    let ans = crafted(
+        &mut q,
+        ExchangeType::CreateChildSa,
+        vec![sa, Payload::Nonce(vec![8u8; 32]), tsi, tsr],
+        0,
+    )
+    .unwrap();
+    assert_eq!(notify_of(&ans), None, "{ans:?}");
+    assert!(get_nonce(&ans).is_some_and(|n| n != [8u8; 32]), "Nr");
+    assert!(get_ke(&ans).is_none(), "no KEr without KEi");
+    assert_eq!(q.b.counter(IkeEvent::ChildrenEstablished), 2);
+}
+
+/// An IKE_SA_INIT request of another initiator at A's address (its own
+/// SPI), handed to B at `at`; B's answer is discarded.
+fn foreign_init(p: &mut Pair, seed: u64, at: Duration) -> Ike {
+    let mut e = Ike::with_rng(
+        vec![conf(
+            A,
+            B,
+            "aes128gcm16-prfsha256-x25519",
+            "aes128gcm16",
+            "10.1.0.0/16",
+            "10.2.0.0/16",
+        )],
+        Ports::default(),
+        Box::new(SeededRng::new(seed)),
+    );
+    e.initiate(at, "c").unwrap();
+    let t = e.poll_transmit().unwrap();
+    p.b.handle(at, t.remote, t.local, &t.data);
+    assert!(p.b.poll_transmit().is_some(), "answered");
+    e
+}
+
+#[test]
+fn sa_handles_stay_put_and_messages_route_by_spi() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    let now = p.now;
+    let _others: Vec<Ike> = (0..3).map(|n| foreign_init(&mut p, 10 + n, now)).collect();
+    assert_eq!((p.b.sas.len(), p.b.half_open), (3, 3));
+    assert_eq!((p.b.by_spi.len(), p.b.by_init.len()), (3, 3));
+    let handles: Vec<usize> = p.b.sas.iter().map(|(i, _)| i).collect();
+    let spis: Vec<u64> = handles.iter().map(|&h| p.b.sas[h].spi_r).collect();
+
+    // Removing the first SA moves no other: same handles, same index entries.
+    p.b.destroy(handles[0], "test".into(), false);
+    p.b.rearm_dirty();
+    assert!(!p.b.by_spi.contains_key(&spis[0]));
+    for (h, spi) in handles.iter().zip(&spis).skip(1) {
+        assert_eq!(p.b.by_spi[spi], *h);
+        assert_eq!(p.b.sas[*h].spi_r, *spi);
+    }
+    assert_eq!((p.b.half_open, p.b.by_init.len()), (2, 2));
+
+    // A's handshake runs next to them, each message found by its SPI; the
+    // new SA may take the freed slot. A's INITIAL_CONTACT then clears the
+    // other half-open SAs of the connection.
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+    assert_eq!(p.b.counter(IkeEvent::InitialContactCleared), 2);
+    let (h, sa) = p.b.sas.iter().next().unwrap();
+    assert_eq!(p.b.sas.len(), 1);
+    assert_eq!(p.b.by_spi.get(&sa.spi_r), Some(&h));
+    assert_eq!(p.b.by_conn[0], vec![h]);
+    assert_eq!(p.b.half_open, 0);
+    // A message for a removed SA's SPI is not routed anywhere.
+    let mut data = vec![0u8; 28];
+    data[0..8].copy_from_slice(&sa.spi_i.wrapping_add(1).to_be_bytes());
+    data[8..16].copy_from_slice(&spis[1].to_be_bytes());
+    data[17] = 0x20;
+    data[18] = u8::from(ExchangeType::Informational);
+    data[19] = 0x08;
+    data[24..28].copy_from_slice(&28u32.to_be_bytes());
+    let before = p.b.counter(IkeEvent::DroppedUnknownSpi);
+    p.b.handle(
+        p.now,
+        p.a.sas[h_a(&p)].remote,
+        p.a.sas[h_a(&p)].local,
+        &data,
+    );
+    assert_eq!(p.b.counter(IkeEvent::DroppedUnknownSpi), before + 1);
+    p.assert_matched();
+}
+
+/// A's only SA.
+fn h_a(p: &Pair) -> usize {
+    p.a.sas.iter().next().unwrap().0
+}
+
+#[test]
+fn each_sa_has_its_timers_and_only_due_sas_are_visited() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    let t0 = p.now;
+    let s = Duration::from_secs;
+    let _others: Vec<Ike> = (0..3)
+        .map(|n| foreign_init(&mut p, 20 + n, t0 + s(10 * n)))
+        .collect();
+    assert_eq!(p.b.poll_timeout(), Some(t0 + HALF_OPEN_TIMEOUT));
+    assert_eq!(p.b.deadlines.len(), 3);
+    // Nothing due yet: no SA visited.
+    p.b.handle_timeout(t0 + s(29));
+    assert_eq!(p.b.timer_visits, 0);
+    // The first expires alone.
+    p.b.handle_timeout(t0 + HALF_OPEN_TIMEOUT);
+    assert_eq!(p.b.timer_visits, 1);
+    assert_eq!(p.b.counter(IkeEvent::HalfOpenExpired), 1);
+    assert_eq!(p.b.sas.len(), 2);
+    assert_eq!(p.b.poll_timeout(), Some(t0 + s(10) + HALF_OPEN_TIMEOUT));
+    // Both others at once.
+    p.b.handle_timeout(t0 + s(60));
+    assert_eq!(p.b.timer_visits, 3);
+    assert_eq!(p.b.sas.len(), 0);
+    assert!(p.b.deadlines.is_empty());
+    assert_eq!(p.b.poll_timeout(), None);
+
+    // An established pair with DPD: its deadline follows the traffic.
+    let mut ca = conf(
+        A,
+        B,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16",
+        "10.1.0.0/16",
+        "10.2.0.0/16",
+    );
+    ca.dpd_delay = s(20);
+    let cb = conf(
+        B,
+        A,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16",
+        "10.2.0.0/16",
+        "10.1.0.0/16",
+    );
+    let mut p = Pair::new(ca, cb);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let h = h_a(&p);
+    assert_eq!(p.a.sas[h].timers.get(Timer::Dpd), Some(p.now + s(20)));
+    assert_eq!(p.a.poll_timeout(), Some(p.now + s(20)));
+    p.advance(s(21));
+    assert_eq!(p.a.counter(IkeEvent::DpdSent), 1);
+    // The answer moved the deadline on; retransmission is not armed.
+    assert_eq!(
+        p.a.sas[h].timers.get(Timer::Dpd),
+        Some(p.now - s(1) + s(20))
+    );
+    assert_eq!(p.a.sas[h].timers.get(Timer::Retransmit), None);
 }

@@ -1,7 +1,7 @@
 use super::*;
 use proptest::prelude::*;
 
-fn hdr(exchange_type: u8) -> Header {
+fn hdr(exchange_type: ExchangeType) -> Header {
     Header {
         spi_i: 0x0102_0304_0506_0708,
         spi_r: 0x1112_1314_1516_1718,
@@ -84,13 +84,13 @@ fn all_plain_payloads() -> Vec<Payload> {
         Payload::Notify(Notify {
             protocol: 0,
             spi: vec![],
-            notify_type: notify::NAT_DETECTION_SOURCE_IP,
+            notify_type: NotifyType::NatDetectionSourceIp,
             data: vec![0x22; 20],
         }),
         Payload::Notify(Notify {
             protocol: protocol::ESP,
             spi: vec![1, 2, 3, 4],
-            notify_type: notify::REKEY_SA,
+            notify_type: NotifyType::RekeySa,
             data: vec![],
         }),
         Payload::Delete(Delete::Ike),
@@ -121,7 +121,7 @@ fn all_plain_payloads() -> Vec<Payload> {
             body: vec![0; 12],
         }]),
         Payload::Unknown {
-            payload_type: payload::CP,
+            payload_type: PayloadType::Cp,
             critical: false,
             body: vec![1, 0, 0, 0],
         },
@@ -131,7 +131,7 @@ fn all_plain_payloads() -> Vec<Payload> {
 fn msgs() -> Vec<Message> {
     vec![
         Message {
-            header: hdr(exchange::IKE_SA_INIT),
+            header: hdr(ExchangeType::IkeSaInit),
             payloads: all_plain_payloads(),
         },
         Message {
@@ -140,32 +140,32 @@ fn msgs() -> Vec<Message> {
                 initiator: false,
                 version: true,
                 minor_version: 1,
-                ..hdr(exchange::IKE_AUTH)
+                ..hdr(ExchangeType::IkeAuth)
             },
             payloads: vec![
                 Payload::Notify(Notify {
                     protocol: 0,
                     spi: vec![],
-                    notify_type: notify::INITIAL_CONTACT,
+                    notify_type: NotifyType::InitialContact,
                     data: vec![],
                 }),
                 Payload::Sk {
-                    first_payload: payload::IDI,
+                    first_payload: PayloadType::IdI,
                     data: vec![0x77; 64],
                 },
             ],
         },
         Message {
-            header: hdr(exchange::IKE_AUTH),
+            header: hdr(ExchangeType::IkeAuth),
             payloads: vec![Payload::Skf {
-                first_payload: payload::IDI,
+                first_payload: PayloadType::IdI,
                 number: 1,
                 total: 3,
                 data: vec![0x66; 48],
             }],
         },
         Message {
-            header: hdr(exchange::INFORMATIONAL),
+            header: hdr(ExchangeType::Informational),
             payloads: vec![],
         },
     ]
@@ -183,7 +183,10 @@ fn roundtrip_every_payload_kind() {
     // The kinds are all there.
     let m = &msgs()[0];
     for t in [33u8, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 47] {
-        assert!(m.payloads_of(t).next().is_some(), "payload {t}");
+        assert!(
+            m.payloads_of(PayloadType::from(t)).next().is_some(),
+            "payload {t}"
+        );
     }
     assert_eq!(m.notifies().count(), 2);
 }
@@ -192,22 +195,22 @@ fn roundtrip_every_payload_kind() {
 fn header_layout() {
     let b = msgs()[1].emit().unwrap();
     assert_eq!(&b[0..8], &[1, 2, 3, 4, 5, 6, 7, 8]);
-    assert_eq!(b[16], payload::NOTIFY);
+    assert_eq!(b[16], u8::from(PayloadType::Notify));
     assert_eq!(b[17], 0x21);
-    assert_eq!(b[18], exchange::IKE_AUTH);
+    assert_eq!(ExchangeType::from(b[18]), ExchangeType::IkeAuth);
     assert_eq!(b[19], 0x30); // R|V
     assert_eq!(be32(&b, 20), 7);
     // Notify's next payload is SK, SK's next payload is the inner first payload.
-    assert_eq!(b[28], payload::SK);
+    assert_eq!(b[28], u8::from(PayloadType::Sk));
     let sk = 28 + usize::from(be16(&b, 30));
-    assert_eq!(b[sk], payload::IDI);
+    assert_eq!(b[sk], u8::from(PayloadType::IdI));
     assert_eq!(usize::from(be16(&b, sk + 2)), 4 + 64);
 }
 
 #[test]
 fn key_length_attribute_is_tv() {
     let m = Message {
-        header: hdr(exchange::IKE_SA_INIT),
+        header: hdr(ExchangeType::IkeSaInit),
         payloads: vec![sa()],
     };
     let b = m.emit().unwrap();
@@ -227,16 +230,16 @@ fn key_length_attribute_is_tv() {
 #[test]
 fn unknown_critical_is_reported() {
     let mut m = Message {
-        header: hdr(exchange::IKE_AUTH),
+        header: hdr(ExchangeType::IkeAuth),
         payloads: vec![
             Payload::Nonce(vec![1; 16]),
             Payload::Unknown {
-                payload_type: 200,
+                payload_type: PayloadType::from(200),
                 critical: false,
                 body: vec![9; 3],
             },
             Payload::Unknown {
-                payload_type: 201,
+                payload_type: PayloadType::from(201),
                 critical: true,
                 body: vec![],
             },
@@ -245,7 +248,7 @@ fn unknown_critical_is_reported() {
     let b = m.emit().unwrap();
     let p = Message::parse(&b).unwrap();
     assert_eq!(p, m);
-    assert_eq!(p.unsupported_critical(), Some(201));
+    assert_eq!(p.unsupported_critical(), Some(PayloadType::from(201)));
     m.payloads.pop();
     assert_eq!(
         Message::parse(&m.emit().unwrap())
@@ -255,7 +258,7 @@ fn unknown_critical_is_reported() {
     );
     // The critical bit on a known payload is ignored (RFC 7296 §2.5).
     let mut b = Message {
-        header: hdr(exchange::IKE_AUTH),
+        header: hdr(ExchangeType::IkeAuth),
         payloads: vec![Payload::Nonce(vec![1; 16])],
     }
     .emit()
@@ -296,7 +299,7 @@ fn length_field_offsets(b: &[u8]) -> Vec<usize> {
         v.push(at + 2);
         let len = usize::from(be16(b, at + 2));
         let body = at + 4;
-        if ptype == payload::SA {
+        if ptype == u8::from(PayloadType::Sa) {
             let mut p = body;
             while p < at + len {
                 v.push(p + 2);
@@ -319,14 +322,14 @@ fn length_field_offsets(b: &[u8]) -> Vec<usize> {
                 p += plen;
             }
         }
-        if ptype == payload::TSI || ptype == payload::TSR {
+        if ptype == u8::from(PayloadType::TsI) || ptype == u8::from(PayloadType::TsR) {
             let mut s = body + 4;
             while s < at + len {
                 v.push(s + 2);
                 s += usize::from(be16(b, s + 2));
             }
         }
-        ptype = if ptype == payload::SK || ptype == payload::SKF {
+        ptype = if ptype == u8::from(PayloadType::Sk) || ptype == u8::from(PayloadType::Skf) {
             0
         } else {
             b[at]
@@ -432,7 +435,7 @@ fn specific_errors() {
 
 fn one(p: Payload) -> Vec<u8> {
     Message {
-        header: hdr(exchange::INFORMATIONAL),
+        header: hdr(ExchangeType::Informational),
         payloads: vec![p],
     }
     .emit()
@@ -457,7 +460,7 @@ fn payload_specific_errors() {
     let mut t = one(Payload::Notify(Notify {
         protocol: 3,
         spi: vec![1, 2, 3, 4],
-        notify_type: notify::REKEY_SA,
+        notify_type: NotifyType::RekeySa,
         data: vec![],
     }));
     t[33] = 5;
@@ -481,7 +484,7 @@ fn payload_specific_errors() {
     }
     // SKF fragment numbers.
     let f = one(Payload::Skf {
-        first_payload: 0,
+        first_payload: PayloadType::from(0),
         number: 2,
         total: 2,
         data: vec![1; 16],
@@ -494,17 +497,17 @@ fn payload_specific_errors() {
     }
     // Empty SA payload.
     let mut t = one(Payload::Nonce(vec![]));
-    t[16] = payload::SA;
+    t[16] = u8::from(PayloadType::Sa);
     assert_eq!(Message::parse(&t), Err(IkeError::BadProposal));
 }
 
 #[test]
 fn encrypted_must_be_last_and_not_nested() {
     let m = Message {
-        header: hdr(exchange::IKE_AUTH),
+        header: hdr(ExchangeType::IkeAuth),
         payloads: vec![
             Payload::Sk {
-                first_payload: 35,
+                first_payload: PayloadType::from(35),
                 data: vec![1; 8],
             },
             Payload::Nonce(vec![1]),
@@ -523,7 +526,7 @@ fn encrypted_must_be_last_and_not_nested() {
         &[
             Payload::Nonce(vec![1; 4]),
             Payload::Sk {
-                first_payload: 0,
+                first_payload: PayloadType::from(0),
                 data: vec![],
             },
         ],
@@ -540,7 +543,7 @@ fn encrypted_must_be_last_and_not_nested() {
 #[test]
 fn payload_count_is_bounded() {
     let mut m = Message {
-        header: hdr(exchange::INFORMATIONAL),
+        header: hdr(ExchangeType::Informational),
         payloads: vec![Payload::VendorId(vec![]); MAX_PAYLOADS],
     };
     let b = m.emit().unwrap();
@@ -548,7 +551,7 @@ fn payload_count_is_bounded() {
     // One more, built by hand since emit refuses it.
     let mut t = b.clone();
     let last = t.len() - 4;
-    t[last] = payload::VENDOR_ID;
+    t[last] = u8::from(PayloadType::VendorId);
     t.extend_from_slice(&[0, 0, 0, 4]);
     let n = t.len() as u32;
     t[24..28].copy_from_slice(&n.to_be_bytes());
@@ -562,7 +565,7 @@ fn emit_refuses_unencodable_values() {
     let too_big = Payload::Nonce(vec![0; 70_000]);
     assert_eq!(
         Message {
-            header: hdr(34),
+            header: hdr(ExchangeType::IkeSaInit),
             payloads: vec![too_big]
         }
         .emit(),
@@ -570,12 +573,12 @@ fn emit_refuses_unencodable_values() {
     );
     for p in [
         Payload::Unknown {
-            payload_type: payload::NONCE,
+            payload_type: PayloadType::Nonce,
             critical: false,
             body: vec![],
         },
         Payload::Unknown {
-            payload_type: 0,
+            payload_type: PayloadType::from(0),
             critical: false,
             body: vec![],
         },
@@ -585,13 +588,13 @@ fn emit_refuses_unencodable_values() {
         }),
     ] {
         let m = Message {
-            header: hdr(37),
+            header: hdr(ExchangeType::Informational),
             payloads: vec![p],
         };
         assert_eq!(m.emit(), Err(IkeError::Unencodable));
     }
     let m = Message {
-        header: hdr(37),
+        header: hdr(ExchangeType::Informational),
         payloads: vec![Payload::TsI(vec![])],
     };
     assert_eq!(m.emit(), Err(IkeError::BadTrafficSelector));
@@ -610,4 +613,63 @@ proptest! {
             prop_assert_eq!(Message::parse(&e).unwrap(), m);
         }
     }
+}
+
+#[test]
+fn codepoints_convert_both_ways_without_loss() {
+    for v in 0..=u8::MAX {
+        let e = ExchangeType::from(v);
+        assert_eq!(u8::from(e), v);
+        assert_eq!(e.as_str().is_some(), (34..=37).contains(&v), "{v}");
+    }
+    for v in [
+        0u16,
+        1,
+        7,
+        14,
+        17,
+        43,
+        100,
+        16383,
+        16384,
+        16393,
+        16431,
+        40000,
+        u16::MAX,
+    ] {
+        let n = NotifyType::from(v);
+        assert_eq!(u16::from(n), v);
+        assert_eq!(n.is_error(), v < 16384, "{v}");
+    }
+    // Known values get their variant and name; Unknown(n) of a known n is
+    // the same value.
+    assert_eq!(ExchangeType::from(36), ExchangeType::CreateChildSa);
+    assert_eq!(ExchangeType::Unknown(36), ExchangeType::CreateChildSa);
+    assert_eq!(NotifyType::from(16390), NotifyType::Cookie);
+    assert_eq!(NotifyType::Cookie.as_str(), Some("COOKIE"));
+    assert_eq!(NotifyType::Cookie.to_string(), "COOKIE");
+    assert_eq!(NotifyType::from(40000).to_string(), "40000");
+    assert_eq!(NotifyType::from(40000), NotifyType::Unknown(40000));
+    assert_eq!(ExchangeType::IkeSaInit.to_string(), "IKE_SA_INIT");
+    for v in 0..=u8::MAX {
+        let t = PayloadType::from(v);
+        assert_eq!(u8::from(t), v);
+        assert_eq!(is_decoded_type(t), (33..=46).contains(&v) || v == 53, "{v}");
+    }
+    assert_eq!(PayloadType::from(47), PayloadType::Cp);
+    assert_eq!(PayloadType::Skf.as_str(), Some("SKF"));
+    assert_eq!(PayloadType::from(200).to_string(), "200");
+    // An unknown exchange type survives parse and emit.
+    let m = Message {
+        header: hdr(ExchangeType::from(99)),
+        payloads: vec![Payload::Notify(Notify {
+            protocol: 0,
+            spi: vec![],
+            notify_type: NotifyType::from(40000),
+            data: vec![1],
+        })],
+    };
+    let b = m.emit().unwrap();
+    assert_eq!(b[18], 99);
+    assert_eq!(Message::parse(&b).unwrap(), m);
 }
