@@ -16,7 +16,7 @@ pub mod keygen;
 use crate::ike::{AuthMethod, IkeSettings, StartAction};
 use espgate_core::crypto::{Suite, SuiteError};
 use espgate_core::sa::replay::MAX_WINDOW;
-use espgate_core::sa::{Encap, Lifetime, Mode, Protocol, Sa, SaConfig};
+use espgate_core::sa::{per_cpu_key, Encap, Lifetime, Mode, Protocol, Sa, SaConfig};
 use espgate_core::selector::{PortRange, Prefix, TrafficSelector};
 use espgate_core::wire::proto;
 use espgate_ike::cert::{Certificate, Identity};
@@ -350,7 +350,7 @@ pub struct Connection {
     /// Per-CPU SAs (the RFC 9611 idea, manually keyed): this many ESP SA
     /// pairs with identical selectors; pair `k` has the SPIs `spi_in + k`,
     /// `spi_out + k` and keys derived from the configured ones
-    /// ([`per_cpu_key`]). Worker `w` sends on pair `w % per_cpu_sas`; the
+    /// ([`espgate_core::sa::per_cpu_key`]). Worker `w` sends on pair `w % per_cpu_sas`; the
     /// receiver's sockets steer each SPI to one worker. 1: plain.
     pub per_cpu_sas: u32,
     /// SA lifetime limits.
@@ -363,30 +363,6 @@ pub struct Connection {
     /// configured, so `esp` and `ah` are `None` and [`Connection::sa_configs`]
     /// is empty until IKE installs SAs. See [`crate::ike`].
     pub ike: Option<IkeSettings>,
-}
-
-/// The key of per-CPU SA `k` made from a configured key: `k = 0` is the
-/// key itself; otherwise HMAC-SHA256(key, "espgate per-CPU SA" || k as
-/// 4 bytes || block counter as 1 byte) blocks, cut to the key's length.
-/// Both espgate peers derive the same keys; every pair has its own, so no
-/// two SAs share a key (and so never a nonce).
-pub fn per_cpu_key(key: &[u8], k: u32) -> Zeroizing<Vec<u8>> {
-    if k == 0 || key.is_empty() {
-        return Zeroizing::new(key.to_vec());
-    }
-    let hk = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, key);
-    let mut out = Zeroizing::new(Vec::with_capacity(key.len() + 32));
-    let mut block = 1u8;
-    while out.len() < key.len() {
-        let mut ctx = aws_lc_rs::hmac::Context::with_key(&hk);
-        ctx.update(b"espgate per-CPU SA");
-        ctx.update(&k.to_be_bytes());
-        ctx.update(&[block]);
-        out.extend_from_slice(ctx.sign().as_ref());
-        block = block.wrapping_add(1);
-    }
-    out.truncate(key.len());
-    out
 }
 
 /// A connection's SAs, ready for [`Sa::new`].
@@ -4395,16 +4371,7 @@ integ_out = "{K20B}"
 
     #[test]
     fn per_cpu_keys_are_derived_distinct_and_checked() {
-        let k = [0x42u8; 20];
-        assert_eq!(per_cpu_key(&k, 0).to_vec(), k.to_vec());
-        let k1 = per_cpu_key(&k, 1);
-        let k2 = per_cpu_key(&k, 2);
-        assert_eq!((k1.len(), k2.len()), (20, 20));
-        assert_ne!(k1.to_vec(), k.to_vec());
-        assert_ne!(k1.to_vec(), k2.to_vec());
-        assert_eq!(per_cpu_key(&k, 1).to_vec(), k1.to_vec(), "deterministic");
-        // Longer keys than one HMAC block.
-        assert_eq!(per_cpu_key(&[1u8; 68], 3).len(), 68);
+        // The derivation itself is tested in espgate_core::sa::per_cpu.
         let c = parse_str(&conn("b", "per_cpu_sas = 3", &good_esp(0x1001, 0x2001)))
             .unwrap_or_else(|e| panic!("{e}"));
         let sas = c.connections[0].sa_configs();
@@ -4412,6 +4379,13 @@ integ_out = "{K20B}"
         let base = spis[0];
         assert_eq!(spis, [base, base + 1, base + 2]);
         assert_eq!(sas.inbound.len(), 3);
+        // Pair k's keys are the derived ones, distinct per pair.
+        let esp = c.connections[0].esp.as_ref().unwrap();
+        for (k, s) in sas.outbound.iter().enumerate() {
+            let want = per_cpu_key(&esp.enc_out, k as u32);
+            assert_eq!(&s.enc_key[..], &want[..], "pair {k}");
+        }
+        assert_ne!(sas.outbound[0].enc_key, sas.outbound[1].enc_key);
         assert_has(
             &err(&conn("b", "per_cpu_sas = 0", &good_esp(0x1001, 0x2001))),
             &["per_cpu_sas", "expected 1 to 64"],

@@ -2228,8 +2228,8 @@ mod tests {
             "two outbound copies, one inbound on worker 0"
         );
         assert_ne!(
-            espgate_config::per_cpu_key(&[7u8; 20], 1).to_vec(),
-            espgate_config::per_cpu_key(&[7u8; 20], 0).to_vec()
+            espgate_core::sa::per_cpu_key(&[7u8; 20], 1).to_vec(),
+            espgate_core::sa::per_cpu_key(&[7u8; 20], 0).to_vec()
         );
     }
 
