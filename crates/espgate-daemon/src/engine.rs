@@ -90,7 +90,7 @@ impl ConnState {
     /// True when every layer has its outbound SA.
     pub fn can_send(&self) -> bool {
         let n = self.out_ids.len();
-        n == layers(self.conn.protocol).len() || (self.conn.per_cpu_sas > 1 && n >= 1)
+        n == layers(self.conn.protocol()).len() || (self.conn.per_cpu_sas > 1 && n >= 1)
     }
 }
 
@@ -116,7 +116,7 @@ struct SaMeta {
 /// the worst of its ESP proposals (the TUN MTU is sized at start, before
 /// any SA exists). Zero for a manually keyed connection.
 fn ike_overhead(c: &Connection) -> usize {
-    let Some(ike) = &c.ike else { return 0 };
+    let Some(ike) = c.ike() else { return 0 };
     let outer = match (c.mode, c.remote) {
         (Mode::Transport, _) => 0,
         (Mode::Tunnel, IpAddr::V6(_)) => 40,
@@ -682,7 +682,7 @@ impl Engine {
         let conn = self.policy_conn[pi];
         if !self.conns[conn].can_send() {
             let c = &self.conns[conn].conn;
-            let missing: Vec<&str> = layers(c.protocol)
+            let missing: Vec<&str> = layers(c.protocol())
                 .iter()
                 .filter(|p| {
                     !self.conns[conn]
@@ -1150,7 +1150,7 @@ impl Engine {
     /// True when the SAs just applied (outermost first) are connection
     /// `c`'s inbound bundle: one of its inbound SAs per layer, AH outside.
     fn is_inbound_bundle(&self, c: usize) -> bool {
-        let want = layers(self.conns[c].conn.protocol);
+        let want = layers(self.conns[c].conn.protocol());
         self.applied.len() == want.len()
             && self.applied.iter().zip(want.iter().rev()).all(|(id, p)| {
                 self.meta_of(*id)
@@ -1259,7 +1259,7 @@ impl Engine {
         let protocol = if has("proto") {
             parsed.protocol
         } else {
-            match c.protocol {
+            match c.protocol() {
                 Protocols::Esp => Protocol::Esp,
                 Protocols::Ah => Protocol::Ah,
                 Protocols::EspAh => {
@@ -1270,12 +1270,12 @@ impl Engine {
                 }
             }
         };
-        if !layers(c.protocol).contains(&protocol) {
+        if !layers(c.protocol()).contains(&protocol) {
             return Err(format!(
                 "proto={}: connection \"{}\" uses {}, not {}",
                 protocol.name(),
                 c.name,
-                c.protocol.name(),
+                c.protocol().name(),
                 protocol.name()
             ));
         }
@@ -1429,7 +1429,7 @@ impl Engine {
             if let Some(o) = old {
                 self.remove_sa(o);
             }
-            let at = layers(self.conns[ci].conn.protocol)
+            let at = layers(self.conns[ci].conn.protocol())
                 .iter()
                 .position(|p| *p == protocol)
                 .unwrap_or(0)
@@ -1746,7 +1746,7 @@ impl Engine {
                 ConnectionStatus {
                     name: k.name.clone(),
                     mode: mode_name(k.mode).into(),
-                    protocol: k.protocol.name().into(),
+                    protocol: k.protocol().name().into(),
                     encap: k.encap.name().into(),
                     local: k.local.to_string(),
                     remote,
@@ -2194,8 +2194,8 @@ mod tests {
         cb.connections[0].per_cpu_sas = 2;
         // SPI ranges of two pairs each that do not overlap: A sends on
         // 0x2000, 0x2001 and receives on 0x1001, 0x1002.
-        ca.connections[0].esp.as_mut().unwrap().spi_out = 0x2000;
-        cb.connections[0].esp.as_mut().unwrap().spi_in = 0x2000;
+        ca.connections[0].esp_mut().unwrap().spi_out = 0x2000;
+        cb.connections[0].esp_mut().unwrap().spi_in = 0x2000;
         let mut aw = Engine::for_workers(&ca, None, T, 2).unwrap();
         let mut bw = Engine::for_workers(&cb, None, T, 2).unwrap();
         // Worker w of A sends on 0x2000 + w; B receives 0x2000 + w on

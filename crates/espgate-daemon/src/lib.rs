@@ -116,7 +116,7 @@ fn open_sockets(cfg: &LoadedConfig, k: usize, reuseport: bool) -> Result<Sockets
     {
         let v6 = c.local.is_ipv6();
         // The outermost header: AH for "ah" and "esp+ah".
-        let p = if c.protocol.has_ah() {
+        let p = if c.protocol().has_ah() {
             proto::AH
         } else {
             proto::ESP
