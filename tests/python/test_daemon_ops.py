@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 
 import pytest
 
@@ -422,19 +423,71 @@ def unit_settings():
     return out
 
 
-def test_systemd_unit_settings():
+def test_systemd_unit_settings(espgate, tmp_path):
     s = unit_settings()
     svc = s["Service"]
     assert svc["ExecStart"] == ["/usr/local/bin/espgate up -c /etc/espgate/%i.toml"]
     assert svc["Type"] == ["notify"] and svc["Restart"] == ["on-failure"]
-    # The defaults of gateway.state_dir and gateway.control_socket.
+    # The defaults of gateway.state_dir and gateway.control_socket, as
+    # espgate itself reports them for a file that sets neither.
     assert svc["StateDirectory"] == ["espgate"] and svc["RuntimeDirectory"] == ["espgate"]
-    cfg = (ROOT / "crates/espgate-config/src/lib.rs").read_text()
-    assert '"/run/espgate/espgate.sock"' in cfg and '"/var/lib/espgate"' in cfg
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text("[gateway]\ntun = \"espgate0\"\n")
+    gw = tomllib.loads(run(espgate, "config", "check", "-c", str(cfg)).stdout)["gateway"]
+    assert gw["control_socket"] == "/run/espgate/espgate.sock"
+    assert gw["state_dir"] == "/var/lib/espgate"
+    assert gw["control_socket"].startswith(f"/run/{svc['RuntimeDirectory'][0]}/")
+    assert gw["state_dir"] == f"/var/lib/{svc['StateDirectory'][0]}"
     assert set(svc["CapabilityBoundingSet"][0].split()) == {"CAP_NET_ADMIN", "CAP_NET_RAW"}
     assert svc["DeviceAllow"] == ["/dev/net/tun rw"]
     assert "AF_NETLINK" in svc["RestrictAddressFamilies"][0]
     assert s["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+KEY_IN = "000102030405060708090a0b0c0d0e0f10111213"
+KEY_OUT = "101112131415161718191a1b1c1d1e1f20212223"
+
+
+def test_config_check(espgate, tmp_path):
+    """`espgate config check`: the effective configuration with the keys
+    redacted, as TOML and JSON, warnings on stderr; errors exit 2."""
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(f"""[[connection]]
+name = "b"
+local = "192.0.2.1"
+remote = "192.0.2.2"
+local_ts = ["10.1.0.0/16"]
+remote_ts = ["10.2.0.0/16"]
+replay_window = 0
+
+[connection.esp]
+suite = "aes128gcm16"
+spi_in = 0x1001
+spi_out = 0x1002
+enc_in = "{KEY_IN}"
+enc_out = "{KEY_OUT}"
+""")
+    cfg.chmod(0o600)
+    r = run(espgate, "config", "check", "-c", str(cfg))
+    assert "replay_window" in r.stderr and "disables anti-replay" in r.stderr, r.stderr
+    eff = tomllib.loads(r.stdout)
+    b = eff["connection"][0]
+    assert (b["remote_port"], b["mode"], b["replay_window"]) == (4500, "tunnel", 0)
+    assert b["esp"]["enc_in"] == "<redacted>" and b["esp"]["spi_out"] == 0x1002
+    assert eff["gateway"]["listen"] == "0.0.0.0:4500"
+    j = json.loads(run(espgate, "config", "check", "--json", "-c", str(cfg)).stdout)
+    assert j["connection"][0]["esp"]["enc_out"] == "<redacted>"
+    # The same values; what TOML leaves out (no metrics, no fwmark) is null in JSON.
+    assert {k: v for k, v in j["gateway"].items() if v is not None} == eff["gateway"]
+    assert j["gateway"]["metrics"] is None and j["gateway"]["fwmark"] is None
+    for out in (r.stdout, r.stderr, json.dumps(j)):
+        assert KEY_IN[:10] not in out and KEY_OUT[:10] not in out
+    # Errors: exit status 2, every one with its position, no key.
+    cfg.write_text(cfg.read_text().replace("spi_in = 0x1001", "spi_in = 0x10").replace(KEY_OUT, KEY_OUT[:30]))
+    r = run(espgate, "config", "check", "-c", str(cfg), check=False)
+    assert r.returncode == 2 and r.stdout == "", r
+    assert "gw.toml:11:10: connection[0].esp.spi_in (connection \"b\"): SPI 0x10 is reserved" in r.stderr, r.stderr
+    assert "connection[0].esp.enc_out" in r.stderr and KEY_OUT[:10] not in r.stderr, r.stderr
 
 
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="needs systemd-analyze (package systemd)")

@@ -1,55 +1,36 @@
-//! A connection's `[connection.ike]` table, validated and loaded
-//! ([`IkeSettings`], made by [`crate`]), and its translation into
-//! the core engine's [`IkeConfig`].
+//! A connection's `[connection.ike]` table: its checks, and the validated
+//! [`IkeSettings`] with their key material loaded. The engine's
+//! configuration is made from a connection by
+//! [`Connection::ike_config`](crate::Connection::ike_config).
 //!
-//! The key files the table names are read by the configuration loader;
-//! what is kept here is the loaded material (the PSK in a [`Zeroizing`]
-//! buffer, the private key behind an [`Arc`](std::sync::Arc), certificates,
-//! public keys),
-//! so the engine never reads a file. `Debug` shows the kind of each
-//! secret, never its value.
-//!
-//! [`Zeroizing`]: zeroize::Zeroizing
+//! The files the table names are read here; what is kept is the loaded
+//! material (the PSK in a [`Zeroizing`] buffer, the private key behind an
+//! [`Arc`], certificates, public keys), so the engine never reads a file.
+//! `Debug` shows the kind of each secret, never its value.
 
-use crate::Connection;
-use espgate_core::selector::Prefix;
-use espgate_ike::cert::Identity;
-use espgate_ike::config::{ChildConfig, DpdAction, IkeConfig, LocalAuth, RemoteAuth, Retransmit};
-use espgate_ike::proposal::ProposalSpec;
-use espgate_ike::ts;
-use serde::Deserialize;
+use crate::diag::{span, At, Validator};
+use crate::files::{read_secret_bytes, MAX_CERT_FILE_BYTES, MAX_KEY_FILE_BYTES};
+use crate::sa::decode_hex;
+use crate::schema::{format_duration, value, DpdActionName, Encapsulation, IkeTable, Scalar};
+pub use crate::schema::{AuthMethod, StartAction};
+use espgate_ike::cert::{Certificate, Identity};
+use espgate_ike::config::{DpdAction, LocalAuth, RemoteAuth, Retransmit};
+use espgate_ike::proposal::{ProposalKind, ProposalSpec};
+use espgate_ike::sig::{PrivateKey, PublicKey};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+use toml::Spanned;
+use zeroize::Zeroizing;
 
-/// An authentication method as the file names it (`auth`, `remote_auth`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AuthMethod {
-    /// Pre-shared key (`psk_file`).
-    Psk,
-    /// Signatures: our `private_key` (with `cert`, or as a raw public key);
-    /// for the peer, a certificate from `ca` or the `remote_public_key`.
-    Pubkey,
-}
-
-impl AuthMethod {
-    /// The keyword in the file.
-    pub fn name(self) -> &'static str {
-        match self {
-            AuthMethod::Psk => "psk",
-            AuthMethod::Pubkey => "pubkey",
-        }
-    }
-}
-
-/// What the daemon does with the connection when it starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StartAction {
-    /// Nothing: wait for the peer, or `espgate initiate NAME`.
-    None,
-    /// Initiate the IKE SA and its child SA at start-up.
-    Start,
-}
+/// Default `[connection.ike]` `proposals`.
+pub const DEFAULT_IKE_PROPOSALS: &[&str] =
+    &["aes128gcm16-prfsha256-x25519", "aes256-sha256-modp2048"];
+/// Default `[connection.ike]` `esp_proposals`.
+pub const DEFAULT_ESP_PROPOSALS: &[&str] = &["aes128gcm16", "aes256-sha256"];
+/// A pre-shared key shorter than this draws a warning.
+const MIN_GOOD_PSK: usize = 20;
 
 /// The validated `[connection.ike]` table of a connection, with its key
 /// material loaded.
@@ -89,6 +70,29 @@ pub struct IkeSettings {
     pub retransmit: Retransmit,
     /// Make both sides see a NAT, so that ESP is UDP-encapsulated.
     pub force_encap: bool,
+    /// What the table said that the loaded values no longer show.
+    pub source: IkeSource,
+}
+
+/// The proposal strings and file paths of a `[connection.ike]` table, as
+/// given or defaulted (paths made absolute against the file's directory):
+/// what the effective configuration shows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IkeSource {
+    /// `proposals`.
+    pub proposals: Vec<String>,
+    /// `esp_proposals`.
+    pub esp_proposals: Vec<String>,
+    /// `psk_file`.
+    pub psk_file: Option<PathBuf>,
+    /// `private_key`.
+    pub private_key: Option<PathBuf>,
+    /// `cert`.
+    pub cert: Option<PathBuf>,
+    /// `ca`.
+    pub ca: Option<PathBuf>,
+    /// `remote_public_key`.
+    pub remote_public_key: Option<PathBuf>,
 }
 
 impl IkeSettings {
@@ -107,53 +111,1428 @@ impl IkeSettings {
             RemoteAuth::PublicKey(_) | RemoteAuth::Ca(_) => AuthMethod::Pubkey,
         }
     }
+
+    /// The table that says exactly these settings, every key given (files
+    /// by their paths: no secret is in it).
+    pub fn to_table(&self) -> IkeTable {
+        let list = |l: &[String]| Some(value(l.iter().map(|s| value(s.clone())).collect()));
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| value(p.display().to_string()));
+        let time = |d: Duration| Some(value(Scalar::Str(format_duration(d))));
+        IkeTable {
+            proposals: list(&self.source.proposals),
+            esp_proposals: list(&self.source.esp_proposals),
+            local_id: Some(value(self.local_id.to_string())),
+            remote_id: Some(value(
+                self.remote_id
+                    .as_ref()
+                    .map_or_else(|| "%any".to_string(), |id| id.to_string()),
+            )),
+            auth: Some(self.auth()),
+            remote_auth: Some(self.remote_auth_method()),
+            psk_file: path(&self.source.psk_file),
+            private_key: path(&self.source.private_key),
+            cert: path(&self.source.cert),
+            ca: path(&self.source.ca),
+            remote_public_key: path(&self.source.remote_public_key),
+            start_action: Some(self.start_action),
+            rekey_time: time(self.rekey_time),
+            child_rekey_time: time(self.child_rekey_time),
+            child_life_time: time(self.child_life_time),
+            jitter: time(self.jitter),
+            dpd_delay: time(self.dpd_delay),
+            dpd_action: Some(match self.dpd_action {
+                DpdAction::Clear => DpdActionName::Clear,
+                DpdAction::Restart => DpdActionName::Restart,
+            }),
+            retransmit_timeout: time(self.retransmit.timeout),
+            retransmit_tries: Some(value(self.retransmit.tries.into())),
+            force_encap: Some(value(self.force_encap)),
+        }
+    }
 }
 
-/// The IKE engine's configuration of a connection with a
-/// `[connection.ike]` table (`None` without one): name, addresses,
-/// identities, loaded authentication material, proposals, timers, and the
-/// child SA's traffic selectors — every `local_ts` and `remote_ts` prefix
-/// as a range selector with the connection's `proto` (ICMP resolved per
-/// family, 0 for any) and all ports — and mode.
-pub fn ike_config(c: &Connection) -> Option<IkeConfig> {
-    let s = c.ike.as_ref()?;
-    let selectors = |list: &[Prefix]| {
-        list.iter()
-            .map(|p| ts::from_prefix(*p, c.proto.for_family(p.addr().is_ipv6()).unwrap_or(0)))
-            .collect::<Vec<_>>()
-    };
-    Some(IkeConfig {
-        name: c.name.clone(),
-        local: c.local,
-        remote: c.remote,
-        local_id: s.local_id.clone(),
-        remote_id: s.remote_id.clone(),
-        local_auth: s.local_auth.clone(),
-        remote_auth: s.remote_auth.clone(),
-        proposals: s.proposals.clone(),
-        child: ChildConfig {
-            local_ts: selectors(&c.local_ts),
-            remote_ts: selectors(&c.remote_ts),
-            mode: c.mode,
-            proposals: s.esp_proposals.clone(),
-            rekey_time: s.child_rekey_time,
-            life_time: s.child_life_time,
-            jitter: s.jitter,
-        },
-        rekey_time: s.rekey_time,
-        jitter: s.jitter,
-        dpd_delay: s.dpd_delay,
-        dpd_action: s.dpd_action,
-        retransmit: s.retransmit,
-        force_encap: s.force_encap,
+/// `%any` (any case): accept whatever identity the peer authenticates.
+fn is_any_id(s: &str) -> bool {
+    s.trim().eq_ignore_ascii_case("%any")
+}
+
+fn parse_identity(s: &str) -> Result<Identity, String> {
+    Identity::parse(s).map_err(|e| {
+        format!(
+            "{s:?}: {e} (expected an address, an FQDN such as \"moon.example\", an email \
+             address, a DN such as \"C=CH, O=Example, CN=moon\" or \"@#\" and a hex key id)"
+        )
     })
 }
 
-/// True when the daemon should initiate the connection as it starts
-/// (`start_action = "start"`); false for `"none"` and for connections
-/// without IKE.
-pub fn start_on_boot(c: &Connection) -> bool {
-    c.ike
-        .as_ref()
-        .is_some_and(|s| s.start_action == StartAction::Start)
+fn address_identity(a: IpAddr) -> Identity {
+    match a {
+        IpAddr::V4(a) => Identity::Ipv4(a),
+        IpAddr::V6(a) => Identity::Ipv6(a),
+    }
+}
+
+/// A PSK file's contents: `0x` and hex digits (whitespace ignored), or
+/// else the bytes themselves, without one final newline (`\n` or `\r\n`).
+/// Messages never quote the input.
+fn parse_psk(raw: &[u8]) -> Result<Zeroizing<Vec<u8>>, String> {
+    let mut t = raw;
+    if let Some(rest) = t.strip_suffix(b"\n") {
+        t = rest.strip_suffix(b"\r").unwrap_or(rest);
+    }
+    let psk = if t.starts_with(b"0x") || t.starts_with(b"0X") {
+        let s = std::str::from_utf8(t).map_err(|_| {
+            "starts with 0x but is not hex (a text key may not start with 0x)".to_string()
+        })?;
+        decode_hex(s).map_err(|e| format!("starts with 0x but is {e}"))?
+    } else {
+        Zeroizing::new(t.to_vec())
+    };
+    if psk.is_empty() {
+        return Err("the pre-shared key is empty".into());
+    }
+    Ok(psk)
+}
+
+/// Checks `[connection.ike]` (`at` is the table) and loads the files it
+/// names; `local`, `remote` and `encap` are the connection's.
+pub(crate) fn settings(
+    v: &mut Validator,
+    at: &At,
+    r: &IkeTable,
+    (local, remote): (Option<IpAddr>, Option<IpAddr>),
+    encap: Encapsulation,
+) -> Option<IkeSettings> {
+    let before = v.error_count();
+    let key = |k: &str, s: &Option<Spanned<String>>| at.key(k, span(s));
+    let file = |f: &Option<Spanned<String>>| f.as_ref().map(|f| v.base_dir.join(f.get_ref()));
+    let source_files = (
+        file(&r.psk_file),
+        file(&r.private_key),
+        file(&r.cert),
+        file(&r.ca),
+        file(&r.remote_public_key),
+    );
+
+    let proposals = proposal_list(
+        v,
+        at,
+        "proposals",
+        ProposalKind::Ike,
+        &r.proposals,
+        DEFAULT_IKE_PROPOSALS,
+    );
+    let esp_proposals = proposal_list(
+        v,
+        at,
+        "esp_proposals",
+        ProposalKind::Esp,
+        &r.esp_proposals,
+        DEFAULT_ESP_PROPOSALS,
+    );
+
+    // Identities.
+    let local_id_at = key("local_id", &r.local_id);
+    let local_id = match r.local_id.as_ref().map(|s| s.get_ref().as_str()) {
+        Some(s) if is_any_id(s) => {
+            v.err(
+                local_id_at,
+                "\"%any\" is for remote_id only: we must tell the peer who we are",
+            );
+            None
+        }
+        Some(s) => v.check(local_id_at, parse_identity(s)),
+        None => local.map(address_identity),
+    };
+    let remote_id = match r.remote_id.as_ref().map(|s| s.get_ref().as_str()) {
+        Some(s) if is_any_id(s) => Some(None),
+        Some(s) => v
+            .check(key("remote_id", &r.remote_id), parse_identity(s))
+            .map(Some),
+        None => remote.map(|a| Some(address_identity(a))),
+    };
+
+    // Authentication material.
+    let auth = r.auth.unwrap_or(AuthMethod::Psk);
+    let remote_auth = r.remote_auth.unwrap_or(auth);
+    let auth_words = if r.auth.is_some() {
+        format!("auth = \"{}\"", auth.name())
+    } else {
+        format!("auth = \"{}\" (the default)", auth.name())
+    };
+    let remote_auth_words = if r.remote_auth.is_some() {
+        format!("remote_auth = \"{}\"", remote_auth.name())
+    } else {
+        format!(
+            "remote_auth = \"{}\" (the default: as auth)",
+            remote_auth.name()
+        )
+    };
+    let uses_psk = auth == AuthMethod::Psk || remote_auth == AuthMethod::Psk;
+    let psk = match (&r.psk_file, uses_psk) {
+        (Some(f), true) => psk_file(v, key("psk_file", &r.psk_file), f.get_ref()),
+        (None, true) => {
+            let who = if auth == AuthMethod::Psk {
+                &auth_words
+            } else {
+                &remote_auth_words
+            };
+            v.err(
+                at.clone(),
+                format!(
+                    "{who} needs psk_file = \"PATH\": a file with mode 0600 holding the \
+                     pre-shared key (make one with `espgate keygen --type psk --out PATH`)"
+                ),
+            );
+            None
+        }
+        (Some(_), false) => {
+            v.err(
+                key("psk_file", &r.psk_file),
+                "psk_file is not used: neither auth nor remote_auth is \"psk\"; remove it",
+            );
+            None
+        }
+        (None, false) => None,
+    };
+
+    let local_auth = match auth {
+        AuthMethod::Psk => {
+            for (k, given) in [("private_key", &r.private_key), ("cert", &r.cert)] {
+                if given.is_some() {
+                    v.err(
+                        key(k, given),
+                        format!(
+                            "{k} is only used with auth = \"pubkey\", but {auth_words}; \
+                             set auth = \"pubkey\" or remove {k}"
+                        ),
+                    );
+                }
+            }
+            psk.clone().map(LocalAuth::Psk)
+        }
+        AuthMethod::Pubkey => {
+            let pkey = match &r.private_key {
+                Some(f) => private_key_file(v, key("private_key", &r.private_key), f.get_ref()),
+                None => {
+                    v.err(
+                        at.clone(),
+                        "auth = \"pubkey\" needs private_key = \"PATH\", a PEM private key \
+                         (make one with `espgate keygen --type ed25519 --out PATH`)",
+                    );
+                    None
+                }
+            };
+            let certs = match &r.cert {
+                Some(f) => cert_file(v, key("cert", &r.cert), f.get_ref()),
+                None => Some(Vec::new()),
+            };
+            if let (Some(pkey), Some(first)) = (&pkey, certs.as_ref().and_then(|c| c.first())) {
+                cert_vs_key(v, at, r, first, pkey, local_id.as_ref());
+            }
+            match (pkey, certs) {
+                (Some(pkey), Some(certs)) => Some(LocalAuth::Signature {
+                    key: Arc::new(pkey),
+                    certs,
+                }),
+                _ => None,
+            }
+        }
+    };
+
+    let remote_auth = match remote_auth {
+        AuthMethod::Psk => {
+            for (k, given) in [("ca", &r.ca), ("remote_public_key", &r.remote_public_key)] {
+                if given.is_some() {
+                    v.err(
+                        key(k, given),
+                        format!(
+                            "{k} is only used with remote_auth = \"pubkey\", but \
+                             {remote_auth_words}; set remote_auth = \"pubkey\" or remove {k}"
+                        ),
+                    );
+                }
+            }
+            psk.map(RemoteAuth::Psk)
+        }
+        AuthMethod::Pubkey => match (&r.ca, &r.remote_public_key) {
+            (Some(_), Some(_)) => {
+                v.err(
+                    key("remote_public_key", &r.remote_public_key),
+                    "ca and remote_public_key are both given: the peer proves who it is \
+                     with a certificate issued by a CA in ca, or with the raw public key \
+                     remote_public_key; keep one",
+                );
+                None
+            }
+            (None, None) => {
+                v.err(
+                    at.clone(),
+                    format!(
+                        "{remote_auth_words} needs ca = \"PATH\" (CA certificates, PEM: the \
+                         peer's certificate must chain to one) or remote_public_key = \
+                         \"PATH\" (the peer's public key, PEM)"
+                    ),
+                );
+                None
+            }
+            (Some(f), None) => cert_file(v, key("ca", &r.ca), f.get_ref()).map(RemoteAuth::Ca),
+            (None, Some(f)) => public_key_file(
+                v,
+                key("remote_public_key", &r.remote_public_key),
+                f.get_ref(),
+            )
+            .map(RemoteAuth::PublicKey),
+        },
+    };
+
+    // Timers.
+    let dur =
+        |v: &mut Validator, k: &str, s: &Option<Spanned<Scalar>>, default: Duration, max: u64| {
+            let Some(s) = s else { return Some(default) };
+            let here = at.key(k, Some(s.span()));
+            let d = v
+                .check(here.clone(), s.get_ref().duration())?
+                .unwrap_or(Duration::ZERO);
+            if d.as_secs() > max {
+                v.err(
+                    here,
+                    format!(
+                        "{} is too long: at most {}",
+                        s.get_ref(),
+                        format_duration(Duration::from_secs(max))
+                    ),
+                );
+                return None;
+            }
+            Some(d)
+        };
+    const YEAR: u64 = 365 * 86400;
+    let rekey_time = dur(
+        v,
+        "rekey_time",
+        &r.rekey_time,
+        Duration::from_secs(4 * 3600),
+        YEAR,
+    );
+    let child_rekey_time = dur(
+        v,
+        "child_rekey_time",
+        &r.child_rekey_time,
+        Duration::from_secs(3600),
+        YEAR,
+    );
+    let child_life_time = match child_rekey_time {
+        Some(rk) => dur(v, "child_life_time", &r.child_life_time, rk + rk / 10, YEAR),
+        None => None,
+    };
+    if let (Some(rk), Some(life)) = (child_rekey_time, child_life_time) {
+        if !rk.is_zero() && !life.is_zero() && life <= rk {
+            v.err(
+                at.key("child_life_time", span(&r.child_life_time)),
+                format!(
+                    "{} is not above child_rekey_time ({}): the child SA would expire \
+                     before it is rekeyed",
+                    format_duration(life),
+                    format_duration(rk)
+                ),
+            );
+        } else if rk.is_zero() && !life.is_zero() {
+            v.warn(
+                at.key("child_rekey_time", span(&r.child_rekey_time)),
+                format!(
+                    "0: the child SA is never rekeyed, so it is deleted after \
+                     child_life_time ({}) and traffic stops until a new one is negotiated",
+                    format_duration(life)
+                ),
+            );
+        }
+    }
+    let jitter = match (rekey_time, child_rekey_time) {
+        (Some(ike_rk), Some(child_rk)) => {
+            let smallest = [ike_rk, child_rk]
+                .into_iter()
+                .filter(|d| !d.is_zero())
+                .min();
+            let default = smallest.map_or(Duration::ZERO, |d| d / 10);
+            let j = dur(v, "jitter", &r.jitter, default, YEAR);
+            if let (Some(j), Some(s)) = (j, smallest) {
+                if j >= s / 2 && !j.is_zero() {
+                    let which = if s == child_rk {
+                        "child_rekey_time"
+                    } else {
+                        "rekey_time"
+                    };
+                    v.err(
+                        at.key("jitter", span(&r.jitter)),
+                        format!(
+                            "{} is not below half of {which} ({}): rekeying could come \
+                             at any moment; use at most 10-20% of it",
+                            format_duration(j),
+                            format_duration(s)
+                        ),
+                    );
+                }
+            }
+            j
+        }
+        _ => None,
+    };
+    let dpd_delay = dur(v, "dpd_delay", &r.dpd_delay, Duration::from_secs(30), YEAR);
+    let retransmit_timeout = dur(
+        v,
+        "retransmit_timeout",
+        &r.retransmit_timeout,
+        Retransmit::default().timeout,
+        3600,
+    );
+    if retransmit_timeout.is_some_and(|d| d.is_zero()) {
+        v.err(
+            at.key("retransmit_timeout", span(&r.retransmit_timeout)),
+            "0: a request needs at least 1 second to be answered (default \"4s\")",
+        );
+    }
+    let retransmit_tries = r.retransmit_tries.as_ref().map_or(5, |n| *n.get_ref());
+    if !(0..=20).contains(&retransmit_tries) {
+        v.err(
+            at.key("retransmit_tries", span(&r.retransmit_tries)),
+            format!("{retransmit_tries}: expected 0 to 20 retransmissions"),
+        );
+    }
+    let dpd_action = match r.dpd_action.unwrap_or(DpdActionName::Clear) {
+        DpdActionName::Clear => DpdAction::Clear,
+        DpdActionName::Restart => DpdAction::Restart,
+    };
+    let force_encap = match (r.force_encap.as_ref().map(|b| *b.get_ref()), encap) {
+        (Some(true), Encapsulation::None) => {
+            v.err(
+                at.key("force_encap", span(&r.force_encap)),
+                "force_encap = true makes the SAs UDP-encapsulated, but this connection \
+                 has encap = \"none\" (raw ESP); set encap = \"udp\" or remove force_encap",
+            );
+            false
+        }
+        (Some(b), _) => b,
+        (None, e) => e == Encapsulation::Udp,
+    };
+
+    if v.error_count() != before {
+        return None;
+    }
+    let (proposals, proposal_names) = proposals?;
+    let (esp_proposals, esp_proposal_names) = esp_proposals?;
+    let (psk_file, private_key, cert, ca, remote_public_key) = source_files;
+    Some(IkeSettings {
+        proposals,
+        esp_proposals,
+        local_id: local_id?,
+        remote_id: remote_id?,
+        local_auth: local_auth?,
+        remote_auth: remote_auth?,
+        start_action: r.start_action.unwrap_or(StartAction::None),
+        rekey_time: rekey_time?,
+        child_rekey_time: child_rekey_time?,
+        child_life_time: child_life_time?,
+        jitter: jitter?,
+        dpd_delay: dpd_delay?,
+        dpd_action,
+        retransmit: Retransmit {
+            timeout: retransmit_timeout?,
+            tries: retransmit_tries as u32,
+            ..Retransmit::default()
+        },
+        force_encap,
+        source: IkeSource {
+            proposals: proposal_names,
+            esp_proposals: esp_proposal_names,
+            psk_file,
+            private_key,
+            cert,
+            ca,
+            remote_public_key,
+        },
+    })
+}
+
+/// A list of proposal strings (each may hold several, comma-separated),
+/// parsed, with the strings as given (or the defaults).
+fn proposal_list(
+    v: &mut Validator,
+    at: &At,
+    k: &str,
+    kind: ProposalKind,
+    list: &Option<Spanned<Vec<Spanned<String>>>>,
+    default: &[&str],
+) -> Option<(Vec<ProposalSpec>, Vec<String>)> {
+    let list_at = at.key(k, span(list));
+    let items: Vec<(String, Option<std::ops::Range<usize>>)> = match list {
+        Some(l) => l
+            .get_ref()
+            .iter()
+            .map(|s| (s.get_ref().clone(), Some(s.span())))
+            .collect(),
+        None => default.iter().map(|s| (s.to_string(), None)).collect(),
+    };
+    if items.is_empty() {
+        v.err(
+            list_at,
+            format!("an empty list offers nothing; omit {k} for the default {default:?}"),
+        );
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut ok = true;
+    for (j, (s, item_span)) in items.iter().enumerate() {
+        let here = if list.is_some() {
+            list_at.index(j, item_span.clone())
+        } else {
+            list_at.clone()
+        };
+        match ProposalSpec::parse_list(kind, s) {
+            Ok(p) if p.is_empty() => {
+                v.err(here, "an empty proposal");
+                ok = false;
+            }
+            Ok(p) => out.extend(p),
+            Err(e) => {
+                v.err(here, format!("{s:?}: {e}"));
+                ok = false;
+            }
+        }
+    }
+    ok.then(|| (out, items.into_iter().map(|(s, _)| s).collect()))
+}
+
+/// Reads a file named in `[connection.ike]` (at most `max` bytes) into
+/// a buffer wiped on drop, with the file's permission bits.
+fn ike_file(
+    v: &mut Validator,
+    at: &At,
+    f: &str,
+    what: &str,
+    max: u64,
+) -> Option<(PathBuf, Zeroizing<Vec<u8>>, u32)> {
+    let file = v.base_dir.join(f);
+    match read_secret_bytes(&file, max) {
+        Ok((data, mode)) => Some((file, data, mode)),
+        Err(e) => {
+            v.err(
+                at.clone(),
+                format!("cannot read {what} {}: {e}", file.display()),
+            );
+            None
+        }
+    }
+}
+
+/// `psk_file`: text (one final newline dropped) or `0x` and hex; the
+/// file must not be accessible to group or others.
+fn psk_file(v: &mut Validator, at: At, f: &str) -> Option<Zeroizing<Vec<u8>>> {
+    let (file, data, mode) = ike_file(v, &at, f, "psk_file", MAX_KEY_FILE_BYTES)?;
+    if mode & 0o077 != 0 {
+        v.err(
+            at,
+            format!(
+                "psk_file {} is readable or writable by group/others (mode {mode:04o}); \
+                 a pre-shared key must be private: chmod 600 it",
+                file.display()
+            ),
+        );
+        return None;
+    }
+    let psk = v.check(
+        at.clone(),
+        parse_psk(&data).map_err(|e| format!("psk_file {}: {e}", file.display())),
+    )?;
+    if psk.len() < MIN_GOOD_PSK {
+        v.warn(
+            at,
+            format!(
+                "psk_file {}: a {}-byte pre-shared key can be guessed offline from one \
+                 captured exchange; use at least {MIN_GOOD_PSK} random bytes (`espgate \
+                 keygen --type psk` makes a 32-byte one)",
+                file.display(),
+                psk.len()
+            ),
+        );
+    }
+    Some(psk)
+}
+
+fn private_key_file(v: &mut Validator, at: At, f: &str) -> Option<PrivateKey> {
+    let (file, data, mode) = ike_file(v, &at, f, "private key file", MAX_KEY_FILE_BYTES)?;
+    if mode & 0o077 != 0 {
+        v.warn(
+            at.clone(),
+            format!(
+                "private key file {} is readable or writable by group/others (mode \
+                 {mode:04o}); chmod 600 it",
+                file.display()
+            ),
+        );
+    }
+    v.check(
+        at,
+        PrivateKey::from_pem(&data)
+            .map_err(|e| format!("private key file {}: {e}", file.display())),
+    )
+}
+
+fn cert_file(v: &mut Validator, at: At, f: &str) -> Option<Vec<Certificate>> {
+    let (file, data, _) = ike_file(v, &at, f, "certificate file", MAX_CERT_FILE_BYTES)?;
+    v.check(
+        at,
+        Certificate::from_pem(&data)
+            .map_err(|e| format!("certificate file {}: {e}", file.display())),
+    )
+}
+
+fn public_key_file(v: &mut Validator, at: At, f: &str) -> Option<PublicKey> {
+    let (file, data, _) = ike_file(v, &at, f, "public key file", MAX_KEY_FILE_BYTES)?;
+    v.check(
+        at,
+        PublicKey::from_pem(&data).map_err(|e| {
+            format!(
+                "public key file {}: {e} (expected a \"PUBLIC KEY\" PEM block, as \
+                 `espgate keygen --pub` or `openssl pkey -pubout` write)",
+                file.display()
+            )
+        }),
+    )
+}
+
+/// Our certificate must carry our private key's public key, and should
+/// bind our identity.
+fn cert_vs_key(
+    v: &mut Validator,
+    at: &At,
+    r: &IkeTable,
+    cert: &Certificate,
+    key: &PrivateKey,
+    local_id: Option<&Identity>,
+) {
+    let cert_at = at.key("cert", span(&r.cert));
+    let cert_key = match cert.public_key() {
+        Ok(k) => k,
+        Err(e) => {
+            v.err(cert_at, format!("the first certificate's key: {e}"));
+            return;
+        }
+    };
+    if cert_key.spki_der() != key.public_key().spki_der() {
+        v.err(
+            cert_at,
+            format!(
+                "the first certificate (the end entity, subject \"{}\") is not for the \
+                 {} key in private_key: the peer could not verify our signature",
+                cert.subject_identity(),
+                key.kind()
+            ),
+        );
+        return;
+    }
+    if let Some(id) = local_id.filter(|id| !cert.matches_identity(id)) {
+        let (here, how) = if r.local_id.is_some() {
+            (at.key("local_id", span(&r.local_id)), "")
+        } else {
+            (cert_at, " (local_id defaults to the local address)")
+        };
+        v.warn(
+            here,
+            format!(
+                "the certificate does not bind local_id {id}{how}: a peer that checks \
+                 it will refuse us; set local_id to a name the certificate holds, for \
+                 example its subject: local_id = \"{}\"",
+                cert.subject_identity()
+            ),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load;
+    use crate::sa::decode_hex;
+    use crate::test_util::*;
+    use espgate_core::sa::Mode;
+    use espgate_ike::wire::TrafficSelector as Ts;
+
+    const PSK_HEX: &str = "0x00112233445566778899aabbccddeeff0011223344556677";
+
+    fn write_mode(dir: &Path, name: &str, data: &[u8], mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join(name);
+        std::fs::write(&p, data).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    /// A temp dir with `psk` (mode 0600) holding PSK_HEX.
+    fn ike_dir() -> PathBuf {
+        let d = temp_dir();
+        write_mode(&d, "psk", format!("{PSK_HEX}\n").as_bytes(), 0o600);
+        d
+    }
+
+    /// One IKE connection: `extra` in the connection table, `ike` in its
+    /// IKE table.
+    fn ike_conn(extra: &str, ike: &str) -> String {
+        format!(
+            r#"
+[[connection]]
+name = "ik"
+local = "192.0.2.1"
+remote = "198.51.100.2"
+local_ts = ["10.1.0.0/16"]
+remote_ts = ["10.2.0.0/16"]
+{extra}
+
+[connection.ike]
+{ike}
+"#
+        )
+    }
+
+    fn ike_parse(dir: &Path, text: &str) -> Result<LoadedConfig, ConfigError> {
+        parse(text, dir, "ike.toml")
+    }
+
+    fn ike_ok(dir: &Path, text: &str) -> LoadedConfig {
+        ike_parse(dir, text).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn ike_err(dir: &Path, text: &str) -> String {
+        match ike_parse(dir, text) {
+            Ok(c) => panic!("expected an error, got {c:#?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn specs(kind: ProposalKind, list: &[&str]) -> Vec<ProposalSpec> {
+        list.iter()
+            .map(|s| ProposalSpec::parse(kind, s).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn ike_psk_defaults_and_engine_config() {
+        let d = ike_dir();
+        let c = ike_ok(&d, &ike_conn("", "psk_file = \"psk\""));
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        let k = &c.connections[0];
+        assert!(k.esp().is_none() && k.ah().is_none());
+        let sas = k.sa_configs();
+        assert!(sas.inbound.is_empty() && sas.outbound.is_empty());
+        let s = k.ike().unwrap();
+        assert_eq!(
+            s.proposals,
+            specs(
+                ProposalKind::Ike,
+                &["aes128gcm16-prfsha256-x25519", "aes256-sha256-modp2048"]
+            )
+        );
+        assert_eq!(
+            s.esp_proposals,
+            specs(ProposalKind::Esp, &["aes128gcm16", "aes256-sha256"])
+        );
+        assert_eq!(s.local_id, Identity::Ipv4("192.0.2.1".parse().unwrap()));
+        assert_eq!(
+            s.remote_id,
+            Some(Identity::Ipv4("198.51.100.2".parse().unwrap()))
+        );
+        assert_eq!(
+            (s.auth(), s.remote_auth_method()),
+            (AuthMethod::Psk, AuthMethod::Psk)
+        );
+        let want_psk = decode_hex(PSK_HEX).unwrap();
+        match (&s.local_auth, &s.remote_auth) {
+            (LocalAuth::Psk(a), RemoteAuth::Psk(b)) => {
+                assert_eq!((&a[..], &b[..]), (&want_psk[..], &want_psk[..]));
+                assert_eq!(a.len(), 24);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(s.start_action, StartAction::None);
+        assert_eq!(s.rekey_time, Duration::from_secs(4 * 3600));
+        assert_eq!(s.child_rekey_time, Duration::from_secs(3600));
+        assert_eq!(s.child_life_time, Duration::from_secs(3960));
+        assert_eq!(s.jitter, Duration::from_secs(360));
+        assert_eq!(s.dpd_delay, Duration::from_secs(30));
+        assert_eq!(s.dpd_action, DpdAction::Clear);
+        assert_eq!(
+            s.retransmit,
+            Retransmit {
+                timeout: Duration::from_secs(4),
+                base: 1.8,
+                tries: 5
+            }
+        );
+        assert!(s.force_encap, "encap defaults to udp");
+        assert!(!k.start_on_boot());
+
+        let e = k.ike_config().unwrap();
+        assert_eq!(e.name, "ik");
+        assert_eq!(e.local, "192.0.2.1".parse::<IpAddr>().unwrap());
+        assert_eq!(e.remote, "198.51.100.2".parse::<IpAddr>().unwrap());
+        assert_eq!(e.local_id, s.local_id);
+        assert_eq!(e.remote_id, s.remote_id);
+        assert_eq!(e.proposals, s.proposals);
+        assert_eq!(e.child.proposals, s.esp_proposals);
+        assert_eq!(e.child.mode, Mode::Tunnel);
+        assert_eq!(
+            e.child.local_ts,
+            vec![Ts::Ipv4 {
+                ip_protocol: 0,
+                start_port: 0,
+                end_port: 65535,
+                start: "10.1.0.0".parse().unwrap(),
+                end: "10.1.255.255".parse().unwrap(),
+            }]
+        );
+        assert_eq!(
+            e.child.remote_ts,
+            vec![Ts::Ipv4 {
+                ip_protocol: 0,
+                start_port: 0,
+                end_port: 65535,
+                start: "10.2.0.0".parse().unwrap(),
+                end: "10.2.255.255".parse().unwrap(),
+            }]
+        );
+        assert_eq!(
+            (e.child.rekey_time, e.child.life_time, e.child.jitter),
+            (s.child_rekey_time, s.child_life_time, s.jitter)
+        );
+        assert_eq!((e.rekey_time, e.jitter), (s.rekey_time, s.jitter));
+        assert_eq!((e.dpd_delay, e.dpd_action), (s.dpd_delay, s.dpd_action));
+        assert_eq!((e.retransmit, e.force_encap), (s.retransmit, true));
+        assert!(matches!(e.local_auth, LocalAuth::Psk(_)));
+        assert!(matches!(e.remote_auth, RemoteAuth::Psk(_)));
+
+        // A connection without IKE has no engine configuration.
+        let m = parse_str(&minimal()).unwrap();
+        assert!(m.connections[0].ike().is_none());
+        assert!(m.connections[0].ike_config().is_none());
+        assert!(!m.connections[0].start_on_boot());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn ike_values_are_used() {
+        let d = ike_dir();
+        let c = ike_ok(
+            &d,
+            &ike_conn(
+                "proto = \"icmp\"\nlocal_ts = [\"10.1.0.0/16\", \"2001:db8:1::/48\"]\n\
+                 remote_ts = [\"10.2.0.7/32\", \"2001:db8:2::/48\"]\nencap = \"none\"",
+                r#"psk_file = "psk"
+proposals = ["aes256gcm16-prfsha384-ecp384,chacha20poly1305-prfsha256-x25519"]
+esp_proposals = ["aes256gcm16-esn-x25519"]
+local_id = "moon.example"
+remote_id = "%any"
+start_action = "start"
+rekey_time = "1d"
+child_rekey_time = "10m"
+child_life_time = "15m"
+jitter = "1m"
+dpd_delay = 0
+dpd_action = "restart"
+retransmit_timeout = "2s"
+retransmit_tries = 3"#,
+            )
+            // Two local_ts/remote_ts keys would be a TOML error: drop the defaults.
+            .replacen(
+                "local_ts = [\"10.1.0.0/16\"]\nremote_ts = [\"10.2.0.0/16\"]\n",
+                "",
+                1,
+            ),
+        );
+        crate::assert_effective_round_trips(&c, &d);
+        let k = &c.connections[0];
+        let s = k.ike().unwrap();
+        assert_eq!(
+            s.proposals,
+            specs(
+                ProposalKind::Ike,
+                &[
+                    "aes256gcm16-prfsha384-ecp384",
+                    "chacha20poly1305-prfsha256-x25519"
+                ]
+            )
+        );
+        assert_eq!(s.esp_proposals[0].esn, vec![true]);
+        assert_eq!(s.local_id, Identity::Fqdn("moon.example".into()));
+        assert_eq!(s.remote_id, None);
+        assert!(k.start_on_boot());
+        assert_eq!(
+            (
+                s.rekey_time,
+                s.child_rekey_time,
+                s.child_life_time,
+                s.jitter
+            ),
+            (
+                Duration::from_secs(86400),
+                Duration::from_secs(600),
+                Duration::from_secs(900),
+                Duration::from_secs(60)
+            )
+        );
+        assert_eq!(
+            (s.dpd_delay, s.dpd_action),
+            (Duration::ZERO, DpdAction::Restart)
+        );
+        assert_eq!(
+            (s.retransmit.timeout, s.retransmit.tries),
+            (Duration::from_secs(2), 3)
+        );
+        assert!(!s.force_encap, "encap none: no forced encapsulation");
+        let e = k.ike_config().unwrap();
+        let protos = |v: &[Ts]| {
+            v.iter()
+                .map(|t| match t {
+                    Ts::Ipv4 { ip_protocol, .. } => (4, *ip_protocol),
+                    Ts::Ipv6 { ip_protocol, .. } => (6, *ip_protocol),
+                    other => panic!("{other:?}"),
+                })
+                .collect::<Vec<_>>()
+        };
+        // ICMP per family: 1 for IPv4, 58 for IPv6.
+        assert_eq!(protos(&e.child.local_ts), [(4, 1), (6, 58)]);
+        assert_eq!(protos(&e.child.remote_ts), [(4, 1), (6, 58)]);
+        assert!(matches!(
+            e.child.remote_ts[0],
+            Ts::Ipv4 { start, end, .. } if start == end && start == "10.2.0.7".parse::<std::net::Ipv4Addr>().unwrap()
+        ));
+
+        // Transport mode: the selectors are the two hosts.
+        let c = ike_ok(
+            &d,
+            &ike_conn("mode = \"transport\"", "psk_file = \"psk\"").replacen(
+                "local_ts = [\"10.1.0.0/16\"]\nremote_ts = [\"10.2.0.0/16\"]\n",
+                "",
+                1,
+            ),
+        );
+        let e = c.connections[0].ike_config().unwrap();
+        assert_eq!(e.child.mode, Mode::Transport);
+        assert!(matches!(
+            e.child.local_ts[..],
+            [Ts::Ipv4 { start, end, ip_protocol: 0, .. }] if start == end && start.octets() == [192, 0, 2, 1]
+        ));
+
+        // The jitter default follows the smaller rekey time.
+        let c = ike_ok(
+            &d,
+            &ike_conn("", "psk_file = \"psk\"\nrekey_time = \"10m\""),
+        );
+        assert_eq!(
+            c.connections[0].ike().unwrap().jitter,
+            Duration::from_secs(60)
+        );
+        // No rekeying at all: no jitter, no lifetime.
+        let c = ike_ok(
+            &d,
+            &ike_conn(
+                "",
+                "psk_file = \"psk\"\nrekey_time = 0\nchild_rekey_time = 0",
+            ),
+        );
+        let s = c.connections[0].ike().unwrap();
+        assert_eq!(
+            (s.jitter, s.child_life_time),
+            (Duration::ZERO, Duration::ZERO)
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn psk_files_text_hex_and_permissions() {
+        let d = temp_dir();
+        let load_psk = |data: &[u8], mode: u32| {
+            write_mode(&d, "p", data, mode);
+            ike_parse(&d, &ike_conn("", "psk_file = \"p\""))
+        };
+        let psk_of = |c: &LoadedConfig| match &c.connections[0].ike().unwrap().local_auth {
+            LocalAuth::Psk(k) => k.to_vec(),
+            other => panic!("{other:?}"),
+        };
+        let text = b"correct horse battery staple";
+        for (data, want) in [
+            (&b"correct horse battery staple\n"[..], &text[..]),
+            (b"correct horse battery staple\r\n", text),
+            (b"correct horse battery staple", text),
+            // Only one final newline goes.
+            (
+                b"correct horse battery staple\n\n",
+                b"correct horse battery staple\n",
+            ),
+            (
+                b"0X0001020304050607 08090a0b0c0d0e0f\n10111213\n",
+                &[
+                    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
+                ],
+            ),
+        ] {
+            let c = load_psk(data, 0o600).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(psk_of(&c), want, "{:?}", String::from_utf8_lossy(data));
+            assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        }
+        // Group or other access of any kind is refused.
+        for mode in [0o644, 0o640, 0o604, 0o620, 0o602, 0o660] {
+            let e = load_psk(b"correct horse battery staple", mode)
+                .unwrap_err()
+                .to_string();
+            assert_has(
+                &e,
+                &[
+                    "connection[0].ike.psk_file (connection \"ik\")",
+                    "is readable or writable by group/others",
+                    &format!("(mode {mode:04o})"),
+                    "chmod 600",
+                ],
+            );
+            assert!(!e.contains("horse"), "{e}");
+        }
+        assert!(load_psk(b"correct horse battery staple", 0o400).is_ok());
+        // Empty, bad hex, short.
+        for data in [&b""[..], b"\n", b"0x"] {
+            let e = load_psk(data, 0o600).unwrap_err().to_string();
+            assert_has(&e, &["ike.psk_file", "empty"]);
+        }
+        let e = load_psk(b"0xsecretsecretsecret", 0o600)
+            .unwrap_err()
+            .to_string();
+        assert_has(&e, &["ike.psk_file", "starts with 0x but is not hex"]);
+        assert!(!e.contains("secret"), "{e}");
+        let c = load_psk(b"tensecrets", 0o600).unwrap();
+        assert_has(
+            &c.warnings.join("\n"),
+            &["ike.psk_file", "a 10-byte pre-shared key", "at least 20"],
+        );
+        assert!(!c.warnings.join("\n").contains("tensecrets"));
+        // Missing file.
+        let e = ike_err(&d, &ike_conn("", "psk_file = \"nope\""));
+        assert_has(&e, &["ike.psk_file", "cannot read psk_file", "nope"]);
+        // Debug output never shows the key.
+        let c = load_psk(b"correct horse battery staple", 0o600).unwrap();
+        let dbg = format!("{c:?}");
+        assert!(
+            !dbg.contains("horse") && !dbg.contains("99, 111, 114"),
+            "{dbg}"
+        );
+        let c = load_psk(PSK_HEX.as_bytes(), 0o600).unwrap();
+        let dbg = format!("{c:#?}");
+        assert!(
+            !dbg.contains("0011223344") && !dbg.contains("136, 153"),
+            "{dbg}"
+        );
+        assert!(dbg.contains("local_auth: psk"), "{dbg}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn ike_connection_level_errors() {
+        let d = ike_dir();
+        // Both [connection.esp] and [connection.ike].
+        let text = format!(
+            "{}\n[connection.esp]\nsuite = \"aes128gcm16\"\n{}",
+            ike_conn("", "psk_file = \"psk\""),
+            good_esp(0x1001, 0x1002)
+        );
+        assert_has(
+            &ike_err(&d, &text),
+            &["connection[0].esp (connection \"ik\")", "are both given"],
+        );
+        // Only ESP.
+        let e = ike_err(
+            &d,
+            &ike_conn(
+                "protocol = \"esp+ah\"\nencap = \"none\"",
+                "psk_file = \"psk\"",
+            ),
+        );
+        assert_has(&e, &["connection[0].protocol", "negotiates ESP SAs only"]);
+        assert!(!e.contains("needs a [connection"), "{e}");
+        // Per-CPU SAs are manual.
+        assert_has(
+            &ike_err(&d, &ike_conn("per_cpu_sas = 2", "psk_file = \"psk\"")),
+            &["connection[0].per_cpu_sas", "manually keyed only"],
+        );
+        // Several workers are fine with IKE (the IKE engine runs on worker
+        // 0 and installs each SA into every worker).
+        let text = format!(
+            "[gateway]\nworkers = 2\n{}",
+            ike_conn("", "psk_file = \"psk\"")
+        );
+        ike_ok(&d, &text);
+        assert!(parse_str(&format!("[gateway]\nworkers = 2\n{}", minimal())).is_ok());
+        // esn is negotiated.
+        let c = ike_ok(&d, &ike_conn("esn = true", "psk_file = \"psk\""));
+        assert_has(
+            &c.warnings.join("\n"),
+            &["connection[0].esn", "esp_proposals"],
+        );
+        // Unknown keys and wrong values are refused with their path.
+        assert_has(
+            &ike_err(&d, &ike_conn("", "psk_file = \"psk\"\nsecret = \"x\"")),
+            &["connection[0].ike.secret", "unknown field `secret`"],
+        );
+        assert_has(
+            &ike_err(&d, &ike_conn("", "psk_file = \"psk\"\nauth = \"cert\"")),
+            &[
+                "connection[0].ike.auth",
+                "unknown variant `cert`",
+                "`psk`",
+                "`pubkey`",
+            ],
+        );
+        assert_has(
+            &ike_err(
+                &d,
+                &ike_conn("", "psk_file = \"psk\"\nstart_action = \"trap\""),
+            ),
+            &["connection[0].ike.start_action", "`none`", "`start`"],
+        );
+        assert_has(
+            &ike_err(
+                &d,
+                &ike_conn("", "psk_file = \"psk\"\ndpd_action = \"hold\""),
+            ),
+            &["connection[0].ike.dpd_action", "`clear`", "`restart`"],
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn ike_value_errors_name_their_key() {
+        let d = ike_dir();
+        let cases: &[(&str, &[&str])] = &[
+            ("", &["connection[0].ike (connection \"ik\")", "auth = \"psk\" (the default) needs psk_file"]),
+            (
+                "psk_file = \"psk\"\nproposals = [\"aes128gcm16-prfsha256-x25519\", \"aes999-sha256-modp2048\"]",
+                &["connection[0].ike.proposals[1]", "unknown algorithm 'aes999'"],
+            ),
+            (
+                "psk_file = \"psk\"\nproposals = [\"aes128gcm16-prfsha256\"]",
+                &["ike.proposals[0]", "needs a key exchange group"],
+            ),
+            ("psk_file = \"psk\"\nproposals = []", &["ike.proposals", "an empty list"]),
+            (
+                "psk_file = \"psk\"\nesp_proposals = [\"aes128gcm16-prfsha256\"]",
+                &["ike.esp_proposals[0]", "is a PRF"],
+            ),
+            ("psk_file = \"psk\"\nlocal_id = \"%any\"", &["ike.local_id", "for remote_id only"]),
+            ("psk_file = \"psk\"\nremote_id = \"@\"", &["ike.remote_id", "\"@\""]),
+            (
+                "psk_file = \"psk\"\njitter = \"30m\"",
+                &["ike.jitter", "30m is not below half of child_rekey_time (1h)"],
+            ),
+            (
+                "psk_file = \"psk\"\nrekey_time = \"20m\"\njitter = \"10m\"",
+                &["ike.jitter", "half of rekey_time (20m)"],
+            ),
+            (
+                "psk_file = \"psk\"\nchild_life_time = \"1h\"",
+                &["ike.child_life_time", "1h is not above child_rekey_time (1h)"],
+            ),
+            (
+                "psk_file = \"psk\"\nchild_rekey_time = \"2h\"",
+                &["ike.child_life_time", "2h12m is not above child_rekey_time (2h)"],
+            )
+                // The default life is 1.1 × rekey: always above. (Checked below.)
+                ,
+            ("psk_file = \"psk\"\nrekey_time = \"1x\"", &["ike.rekey_time", "is not a duration"]),
+            ("psk_file = \"psk\"\ndpd_delay = \"400d\"", &["ike.dpd_delay", "too long: at most 365d"]),
+            ("psk_file = \"psk\"\nretransmit_timeout = 0", &["ike.retransmit_timeout", "at least 1 second"]),
+            ("psk_file = \"psk\"\nretransmit_tries = 21", &["ike.retransmit_tries", "0 to 20"]),
+            (
+                "psk_file = \"psk\"\nca = \"x\"",
+                &["ike.ca", "only used with remote_auth = \"pubkey\"", "(the default: as auth)"],
+            ),
+            (
+                "psk_file = \"psk\"\nprivate_key = \"x\"",
+                &["ike.private_key", "only used with auth = \"pubkey\""],
+            ),
+            (
+                "psk_file = \"psk\"\ncert = \"x\"",
+                &["ike.cert", "only used with auth = \"pubkey\""],
+            ),
+            (
+                "auth = \"pubkey\"\nremote_auth = \"psk\"\npsk_file = \"psk\"",
+                &["connection[0].ike (connection \"ik\")", "auth = \"pubkey\" needs private_key"],
+            ),
+        ];
+        for (ike, want) in cases {
+            let text = ike_conn("", ike);
+            if ike.contains("child_rekey_time = \"2h\"") {
+                // Not an error: the default lifetime is 2h12m.
+                let c = ike_ok(&d, &text);
+                assert_eq!(
+                    c.connections[0].ike().unwrap().child_life_time,
+                    Duration::from_secs(7920)
+                );
+                continue;
+            }
+            assert_has(&ike_err(&d, &text), want);
+        }
+        // force_encap needs UDP.
+        assert_has(
+            &ike_err(
+                &d,
+                &ike_conn("encap = \"none\"", "psk_file = \"psk\"\nforce_encap = true"),
+            ),
+            &["ike.force_encap", "encap = \"none\""],
+        );
+        let c = ike_ok(&d, &ike_conn("", "psk_file = \"psk\"\nforce_encap = false"));
+        assert!(!c.connections[0].ike().unwrap().force_encap);
+        // child_rekey_time = 0 with a lifetime warns.
+        let c = ike_ok(
+            &d,
+            &ike_conn(
+                "",
+                "psk_file = \"psk\"\nchild_rekey_time = 0\nchild_life_time = \"1h\"",
+            ),
+        );
+        assert_has(
+            &c.warnings.join("\n"),
+            &["ike.child_rekey_time", "never rekeyed"],
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A temp dir with the example key files, secrets at mode 0600.
+    fn example_keys_dir() -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let d = temp_dir();
+        std::fs::create_dir(d.join("keys")).unwrap();
+        let src = examples_dir();
+        for f in [
+            "ike-psk.toml",
+            "ike-cert.toml",
+            "keys/ike-psk.secret",
+            "keys/ca.crt",
+            "keys/moon.key",
+            "keys/moon.crt",
+            "keys/sun.key",
+            "keys/sun.crt",
+            "keys/moon-ed25519.key",
+            "keys/moon-ed25519.pub",
+            "keys/venus-ed25519.key",
+            "keys/venus-ed25519.pub",
+        ] {
+            std::fs::copy(src.join(f), d.join(f)).unwrap();
+            let mode = if f.ends_with(".key") || f.ends_with(".secret") {
+                0o600
+            } else {
+                0o644
+            };
+            std::fs::set_permissions(d.join(f), std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        d
+    }
+
+    #[test]
+    fn ike_examples_load() {
+        let d = example_keys_dir();
+        let c = load(&d.join("ike-psk.toml")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        crate::assert_effective_round_trips(&c, &d);
+        let b = c.connection("site-b").unwrap();
+        let s = b.ike().unwrap();
+        assert!(b.start_on_boot());
+        assert_eq!(s.dpd_action, DpdAction::Restart);
+        match &s.local_auth {
+            LocalAuth::Psk(k) => assert_eq!(k.len(), 44),
+            other => panic!("{other:?}"),
+        }
+
+        let c = load(&d.join("ike-cert.toml")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        // The effective configuration names the same files and says the
+        // same identities, proposals and timers.
+        crate::assert_effective_round_trips(&c, &d);
+        let t = c.effective_toml();
+        assert!(
+            t.contains("private_key = \"") && t.contains("moon.key"),
+            "{t}"
+        );
+        assert!(!t.contains("PRIVATE KEY"), "{t}");
+        let sun = c.connection("sun").unwrap();
+        let s = sun.ike().unwrap();
+        assert!(sun.start_on_boot());
+        assert_eq!(s.local_id, Identity::Fqdn("moon.example".into()));
+        assert_eq!(s.remote_id, Some(Identity::Fqdn("sun.example".into())));
+        let moon_crt =
+            Certificate::from_pem(&std::fs::read(d.join("keys/moon.crt")).unwrap()).unwrap();
+        match &s.local_auth {
+            LocalAuth::Signature { key, certs } => {
+                assert_eq!(certs, &moon_crt);
+                assert_eq!(
+                    key.public_key().spki_der(),
+                    moon_crt[0].public_key().unwrap().spki_der()
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match &s.remote_auth {
+            RemoteAuth::Ca(cas) => {
+                assert_eq!(cas.len(), 1);
+                let sun_crt =
+                    Certificate::from_pem(&std::fs::read(d.join("keys/sun.crt")).unwrap()).unwrap();
+                // The example chain verifies (openssl verify agrees, see the example).
+                espgate_ike::cert::verify_chain(&sun_crt[0], &[], cas, 1_900_000_000).unwrap();
+                assert!(sun_crt[0].matches_identity(s.remote_id.as_ref().unwrap()));
+            }
+            other => panic!("{other:?}"),
+        }
+        let venus = c.connection("venus").unwrap();
+        let v = venus.ike().unwrap();
+        assert!(!venus.start_on_boot());
+        let venus_pub =
+            PublicKey::from_pem(&std::fs::read(d.join("keys/venus-ed25519.pub")).unwrap()).unwrap();
+        match (&v.local_auth, &v.remote_auth) {
+            (LocalAuth::Signature { key, certs }, RemoteAuth::PublicKey(p)) => {
+                assert!(certs.is_empty());
+                assert_eq!(p, &venus_pub);
+                let moon_pub =
+                    PublicKey::from_pem(&std::fs::read(d.join("keys/moon-ed25519.pub")).unwrap())
+                        .unwrap();
+                assert_eq!(key.public_key(), moon_pub);
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = venus.ike_config().unwrap();
+        assert!(matches!(e.remote_auth, RemoteAuth::PublicKey(_)));
+        // Nothing secret in Debug.
+        let dbg = format!("{c:?}");
+        let key_pem = std::fs::read_to_string(d.join("keys/moon.key")).unwrap();
+        let body = key_pem.lines().nth(1).unwrap();
+        assert!(!dbg.contains(body), "{dbg}");
+
+        // As git checks them out (0644), the PSK example is refused and the
+        // key files warn.
+        use std::os::unix::fs::PermissionsExt;
+        for f in [
+            "keys/ike-psk.secret",
+            "keys/moon.key",
+            "keys/moon-ed25519.key",
+        ] {
+            std::fs::set_permissions(d.join(f), std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let e = load(&d.join("ike-psk.toml")).unwrap_err().to_string();
+        assert_has(
+            &e,
+            &["ike-psk.toml:", "connection[0].ike.psk_file", "chmod 600"],
+        );
+        let c = load(&d.join("ike-cert.toml")).unwrap();
+        assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
+        for w in &c.warnings {
+            assert_has(w, &["ike.private_key", "chmod 600"]);
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn ike_signature_auth_errors() {
+        let d = example_keys_dir();
+        let pk = |ike: &str| format!("auth = \"pubkey\"\n{ike}");
+        let cases: &[(&str, &[&str])] = &[
+            (
+                "private_key = \"keys/moon.key\"",
+                &[
+                    "connection[0].ike (connection \"ik\")",
+                    "remote_auth = \"pubkey\" (the default: as auth) needs ca",
+                ],
+            ),
+            (
+                "private_key = \"keys/moon.key\"\nca = \"keys/ca.crt\"\nremote_public_key = \"keys/venus-ed25519.pub\"",
+                &["ike.remote_public_key", "both given"],
+            ),
+            (
+                "private_key = \"keys/moon.key\"\nca = \"keys/ca.crt\"\npsk_file = \"keys/ike-psk.secret\"",
+                &["ike.psk_file", "not used"],
+            ),
+            (
+                "private_key = \"keys/sun.key\"\ncert = \"keys/moon.crt\"\nca = \"keys/ca.crt\"",
+                &["ike.cert", "is not for the ECDSA P-256 key in private_key"],
+            ),
+            (
+                "private_key = \"keys/moon.crt\"\nca = \"keys/ca.crt\"",
+                &["ike.private_key", "private key file", "no PRIVATE KEY block"],
+            ),
+            (
+                "private_key = \"keys/moon.key\"\nca = \"keys/moon.key\"",
+                &["ike.ca", "certificate file", "no CERTIFICATE block"],
+            ),
+            (
+                "private_key = \"keys/moon.key\"\nremote_public_key = \"keys/moon.crt\"",
+                &["ike.remote_public_key", "public key file", "PUBLIC KEY"],
+            ),
+            (
+                "private_key = \"keys/moon.key\"\nremote_public_key = \"keys/none.pub\"",
+                &["ike.remote_public_key", "cannot read public key file", "none.pub"],
+            ),
+        ];
+        for (ike, want) in cases {
+            assert_has(&ike_err(&d, &ike_conn("", &pk(ike))), want);
+        }
+        // Mixed: we sign, the peer uses the PSK.
+        let c = ike_ok(
+            &d,
+            &ike_conn(
+                "",
+                "auth = \"pubkey\"\nremote_auth = \"psk\"\nprivate_key = \"keys/moon.key\"\n\
+                 psk_file = \"keys/ike-psk.secret\"",
+            ),
+        );
+        let s = c.connections[0].ike().unwrap();
+        assert_eq!(
+            (s.auth(), s.remote_auth_method()),
+            (AuthMethod::Pubkey, AuthMethod::Psk)
+        );
+
+        // The certificate binds the default identity (our address is in its
+        // subjectAltName)...
+        let good =
+            "private_key = \"keys/moon.key\"\ncert = \"keys/moon.crt\"\nca = \"keys/ca.crt\"";
+        let c = ike_ok(&d, &ike_conn("", &pk(good)));
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        // ...but not another address, nor another name.
+        let c = ike_ok(
+            &d,
+            &ike_conn("", &pk(good)).replace("local = \"192.0.2.1\"", "local = \"192.0.2.9\""),
+        );
+        assert_has(
+            &c.warnings.join("\n"),
+            &[
+                "connection[0].ike.cert",
+                "does not bind local_id 192.0.2.9 (local_id defaults to the local address)",
+                "local_id = \"C=CH, O=espgate example, CN=moon.example\"",
+            ],
+        );
+        let c = ike_ok(
+            &d,
+            &ike_conn("", &pk(&format!("{good}\nlocal_id = \"sun.example\""))),
+        );
+        assert_has(
+            &c.warnings.join("\n"),
+            &[
+                "connection[0].ike.local_id",
+                "does not bind local_id sun.example",
+            ],
+        );
+        // The subject DN binds.
+        let c = ike_ok(
+            &d,
+            &ike_conn(
+                "",
+                &pk(&format!(
+                    "{good}\nlocal_id = \"C=CH, O=espgate example, CN=moon.example\""
+                )),
+            ),
+        );
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }

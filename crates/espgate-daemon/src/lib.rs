@@ -14,8 +14,7 @@
 //!   headers inbound packets get for the core;
 //! - [`leases`]: outbound sequence numbers reserved on disk and extended off
 //!   the packet path, so a restart never reuses a nonce;
-//! - [`specs`]: the configuration's connections as the engine runs them;
-//!   [`status`]: the status document from the workers' counters;
+//! - [`status`]: the status document from the workers' counters;
 //! - [`ratelimit`]: log limiting; [`signals`]: SIGINT/SIGTERM/SIGHUP as a
 //!   descriptor; [`daemon`]: `espgate up --daemon` (fork, readiness report
 //!   to the parent), the pid file, systemd's `READY=1`; [`alloc_count`]:
@@ -37,7 +36,6 @@ pub mod ratelimit;
 pub mod setup;
 pub mod signals;
 pub mod sockets;
-pub mod specs;
 pub mod status;
 pub mod sys;
 pub mod worker;
@@ -119,7 +117,7 @@ fn open_sockets(cfg: &LoadedConfig, k: usize, reuseport: bool) -> Result<Sockets
     {
         let v6 = c.local.is_ipv6();
         // The outermost header: AH for "ah" and "esp+ah".
-        let p = if c.protocol.has_ah() {
+        let p = if c.protocol().has_ah() {
             proto::AH
         } else {
             proto::ESP
@@ -178,7 +176,11 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
         leases::DiskLeases::new(leases::SeqStore::open(&g.state_dir)?)
             .context("starting the sequence-number writer")?,
     );
-    let specs: Vec<_> = cfg.connections.iter().map(specs::conn_spec).collect();
+    let specs: Vec<_> = cfg
+        .connections
+        .iter()
+        .map(espgate_config::Connection::spec)
+        .collect();
     let opts = EngineOptions {
         mtu: g.mtu,
         nat_t_port: g.listen.port(),

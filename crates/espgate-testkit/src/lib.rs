@@ -8,8 +8,8 @@
 //! SPI 0x1002 (AH: those plus 0x100), with the keys of [`keys`].
 
 use espgate_core::crypto::Suite;
-use espgate_core::gateway::{per_cpu_key, ConnSpec, Layers, MssClamp, SaSettings};
-use espgate_core::sa::{Lifetime, Mode, Protocol, SaConfig};
+use espgate_core::gateway::{ConnSpec, Layers, MssClamp, SaSettings};
+use espgate_core::sa::{per_cpu_key, Lifetime, Mode, Protocol, SaConfig};
 use espgate_core::selector::{PortRange, Prefix, TrafficSelector};
 use espgate_core::wire::{ipv4, proto, udp};
 use std::net::{IpAddr, Ipv4Addr};

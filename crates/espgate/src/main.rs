@@ -67,6 +67,11 @@ enum Cmd {
         #[arg(long, value_name = "PATH", requires = "daemon")]
         log_file: Option<PathBuf>,
     },
+    /// Check a configuration file without running anything.
+    Config {
+        #[command(subcommand)]
+        cmd: ConfigCmd,
+    },
     /// Show the running gateway: TUN, connections, SAs, counters, drops.
     Status {
         /// Only the per-stage costs (cost accounting: `espgate costs on`
@@ -175,6 +180,43 @@ enum Cmd {
     },
     /// Reproduce the seed papers' experiments (not built yet).
     Lab,
+}
+
+#[derive(Subcommand)]
+enum ConfigCmd {
+    /// Validate the file as `espgate up` does (exit status 2 and every
+    /// error when it does not validate), print its warnings on stderr, then
+    /// the effective configuration on stdout: every default filled in,
+    /// paths made absolute, keys shown as <redacted>.
+    Check {
+        /// Configuration file (docs/CONFIG.md).
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// JSON instead of TOML.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `espgate config check`.
+fn run_config_check(path: &Path, json: bool) -> ExitCode {
+    let cfg = match config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            eprintln!("espgate: the configuration has errors");
+            return ExitCode::from(2);
+        }
+    };
+    for w in &cfg.warnings {
+        eprintln!("warning: {w}");
+    }
+    if json {
+        println!("{}", cfg.effective_json());
+    } else {
+        print!("{}", cfg.effective_toml());
+    }
+    ExitCode::SUCCESS
 }
 
 #[derive(Subcommand)]
@@ -856,7 +898,7 @@ fn run_keygen(kind: &str, out: PathBuf, public: Option<PathBuf>, force: bool) ->
 fn not_built(what: &str, issue: u32) -> ExitCode {
     eprintln!(
         "espgate {what} is not built yet (tracked in issue {issue}). \
-         Available today: espgate up, status, costs, sa list|add|del, initiate, terminate, \
+         Available today: espgate up, config check, status, costs, sa list|add|del, initiate, terminate, \
          keygen, wireshark-keys, demo, pcap encrypt|decrypt, suites, bench crypto|esp|tunnel."
     );
     ExitCode::from(2)
@@ -891,6 +933,9 @@ fn main() -> ExitCode {
             pid_file,
             log_file,
         })),
+        Cmd::Config {
+            cmd: ConfigCmd::Check { config, json },
+        } => Ok(run_config_check(&config, json)),
         Cmd::Status {
             ike_costs: true,
             target,

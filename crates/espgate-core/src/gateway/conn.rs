@@ -179,53 +179,9 @@ impl ConnSpec {
     }
 }
 
-/// The key of per-CPU SA `k` made from a configured key: `k = 0` is the
-/// key itself; otherwise HMAC-SHA256(key, "espgate per-CPU SA" || k as 4
-/// bytes || block counter as 1 byte) blocks, cut to the key's length. Both
-/// espgate peers derive the same keys (a wire-compatibility contract);
-/// every pair has its own, so no two SAs share a key (and so never a
-/// nonce).
-pub fn per_cpu_key(key: &[u8], k: u32) -> zeroize::Zeroizing<Vec<u8>> {
-    if k == 0 || key.is_empty() {
-        return zeroize::Zeroizing::new(key.to_vec());
-    }
-    let hk = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, key);
-    let mut out = zeroize::Zeroizing::new(Vec::with_capacity(key.len() + 32));
-    let mut block = 1u8;
-    while out.len() < key.len() {
-        let mut ctx = aws_lc_rs::hmac::Context::with_key(&hk);
-        ctx.update(b"espgate per-CPU SA");
-        ctx.update(&k.to_be_bytes());
-        ctx.update(&[block]);
-        out.extend_from_slice(ctx.sign().as_ref());
-        block = block.wrapping_add(1);
-    }
-    out.truncate(key.len());
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn per_cpu_keys_are_derived_distinct_and_stable() {
-        let k = [7u8; 20];
-        assert_eq!(&per_cpu_key(&k, 0)[..], &k[..]);
-        let k1 = per_cpu_key(&k, 1);
-        let k2 = per_cpu_key(&k, 2);
-        assert_eq!(k1.len(), 20);
-        assert_ne!(&k1[..], &k[..]);
-        assert_ne!(&k1[..], &k2[..]);
-        // Longer than one HMAC block: two blocks, cut.
-        assert_eq!(per_cpu_key(&[1u8; 36], 1).len(), 36);
-        // The derivation is a contract between peers: pin one value.
-        let want = aws_lc_rs::hmac::sign(
-            &aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, &k),
-            &[&b"espgate per-CPU SA"[..], &1u32.to_be_bytes(), &[1]].concat(),
-        );
-        assert_eq!(&k1[..], &want.as_ref()[..20]);
-    }
 
     #[test]
     fn layers_and_modes() {

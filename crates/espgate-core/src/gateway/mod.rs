@@ -25,7 +25,7 @@ mod status;
 
 pub use admin::{NegotiatedSa, SaChange, SaKeyView};
 pub use all::{add_sa_all, del_sa_all, install_negotiated_all};
-pub use conn::{per_cpu_key, ConnSpec, Layers, MssClamp, SaSettings};
+pub use conn::{ConnSpec, Layers, MssClamp, SaSettings};
 pub use dropped::{Describe, DropContext, Dropped};
 pub use status::{SaEntry, WorkerStats};
 

@@ -4,6 +4,7 @@
 mod ah;
 mod esp;
 pub mod lifetime;
+mod per_cpu;
 pub mod replay;
 pub mod spec;
 
@@ -17,6 +18,7 @@ use crate::wire::flow;
 use crate::wire::ip::{self, IpInfo};
 use crate::wire::{ipv4, ipv6, proto, udp};
 pub use lifetime::{Lifetime, LifetimeState, SaEvent};
+pub use per_cpu::per_cpu_key;
 use replay::ReplayWindow;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -74,7 +74,7 @@ impl IkeDriver {
         let conns: Vec<_> = cfg
             .connections
             .iter()
-            .filter_map(espgate_config::ike::ike_config)
+            .filter_map(espgate_config::Connection::ike_config)
             .collect();
         if conns.is_empty() {
             return Ok(None);
@@ -91,7 +91,7 @@ impl IkeDriver {
         let to_start = cfg
             .connections
             .iter()
-            .filter(|c| espgate_config::ike::start_on_boot(c))
+            .filter(|c| c.start_on_boot())
             .map(|c| c.name.clone())
             .collect();
         let mut ike = Ike::new(conns, ports);
