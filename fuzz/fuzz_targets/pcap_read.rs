@@ -7,7 +7,7 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(report) = espgate::capture::read_capture_bytes(data) {
+    if let Ok(report) = espgate_lab::capture::read_capture_bytes(data) {
         let mut frames = Vec::new();
         for (frame, p) in &report.packets {
             assert!(matches!(p.ip.first().map(|b| b >> 4), Some(4 | 6)), "frame {frame}");

@@ -1,45 +1,57 @@
-//! Rate limiting of per-packet log lines: at most one line per key (a drop
-//! reason) per period; the lines not written are counted and reported with
+//! Rate limiting of log lines that packets can trigger: at most one line
+//! per key per period; the lines not written are counted and reported with
 //! the next one, or by [`RateLimiter::flush`] once the period is over.
+//!
+//! One limiter for every such line: the data plane keys it on drop
+//! reasons (`&'static str`), the IKE driver on a message's kind (its
+//! connection and first words). Keys live in a hash map bounded at
+//! [`MAX_KEYS`]: a flood of distinct keys (spoofed peers) clears it rather
+//! than growing it, so memory stays flat.
 
+use rustc_hash::FxHashMap;
+use std::hash::Hash;
 use std::time::Duration;
 
-/// Per-key "last logged" times and suppressed counts. Keys are the
-/// `&'static str` counter names, so a lookup is a short linear scan of
-/// pointer-sized keys and nothing is allocated after the first line of
-/// each key.
+/// Most keys remembered; beyond, the map starts afresh.
+pub const MAX_KEYS: usize = 4096;
+
+/// Per-key "last logged" times and suppressed counts.
 #[derive(Debug)]
-pub struct RateLimiter {
+pub struct RateLimiter<K = &'static str> {
     period: Duration,
-    slots: Vec<Slot>,
+    slots: FxHashMap<K, Slot>,
 }
 
 #[derive(Debug)]
 struct Slot {
-    key: &'static str,
     last: Duration,
     suppressed: u64,
 }
 
-impl RateLimiter {
+impl<K: Hash + Eq + Clone> RateLimiter<K> {
     /// One line per key per `period`.
-    pub fn new(period: Duration) -> RateLimiter {
+    pub fn new(period: Duration) -> RateLimiter<K> {
         RateLimiter {
             period,
-            slots: Vec::new(),
+            slots: FxHashMap::default(),
         }
     }
 
     /// May a line for `key` be written at `now`? `Some(n)`: yes, and `n`
     /// lines were suppressed since the last one; `None`: no (counted).
-    pub fn check(&mut self, key: &'static str, now: Duration) -> Option<u64> {
-        match self.slots.iter_mut().find(|s| s.key == key) {
+    pub fn check(&mut self, key: K, now: Duration) -> Option<u64> {
+        if !self.slots.contains_key(&key) && self.slots.len() >= MAX_KEYS {
+            self.slots.clear();
+        }
+        match self.slots.get_mut(&key) {
             None => {
-                self.slots.push(Slot {
+                self.slots.insert(
                     key,
-                    last: now,
-                    suppressed: 0,
-                });
+                    Slot {
+                        last: now,
+                        suppressed: 0,
+                    },
+                );
                 Some(0)
             }
             Some(s) if now.saturating_sub(s.last) >= self.period => {
@@ -55,11 +67,11 @@ impl RateLimiter {
 
     /// The keys whose period is over with lines still suppressed, and how
     /// many; each counts as a line written now.
-    pub fn flush(&mut self, now: Duration) -> Vec<(&'static str, u64)> {
+    pub fn flush(&mut self, now: Duration) -> Vec<(K, u64)> {
         let mut out = Vec::new();
-        for s in &mut self.slots {
+        for (k, s) in &mut self.slots {
             if s.suppressed > 0 && now.saturating_sub(s.last) >= self.period {
-                out.push((s.key, std::mem::take(&mut s.suppressed)));
+                out.push((k.clone(), std::mem::take(&mut s.suppressed)));
                 s.last = now;
             }
         }
@@ -67,7 +79,7 @@ impl RateLimiter {
     }
 }
 
-/// " (N similar lines suppressed)" or "".
+/// " (N similar suppressed)" or "".
 pub fn suppressed_note(n: u64) -> String {
     if n == 0 {
         String::new()
@@ -113,5 +125,16 @@ mod tests {
         assert_eq!(r.check("unknown_spi", ms(2000)), Some(1));
         assert_eq!(suppressed_note(0), "");
         assert_eq!(suppressed_note(3), " (3 similar suppressed)");
+    }
+
+    #[test]
+    fn owned_keys_and_a_flood_of_them_stay_bounded() {
+        let mut r: RateLimiter<String> = RateLimiter::new(Duration::from_secs(1));
+        assert_eq!(r.check("peer a: INIT".into(), ms(0)), Some(0));
+        assert_eq!(r.check("peer a: INIT".into(), ms(1)), None);
+        for i in 0..(MAX_KEYS as u64 * 3) {
+            r.check(format!("spoofed {i}"), ms(2));
+        }
+        assert!(r.slots.len() <= MAX_KEYS);
     }
 }

@@ -4,6 +4,7 @@
 //! socket and hand those datagrams over a queue); negotiated child SAs are
 //! installed into every worker's engine as they come.
 
+use crate::ratelimit::RateLimiter;
 use crate::sockets::UdpSock;
 use crate::worker::lock;
 use anyhow::{Context, Result};
@@ -30,7 +31,7 @@ pub struct IkeDriver {
     /// Log lines by their first words: when each was last written and how
     /// many were suppressed since (a flood of IKE_SA_INIT from a spoofed
     /// peer address must not flood the log).
-    log_limit: std::collections::HashMap<String, (Duration, u64)>,
+    log_limit: RateLimiter<String>,
 }
 
 /// One log line per kind (its first 48 bytes) per second.
@@ -112,7 +113,7 @@ impl IkeDriver {
             ports,
             to_start,
             buf: vec![0; 65536],
-            log_limit: std::collections::HashMap::new(),
+            log_limit: RateLimiter::new(LOG_PERIOD),
         }))
     }
 
@@ -268,31 +269,16 @@ impl IkeDriver {
         }
     }
 
-    /// Rate limit: `Some(suppressed since the last line)` if this line may
-    /// be written now.
+    /// Rate limit, per connection and kind of message (its first 48
+    /// bytes): `Some(suppressed since the last line)` if this line may be
+    /// written now.
     fn may_log(&mut self, conn: &str, message: &str, now: Duration) -> Option<u64> {
         let mut end = message.len().min(48);
         while !message.is_char_boundary(end) {
             end -= 1;
         }
-        let key = format!("{conn}{}", &message[..end]);
-        if self.log_limit.len() > 4096 {
-            self.log_limit.clear();
-        }
-        match self.log_limit.get_mut(&key) {
-            Some((last, n)) if now < *last + LOG_PERIOD => {
-                *n += 1;
-                None
-            }
-            Some((last, n)) => {
-                *last = now;
-                Some(std::mem::take(n))
-            }
-            None => {
-                self.log_limit.insert(key, (now, 0));
-                Some(0)
-            }
-        }
+        self.log_limit
+            .check(format!("{conn}{}", &message[..end]), now)
     }
 
     /// When the engine next needs [`IkeDriver::pump`] without input.
