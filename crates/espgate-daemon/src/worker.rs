@@ -749,9 +749,9 @@ impl Round<'_> {
         match r {
             Ok(Received::Packet) => self.deliver(buf.as_slice(), co),
             Ok(Received::Ike) => {
-                // Raw IKE through the classifier (not behind the marker on
-                // the NAT-T socket, which `on_udp` hands over itself): no
-                // IKE engine reads this path.
+                // IKE on the NAT-T port when no connection uses IKE (with
+                // IKE, `on_udp` hands such datagrams to the control thread
+                // before they reach the engine): counted, ignored.
                 if self.limiter.check("ike", now).is_some() {
                     let _cold = crate::alloc_count::cold();
                     tracing::info!(

@@ -357,7 +357,8 @@ impl Engine {
         }
     }
 
-    fn drop(&self, reason: DropReason, context: DropContext) -> Dropped {
+    /// Counts a drop and returns it, for the shell to log.
+    fn count_drop(&self, reason: DropReason, context: DropContext) -> Dropped {
         self.stats.counters.drops.count(reason);
         Dropped::new(reason, context)
     }
@@ -386,7 +387,7 @@ impl Engine {
         c.tun_rx.incr();
         let f = match flow::of_packet(buf.as_slice()) {
             Ok(f) => f,
-            Err(d) => return Err(self.drop(d, DropContext::TunUnparsable)),
+            Err(d) => return Err(self.count_drop(d, DropContext::TunUnparsable)),
         };
         if !is_unicast(&f) {
             // Neighbour discovery, MLD and the like: no SA carries them,
@@ -396,7 +397,7 @@ impl Engine {
         }
         let Some(pi) = self.spd.lookup(&f, Direction::Outbound).map(|(i, _)| i) else {
             let (src, dst, proto) = (f.src, f.dst, f.proto);
-            return Err(self.drop(
+            return Err(self.count_drop(
                 DropReason::NoPolicy,
                 DropContext::NoPolicy { src, dst, proto },
             ));
@@ -404,7 +405,7 @@ impl Engine {
         let conn = self.policy_conn[pi];
         if !self.conns[conn].can_send() {
             let (src, dst) = (f.src, f.dst);
-            return Err(self.drop(DropReason::NoSa, DropContext::NoSa { conn, src, dst }));
+            return Err(self.count_drop(DropReason::NoSa, DropContext::NoSa { conn, src, dst }));
         }
         if let Some(limit) = self.conns[conn].mss {
             if mss::clamp(buf.as_mut_slice(), limit) {
@@ -415,14 +416,14 @@ impl Engine {
         let r = match &self.spd.policies()[pi].action {
             Action::Protect(ids) => self.sad.encapsulate_probed(ids, buf, now, probe),
             Action::Bypass | Action::Discard => {
-                return Err(self.drop(DropReason::NoPolicy, DropContext::NotProtect))
+                return Err(self.count_drop(DropReason::NoPolicy, DropContext::NotProtect))
             }
         };
         match r {
             Ok(()) => Ok(Some(conn)),
             Err(d) => {
                 let (src, dst) = (f.src, f.dst);
-                Err(self.drop(d, DropContext::Outbound { conn, src, dst }))
+                Err(self.count_drop(d, DropContext::Outbound { conn, src, dst }))
             }
         }
     }
@@ -478,7 +479,7 @@ impl Engine {
                         *slot = (sa.config().protocol, sa.config().spi);
                         n += 1;
                     }
-                    return Err(self.drop(
+                    return Err(self.count_drop(
                         DropReason::PolicyMismatch,
                         DropContext::PolicyMismatch { from, layers, n },
                     ));
@@ -499,7 +500,7 @@ impl Engine {
             }
             Err(e) => {
                 let conn = e.sa.and_then(|id| self.meta_of(id)).map(|m| m.conn);
-                Err(self.drop(
+                Err(self.count_drop(
                     e.reason,
                     DropContext::Inbound {
                         from,
