@@ -899,7 +899,7 @@ fn not_built(what: &str, issue: u32) -> ExitCode {
     eprintln!(
         "espgate {what} is not built yet (tracked in issue {issue}). \
          Available today: espgate up, config check, status, costs, sa list|add|del, initiate, terminate, \
-         keygen, wireshark-keys, demo, pcap encrypt|decrypt, suites, bench crypto|esp|tunnel."
+         keygen, wireshark-keys, demo, pcap encrypt|decrypt, suites, bench crypto|esp|tunnel|parallel|ike."
     );
     ExitCode::from(2)
 }
@@ -998,7 +998,7 @@ fn main() -> ExitCode {
         } => run_keygen(&kind, out, public, force),
         Cmd::Demo { short, prefix } => Ok(run_demo(short, prefix)),
         Cmd::Bench { what } => run_bench(what),
-        Cmd::Lab => Ok(not_built("lab", 4)),
+        Cmd::Lab => Ok(not_built("lab", 13)),
     };
     match r {
         Ok(c) => c,
