@@ -10,6 +10,7 @@
 pub mod cost;
 pub mod crypto;
 pub mod error;
+pub mod mss;
 pub mod offload;
 pub mod wire;
 

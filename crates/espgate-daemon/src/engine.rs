@@ -11,7 +11,6 @@
 //! what they leave in the buffer. Unit tests run two engines back to back.
 
 use crate::control::{error_response, Request};
-use crate::mss::{self, MssLimit};
 use crate::ratelimit::{suppressed_note, RateLimiter};
 use crate::seqstate::{self, Reservation, SeqStore};
 use anyhow::{anyhow, bail, Context, Result};
@@ -20,6 +19,7 @@ use espgate_api::status::{ConnectionStatus, Left, LifetimeStatus, SaStatus};
 use espgate_api::wireshark::SaKeys;
 use espgate_config::{Connection, Encapsulation, LoadedConfig, MssClamp, Protocols};
 use espgate_core::cost::{Probe, Stage};
+use espgate_core::mss::{self, MssLimit};
 use espgate_core::sa::{Encap, Mode, Protocol, SaEvent, SharedSeq};
 use espgate_core::sad::{InboundOutcome, SaId, Sad};
 use espgate_core::spd::{Action, Direction, Policy, Spd};

@@ -13,7 +13,8 @@
 //! - [`sockets`] / [`sys`]: the outer sockets and the synthetic outer
 //!   headers inbound packets get for the core;
 //! - [`seqstate`]: outbound sequence numbers reserved on disk, so that a
-//!   restart never reuses a nonce; [`mss`]: TCP MSS clamping;
+//!   restart never reuses a nonce (TCP MSS clamping is
+//!   [`espgate_core::mss`]);
 //! - [`control`] / [`status`]: the control socket protocol and the
 //!   `status` / `sa list` views (`sa add` / `sa del` are
 //!   [`engine::Engine::add_sa`] / [`engine::Engine::del_sa`]);
@@ -38,7 +39,6 @@ pub mod dataplane;
 pub mod engine;
 pub mod ike;
 pub mod metrics;
-pub mod mss;
 pub mod netdev;
 pub mod ratelimit;
 pub mod seqstate;
