@@ -3166,6 +3166,7 @@ fn parse_outer_addr(s: &str) -> Result<IpAddr, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use espgate_core::sa::Classifier;
     use espgate_core::sad::{InboundResult, Sad};
     use espgate_core::wire::{ipv4, udp};
     use espgate_core::PacketBuf;
@@ -3439,7 +3440,9 @@ integ_out = "{ko}{}"
         let outer = buf.as_slice().to_vec();
         assert_eq!(&outer[12..16], &[192, 0, 2, 1], "outer source is A");
         assert_eq!(&outer[16..20], &[192, 0, 2, 2], "outer destination is B");
-        let r = rx.decapsulate(&mut buf, 4501, Duration::ZERO).unwrap();
+        let r = rx
+            .decapsulate(&mut buf, &Classifier::new().udp_port(4501), Duration::ZERO)
+            .unwrap();
         assert!(matches!(r, InboundResult::Packet(ref v) if v.len() == ids.len()));
         assert_eq!(buf.as_slice(), &pkt[..]);
     }
@@ -3483,7 +3486,9 @@ integ_out = "{ko}{}"
             .unwrap();
         let mut buf = PacketBuf::from_packet(&inner_packet());
         tx.encapsulate(&mut buf, Duration::ZERO).unwrap();
-        assert!(rx.decapsulate(&mut buf, 4501, Duration::ZERO).is_err());
+        assert!(rx
+            .decapsulate(&mut buf, &Classifier::new().udp_port(4501), Duration::ZERO)
+            .is_err());
     }
 
     #[test]

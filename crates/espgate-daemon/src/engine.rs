@@ -786,13 +786,21 @@ impl Engine {
     pub fn inbound(&mut self, buf: &mut PacketBuf, now: Duration, from: IpAddr) -> bool {
         self.counters.net_rx += 1;
         let r = match &mut self.costs {
-            None => self
-                .sad
-                .decapsulate_into(buf, self.nat_t_port, now, &mut self.applied),
+            None => self.sad.decapsulate_into(
+                buf,
+                &espgate_core::sa::Classifier::new().udp_port(self.nat_t_port),
+                now,
+                &mut self.applied,
+            ),
             Some(c) => {
                 c.begin(Dir::Inbound);
-                self.sad
-                    .decapsulate_into_probed(buf, self.nat_t_port, now, &mut self.applied, c)
+                self.sad.decapsulate_into_probed(
+                    buf,
+                    &espgate_core::sa::Classifier::new().udp_port(self.nat_t_port),
+                    now,
+                    &mut self.applied,
+                    c,
+                )
             }
         };
         match r {
