@@ -3,8 +3,9 @@
 
 use super::Protocol;
 use crate::error::{DropReason, PResult};
+use crate::wire::esp::{EspLayout, Rfc4303};
 use crate::wire::ip::{self, IpInfo};
-use crate::wire::{ah, esp, proto, udp};
+use crate::wire::{ah, proto, udp};
 
 /// Most UDP ports one [`Classifier`] recognises as ESP-in-UDP.
 pub const MAX_UDP_PORTS: usize = 4;
@@ -158,7 +159,7 @@ pub fn classify(pkt: &[u8], classifier: &Classifier) -> PResult<Classified> {
     };
     let hdr = pkt.get(offset..end).ok_or(DropReason::BadLength)?;
     let spi = match protocol {
-        Protocol::Esp => esp::Esp::new_checked(hdr)?.spi(),
+        Protocol::Esp => Rfc4303::parse_header(hdr)?.0,
         Protocol::Ah => ah::Ah::new_checked(hdr)?.spi(),
     };
     Ok(Classified::Ipsec(Inbound {

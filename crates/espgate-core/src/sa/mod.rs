@@ -13,6 +13,7 @@ use crate::cost::{NoProbe, Probe, Stage};
 use crate::crypto::{Suite, SuiteError, Transform};
 use crate::error::{DropReason, PResult};
 use crate::selector::TrafficSelector;
+use crate::wire::esp::{EspLayout, Rfc4303};
 use crate::wire::flow;
 use crate::wire::ip::{self, IpInfo};
 use crate::wire::{ipv4, ipv6, proto, udp};
@@ -438,7 +439,7 @@ impl Sa {
             Protocol::Esp => {
                 outer
                     + udp
-                    + crate::wire::esp::HEADER_LEN
+                    + Rfc4303::HEADER_LEN
                     + self.transform.iv_len()
                     + (self.transform.block_len().max(4) - 1)
                     + crate::wire::esp::TRAILER_LEN
@@ -555,7 +556,7 @@ impl Sa {
         probe.mark(Stage::Replay);
         let seq = seq?;
         match self.cfg.protocol {
-            Protocol::Esp => self.esp_out(buf, &info, seq, probe)?,
+            Protocol::Esp => self.esp_out::<Rfc4303, P>(buf, &info, seq, probe)?,
             Protocol::Ah => self.ah_out(buf, &info, seq, probe)?,
         }
         self.account(len, now);
@@ -584,7 +585,7 @@ impl Sa {
         probe: &mut P,
     ) -> PResult<Decapsulated> {
         let r = match inb.protocol {
-            Protocol::Esp => self.esp_in(buf, inb, now, probe),
+            Protocol::Esp => self.esp_in::<Rfc4303, P>(buf, inb, now, probe),
             Protocol::Ah => self.ah_in(buf, inb, now, probe),
         };
         self.count_drop(r)
