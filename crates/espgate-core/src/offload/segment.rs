@@ -190,11 +190,6 @@ impl<'a> Segmenter<'a> {
         self.count
     }
 
-    /// Packets not yet written by [`Segmenter::next_into`].
-    pub fn remaining(&self) -> usize {
-        self.count - self.next
-    }
-
     /// Length of the largest packet produced (all headers plus `gso_size`,
     /// or the packet's length if it is not split).
     pub fn max_segment_len(&self) -> usize {
