@@ -44,6 +44,7 @@ use std::time::Duration;
 
 const T0: Duration = Duration::ZERO;
 const NAT_T: u16 = 4500;
+const CLASSIFIER: sa::Classifier = sa::Classifier::new().udp_port(NAT_T);
 
 type Res = Result<InboundResult, InboundError>;
 
@@ -61,7 +62,7 @@ fn build_sad() -> (Sad, Vec<SaId>) {
 
 fn decap(sad: &mut Sad, pkt: &[u8]) -> (Res, Vec<u8>) {
     let mut b = PacketBuf::from_packet(pkt);
-    let r = sad.decapsulate(&mut b, NAT_T, T0);
+    let r = sad.decapsulate(&mut b, &CLASSIFIER, T0);
     (r, b.as_slice().to_vec())
 }
 
@@ -99,10 +100,10 @@ fn generic(sad: &Sad, input: &[u8], r: &Res, out: &[u8]) {
         }
         Ok(InboundResult::Dummy(_)) => {}
         Ok(InboundResult::Ike) => {
-            assert_eq!(sa::classify(input, NAT_T), Ok(Classified::Ike))
+            assert_eq!(sa::classify(input, &CLASSIFIER), Ok(Classified::Ike))
         }
         Ok(InboundResult::Keepalive) => {
-            assert_eq!(sa::classify(input, NAT_T), Ok(Classified::Keepalive))
+            assert_eq!(sa::classify(input, &CLASSIFIER), Ok(Classified::Keepalive))
         }
         Err(e) => {
             // An unknown SPI is reported without an SA.
@@ -128,7 +129,7 @@ enum Expect {
 /// ESP/AH that cannot be classified, is dropped; any other well-formed
 /// packet (including UDP on the NAT-T port that is not ESP) is the payload.
 fn after_transport(ids: Vec<SaId>, out: Vec<u8>) -> Expect {
-    match sa::classify(&out, NAT_T) {
+    match sa::classify(&out, &CLASSIFIER) {
         Ok(Classified::Ipsec(_)) => Expect::Unknown,
         Ok(_) | Err(DropReason::NotIpsec) => Expect::Packet(ids, out),
         Err(d) => match espgate_core::wire::ip::parse(&out) {

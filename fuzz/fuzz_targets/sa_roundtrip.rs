@@ -189,7 +189,7 @@ fuzz_target!(|data: &[u8]| {
             (Protocol::Esp, false) => proto::ESP,
         };
         assert_eq!(info.protocol, want_proto);
-        let inb = match sa::classify(&wire, dport) {
+        let inb = match sa::classify(&wire, &sa::Classifier::new().udp_port(dport)) {
             Ok(Classified::Ipsec(inb)) => inb,
             other => panic!("protected packet classified as {other:?}"),
         };

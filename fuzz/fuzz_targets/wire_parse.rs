@@ -170,7 +170,7 @@ fn ip_layer(data: &[u8]) {
     }
 
     for port in [udp::NAT_T_PORT, 500] {
-        match sa::classify(data, port) {
+        match sa::classify(data, &sa::Classifier::new().udp_port(port)) {
             Ok(Classified::Ipsec(inb)) => {
                 let outer = ip::parse(data).expect("classified without ip::parse");
                 assert_eq!(inb.outer, outer);

@@ -1228,7 +1228,13 @@ integ_out = "{ko}{}"
         let outer = buf.as_slice().to_vec();
         assert_eq!(&outer[12..16], &[192, 0, 2, 1], "outer source is A");
         assert_eq!(&outer[16..20], &[192, 0, 2, 2], "outer destination is B");
-        let r = rx.decapsulate(&mut buf, 4501, Duration::ZERO).unwrap();
+        let r = rx
+            .decapsulate(
+                &mut buf,
+                &espgate_core::sa::Classifier::new().udp_port(4501),
+                Duration::ZERO,
+            )
+            .unwrap();
         assert!(matches!(r, InboundResult::Packet(ref v) if v.len() == ids.len()));
         assert_eq!(buf.as_slice(), &pkt[..]);
     }
@@ -1301,7 +1307,13 @@ integ_out = "{ko}{}"
             .unwrap();
         let mut buf = PacketBuf::from_packet(&inner_packet());
         tx.encapsulate(&mut buf, Duration::ZERO).unwrap();
-        assert!(rx.decapsulate(&mut buf, 4501, Duration::ZERO).is_err());
+        assert!(rx
+            .decapsulate(
+                &mut buf,
+                &espgate_core::sa::Classifier::new().udp_port(4501),
+                Duration::ZERO
+            )
+            .is_err());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use aws_lc_rs::aead::{
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use espgate_core::crypto::Suite;
 use espgate_core::sa::replay::ReplayWindow;
-use espgate_core::sa::{classify, Classified, Protocol, Sa, SaConfig};
+use espgate_core::sa::{classify, Classified, Classifier, Protocol, Sa, SaConfig};
 use espgate_core::selector::{PortRange, Prefix, TrafficSelector};
 use espgate_core::spd::{Action, Direction, Policy, Spd};
 use espgate_core::wire::flow::Flow;
@@ -90,7 +90,7 @@ fn esp(c: &mut Criterion) {
             let mut enc = PacketBuf::from_packet(&clear);
             sa(suite, 0).encapsulate(&mut enc, Duration::ZERO).unwrap();
             let wire = enc.as_slice().to_vec();
-            let Ok(Classified::Ipsec(inb)) = classify(&wire, 4500) else {
+            let Ok(Classified::Ipsec(inb)) = classify(&wire, &Classifier::NAT_T) else {
                 panic!()
             };
             let mut rx = sa(suite, 0);

@@ -11,7 +11,7 @@ use aws_lc_rs::aead::{
     Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM, AES_256_GCM, CHACHA20_POLY1305,
 };
 use espgate_core::crypto::Suite;
-use espgate_core::sa::{classify, Classified, Protocol, Sa, SaConfig};
+use espgate_core::sa::{classify, Classified, Classifier, Protocol, Sa, SaConfig};
 use espgate_core::wire::udp;
 use espgate_core::PacketBuf;
 use std::net::Ipv4Addr;
@@ -82,7 +82,7 @@ fn main() {
         buf.load(&clear);
         tx.encapsulate(&mut buf, Duration::ZERO)
             .expect("encapsulate");
-        let Ok(Classified::Ipsec(inb)) = classify(buf.as_slice(), 4500) else {
+        let Ok(Classified::Ipsec(inb)) = classify(buf.as_slice(), &Classifier::NAT_T) else {
             panic!("not ESP")
         };
         rx.decapsulate(&mut buf, &inb, Duration::ZERO)

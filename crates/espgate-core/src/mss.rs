@@ -5,14 +5,8 @@
 //! firewalls often drop). The TCP checksum is updated incrementally
 //! (RFC 1624), so the packet's other bytes are untouched.
 
+use crate::wire::tcp::{self, Tcp};
 use crate::wire::{ip, proto};
-
-/// TCP header without options.
-const TCP_HEADER: usize = 20;
-/// TCP SYN flag.
-const SYN: u8 = 0x02;
-/// The MSS option.
-const OPT_MSS: u8 = 2;
 
 /// The largest MSS allowed per inner address family; `None`: no clamping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -36,7 +30,7 @@ impl MssLimit {
     /// 40) and the TCP header (20).
     pub fn for_mtu(mtu: u32) -> MssLimit {
         let f = |hdr: u32| {
-            mtu.checked_sub(hdr + TCP_HEADER as u32)
+            mtu.checked_sub(hdr + tcp::HEADER_LEN as u32)
                 .and_then(|m| u16::try_from(m).ok())
         };
         MssLimit {
@@ -46,19 +40,10 @@ impl MssLimit {
     }
 }
 
-/// One's complement sum update for a 16-bit field changing from `old` to
-/// `new` (RFC 1624, eqn. 3).
-fn update_checksum(sum: u16, old: u16, new: u16) -> u16 {
-    let mut s = u32::from(!sum) + u32::from(!old) + u32::from(new);
-    while s > 0xffff {
-        s = (s & 0xffff) + (s >> 16);
-    }
-    !(s as u16)
-}
-
 /// Lowers the MSS option of a TCP SYN in `pkt` to `limit`; returns true
 /// if it changed the packet. Anything that is not a well-formed first
-/// TCP segment with SYN is left alone.
+/// TCP segment with SYN is left alone, as is a SYN whose options are
+/// malformed before the MSS option.
 pub fn clamp(pkt: &mut [u8], limit: MssLimit) -> bool {
     let Ok(info) = ip::parse(pkt) else {
         return false;
@@ -71,63 +56,27 @@ pub fn clamp(pkt: &mut [u8], limit: MssLimit) -> bool {
     if info.protocol != proto::TCP || info.later_fragment {
         return false;
     }
-    let Some(tcp) = pkt.get_mut(info.payload_offset..info.packet_len) else {
+    let Some(seg) = pkt.get_mut(info.payload_offset..info.packet_len) else {
         return false;
     };
-    if tcp.len() < TCP_HEADER || tcp[13] & SYN == 0 {
+    let Ok(mut tcp) = Tcp::new_checked(seg) else {
+        return false;
+    };
+    if !tcp.syn() {
         return false;
     }
-    let hlen = usize::from(tcp[12] >> 4) * 4;
-    if hlen < TCP_HEADER || hlen > tcp.len() {
-        return false;
+    match tcp.mss() {
+        Some(old) if old > max => tcp.set_mss(max).is_some(),
+        _ => false,
     }
-    let mut i = TCP_HEADER;
-    while i < hlen {
-        match tcp[i] {
-            0 => break,
-            1 => i += 1,
-            kind => {
-                let Some(&len) = tcp.get(i + 1) else { break };
-                let len = usize::from(len);
-                if len < 2 || i + len > hlen {
-                    break;
-                }
-                if kind == OPT_MSS && len == 4 {
-                    let old = u16::from_be_bytes([tcp[i + 2], tcp[i + 3]]);
-                    if old <= max {
-                        return false;
-                    }
-                    tcp[i + 2..i + 4].copy_from_slice(&max.to_be_bytes());
-                    // The MSS sits at an even offset in practice; the
-                    // update is done on the aligned 16-bit word holding it.
-                    let sum = u16::from_be_bytes([tcp[16], tcp[17]]);
-                    let sum = if i & 1 == 0 {
-                        update_checksum(sum, old, max)
-                    } else {
-                        // Odd offset: two words changed, [x, hi] and [lo, y].
-                        let (ohi, olo) = ((old >> 8) as u8, old as u8);
-                        let (nhi, nlo) = ((max >> 8) as u8, max as u8);
-                        let w1o = u16::from_be_bytes([tcp[i + 1], ohi]);
-                        let w1n = u16::from_be_bytes([tcp[i + 1], nhi]);
-                        let y = tcp.get(i + 4).copied().unwrap_or(0);
-                        let w2o = u16::from_be_bytes([olo, y]);
-                        let w2n = u16::from_be_bytes([nlo, y]);
-                        update_checksum(update_checksum(sum, w1o, w1n), w2o, w2n)
-                    };
-                    tcp[16..18].copy_from_slice(&sum.to_be_bytes());
-                    return true;
-                }
-                i += len;
-            }
-        }
-    }
-    false
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::wire::checksum;
+    use crate::wire::tcp::flags::SYN;
+    use crate::wire::tcp::HEADER_LEN as TCP_HEADER;
     use crate::wire::{ipv4, ipv6};
     use std::net::IpAddr;
 

@@ -4,7 +4,7 @@
 use crate::buf::PacketBuf;
 use crate::cost::{NoProbe, Probe, Stage};
 use crate::error::{DropReason, PResult};
-use crate::sa::{classify, Classified, Decapsulated, Mode, Protocol, Sa};
+use crate::sa::{classify, Classified, Classifier, Decapsulated, Mode, Protocol, Sa};
 use rustc_hash::FxHashMap;
 use std::time::Duration;
 
@@ -22,7 +22,8 @@ pub enum InboundResult {
     Packet(Vec<SaId>),
     /// A dummy packet was discarded by this SA.
     Dummy(SaId),
-    /// IKE on the NAT-T port: hand it to the key manager.
+    /// IKE behind the non-ESP marker on an ESP-in-UDP port: hand it to the
+    /// key manager.
     Ike,
     /// NAT keepalive: nothing to do.
     Keepalive,
@@ -36,7 +37,7 @@ pub enum InboundOutcome {
     Packet,
     /// A dummy packet was discarded by this SA.
     Dummy(SaId),
-    /// IKE on the NAT-T port.
+    /// IKE behind the non-ESP marker on an ESP-in-UDP port.
     Ike,
     /// NAT keepalive.
     Keepalive,
@@ -54,10 +55,10 @@ pub struct InboundError {
 }
 
 /// True when the packet does not parse as IP, or its next protocol is raw
-/// ESP or AH: a failure to classify it then drops it.
-fn ipsec_or_malformed(pkt: &[u8]) -> bool {
+/// IPsec by `classifier`: a failure to classify it then drops it.
+fn ipsec_or_malformed(pkt: &[u8], classifier: &Classifier) -> bool {
     match crate::wire::ip::parse(pkt) {
-        Ok(i) => matches!(i.protocol, crate::wire::proto::ESP | crate::wire::proto::AH),
+        Ok(i) => classifier.ip_protocol(i.protocol).is_some(),
         Err(_) => true,
     }
 }
@@ -141,18 +142,19 @@ impl Sad {
         self.by_spi.is_empty()
     }
 
-    /// Removes every IPsec layer whose SA is installed, outermost first.
-    /// After a transport-mode layer, a following ESP/AH header is processed
-    /// too (ESP inside AH); a tunnel-mode layer ends processing.
+    /// Removes every IPsec layer whose SA is installed, outermost first,
+    /// each found by `classifier` (see [`classify`]). After a
+    /// transport-mode layer, a following ESP/AH header is processed too
+    /// (ESP inside AH); a tunnel-mode layer ends processing.
     pub fn decapsulate(
         &mut self,
         buf: &mut PacketBuf,
-        nat_t_port: u16,
+        classifier: &Classifier,
         now: Duration,
     ) -> Result<InboundResult, InboundError> {
         let mut applied = Vec::new();
         Ok(
-            match self.decapsulate_into(buf, nat_t_port, now, &mut applied)? {
+            match self.decapsulate_into(buf, classifier, now, &mut applied)? {
                 InboundOutcome::Packet => InboundResult::Packet(applied),
                 InboundOutcome::Dummy(id) => InboundResult::Dummy(id),
                 InboundOutcome::Ike => InboundResult::Ike,
@@ -167,11 +169,11 @@ impl Sad {
     pub fn decapsulate_into(
         &mut self,
         buf: &mut PacketBuf,
-        nat_t_port: u16,
+        classifier: &Classifier,
         now: Duration,
         applied: &mut Vec<SaId>,
     ) -> Result<InboundOutcome, InboundError> {
-        self.decapsulate_into_probed(buf, nat_t_port, now, applied, &mut NoProbe)
+        self.decapsulate_into_probed(buf, classifier, now, applied, &mut NoProbe)
     }
 
     /// [`Sad::decapsulate_into`], marking its stages on `probe` (see
@@ -181,19 +183,19 @@ impl Sad {
     pub fn decapsulate_into_probed<P: Probe + ?Sized>(
         &mut self,
         buf: &mut PacketBuf,
-        nat_t_port: u16,
+        classifier: &Classifier,
         now: Duration,
         applied: &mut Vec<SaId>,
         probe: &mut P,
     ) -> Result<InboundOutcome, InboundError> {
         applied.clear();
         for layer in 0..MAX_LAYERS {
-            let c = classify(buf.as_slice(), nat_t_port);
+            let c = classify(buf.as_slice(), classifier);
             let inb = match c {
                 Ok(Classified::Ipsec(inb)) => inb,
                 Ok(Classified::Ike) if layer == 0 => return Ok(InboundOutcome::Ike),
                 Ok(Classified::Keepalive) if layer == 0 => return Ok(InboundOutcome::Keepalive),
-                Err(reason) if layer == 0 || ipsec_or_malformed(buf.as_slice()) => {
+                Err(reason) if layer == 0 || ipsec_or_malformed(buf.as_slice(), classifier) => {
                     return Err(InboundError {
                         reason,
                         sa: applied.last().copied(),
@@ -201,8 +203,8 @@ impl Sad {
                     })
                 }
                 // Below a transport-mode layer, a well-formed packet that is
-                // not another IPsec layer (raw ESP/AH, or ESP on the NAT-T
-                // port) is the payload.
+                // not another IPsec layer (raw ESP/AH, or ESP on an
+                // ESP-in-UDP port) is the payload.
                 _ => break,
             };
             let err = |reason, sa| InboundError {

@@ -22,7 +22,7 @@ fn hex(s: &str) -> Vec<u8> {
 fn opts() -> EngineOptions {
     EngineOptions {
         mtu: 1500,
-        nat_t_port: 4500,
+        classifier: espgate_core::sa::Classifier::NAT_T,
         leases: None,
     }
 }

@@ -20,7 +20,7 @@
 
 use espgate_core::crypto::{AuthCtx, Integ, Mac, Suite, SuiteError, Transform};
 use espgate_core::error::DropReason as Reason;
-use espgate_core::sa::{Mode, Protocol};
+use espgate_core::sa::{Classifier, Mode, Protocol};
 use espgate_core::sad::{InboundResult, Sad};
 use espgate_core::wire::{checksum, ipv4::Ipv4Repr, proto};
 use espgate_core::{PacketBuf, Sa, SaConfig};
@@ -28,7 +28,6 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 const T0: Duration = Duration::ZERO;
-const NAT_T_PORT: u16 = 4500;
 
 /// Decodes hex as printed in an RFC: spaces and line breaks are ignored.
 fn h(s: &str) -> Vec<u8> {
@@ -1221,7 +1220,7 @@ impl InboundSa {
     /// Decapsulates `pkt`; returns the resulting packet.
     fn accept(&mut self, name: &str, pkt: &[u8]) -> Vec<u8> {
         let mut buf = PacketBuf::from_packet(pkt);
-        match self.sad.decapsulate(&mut buf, NAT_T_PORT, T0) {
+        match self.sad.decapsulate(&mut buf, &Classifier::NAT_T, T0) {
             Ok(InboundResult::Packet(ids)) => assert_eq!(ids.len(), 1, "{name}: layers"),
             other => panic!("{name}: decapsulate gave {other:?}"),
         }
@@ -1233,7 +1232,7 @@ impl InboundSa {
         let mut buf = PacketBuf::from_packet(pkt);
         let err = self
             .sad
-            .decapsulate(&mut buf, NAT_T_PORT, T0)
+            .decapsulate(&mut buf, &Classifier::NAT_T, T0)
             .expect_err("a replayed packet was accepted");
         assert_eq!(err.reason, Reason::Replay, "{name}: replay");
     }

@@ -64,7 +64,7 @@ const T: Duration = Duration::from_secs(1);
 fn opts() -> EngineOptions {
     EngineOptions {
         mtu: 1500,
-        nat_t_port: 4500,
+        classifier: espgate_core::sa::Classifier::NAT_T,
         leases: None,
     }
 }

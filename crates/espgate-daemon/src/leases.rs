@@ -652,7 +652,7 @@ mod tests {
         fn opts(leases: Option<Arc<DiskLeases>>) -> EngineOptions {
             EngineOptions {
                 mtu: 1500,
-                nat_t_port: 4500,
+                classifier: espgate_core::sa::Classifier::NAT_T,
                 leases: leases.map(|l| l as Arc<dyn LeaseSource>),
             }
         }

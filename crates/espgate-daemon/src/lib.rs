@@ -183,7 +183,7 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
         .collect();
     let opts = EngineOptions {
         mtu: g.mtu,
-        nat_t_port: g.listen.port(),
+        classifier: espgate_core::sa::Classifier::new().udp_port(g.listen.port()),
         leases: Some(leases.clone()),
     };
     let engines =

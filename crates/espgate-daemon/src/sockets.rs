@@ -384,7 +384,7 @@ pub fn push_ipv6_outer(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use espgate_core::sa::{classify, Classified};
+    use espgate_core::sa::{classify, Classified, Classifier};
     use espgate_core::wire::ip;
 
     fn esp_payload() -> Vec<u8> {
@@ -416,7 +416,7 @@ mod tests {
         assert!(ipv4::Ipv4::new_checked(b.as_slice()).unwrap().checksum_ok());
         let u = udp::Udp::new_checked(&b.as_slice()[20..]).unwrap();
         assert_eq!((u.src_port(), u.dst_port(), u.len()), (4501, 4500, 48));
-        match classify(b.as_slice(), 4500).unwrap() {
+        match classify(b.as_slice(), &Classifier::NAT_T).unwrap() {
             Classified::Ipsec(inb) => {
                 assert_eq!(inb.spi, 0x1234_5678);
                 assert_eq!((inb.offset, inb.udp_offset, inb.end), (28, Some(20), 68));
@@ -453,7 +453,7 @@ mod tests {
         );
         assert_eq!(info.src, "2001:db8::2".parse::<IpAddr>().unwrap());
         assert!(matches!(
-            classify(b.as_slice(), 4500).unwrap(),
+            classify(b.as_slice(), &Classifier::NAT_T).unwrap(),
             Classified::Ipsec(_)
         ));
         // Keepalives and IKE keep their meaning behind the synthetic header.
@@ -465,7 +465,10 @@ mod tests {
             0,
         )
         .unwrap();
-        assert_eq!(classify(b.as_slice(), 4500).unwrap(), Classified::Keepalive);
+        assert_eq!(
+            classify(b.as_slice(), &Classifier::NAT_T).unwrap(),
+            Classified::Keepalive
+        );
     }
 
     #[test]
@@ -601,7 +604,7 @@ mod tests {
             (info.protocol, info.tos, info.packet_len),
             (proto::ESP, 0x01, 80)
         );
-        match classify(b.as_slice(), 4500).unwrap() {
+        match classify(b.as_slice(), &Classifier::NAT_T).unwrap() {
             Classified::Ipsec(inb) => assert_eq!((inb.offset, inb.end), (40, 80)),
             other => panic!("{other:?}"),
         }

@@ -692,12 +692,7 @@ impl Round<'_> {
             } else {
                 0
             },
-            gso_type: match info.kind {
-                GsoKind::None => VirtioNetHdr::GSO_NONE,
-                GsoKind::TcpV4 => VirtioNetHdr::GSO_TCPV4,
-                GsoKind::TcpV6 => VirtioNetHdr::GSO_TCPV6,
-                GsoKind::UdpL4 => VirtioNetHdr::GSO_UDP_L4,
-            },
+            gso_type: info.kind.to_virtio(),
             hdr_len: info.hdr_len,
             gso_size: info.gso_size,
             csum_start: info.csum_start,
@@ -888,15 +883,8 @@ fn udp_payload(pkt: &[u8]) -> Option<((usize, usize), u8)> {
 /// GSO type the data plane does not handle (UFO; ECN-marked TSO is handled
 /// like plain TSO: the CWR flag is in the TCP header it copies).
 fn gso_info(h: &VirtioNetHdr) -> Option<GsoInfo> {
-    let kind = match h.gso_type & !VirtioNetHdr::GSO_ECN {
-        VirtioNetHdr::GSO_NONE => GsoKind::None,
-        VirtioNetHdr::GSO_TCPV4 => GsoKind::TcpV4,
-        VirtioNetHdr::GSO_TCPV6 => GsoKind::TcpV6,
-        VirtioNetHdr::GSO_UDP_L4 => GsoKind::UdpL4,
-        _ => return None,
-    };
     Some(GsoInfo {
-        kind,
+        kind: GsoKind::from_virtio(h.gso_type).ok()?,
         needs_csum: h.flags & VirtioNetHdr::F_NEEDS_CSUM != 0,
         hdr_len: h.hdr_len,
         gso_size: h.gso_size,

@@ -2,7 +2,7 @@
 
 use crate::capture::{read_capture, RawIpWriter};
 use anyhow::{bail, Context, Result};
-use espgate_core::sa::{spec, Sa, SaConfig};
+use espgate_core::sa::{spec, Classifier, Sa, SaConfig};
 use espgate_core::sad::{InboundResult, SaId, Sad};
 use espgate_core::{DropReason, PacketBuf};
 use std::collections::BTreeMap;
@@ -108,9 +108,10 @@ pub fn decrypt(cfgs: Vec<SaConfig>, opt: &Options<'_>, log: &mut dyn Write) -> R
         }
     }
     let mut buf = PacketBuf::with_capacity(9216);
+    let classifier = Classifier::new().udp_port(opt.nat_t_port);
     for (frame, p) in &cap.packets {
         buf.load(&p.ip);
-        match sad.decapsulate(&mut buf, opt.nat_t_port, Duration::ZERO) {
+        match sad.decapsulate(&mut buf, &classifier, Duration::ZERO) {
             Ok(InboundResult::Packet(_)) => {
                 out.write(p.ts_sec, p.ts_nsec, buf.as_slice())?;
                 sum.written += 1;

@@ -5,7 +5,7 @@
 use super::*;
 use crate::buf::PacketBuf;
 use crate::crypto::Suite;
-use crate::sa::{Encap, Protocol, Sa, SaConfig};
+use crate::sa::{Classifier, Encap, Protocol, Sa, SaConfig};
 use crate::sad::{InboundOutcome, SaId, Sad};
 use crate::wire::udp;
 use crate::DropReason;
@@ -85,7 +85,7 @@ fn seal(tx: &mut Sa, probe: &mut FakeProbe) -> Vec<u8> {
 fn open(rx: &mut Sad, wire: &[u8], probe: &mut FakeProbe) -> Result<Vec<u8>, DropReason> {
     let mut b = PacketBuf::from_packet(wire);
     let mut applied = Vec::new();
-    match rx.decapsulate_into_probed(&mut b, udp::NAT_T_PORT, T0, &mut applied, probe) {
+    match rx.decapsulate_into_probed(&mut b, &Classifier::NAT_T, T0, &mut applied, probe) {
         Ok(InboundOutcome::Packet) => {
             assert_eq!(applied, [SaId(0)]);
             Ok(b.as_slice().to_vec())

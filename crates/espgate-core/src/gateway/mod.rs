@@ -33,7 +33,7 @@ use crate::buf::PacketBuf;
 use crate::cost::{NoProbe, Probe, Stage};
 use crate::error::DropReason;
 use crate::mss::{self, MssLimit};
-use crate::sa::{Encap, Protocol, Sa, SaConfig, SaEvent, SeqLease};
+use crate::sa::{Classifier, Encap, Protocol, Sa, SaConfig, SaEvent, SeqLease};
 use crate::sad::{InboundOutcome, SaId, Sad, MAX_LAYERS};
 use crate::spd::{Action, Direction, Policy, Spd};
 use crate::wire::flow::{self, Flow};
@@ -55,8 +55,9 @@ pub trait LeaseSource: Send + Sync {
 pub struct EngineOptions {
     /// The outer path MTU (`gateway.mtu`).
     pub mtu: u16,
-    /// The UDP port ESP-in-UDP arrives on.
-    pub nat_t_port: u16,
+    /// What outer packets carry IPsec: the IP protocols and the ESP-in-UDP
+    /// ports (e.g. `Classifier::new().udp_port(4500)`).
+    pub classifier: Classifier,
     /// Where outbound SAs get their sequence numbers (none: from 1, no
     /// limit — for tests and offline tools).
     pub leases: Option<Arc<dyn LeaseSource>>,
@@ -66,7 +67,7 @@ impl std::fmt::Debug for EngineOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EngineOptions")
             .field("mtu", &self.mtu)
-            .field("nat_t_port", &self.nat_t_port)
+            .field("classifier", &self.classifier)
             .field("leases", &self.leases.is_some())
             .finish()
     }
@@ -148,7 +149,7 @@ pub struct Engine {
     /// The bundle overhead the TUN MTU was sized for at start.
     sized_overhead: usize,
     applied: Vec<SaId>,
-    nat_t_port: u16,
+    classifier: Classifier,
     leases: Option<Arc<dyn LeaseSource>>,
     stats: Arc<WorkerStats>,
     events: VecDeque<EngineEvent>,
@@ -222,7 +223,7 @@ impl Engine {
             meta: Vec::new(),
             sized_overhead: 0,
             applied: Vec::with_capacity(MAX_LAYERS),
-            nat_t_port: opts.nat_t_port,
+            classifier: opts.classifier,
             leases: opts.leases.clone(),
             stats: Arc::new(WorkerStats::default()),
             events: VecDeque::new(),
@@ -450,7 +451,7 @@ impl Engine {
         self.stats.counters.net_rx.incr();
         let r =
             self.sad
-                .decapsulate_into_probed(buf, self.nat_t_port, now, &mut self.applied, probe);
+                .decapsulate_into_probed(buf, &self.classifier, now, &mut self.applied, probe);
         let c = &self.stats.counters;
         match r {
             Ok(InboundOutcome::Packet) => {

@@ -1,8 +1,9 @@
 //! Merging back-to-back TCP packets of one flow into a super-segment for one
 //! TUN write (software GRO).
 
-use super::{addrs, fold, tcp_flags, GsoInfo, GsoKind, TCP_CSUM_OFFSET};
-use crate::wire::{be32, checksum, ipv4, ipv6, proto, put16};
+use super::{addrs, fold, GsoInfo, GsoKind, TCP_CSUM_OFFSET};
+use crate::wire::tcp::{field, flags, Tcp};
+use crate::wire::{checksum, ipv4, ipv6, proto, put16};
 
 /// Largest super-segment the coalescer builds (IP total length, either
 /// version).
@@ -189,7 +190,7 @@ impl TcpCoalescer {
         self.gso_size = c.payload;
         self.segs = 1;
         self.next_seq = c.seq.wrapping_add(c.payload as u32);
-        self.closed = c.flags & tcp_flags::PSH != 0;
+        self.closed = c.flags & flags::PSH != 0;
         self.first_verified = false;
     }
 
@@ -216,13 +217,17 @@ impl TcpCoalescer {
                 && a[12..20] == b[12..20]
         };
         let (ta, tb) = (&a[self.l4..], &b[self.l4..]);
-        // Ports; ack, data offset; window, [checksum skipped], urgent pointer, options.
+        let ece = |t: &[u8]| t[field::FLAGS] & flags::ECE;
+        // Ports; ack, data offset (and reserved bits); ECE; window,
+        // [checksum skipped], urgent pointer, options.
         ip_same
-            && ta[..4] == tb[..4]
-            && ta[8..13] == tb[8..13]
-            && ta[13] & tcp_flags::ECE == tb[13] & tcp_flags::ECE
-            && ta[14..16] == tb[14..16]
-            && ta[18..] == tb[18..]
+            && ta[field::SRC_PORT.start..field::DST_PORT.end]
+                == tb[field::SRC_PORT.start..field::DST_PORT.end]
+            && ta[field::ACK_NUM.start..=field::DATA_OFFSET]
+                == tb[field::ACK_NUM.start..=field::DATA_OFFSET]
+            && ece(ta) == ece(tb)
+            && ta[field::WINDOW] == tb[field::WINDOW]
+            && ta[field::URGENT.start..] == tb[field::URGENT.start..]
     }
 
     fn append(&mut self, pkt: &[u8], c: &Candidate) {
@@ -234,8 +239,9 @@ impl TcpCoalescer {
         if c.payload < self.gso_size {
             self.closed = true;
         }
-        if c.flags & tcp_flags::PSH != 0 {
-            self.buf[self.l4 + 13] |= tcp_flags::PSH;
+        if c.flags & flags::PSH != 0 {
+            let mut t = Tcp::new_unchecked(&mut self.buf[self.l4..self.hdr]);
+            t.set_flags(t.flags() | flags::PSH);
             self.closed = true;
         }
     }
@@ -255,7 +261,7 @@ impl TcpCoalescer {
         };
         let (src, dst) = addrs(b, self.v6);
         let pseudo = checksum::pseudo_header(src, dst, proto::TCP, (n - l4) as u32);
-        put16(b, l4 + usize::from(TCP_CSUM_OFFSET), fold(pseudo));
+        Tcp::new_unchecked(&mut b[l4..]).set_checksum(fold(pseudo));
         GsoInfo {
             kind,
             needs_csum: true,
@@ -295,37 +301,28 @@ fn candidate(pkt: &[u8]) -> Option<Candidate> {
         }
         _ => return None,
     };
-    let tcp = &pkt[l4..];
-    if tcp.len() < 20 {
+    let tcp = Tcp::new_checked(&pkt[l4..]).ok()?;
+    let f = tcp.flags();
+    let allowed = flags::ACK | flags::PSH | flags::ECE;
+    if f & flags::ACK == 0 || f & !allowed != 0 {
         return None;
     }
-    let doff = usize::from(tcp[12] >> 4) * 4;
-    if doff < 20 || doff > tcp.len() {
-        return None;
-    }
-    let flags = tcp[13];
-    let allowed = tcp_flags::ACK | tcp_flags::PSH | tcp_flags::ECE;
-    if flags & tcp_flags::ACK == 0 || flags & !allowed != 0 {
-        return None;
-    }
-    let payload = tcp.len() - doff;
+    let payload = tcp.payload().len();
     if payload == 0 {
         return None;
     }
     Some(Candidate {
         v6,
         l4,
-        hdr: l4 + doff,
+        hdr: l4 + tcp.header_len(),
         payload,
-        seq: be32(tcp, 4),
-        flags,
+        seq: tcp.seq_number(),
+        flags: f,
     })
 }
 
 /// True if the TCP checksum of `pkt` (IP header of `l4` bytes) verifies.
 fn tcp_checksum_ok(pkt: &[u8], v6: bool, l4: usize) -> bool {
     let (src, dst) = addrs(pkt, v6);
-    let tcp = &pkt[l4..];
-    let pseudo = checksum::pseudo_header(src, dst, proto::TCP, tcp.len() as u32);
-    checksum::finish(checksum::sum(pseudo, tcp)) == 0
+    Tcp::new_unchecked(&pkt[l4..]).verify_checksum(src, dst)
 }

@@ -32,7 +32,7 @@ pub use coalesce::{Push, TcpCoalescer, MAX_COALESCE_SEGMENTS, MAX_SUPER_LEN};
 pub use segment::{Segmenter, MAX_SEGMENTS};
 
 use crate::error::{DropReason, PResult};
-use crate::wire::{checksum, put16};
+use crate::wire::{checksum, put16, tcp};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// Length of the legacy `struct virtio_net_hdr` that prefixes every TUN
@@ -54,20 +54,9 @@ pub const VIRTIO_NET_HDR_GSO_UDP_L4: u8 = 5;
 pub const VIRTIO_NET_HDR_GSO_ECN: u8 = 0x80;
 
 /// Offset of the checksum field in a TCP header.
-pub const TCP_CSUM_OFFSET: u16 = 16;
+pub const TCP_CSUM_OFFSET: u16 = tcp::field::CHECKSUM.start as u16;
 /// Offset of the checksum field in a UDP header.
 pub const UDP_CSUM_OFFSET: u16 = 6;
-
-/// TCP flag bits (byte 13 of the header).
-pub(crate) mod tcp_flags {
-    pub const FIN: u8 = 0x01;
-    pub const SYN: u8 = 0x02;
-    pub const RST: u8 = 0x04;
-    pub const PSH: u8 = 0x08;
-    pub const ACK: u8 = 0x10;
-    pub const ECE: u8 = 0x40;
-    pub const CWR: u8 = 0x80;
-}
 
 /// What kind of super-segment a packet is (`virtio_net_hdr.gso_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,12 +1,12 @@
 //! Splitting a TSO/USO super-segment read from the TUN into ordinary packets.
 
 use super::{
-    addrs, complete_checksum, csum_range_ok, tcp_flags, GsoInfo, GsoKind, TCP_CSUM_OFFSET,
-    UDP_CSUM_OFFSET,
+    addrs, complete_checksum, csum_range_ok, GsoInfo, GsoKind, TCP_CSUM_OFFSET, UDP_CSUM_OFFSET,
 };
 use crate::buf::PacketBuf;
 use crate::error::{DropReason, PResult};
-use crate::wire::{be16, be32, checksum, ipv4, ipv6, proto, put16, put32};
+use crate::wire::tcp::{flags, Tcp};
+use crate::wire::{be16, checksum, ipv4, ipv6, proto, put16};
 use std::net::IpAddr;
 
 /// Most segments one super-segment may be split into. 64 KiB at TCP's
@@ -118,17 +118,11 @@ impl<'a> Segmenter<'a> {
         let pkt = &pkt[..end];
         let l4_len = end - l4;
         let (l4_hdr, csum_offset, mode, seq) = if l4_proto == proto::TCP {
-            if l4_len < 20 {
-                return Err(DropReason::BadLength);
-            }
-            let doff = usize::from(pkt[l4 + 12] >> 4) * 4;
-            if doff < 20 || doff > l4_len {
-                return Err(DropReason::BadLength);
-            }
-            if pkt[l4 + 13] & (tcp_flags::SYN | tcp_flags::RST) != 0 {
+            let t = Tcp::new_checked(&pkt[l4..])?;
+            if t.flags() & (flags::SYN | flags::RST) != 0 {
                 return Err(DropReason::BadOffload);
             }
-            (doff, TCP_CSUM_OFFSET, Mode::Tcp, be32(pkt, l4 + 4))
+            (t.header_len(), TCP_CSUM_OFFSET, Mode::Tcp, t.seq_number())
         } else {
             if l4_len < 8 || usize::from(be16(pkt, l4 + 4)) != l4_len {
                 return Err(DropReason::BadLength);
@@ -196,11 +190,6 @@ impl<'a> Segmenter<'a> {
         self.count
     }
 
-    /// Packets not yet written by [`Segmenter::next_into`].
-    pub fn remaining(&self) -> usize {
-        self.count - self.next
-    }
-
     /// Length of the largest packet produced (all headers plus `gso_size`,
     /// or the packet's length if it is not split).
     pub fn max_segment_len(&self) -> usize {
@@ -259,25 +248,25 @@ impl<'a> Segmenter<'a> {
         // Transport layer.
         let l4 = &mut b[self.l4..];
         let l4_len = l4.len();
-        let pseudo = |p| checksum::pseudo_header(self.src, self.dst, p, l4_len as u32);
         if self.mode == Mode::Tcp {
+            // The header is a copy of the one Segmenter::new checked.
+            let mut t = Tcp::new_unchecked(l4);
             // i * gso_size < 64 KiB: no truncation.
-            put32(l4, 4, self.seq.wrapping_add((i * self.gso_size) as u32));
-            let mut flags = l4[13];
+            t.set_seq_number(self.seq.wrapping_add((i * self.gso_size) as u32));
+            let mut f = t.flags();
             if i + 1 < self.count {
-                flags &= !(tcp_flags::FIN | tcp_flags::PSH);
+                f &= !(flags::FIN | flags::PSH);
             }
             if i > 0 {
-                flags &= !tcp_flags::CWR;
+                f &= !flags::CWR;
             }
-            l4[13] = flags;
-            put16(l4, 16, 0);
-            let c = checksum::finish(checksum::sum(pseudo(proto::TCP), l4));
-            put16(l4, 16, c);
+            t.set_flags(f);
+            t.fill_checksum(self.src, self.dst);
         } else {
             put16(l4, 4, l4_len as u16);
             put16(l4, 6, 0);
-            let c = match checksum::finish(checksum::sum(pseudo(proto::UDP), l4)) {
+            let pseudo = checksum::pseudo_header(self.src, self.dst, proto::UDP, l4_len as u32);
+            let c = match checksum::finish(checksum::sum(pseudo, l4)) {
                 0 => 0xffff,
                 c => c,
             };

@@ -1,30 +1,33 @@
-//! ESP outbound and inbound processing (RFC 4303 §3.3, §3.4).
+//! ESP outbound and inbound processing (RFC 4303 §3.3, §3.4), generic over
+//! the header layout ([`EspLayout`]): the padding, trailer, transform,
+//! replay and lifetime handling here serve every ESP header format.
 
 use super::{finish_tunnel_inner, fix_transport_header, Decapsulated, Encap, Inbound, Mode, Sa};
 use crate::buf::PacketBuf;
 use crate::cost::{Probe, Stage};
-use crate::crypto::AuthCtx;
 use crate::error::{DropReason, PResult};
+use crate::wire::esp::{EspAuth, EspLayout, Inner, OuterAddrs};
 use crate::wire::ip::IpInfo;
 use crate::wire::{checksum, esp, ipv6, proto, put16, udp};
 use std::time::Duration;
 
-/// AEAD additional data (RFC 4106 §5): SPI || [Seq high] || Seq low.
-fn aead_aad(spi: u32, seq: u64, esn: bool, out: &mut [u8; 12]) -> usize {
-    out[..4].copy_from_slice(&spi.to_be_bytes());
-    if esn {
-        out[4..8].copy_from_slice(&((seq >> 32) as u32).to_be_bytes());
-        out[8..12].copy_from_slice(&(seq as u32).to_be_bytes());
-        12
-    } else {
-        out[4..8].copy_from_slice(&(seq as u32).to_be_bytes());
-        8
-    }
+/// How [`Sa::esp_wrap`] frames one packet.
+struct Wrap {
+    /// Bytes kept in front (the IP header in transport mode).
+    keep: usize,
+    /// Next header for the trailer.
+    nh: u8,
+    /// Length of the UDP header to leave room for (0 without encapsulation).
+    udp_len: usize,
+    /// TFC padding bytes.
+    tfc: usize,
+    /// The outer addresses the packet will travel between.
+    outer: OuterAddrs,
 }
 
 impl Sa {
     /// `buf` holds exactly one IP packet described by `info`.
-    pub(super) fn esp_out<P: Probe + ?Sized>(
+    pub(super) fn esp_out<L: EspLayout, P: Probe + ?Sized>(
         &mut self,
         buf: &mut PacketBuf,
         info: &IpInfo,
@@ -47,8 +50,22 @@ impl Sa {
                     .cfg
                     .tfc_pad_to
                     .map_or(0, |t| usize::from(t).saturating_sub(buf.len()));
-                self.esp_wrap(buf, 0, nh, seq, (udp_len, tfc), probe)?;
-                let outer_proto = if udp_len > 0 { proto::UDP } else { proto::ESP };
+                let (Some(src), Some(dst)) = (self.cfg.tunnel_src, self.cfg.tunnel_dst) else {
+                    return Err(DropReason::Unsupported);
+                };
+                let w = Wrap {
+                    keep: 0,
+                    nh,
+                    udp_len,
+                    tfc,
+                    outer: OuterAddrs { src, dst },
+                };
+                self.esp_wrap::<L, P>(buf, &w, seq, probe)?;
+                let outer_proto = if udp_len > 0 {
+                    proto::UDP
+                } else {
+                    L::IP_PROTOCOL
+                };
                 self.push_outer(buf, info, outer_proto)?;
                 let hdr_len = if self.cfg.tunnel_dst.is_some_and(|d| d.is_ipv6()) {
                     ipv6::HEADER_LEN
@@ -77,8 +94,22 @@ impl Sa {
                     // §2.6); the receiver would discard it silently.
                     return Err(DropReason::BadNextHeader);
                 }
-                self.esp_wrap(buf, keep, nh, seq, (udp_len, 0), probe)?;
-                let outer_proto = if udp_len > 0 { proto::UDP } else { proto::ESP };
+                let w = Wrap {
+                    keep,
+                    nh,
+                    udp_len,
+                    tfc: 0,
+                    outer: OuterAddrs {
+                        src: info.src,
+                        dst: info.dst,
+                    },
+                };
+                self.esp_wrap::<L, P>(buf, &w, seq, probe)?;
+                let outer_proto = if udp_len > 0 {
+                    proto::UDP
+                } else {
+                    L::IP_PROTOCOL
+                };
                 fix_transport_header(buf.as_mut_slice(), info.version, nh_field, outer_proto)?;
                 if udp_len > 0 {
                     self.finish_udp(buf.as_mut_slice(), keep, info.version == 6);
@@ -111,19 +142,21 @@ impl Sa {
     }
 
     /// `buf` = `[keep | payload]` becomes
-    /// `[keep | UDP? | SPI | Seq | IV | E(payload | TFC | pad | pad len | nh) | ICV]`
-    /// (`room` = the UDP header's and the TFC padding's lengths).
-    fn esp_wrap<P: Probe + ?Sized>(
+    /// `[keep | UDP? | header | IV | E(payload | TFC | pad | pad len | nh) | ICV]`.
+    fn esp_wrap<L: EspLayout, P: Probe + ?Sized>(
         &mut self,
         buf: &mut PacketBuf,
-        keep: usize,
-        nh: u8,
+        w: &Wrap,
         seq: u64,
-        room: (usize, usize),
         probe: &mut P,
     ) -> PResult<()> {
-        let (udp_len, tfc) = room;
-        let hi = self.esn_hi(seq);
+        let Wrap {
+            keep,
+            nh,
+            udp_len,
+            tfc,
+            ..
+        } = *w;
         let t = &mut self.transform;
         let (iv_len, icv_len) = (t.iv_len(), t.icv_len());
         let len0 = buf.len();
@@ -132,25 +165,25 @@ impl Sa {
         let p = buf.push_back(tfc + pad + esp::TRAILER_LEN + icv_len);
         p[len0..len0 + tfc].fill(0);
         esp::emit_trailer(&mut p[len0 + tfc..len0 + tfc + pad + esp::TRAILER_LEN], nh);
-        let pre = udp_len + esp::HEADER_LEN + iv_len;
+        let pre = udp_len + L::HEADER_LEN + iv_len;
         let p = buf.push_front(pre);
         p.copy_within(pre..pre + keep, 0);
         let esp_off = keep + udp_len;
         let e = &mut p[esp_off..];
-        esp::emit_header(e, self.cfg.spi, seq);
-        t.fill_iv(&mut e[esp::HEADER_LEN..esp::HEADER_LEN + iv_len], seq)?;
-        let mut aad = [0u8; 12];
-        let n = aead_aad(self.cfg.spi, seq, self.cfg.esn, &mut aad);
-        let auth = AuthCtx {
-            aad: &aad[..n],
-            mac_prefix: &[],
-            mac_suffix: hi.as_ref().map_or(&[][..], |h| &h[..]),
+        let (hdr, rest) = e.split_at_mut(L::HEADER_LEN);
+        let (iv, rest) = rest.split_at_mut(iv_len);
+        let inner = Inner {
+            next_header: nh,
+            payload: &rest[..payload_len],
         };
+        L::emit_header(hdr, self.cfg.spi, seq, &inner)?;
+        t.fill_iv(iv, seq)?;
+        let auth = L::auth(e, seq, self.cfg.esn, &w.outer);
         probe.mark(Stage::Encap);
-        t.seal_probed(e, esp::HEADER_LEN, &auth, probe)
+        t.seal_probed(e, L::HEADER_LEN, &auth.auth_ctx(), probe)
     }
 
-    pub(super) fn esp_in<P: Probe + ?Sized>(
+    pub(super) fn esp_in<L: EspLayout, P: Probe + ?Sized>(
         &mut self,
         buf: &mut PacketBuf,
         inb: &Inbound,
@@ -164,37 +197,33 @@ impl Sa {
         let (iv_len, icv_len) = (self.transform.iv_len(), self.transform.icv_len());
         let pkt = buf.as_mut_slice();
         let e = pkt.get_mut(inb.offset..end).ok_or(DropReason::BadLength)?;
-        if e.len() < esp::HEADER_LEN + iv_len + esp::TRAILER_LEN + icv_len {
+        if e.len() < L::HEADER_LEN + iv_len + esp::TRAILER_LEN + icv_len {
             return Err(DropReason::BadLength);
         }
-        let hdr = esp::Esp::new_checked(e)?;
-        let (spi, seq_lo) = (hdr.spi(), hdr.seq());
+        let (_, seq_lo) = L::parse_header(e)?;
         let seq = self.replay.full_seq(seq_lo).ok_or(DropReason::Replay);
         let seq = seq.and_then(|s| self.replay.check(s).map(|()| s));
         probe.mark(Stage::Replay);
         let seq = seq?;
-        let mut aad = [0u8; 12];
-        let n = aead_aad(spi, seq, self.cfg.esn, &mut aad);
-        let hi = self.esn_hi(seq);
-        let auth = AuthCtx {
-            aad: &aad[..n],
-            mac_prefix: &[],
-            mac_suffix: hi.as_ref().map_or(&[][..], |h| &h[..]),
+        let outer = OuterAddrs {
+            src: inb.outer.src,
+            dst: inb.outer.dst,
         };
+        let auth = L::auth(e, seq, self.cfg.esn, &outer);
         self.transform
-            .open_probed(e, esp::HEADER_LEN, &auth, probe)?;
+            .open_probed(e, L::HEADER_LEN, &auth.auth_ctx(), probe)?;
         let updated = self.replay.update(seq);
         self.counters.replay_top.set(self.replay.top());
         probe.mark(Stage::Replay);
         updated?;
-        let r = self.esp_unframe(buf, inb, now);
+        let r = self.esp_unframe::<L>(buf, inb, now);
         probe.mark(Stage::Decap);
         r
     }
 
     /// After authentication and decryption: trailer and padding, the inner
     /// packet restored, selectors, counters.
-    fn esp_unframe(
+    fn esp_unframe<L: EspLayout>(
         &mut self,
         buf: &mut PacketBuf,
         inb: &Inbound,
@@ -205,7 +234,7 @@ impl Sa {
             .as_slice()
             .get(inb.offset..inb.end)
             .ok_or(DropReason::BadLength)?;
-        let body_start = esp::HEADER_LEN + iv_len;
+        let body_start = L::HEADER_LEN + iv_len;
         let body_end = e.len().checked_sub(icv_len).ok_or(DropReason::BadLength)?;
         let (plen, nh) =
             esp::parse_trailer(e.get(body_start..body_end).ok_or(DropReason::BadLength)?)?;

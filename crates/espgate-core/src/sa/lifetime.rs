@@ -99,13 +99,6 @@ impl LifetimeState {
         self.created
     }
 
-    /// Time left before the hard time limit, if any.
-    pub fn hard_time_left(&self, now: Duration) -> Option<Duration> {
-        self.limits
-            .hard_time
-            .map(|t| (self.created + t).saturating_sub(now))
-    }
-
     /// Counts one packet of `bytes` and returns any newly crossed limit.
     pub fn account(&mut self, bytes: usize, now: Duration) -> Option<SaEvent> {
         self.bytes = self.bytes.saturating_add(bytes as u64);
@@ -178,10 +171,8 @@ mod tests {
         let mut s = LifetimeState::new(l, Duration::from_secs(100));
         assert_eq!(s.poll(Duration::from_secs(104)), None);
         assert_eq!(s.poll(Duration::from_secs(105)), Some(SaEvent::SoftExpired));
-        assert_eq!(
-            s.hard_time_left(Duration::from_secs(105)),
-            Some(Duration::from_secs(3))
-        );
+        // The hard limit is 3 s away: not yet at 107.999, at 108.
+        assert_eq!(s.poll(Duration::from_millis(107_999)), None);
         assert_eq!(s.poll(Duration::from_secs(108)), Some(SaEvent::HardExpired));
     }
 }

@@ -2,6 +2,7 @@
 //! processing in tunnel and transport mode (RFC 4301, 4302, 4303, 3948).
 
 mod ah;
+mod classifier;
 mod esp;
 pub mod lifetime;
 mod per_cpu;
@@ -14,9 +15,11 @@ use crate::crypto::{Suite, SuiteError, Transform};
 use crate::error::{DropReason, PResult};
 use crate::selector::TrafficSelector;
 use crate::stats::{LifeState, SaCounters};
+use crate::wire::esp::{EspLayout, Rfc4303};
 use crate::wire::flow;
 use crate::wire::ip::{self, IpInfo};
 use crate::wire::{ipv4, ipv6, proto, udp};
+pub use classifier::{classify, Classified, Classifier, Inbound, MAX_UDP_PORTS};
 pub use lifetime::{Lifetime, LifetimeState, SaEvent};
 pub use per_cpu::per_cpu_key;
 use replay::ReplayWindow;
@@ -37,7 +40,7 @@ pub enum Protocol {
 
 impl Protocol {
     /// IP protocol number.
-    pub fn number(self) -> u8 {
+    pub const fn number(self) -> u8 {
         match self {
             Protocol::Esp => proto::ESP,
             Protocol::Ah => proto::AH,
@@ -251,82 +254,6 @@ impl SaStats {
     pub fn drops_for(&self, d: DropReason) -> u64 {
         self.drops[d.index()]
     }
-}
-
-/// Where a classified inbound IPsec packet's parts are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Inbound {
-    /// The outer IP header.
-    pub outer: IpInfo,
-    /// ESP or AH.
-    pub protocol: Protocol,
-    /// SPI from the header.
-    pub spi: u32,
-    /// Offset of the ESP/AH header.
-    pub offset: usize,
-    /// Offset of the UDP header for ESP-in-UDP.
-    pub udp_offset: Option<usize>,
-    /// End of the ESP/AH data: the end of the UDP datagram for ESP-in-UDP,
-    /// else the end of the IP packet.
-    pub end: usize,
-}
-
-/// What an inbound packet is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Classified {
-    /// ESP or AH to process.
-    Ipsec(Inbound),
-    /// IKE behind the non-ESP marker on the NAT-T port.
-    Ike,
-    /// RFC 3948 NAT keepalive.
-    Keepalive,
-}
-
-/// Classifies an IP packet: raw ESP/AH, or UDP to/from `nat_t_port`.
-pub fn classify(pkt: &[u8], nat_t_port: u16) -> PResult<Classified> {
-    let outer = ip::parse(pkt)?;
-    if outer.fragment {
-        return Err(DropReason::Fragment);
-    }
-    let end = outer.packet_len;
-    let l4 = pkt
-        .get(outer.payload_offset..end)
-        .ok_or(DropReason::BadLength)?;
-    let (protocol, offset, udp_offset, end) = match outer.protocol {
-        proto::ESP => (Protocol::Esp, outer.payload_offset, None, end),
-        proto::AH => (Protocol::Ah, outer.payload_offset, None, end),
-        proto::UDP => {
-            let u = udp::Udp::new_checked(l4)?;
-            if u.dst_port() != nat_t_port && u.src_port() != nat_t_port {
-                return Err(DropReason::NotIpsec);
-            }
-            match udp::classify(u.payload())? {
-                udp::EncapKind::Ike => return Ok(Classified::Ike),
-                udp::EncapKind::Keepalive => return Ok(Classified::Keepalive),
-                udp::EncapKind::Esp => {}
-            }
-            (
-                Protocol::Esp,
-                outer.payload_offset + udp::HEADER_LEN,
-                Some(outer.payload_offset),
-                outer.payload_offset + u.len(),
-            )
-        }
-        _ => return Err(DropReason::NotIpsec),
-    };
-    let hdr = pkt.get(offset..end).ok_or(DropReason::BadLength)?;
-    let spi = match protocol {
-        Protocol::Esp => crate::wire::esp::Esp::new_checked(hdr)?.spi(),
-        Protocol::Ah => crate::wire::ah::Ah::new_checked(hdr)?.spi(),
-    };
-    Ok(Classified::Ipsec(Inbound {
-        outer,
-        protocol,
-        spi,
-        offset,
-        udp_offset,
-        end,
-    }))
 }
 
 /// Result of inbound processing.
@@ -564,7 +491,7 @@ impl Sa {
             Protocol::Esp => {
                 outer
                     + udp
-                    + crate::wire::esp::HEADER_LEN
+                    + Rfc4303::HEADER_LEN
                     + self.transform.iv_len()
                     + (self.transform.block_len().max(4) - 1)
                     + crate::wire::esp::TRAILER_LEN
@@ -690,7 +617,7 @@ impl Sa {
         probe.mark(Stage::Replay);
         let seq = seq?;
         match self.cfg.protocol {
-            Protocol::Esp => self.esp_out(buf, &info, seq, probe)?,
+            Protocol::Esp => self.esp_out::<Rfc4303, P>(buf, &info, seq, probe)?,
             Protocol::Ah => self.ah_out(buf, &info, seq, probe)?,
         }
         self.account(len, now);
@@ -719,7 +646,7 @@ impl Sa {
         probe: &mut P,
     ) -> PResult<Decapsulated> {
         let r = match inb.protocol {
-            Protocol::Esp => self.esp_in(buf, inb, now, probe),
+            Protocol::Esp => self.esp_in::<Rfc4303, P>(buf, inb, now, probe),
             Protocol::Ah => self.ah_in(buf, inb, now, probe),
         };
         self.count_drop(r)

@@ -8,6 +8,7 @@ use super::{Encap, Mode, Protocol, SaConfig};
 use crate::crypto::Suite;
 use crate::wire::udp::NAT_T_PORT;
 use std::net::IpAddr;
+use zeroize::Zeroizing;
 
 fn parse_u64(key: &str, v: &str) -> Result<u64, String> {
     let r = match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
@@ -25,29 +26,47 @@ fn parse_bool(key: &str, v: &str) -> Result<bool, String> {
     }
 }
 
-fn parse_hex(key: &str, v: &str) -> Result<Vec<u8>, String> {
-    let v = v.strip_prefix("0x").unwrap_or(v);
-    let v: String = v.chars().filter(|c| *c != ':').collect();
-    if !v.is_ascii() {
-        return Err(format!("{key}: '{v}' is not hex"));
+/// Decodes the key `v` (hex digits, optionally `0x`-prefixed, `:` allowed
+/// between them). Every copy of key material is `Zeroizing`, and errors
+/// say what is wrong without quoting any of `v`.
+fn parse_key(key: &str, value: &str) -> Result<Zeroizing<Vec<u8>>, String> {
+    let v = value.strip_prefix("0x").unwrap_or(value);
+    let mut digits = Zeroizing::new(Vec::with_capacity(v.len()));
+    digits.extend(v.bytes().filter(|b| *b != b':'));
+    let mut out = Zeroizing::new(vec![0u8; digits.len() / 2]);
+    match hex::decode_to_slice(&digits[..], &mut out[..]) {
+        Ok(()) => Ok(out),
+        Err(hex::FromHexError::OddLength) => Err(format!(
+            "{key}: odd number of hex digits ({})",
+            digits.len()
+        )),
+        Err(hex::FromHexError::InvalidHexCharacter { index, .. }) => {
+            // `index` counts digits; report the character position in the
+            // value as written (1-based, prefix and separators included).
+            let prefix = value.len() - v.len();
+            let at = v
+                .bytes()
+                .enumerate()
+                .filter(|(_, b)| *b != b':')
+                .nth(index)
+                .map_or(v.len(), |(i, _)| i)
+                + prefix;
+            let pos = value.get(..at).map_or(at, |s| s.chars().count()) + 1;
+            Err(format!("{key}: not a hex digit at position {pos}"))
+        }
+        Err(hex::FromHexError::InvalidStringLength) => {
+            Err(format!("{key}: {} hex digits do not decode", digits.len()))
+        }
     }
-    if !v.len().is_multiple_of(2) {
-        return Err(format!("{key}: odd number of hex digits"));
-    }
-    (0..v.len())
-        .step_by(2)
-        .map(|i| {
-            u8::from_str_radix(&v[i..i + 2], 16).map_err(|_| format!("{key}: '{v}' is not hex"))
-        })
-        .collect()
 }
 
-/// Parses an SA spec. Errors name the offending key.
+/// Parses an SA spec. Errors name the offending key; they never quote a
+/// key's value (nor an item that is not `key=value`, which may be one).
 pub fn parse(spec: &str) -> Result<SaConfig, String> {
     let mut spi = None;
     let mut suite: Option<Suite> = None;
-    let mut enc = Vec::new();
-    let mut integ = Vec::new();
+    let mut enc = Zeroizing::new(Vec::new());
+    let mut integ = Zeroizing::new(Vec::new());
     let mut mode = Mode::Tunnel;
     let mut udp = false;
     let mut src = None;
@@ -60,10 +79,12 @@ pub fn parse(spec: &str) -> Result<SaConfig, String> {
     let mut dport = NAT_T_PORT;
     let mut tfc = None;
     let mut insecure = false;
-    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+    let items = spec.split(',').map(str::trim).filter(|s| !s.is_empty());
+    for (n, item) in items.enumerate() {
+        // Not quoted: a mistyped `enc`/`integ` item is key material.
         let (k, v) = item
             .split_once('=')
-            .ok_or_else(|| format!("'{item}' is not key=value"))?;
+            .ok_or_else(|| format!("item {} is not key=value", n + 1))?;
         let (k, v) = (k.trim(), v.trim());
         match k {
             "spi" => {
@@ -71,8 +92,8 @@ pub fn parse(spec: &str) -> Result<SaConfig, String> {
                 spi = Some(u32::try_from(n).map_err(|_| format!("spi: {v} does not fit 32 bits"))?);
             }
             "suite" => suite = Some(v.parse().map_err(|e| format!("suite: {e}"))?),
-            "enc" => enc = parse_hex(k, v)?,
-            "integ" | "auth" => integ = parse_hex(k, v)?,
+            "enc" => enc = parse_key(k, v)?,
+            "integ" | "auth" => integ = parse_key(k, v)?,
             "mode" => {
                 mode = match v {
                     "tunnel" => Mode::Tunnel,
@@ -193,6 +214,48 @@ mod tests {
         assert!(parse("spi=0x100000000,suite=aes128gcm16")
             .unwrap_err()
             .starts_with("spi:"));
+    }
+
+    #[test]
+    fn key_errors_never_quote_the_key() {
+        let secret = "00112233445566778899aabbccddeeff";
+        let cases = [
+            (
+                format!("enc={secret}zz001122"),
+                "enc: not a hex digit at position 33",
+            ),
+            (
+                format!("enc=0x{secret}:g1"),
+                "enc: not a hex digit at position 36",
+            ),
+            (
+                format!("enc={secret}0"),
+                "enc: odd number of hex digits (33)",
+            ),
+            (
+                format!("integ={secret}\u{e9}"),
+                "integ: not a hex digit at position 33",
+            ),
+            (
+                format!("auth={secret}x"),
+                "auth: odd number of hex digits (33)",
+            ),
+            (format!("enc{secret}"), "item 3 is not key=value"),
+        ];
+        for (item, want) in cases {
+            let spec = format!("spi=0x1000,suite=aes128gcm16,{item},mode=tunnel");
+            let e = parse(&spec).unwrap_err();
+            assert_eq!(e, want, "{item}");
+            // No run of the key's digits, however short, is echoed back.
+            for w in secret.as_bytes().windows(6) {
+                assert!(!e.contains(std::str::from_utf8(w).unwrap()), "{e}");
+            }
+        }
+        // Separators and the 0x prefix are fine.
+        let c =
+            parse("spi=0x1000,suite=aes128gcm16,enc=0x0001:0203:0405060708090a0b0c0d0e0f10111213")
+                .unwrap();
+        assert_eq!(&c.enc_key[..], &(0..20).collect::<Vec<u8>>()[..]);
     }
 
     #[test]

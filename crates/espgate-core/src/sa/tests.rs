@@ -107,7 +107,7 @@ fn roundtrip(out: &mut Sa, inp: &mut Sa, pkt: &[u8]) -> PResult<Vec<u8>> {
     // The result is a valid IP packet of the right protocol.
     let info = ip::parse(&wire)?;
     assert_eq!(info.packet_len, wire.len());
-    let inb = match classify(&wire, udp::NAT_T_PORT)? {
+    let inb = match classify(&wire, &Classifier::NAT_T)? {
         Classified::Ipsec(i) => i,
         other => panic!("classified as {other:?}"),
     };
@@ -165,7 +165,7 @@ fn ah_roundtrips_and_detects_tampering() {
                     let mut h = ipv4::Ipv4::new_checked(&mut wire[..]).unwrap();
                     h.fill_checksum();
                 }
-                let Classified::Ipsec(inb) = classify(&wire, 4500).unwrap() else {
+                let Classified::Ipsec(inb) = classify(&wire, &Classifier::NAT_T).unwrap() else {
                     panic!()
                 };
                 let mut b = PacketBuf::from_packet(&wire);
@@ -182,7 +182,8 @@ fn ah_roundtrips_and_detects_tampering() {
                         .unwrap()
                         .fill_checksum();
                 }
-                let Classified::Ipsec(inb) = classify(&tampered, 4500).unwrap() else {
+                let Classified::Ipsec(inb) = classify(&tampered, &Classifier::NAT_T).unwrap()
+                else {
                     panic!()
                 };
                 let mut b = PacketBuf::from_packet(&tampered);
@@ -221,7 +222,7 @@ fn esp_inside_ah_bundle() {
         tx.encapsulate(&ids, &mut b, T0).unwrap();
         let info = ip::parse(b.as_slice()).unwrap();
         assert_eq!(info.protocol, proto::AH, "AH is outermost");
-        let r = rx.decapsulate(&mut b, 4500, T0).unwrap();
+        let r = rx.decapsulate(&mut b, &Classifier::NAT_T, T0).unwrap();
         assert_eq!(r, InboundResult::Packet(vec![rx_ah, rx_esp]));
         assert_eq!(b.as_slice(), &pkt[..]);
     }
@@ -241,7 +242,7 @@ fn decapsulate_into_reuses_the_callers_vector() {
     for _ in 0..3 {
         let mut b = PacketBuf::from_packet(&pkt);
         tx.encapsulate(&[tx_id], &mut b, T0).unwrap();
-        let r = rx.decapsulate_into(&mut b, 4500, T0, &mut applied);
+        let r = rx.decapsulate_into(&mut b, &Classifier::NAT_T, T0, &mut applied);
         assert_eq!(r, Ok(InboundOutcome::Packet));
         assert_eq!(applied, [rx_id]);
         assert_eq!(applied.capacity(), cap, "no reallocation");
@@ -249,7 +250,9 @@ fn decapsulate_into_reuses_the_callers_vector() {
     }
     // A failure clears what a previous packet left.
     let mut b = PacketBuf::from_packet(&[0x45, 0, 0]);
-    assert!(rx.decapsulate_into(&mut b, 4500, T0, &mut applied).is_err());
+    assert!(rx
+        .decapsulate_into(&mut b, &Classifier::NAT_T, T0, &mut applied)
+        .is_err());
     assert!(applied.is_empty());
     // Keepalives and IKE on the NAT-T port, as with decapsulate().
     let mut ka = vec![0u8; 29];
@@ -269,7 +272,7 @@ fn decapsulate_into_reuses_the_callers_vector() {
     ka[28] = 0xff;
     let mut b = PacketBuf::from_packet(&ka);
     assert_eq!(
-        rx.decapsulate_into(&mut b, 4500, T0, &mut applied),
+        rx.decapsulate_into(&mut b, &Classifier::NAT_T, T0, &mut applied),
         Ok(InboundOutcome::Keepalive)
     );
 }
@@ -287,12 +290,14 @@ fn replay_tamper_unknown_spi_and_truncation_are_typed() {
 
     let mut b = PacketBuf::from_packet(&wire);
     assert!(matches!(
-        rx.decapsulate(&mut b, 4500, T0),
+        rx.decapsulate(&mut b, &Classifier::NAT_T, T0),
         Ok(InboundResult::Packet(_))
     ));
     let mut b = PacketBuf::from_packet(&wire);
     assert_eq!(
-        rx.decapsulate(&mut b, 4500, T0).unwrap_err().reason,
+        rx.decapsulate(&mut b, &Classifier::NAT_T, T0)
+            .unwrap_err()
+            .reason,
         DropReason::Replay
     );
 
@@ -302,17 +307,19 @@ fn replay_tamper_unknown_spi_and_truncation_are_typed() {
     let n = bad.len();
     bad[n - 20] ^= 0x80;
     let mut b = PacketBuf::from_packet(&bad);
-    let e = rx.decapsulate(&mut b, 4500, T0).unwrap_err();
+    let e = rx.decapsulate(&mut b, &Classifier::NAT_T, T0).unwrap_err();
     assert_eq!((e.reason, e.sa), (DropReason::Integrity, Some(id)));
     // The failed packet did not advance the window: the intact one still passes.
     let mut b = PacketBuf::from_packet(fresh.as_slice());
-    assert!(rx.decapsulate(&mut b, 4500, T0).is_ok());
+    assert!(rx.decapsulate(&mut b, &Classifier::NAT_T, T0).is_ok());
 
     let mut other = wire.clone();
     other[28] ^= 0xff; // SPI byte after IPv4 + UDP headers
     let mut b = PacketBuf::from_packet(&other);
     assert_eq!(
-        rx.decapsulate(&mut b, 4500, T0).unwrap_err().reason,
+        rx.decapsulate(&mut b, &Classifier::NAT_T, T0)
+            .unwrap_err()
+            .reason,
         DropReason::UnknownSpi
     );
 
@@ -322,7 +329,7 @@ fn replay_tamper_unknown_spi_and_truncation_are_typed() {
         t[2..4].copy_from_slice(&l.to_be_bytes());
         ipv4::Ipv4::new_checked(&mut t[..]).unwrap().fill_checksum();
         let mut b = PacketBuf::from_packet(&t);
-        let e = rx.decapsulate(&mut b, 4500, T0).unwrap_err();
+        let e = rx.decapsulate(&mut b, &Classifier::NAT_T, T0).unwrap_err();
         assert!(
             matches!(
                 e.reason,
@@ -372,7 +379,7 @@ fn bad_padding_and_next_header_are_detected_after_authentication() {
         p
     };
     let run = |rx: &mut Sa, p: Vec<u8>| {
-        let Classified::Ipsec(inb) = classify(&p, 4500).unwrap() else {
+        let Classified::Ipsec(inb) = classify(&p, &Classifier::NAT_T).unwrap() else {
             panic!()
         };
         rx.decapsulate(&mut PacketBuf::from_packet(&p), &inb, T0)
@@ -512,7 +519,7 @@ fn ecn_follows_rfc6040() {
             w[1] |= 0x03;
             ipv4::Ipv4::new_checked(&mut w[..]).unwrap().fill_checksum();
         }
-        let Classified::Ipsec(inb) = classify(&w, 4500).unwrap() else {
+        let Classified::Ipsec(inb) = classify(&w, &Classifier::NAT_T).unwrap() else {
             panic!()
         };
         let mut b = PacketBuf::from_packet(&w);
@@ -535,7 +542,7 @@ fn tfc_padding_is_stripped_by_the_receiver() {
     let mut b = PacketBuf::from_packet(&pkt);
     tx.encapsulate(&mut b, T0).unwrap();
     assert!(b.len() > 1000);
-    let Classified::Ipsec(inb) = classify(b.as_slice(), 4500).unwrap() else {
+    let Classified::Ipsec(inb) = classify(b.as_slice(), &Classifier::NAT_T).unwrap() else {
         panic!()
     };
     rx.decapsulate(&mut b, &inb, T0).unwrap();
@@ -573,13 +580,29 @@ fn nat_t_classification() {
     let mut ike = udp_packet(false, 12, 0);
     ike[22..24].copy_from_slice(&4500u16.to_be_bytes());
     ike[28..32].fill(0);
-    assert_eq!(classify(&ike, 4500), Ok(Classified::Ike));
+    assert_eq!(classify(&ike, &Classifier::NAT_T), Ok(Classified::Ike));
     let mut ka = udp_packet(false, 1, 0);
     ka[22..24].copy_from_slice(&4500u16.to_be_bytes());
     ka[28] = 0xff;
-    assert_eq!(classify(&ka, 4500), Ok(Classified::Keepalive));
+    assert_eq!(classify(&ka, &Classifier::NAT_T), Ok(Classified::Keepalive));
     assert_eq!(
-        classify(&udp_packet(false, 20, 0), 4500),
+        classify(&udp_packet(false, 20, 0), &Classifier::NAT_T),
+        Err(DropReason::NotIpsec)
+    );
+    // ESP-in-UDP on any port the classifier lists, source or destination.
+    let esp = udp_packet(true, 20, 0);
+    for port in [1234, 5678] {
+        let c = Classifier::NAT_T.udp_port(port);
+        let Ok(Classified::Ipsec(inb)) = classify(&esp, &c) else {
+            panic!("port {port}")
+        };
+        assert_eq!(
+            (inb.protocol, inb.spi, inb.udp_offset, inb.offset, inb.end),
+            (Protocol::Esp, 0x0007_0e15, Some(40), 48, 68)
+        );
+    }
+    assert_eq!(
+        classify(&esp, &Classifier::new()),
         Err(DropReason::NotIpsec)
     );
 }
@@ -648,7 +671,7 @@ fn copies_sharing_a_counter_never_reuse_a_number() {
         let mut buf = PacketBuf::from_packet(&pkt);
         tx.encapsulate(&mut buf, T0).unwrap();
         let wire = buf.as_slice().to_vec();
-        let Classified::Ipsec(inb) = classify(&wire, udp::NAT_T_PORT).unwrap() else {
+        let Classified::Ipsec(inb) = classify(&wire, &Classifier::NAT_T).unwrap() else {
             panic!("not ESP");
         };
         let n = u32::from_be_bytes(wire[inb.offset + 4..inb.offset + 8].try_into().unwrap());

@@ -1,11 +1,14 @@
-//! ESP header and trailer layout (RFC 4303 §2).
+//! ESP header and trailer layout (RFC 4303 §2), and [`EspLayout`]: what
+//! differs between ESP header formats ([`Rfc4303`] is the one implemented).
 //!
 //! ```text
 //! | SPI (4) | Sequence Number (4) | IV (suite) | Payload | Padding | Pad Len | Next Hdr | ICV |
 //! ```
 
-use super::{be32, put32};
+use super::{be32, proto, put32};
+use crate::crypto::AuthCtx;
 use crate::error::{DropReason, PResult};
+use std::net::IpAddr;
 
 /// SPI plus 32-bit sequence number.
 pub const HEADER_LEN: usize = 8;
@@ -40,6 +43,131 @@ impl<'a> Esp<'a> {
 pub fn emit_header(out: &mut [u8], spi: u32, seq: u64) {
     put32(out, 0, spi);
     put32(out, 4, seq as u32);
+}
+
+/// The addresses of the outer IP header of a protected packet (the tunnel
+/// endpoints, or in transport mode the packet's own): what a layout may
+/// authenticate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OuterAddrs {
+    /// Outer source address.
+    pub src: IpAddr,
+    /// Outer destination address.
+    pub dst: IpAddr,
+}
+
+/// What a layout may read of the packet it is about to protect when it
+/// writes its header.
+#[derive(Debug, Clone, Copy)]
+pub struct Inner<'a> {
+    /// The next header the trailer will carry (IPv4/IPv6 in tunnel mode,
+    /// the upper-layer protocol in transport mode).
+    pub next_header: u8,
+    /// The plaintext payload: the inner IP packet (tunnel mode) or the
+    /// upper-layer segment (transport mode).
+    pub payload: &'a [u8],
+}
+
+/// The data one packet authenticates besides its `[header | IV | body]`
+/// bytes, built on the stack by [`EspLayout::auth`].
+pub trait EspAuth {
+    /// The transform's view of it.
+    fn auth_ctx(&self) -> AuthCtx<'_>;
+}
+
+/// What differs between ESP header formats, so that the ESP packet path
+/// (padding, trailer, transform, replay, lifetimes: `sa/esp.rs`) serves
+/// each of them. A layout is a type without data; the path is generic over
+/// it and monomorphised, so a layout costs nothing at run time.
+///
+/// A packet is `[header (HEADER_LEN) | IV | E(payload | padding | trailer) | ICV]`.
+pub trait EspLayout {
+    /// IP protocol number of the header when it travels directly over IP.
+    const IP_PROTOCOL: u8;
+    /// Length of the header before the IV.
+    const HEADER_LEN: usize;
+    /// The per-packet authenticated data.
+    type Auth: EspAuth;
+
+    /// Writes the header into `hdr` (exactly [`Self::HEADER_LEN`] bytes)
+    /// for the packet with `spi` and full sequence number `seq`.
+    fn emit_header(hdr: &mut [u8], spi: u32, seq: u64, inner: &Inner<'_>) -> PResult<()>;
+
+    /// SPI and low 32 bits of the sequence number of the header at the
+    /// start of `pkt` (`BadLength` if `pkt` is shorter than the header).
+    fn parse_header(pkt: &[u8]) -> PResult<(u32, u32)>;
+
+    /// What the packet whose header starts `pkt` (at least
+    /// [`Self::HEADER_LEN`] bytes), with full sequence number `seq`, sent
+    /// between `outer`, authenticates besides its bytes: the AEAD
+    /// associated data, and the bytes a separate MAC covers before and
+    /// after the packet.
+    fn auth(pkt: &[u8], seq: u64, esn: bool, outer: &OuterAddrs) -> Self::Auth;
+}
+
+/// ESP as RFC 4303 defines it: `SPI (4) | Sequence Number (4)`, IP
+/// protocol 50; AEAD associated data `SPI || [Seq high] || Seq low`
+/// (RFC 4106 §5), and with ESN the high 32 sequence bits authenticated
+/// after the packet by a separate MAC (RFC 4303 §2.2.1). The outer
+/// addresses are not authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rfc4303;
+
+/// [`Rfc4303`]'s authenticated data.
+#[derive(Debug, Clone, Copy)]
+pub struct Rfc4303Auth {
+    aad: [u8; 12],
+    aad_len: usize,
+    hi: Option<[u8; 4]>,
+}
+
+impl EspAuth for Rfc4303Auth {
+    #[inline]
+    fn auth_ctx(&self) -> AuthCtx<'_> {
+        AuthCtx {
+            aad: &self.aad[..self.aad_len],
+            mac_prefix: &[],
+            mac_suffix: self.hi.as_ref().map_or(&[][..], |h| &h[..]),
+        }
+    }
+}
+
+impl EspLayout for Rfc4303 {
+    const IP_PROTOCOL: u8 = proto::ESP;
+    const HEADER_LEN: usize = HEADER_LEN;
+    type Auth = Rfc4303Auth;
+
+    #[inline]
+    fn emit_header(hdr: &mut [u8], spi: u32, seq: u64, _inner: &Inner<'_>) -> PResult<()> {
+        emit_header(hdr, spi, seq);
+        Ok(())
+    }
+
+    #[inline]
+    fn parse_header(pkt: &[u8]) -> PResult<(u32, u32)> {
+        let h = Esp::new_checked(pkt)?;
+        Ok((h.spi(), h.seq()))
+    }
+
+    #[inline]
+    fn auth(pkt: &[u8], seq: u64, esn: bool, _outer: &OuterAddrs) -> Rfc4303Auth {
+        let mut aad = [0u8; 12];
+        aad[..4].copy_from_slice(&pkt[..4]);
+        let hi = ((seq >> 32) as u32).to_be_bytes();
+        let aad_len = if esn {
+            aad[4..8].copy_from_slice(&hi);
+            aad[8..12].copy_from_slice(&(seq as u32).to_be_bytes());
+            12
+        } else {
+            aad[4..8].copy_from_slice(&(seq as u32).to_be_bytes());
+            8
+        };
+        Rfc4303Auth {
+            aad,
+            aad_len,
+            hi: esn.then_some(hi),
+        }
+    }
 }
 
 /// Number of padding bytes so that payload + padding + trailer is a multiple
@@ -92,6 +220,39 @@ pub fn parse_trailer(plain: &[u8]) -> PResult<(usize, u8)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rfc4303_layout() {
+        assert_eq!((Rfc4303::IP_PROTOCOL, Rfc4303::HEADER_LEN), (50, 8));
+        let mut h = [0u8; 8];
+        let inner = Inner {
+            next_header: proto::IPV4,
+            payload: &[0x45; 20],
+        };
+        Rfc4303::emit_header(&mut h, 0x1234_5678, 0x1_0000_0002, &inner).unwrap();
+        assert_eq!(h, [0x12, 0x34, 0x56, 0x78, 0, 0, 0, 2]);
+        assert_eq!(Rfc4303::parse_header(&h).unwrap(), (0x1234_5678, 2));
+        assert_eq!(
+            Rfc4303::parse_header(&h[..7]).unwrap_err(),
+            DropReason::BadLength
+        );
+        let outer = OuterAddrs {
+            src: [192, 0, 2, 1].into(),
+            dst: [192, 0, 2, 2].into(),
+        };
+        // Without ESN: the header itself; nothing for a separate MAC.
+        let a = Rfc4303::auth(&h, 0x1_0000_0002, false, &outer);
+        let c = a.auth_ctx();
+        assert_eq!(c.aad, &h[..]);
+        assert!(c.mac_prefix.is_empty() && c.mac_suffix.is_empty());
+        // With ESN: SPI, high, low (RFC 4106 §5); the high bits after the
+        // packet for a MAC (RFC 4303 §2.2.1).
+        let a = Rfc4303::auth(&h, 0x1_0000_0002, true, &outer);
+        let c = a.auth_ctx();
+        assert_eq!(c.aad, &[0x12, 0x34, 0x56, 0x78, 0, 0, 0, 1, 0, 0, 0, 2][..]);
+        assert!(c.mac_prefix.is_empty());
+        assert_eq!(c.mac_suffix, &[0, 0, 0, 1][..]);
+    }
 
     #[test]
     fn padding_alignment() {

@@ -159,11 +159,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4<T> {
         put16(self.bm(), 2, v);
     }
 
-    /// Sets the protocol field.
-    pub fn set_protocol(&mut self, v: u8) {
-        self.bm()[9] = v;
-    }
-
     /// Recomputes the header checksum.
     pub fn fill_checksum(&mut self) {
         let hl = self.header_len();

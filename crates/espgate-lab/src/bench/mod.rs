@@ -65,7 +65,9 @@ pub fn run_and_print<R: serde::Serialize>(
 use anyhow::{anyhow, bail, ensure, Result};
 use espgate_core::cost::{Probe, Stage};
 use espgate_core::crypto::{AuthCtx, Enc, Suite, Transform};
-use espgate_core::sa::{classify, Classified, Decapsulated, Inbound, Protocol, Sa, SaConfig};
+use espgate_core::sa::{
+    classify, Classified, Classifier, Decapsulated, Inbound, Protocol, Sa, SaConfig,
+};
 use espgate_core::sad::{InboundOutcome, SaId, Sad};
 use espgate_core::selector::{Prefix, TrafficSelector};
 use espgate_core::spd::{Action, Direction, Policy, Spd};
@@ -332,7 +334,7 @@ impl Pipeline {
             tx.encapsulate(&mut buf, Duration::ZERO)
                 .map_err(|d| anyhow!("{suite} outbound, {size} B: {}", d.as_str()))?;
             let wire = buf.as_slice().to_vec();
-            let Ok(Classified::Ipsec(inb)) = classify(&wire, 4500) else {
+            let Ok(Classified::Ipsec(inb)) = classify(&wire, &Classifier::NAT_T) else {
                 bail!("{suite}: the ESP packet does not classify as ESP");
             };
             ring.push((wire, inb));
@@ -480,7 +482,7 @@ impl Probed {
             c.mark(Stage::Receive);
             match self.rx.decapsulate_into_probed(
                 &mut self.buf,
-                4500,
+                &Classifier::NAT_T,
                 Duration::ZERO,
                 &mut self.applied,
                 c,

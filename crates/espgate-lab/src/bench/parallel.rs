@@ -54,7 +54,7 @@
 
 use super::{clear_packet, measure, sa, Params, Samples, CHUNK};
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use espgate_core::sa::{classify, Classified, Decapsulated, Sa, SharedSeq};
+use espgate_core::sa::{classify, Classified, Classifier, Decapsulated, Sa, SharedSeq};
 use espgate_core::wire::{esp, ipv4};
 use espgate_core::PacketBuf;
 use serde::Serialize;
@@ -613,7 +613,7 @@ fn verify(
             *n == i,
             "{suite} {size} B: packet {i} delivered as number {n}"
         );
-        let Ok(Classified::Ipsec(inb)) = classify(wire, 4500) else {
+        let Ok(Classified::Ipsec(inb)) = classify(wire, &Classifier::NAT_T) else {
             bail!("{suite} {size} B: packet {i} does not classify as ESP");
         };
         let hdr = wire
