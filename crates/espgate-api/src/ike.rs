@@ -119,3 +119,67 @@ pub fn render_costs(d: &IkeDoc) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(op: &str, count: u64, micros: f64) -> IkeOpCost {
+        IkeOpCost {
+            op: op.into(),
+            count,
+            micros,
+        }
+    }
+
+    #[test]
+    fn costs_text_is_pinned() {
+        let sa = IkeSaStatus {
+            connection: "site-b".into(),
+            spis: "0123456789abcdef_fedcba9876543210".into(),
+            state: "established".into(),
+            initiator: true,
+            local: "192.0.2.1:500".into(),
+            remote: "192.0.2.2:500".into(),
+            peer_id: None,
+            algorithms: None,
+            established_secs: Some(5),
+            rekey_in_secs: None,
+            nat: false,
+            children: Vec::new(),
+            costs: vec![op("dh", 2, 250.5), op("auth_verify", 1, 1234.25)],
+        };
+        let d = IkeDoc {
+            sas: vec![sa],
+            counters: Default::default(),
+            costs: vec![
+                op("dh", 4, 501.0),
+                op("key_derivation", 4, 80.125),
+                op("decode", 0, 0.0),
+            ],
+        };
+        let want = "\
+IKE operations since start (all IKE SAs, including failed ones):
+  operation           count     total us    us each  share
+  dh                      4        501.0      125.2  86.2%
+  key_derivation          4         80.1       20.0  13.8%
+  decode                  0          0.0        0.0   0.0%
+
+site-b 0123456789abcdef_fedcba9876543210 (established):
+  operation           count     total us    us each  share
+  dh                      2        250.5      125.2  16.9%
+  auth_verify             1       1234.2     1234.2  83.1%
+";
+        let text = render_costs(&d);
+        assert_eq!(text, want, "\n{text}");
+        // Without any time, shares are 0.
+        let none = render_costs(&IkeDoc {
+            costs: vec![op("dh", 0, 0.0)],
+            ..Default::default()
+        });
+        assert!(
+            none.ends_with("  dh                      0          0.0        0.0   0.0%\n"),
+            "{none}"
+        );
+    }
+}

@@ -622,6 +622,22 @@ counters: keepalives=0, tun_rx=3
     }
 
     #[test]
+    fn sa_list_text_is_pinned() {
+        let mut sas = sample().connections[0].sas.clone();
+        sas[1].added = true;
+        sas[1].connection = "a-longer-name".into();
+        sas[1].lifetime.state = "soft_expired".into();
+        let want = "\
+CONNECTION     DIR  SPI          PROTO  SUITE        MODE        PACKETS  BYTES  SEQ  LIFETIME      DROPS
+site-b         in   0x00001001   esp    aes128gcm16  tunnel/udp  3        252    3    59m0s         replay=2
+a-longer-name  out  0x00001002+  esp    aes128gcm16  tunnel/udp  3        252    4    soft-expired  -
+(+ added by `espgate sa add`: a run-time change, gone when the daemon restarts)
+";
+        let text = render_sa_list(&sas);
+        assert_eq!(text, want, "\n{text}");
+    }
+
+    #[test]
     fn json_round_trip_omits_absent_fields() {
         let s = sample();
         let j = serde_json::to_value(&s).unwrap();

@@ -383,6 +383,31 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn table_text_is_pinned() {
+        let rows = [
+            Row {
+                path: "plain routing".into(),
+                bits_per_sec: 41.2e9,
+                rtt_ms: 0.05,
+                cpu: vec![],
+            },
+            Row {
+                path: "espgate tunnel (aes128gcm16)".into(),
+                bits_per_sec: 512e6,
+                rtt_ms: 0.2,
+                cpu: vec![("gwA".into(), 99.4), ("gwB".into(), 61.0)],
+            },
+        ];
+        let want = "\
+path                              throughput  latency (avg)  gateway CPU (% of one core)
+plain routing                   41.20 Gbit/s       0.050 ms  -
+espgate tunnel (aes128gcm16)      512 Mbit/s       0.200 ms  gwA 99%, gwB 61%
+";
+        let text = render_table(&rows);
+        assert_eq!(text, want, "\n{text}");
+    }
+
+    #[test]
     fn table() {
         let rows = [
             Row {

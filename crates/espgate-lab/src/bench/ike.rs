@@ -753,6 +753,41 @@ mod tests {
     }
 
     #[test]
+    fn table_text_is_pinned() {
+        let r = |group: &str, auth: &str, wall_us: f64| Row {
+            group: group.into(),
+            auth: auth.into(),
+            proposal: String::new(),
+            handshakes: 10,
+            seconds: 1.0,
+            handshakes_per_sec: 1e6 / wall_us,
+            wall_us,
+            dh_us: 250.25,
+            auth_create_us: 120.0,
+            auth_verify_us: 340.5,
+            key_derivation_us: 12.0,
+            encrypt_us: 3.25,
+            decrypt_us: 2.75,
+            encode_us: 1.5,
+            decode_us: 1.25,
+            other_us: 40.0,
+            dh_share: 250.25 / wall_us,
+            auth_share: 460.5 / wall_us,
+            crypto_share: 0.9,
+            messages_per_handshake: 4.0,
+            ops_per_handshake: BTreeMap::new(),
+        };
+        let rows = [r("x25519", "psk", 771.5), r("ecp256", "ecdsa-p256", 1234.0)];
+        let want = "\
+group     auth           hs/s   wall µs        dh   auth_cr   auth_vf     kdf    enc    dec encode decode    other  DH% auth%
+x25519    psk          1296.2     771.5     250.2     120.0     340.5    12.0    3.2    2.8    1.5    1.2     40.0   32    60
+ecp256    ecdsa-p256    810.4    1234.0     250.2     120.0     340.5    12.0    3.2    2.8    1.5    1.2     40.0   20    37
+";
+        let text = table(&rows);
+        assert_eq!(text, want, "\n{text}");
+    }
+
+    #[test]
     fn table_and_json_have_every_field() {
         let rows = tiny(&["x25519"], &["psk", "ecdsa-p256"]);
         let text = table(&rows);

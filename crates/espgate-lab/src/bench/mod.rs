@@ -862,6 +862,52 @@ mod tests {
     }
 
     #[test]
+    fn table_texts_are_pinned() {
+        let r = |suite: &str, size: usize, direction: &'static str, ns: f64| Row {
+            suite: suite.into(),
+            size,
+            direction,
+            ns_per_packet: ns,
+            mpps: 1e3 / ns,
+            gbps: size as f64 * 8.0 / ns,
+            ratio_to_raw: None,
+            crypto_share: None,
+            spread: 0.012,
+            stages: None,
+        };
+        let mut gcm = r("aes128gcm16", 1400, "outbound", 565.4);
+        gcm.ratio_to_raw = Some(0.87);
+        gcm.crypto_share = Some(0.881);
+        gcm.stages = Some(
+            [
+                ("receive", 15.2),
+                ("lookup", 44.0),
+                ("replay", 34.0),
+                ("encap", 83.0),
+                ("cipher", 171.0),
+                ("integrity", 0.0),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        );
+        let rows = [gcm, r(SKELETON, 64, "inbound", 54.0)];
+        let want = "\
+suite                size direction  ns/packet     Mpps   Gbit/s   vs raw  crypto  spread
+aes128gcm16          1400 outbound         565     1.77    19.81      87%     88%      1%
+null                   64 inbound           54    18.52     9.48        -       -      1%
+";
+        let text = table(&rows);
+        assert_eq!(text, want, "\n{text}");
+        let want = "\
+suite                size direction    receive     lookup     replay   en/decap     cipher  integrity   total probe off
+aes128gcm16          1400 outbound      15  4%     44 13%     34 10%     83 24%    171 49%      0  0%     347       565
+";
+        let text = costs_table(&rows);
+        assert_eq!(text, want, "\n{text}");
+    }
+
+    #[test]
     fn only_the_asked_direction_is_measured() {
         let rows = esp(&params(&["chacha20poly1305"], &[100], "in"), |_| {}).unwrap();
         assert!(rows.iter().all(|r| r.direction == "inbound"), "{rows:?}");

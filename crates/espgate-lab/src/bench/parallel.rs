@@ -826,6 +826,35 @@ mod tests {
     }
 
     #[test]
+    fn table_text_is_pinned() {
+        let r = |mode: &'static str, threads: usize, batch: usize, ns: f64| Row {
+            suite: "chacha20poly1305".into(),
+            size: 1400,
+            mode,
+            threads,
+            batch,
+            in_flight: threads * batch,
+            ns_per_packet: ns,
+            mpps: 1e3 / ns,
+            gbps: 1400.0 * 8.0 / ns,
+            speedup_vs_serial: 829.0 / ns,
+            cpu_ns_per_packet: ns * 1.5,
+            cpus: 1.81,
+            crypto_cpu_ns_per_packet: (threads > 0).then_some(700.4),
+            spread: 0.034,
+            max_seq_lag: threads as u64 * 3,
+        };
+        let rows = [r("serial", 0, 1, 829.0), r("threads", 2, 128, 592.1)];
+        let want = "\
+suite                size mode    threads batch in-flight ns/packet    Mpps  Gbit/s vs serial  spread  CPU ns  CPUs  crypto seq lag
+chacha20poly1305     1400 serial        0     1         0       829    1.21   13.51     1.00x      3%    1244  1.81       -       0
+chacha20poly1305     1400 threads       2   128       256       592    1.69   18.92     1.40x      3%     888  1.81     700       6
+";
+        let text = table(&rows);
+        assert_eq!(text, want, "\n{text}");
+    }
+
+    #[test]
     fn threaded_output_is_in_order_complete_and_decryptable() {
         for name in ["aes128gcm16", "aes128-sha256"] {
             let s = suite(name);

@@ -1882,6 +1882,33 @@ mod tests {
     }
 
     #[test]
+    fn table_text_is_pinned() {
+        let want = "\
+espgate bench tunnel: iperf3 host A -> host B, 3 run(s) of 10 s per test; mtu 1500, offloads on, workers default, batch 32, sockbuf default, mss-clamp on (all but mtu: espgate only)
+espgate: ESP-in-UDP, manual keys, aes128gcm16
+Mbit/s, pps (packets delivered per second) and loss: receiver side; vs plain: median / plain routing's median
+
+system        test         median         min         max        pps    loss  vs plain  CPU % of one core (median)
+plain         tcp         10000.0      9000.0     11000.0          -       -     1.000  -
+plain         udp512        900.0       800.0      1000.0     197500    1.0%     1.000  -
+espgate       tcp          2500.0      2000.0      3000.0          -       -     0.250  espgate@gwA 90%, espgate@gwB 60%
+espgate       udp512        450.0       450.0       450.0     100000    1.0%     0.500  espgate@gwA 100%
+wireguard-go  tcp      failed: wireguard-go did not come up: no interface
+wireguard-go  udp512   failed: wireguard-go did not come up: no interface
+
+peak resident memory (VmHWM), MiB:
+  espgate: espgate@gwA 10.0, espgate@gwB 7.0
+
+failures:
+- espgate udp512: 2 of 3 runs failed: iperf3: boom
+- (tcp, udp512) wireguard-go: wireguard-go did not come up: no interface
+log line
+";
+        let text = render_table(&rows(), &settings(), 3);
+        assert_eq!(text, want, "\n{text}");
+    }
+
+    #[test]
     fn table_shows_rows_failures_and_settings() {
         let t = render_table(&rows(), &settings(), 3);
         let lines: Vec<&str> = t.lines().collect();
