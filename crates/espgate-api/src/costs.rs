@@ -25,6 +25,7 @@
 //! accounting off the worker calls the core's unprobed entry points and
 //! nothing here runs per packet.
 
+use crate::table::{Column, Table};
 pub use espgate_core::cost::Dir;
 use espgate_core::cost::{Probe, Stage};
 use espgate_core::stats::Counter;
@@ -540,10 +541,11 @@ pub fn render(r: &CostsReport) -> String {
         let c = r.dir(d);
         let _ = writeln!(out, "\n{}: {} packets", d.as_str(), c.packets);
         let total = c.total_ns_per_packet();
-        let mut rows = vec![["STAGE", "PACKETS", "TOTAL", "NS/PACKET", "SHARE"].map(String::from)];
+        let numbers = ["PACKETS", "TOTAL", "NS/PACKET", "SHARE"].map(Column::right);
+        let mut t = Table::new(std::iter::once(Column::left("STAGE")).chain(numbers)).indent(2);
         for s in d.stages() {
             let sc = c.stage(*s);
-            rows.push([
+            t.row([
                 s.as_str().to_string(),
                 sc.packets.to_string(),
                 human_ns(sc.total_ns),
@@ -551,7 +553,7 @@ pub fn render(r: &CostsReport) -> String {
                 share(sc.ns_per_packet, total),
             ]);
         }
-        rows.push([
+        t.row([
             "total".into(),
             String::new(),
             String::new(),
@@ -562,7 +564,7 @@ pub fn render(r: &CostsReport) -> String {
                 "-".into()
             },
         ]);
-        out.push_str(&columns(&rows));
+        out.push_str(&t.render());
     }
     out.push_str(NOTES);
     out
@@ -582,26 +584,6 @@ pub fn share(part: f64, whole: f64) -> String {
     } else {
         "-".into()
     }
-}
-
-/// Left-aligned name, right-aligned numbers; two spaces apart.
-fn columns(rows: &[[String; 5]]) -> String {
-    let mut width = [0usize; 5];
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            width[i] = width[i].max(c.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for r in rows {
-        let mut line = format!("  {:<w$}", r[0], w = width[0]);
-        for (i, c) in r.iter().enumerate().skip(1) {
-            let _ = write!(line, "  {c:>w$}", w = width[i]);
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
 }
 
 #[cfg(test)]

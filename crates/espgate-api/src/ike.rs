@@ -2,6 +2,7 @@
 //! --ike-costs`): IKE SAs with their child SAs, engine counters and the
 //! per-operation costs, and their text rendering.
 
+use crate::table::{Column, Table};
 use serde::{Deserialize, Serialize};
 
 /// The IKE part of `espgate status`.
@@ -85,11 +86,15 @@ pub fn render_costs(d: &IkeDoc) -> String {
     let mut out = String::new();
     let table = |out: &mut String, rows: &[IkeOpCost]| {
         let total: f64 = rows.iter().map(|r| r.micros).sum();
-        let _ = writeln!(
-            out,
-            "  {:<16} {:>8} {:>12} {:>10} {:>6}",
-            "operation", "count", "total us", "us each", "share"
-        );
+        let mut t = Table::new([
+            Column::left("operation").min_width(16),
+            Column::right("count").min_width(8),
+            Column::right("total us").min_width(12),
+            Column::right("us each").min_width(10),
+            Column::right("share").min_width(6),
+        ])
+        .indent(2)
+        .gap(1);
         for r in rows {
             let each = if r.count == 0 {
                 0.0
@@ -101,12 +106,15 @@ pub fn render_costs(d: &IkeDoc) -> String {
             } else {
                 0.0
             };
-            let _ = writeln!(
-                out,
-                "  {:<16} {:>8} {:>12.1} {:>10.1} {:>5.1}%",
-                r.op, r.count, r.micros, each, share
-            );
+            t.row([
+                r.op.clone(),
+                r.count.to_string(),
+                format!("{:.1}", r.micros),
+                format!("{each:.1}"),
+                format!("{share:.1}%"),
+            ]);
         }
+        out.push_str(&t.render());
     };
     let _ = writeln!(
         out,
