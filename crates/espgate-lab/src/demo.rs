@@ -15,6 +15,7 @@ use crate::netlab::{
     HOST_A, HOST_B,
 };
 use anyhow::{anyhow, bail, Context, Result};
+use espgate_api::table::{Column, Table};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -95,21 +96,21 @@ pub fn fmt_rate(bps: f64) -> String {
 
 /// The result table.
 pub fn render_table(rows: &[Row]) -> String {
-    let w = rows.iter().map(|r| r.path.len()).max().unwrap_or(0).max(4);
-    let mut out = format!(
-        "{:<w$}  {:>14}  {:>13}  {}\n",
-        "path", "throughput", "latency (avg)", "gateway CPU (% of one core)"
-    );
+    let mut t = Table::new([
+        Column::left("path"),
+        Column::right("throughput").min_width(14),
+        Column::right("latency (avg)").min_width(13),
+        Column::left("gateway CPU (% of one core)"),
+    ]);
     for r in rows {
-        let cpu = netlab::cpu_cell(r.cpu.iter().map(|(n, c)| (n, c)));
-        out += &format!(
-            "{:<w$}  {:>14}  {:>10.3} ms  {cpu}\n",
-            r.path,
+        t.row([
+            r.path.clone(),
             fmt_rate(r.bits_per_sec),
-            r.rtt_ms
-        );
+            format!("{:.3} ms", r.rtt_ms),
+            netlab::cpu_cell(r.cpu.iter().map(|(n, c)| (n, c))),
+        ]);
     }
-    out
+    t.render()
 }
 
 /// The `avg` of ping's `rtt min/avg/max/mdev = a/b/c/d ms` line.

@@ -54,6 +54,7 @@
 
 use super::{clear_packet, measure, sa, Params, Samples, CHUNK};
 use anyhow::{anyhow, bail, ensure, Context, Result};
+use espgate_api::table::{Column, Table};
 use espgate_core::sa::{classify, Classified, Decapsulated, Sa, SharedSeq};
 use espgate_core::wire::{esp, ipv4};
 use espgate_core::PacketBuf;
@@ -749,46 +750,45 @@ pub fn run(p: &PParams, mut progress: impl FnMut(&str)) -> Result<Vec<Row>> {
 
 /// The rows as an aligned text table.
 pub fn table(rows: &[Row]) -> String {
-    let mut out = format!(
-        "{:<18} {:>6} {:<7} {:>7} {:>5} {:>9} {:>9} {:>7} {:>7} {:>9} {:>7} {:>7} {:>5} {:>7} {:>7}\n",
-        "suite",
-        "size",
-        "mode",
-        "threads",
-        "batch",
-        "in-flight",
-        "ns/packet",
-        "Mpps",
-        "Gbit/s",
-        "vs serial",
-        "spread",
-        "CPU ns",
-        "CPUs",
-        "crypto",
-        "seq lag"
-    );
+    let mut t = Table::new([
+        Column::left("suite").min_width(18),
+        Column::right("size").min_width(6),
+        Column::left("mode").min_width(7),
+        Column::right("threads").min_width(7),
+        Column::right("batch").min_width(5),
+        Column::right("in-flight").min_width(9),
+        Column::right("ns/packet").min_width(9),
+        Column::right("Mpps").min_width(7),
+        Column::right("Gbit/s").min_width(7),
+        Column::right("vs serial").min_width(9),
+        Column::right("spread").min_width(7),
+        Column::right("CPU ns").min_width(7),
+        Column::right("CPUs").min_width(5),
+        Column::right("crypto").min_width(7),
+        Column::right("seq lag").min_width(7),
+    ])
+    .gap(1);
     for r in rows {
-        out += &format!(
-            "{:<18} {:>6} {:<7} {:>7} {:>5} {:>9} {:>9.0} {:>7.2} {:>7.2} {:>8.2}x {:>6.0}% {:>7.0} {:>5.2} {:>7} {:>7}\n",
-            r.suite,
-            r.size,
-            r.mode,
-            r.threads,
-            r.batch,
-            r.in_flight,
-            r.ns_per_packet,
-            r.mpps,
-            r.gbps,
-            r.speedup_vs_serial,
-            r.spread * 100.0,
-            r.cpu_ns_per_packet,
-            r.cpus,
+        t.row([
+            r.suite.clone(),
+            r.size.to_string(),
+            r.mode.to_string(),
+            r.threads.to_string(),
+            r.batch.to_string(),
+            r.in_flight.to_string(),
+            format!("{:.0}", r.ns_per_packet),
+            format!("{:.2}", r.mpps),
+            format!("{:.2}", r.gbps),
+            format!("{:.2}x", r.speedup_vs_serial),
+            format!("{:.0}%", r.spread * 100.0),
+            format!("{:.0}", r.cpu_ns_per_packet),
+            format!("{:.2}", r.cpus),
             r.crypto_cpu_ns_per_packet
                 .map_or("-".to_string(), |v| format!("{v:.0}")),
-            r.max_seq_lag,
-        );
+            r.max_seq_lag.to_string(),
+        ]);
     }
-    out
+    t.render()
 }
 
 /// `espgate bench parallel` from its options: prints the table (or JSON).
