@@ -25,6 +25,7 @@
 //! accounting off the worker calls the core's unprobed entry points and
 //! nothing here runs per packet.
 
+use crate::table::{Column, Table};
 pub use espgate_core::cost::Dir;
 use espgate_core::cost::{Probe, Stage};
 use espgate_core::stats::Counter;
@@ -540,10 +541,11 @@ pub fn render(r: &CostsReport) -> String {
         let c = r.dir(d);
         let _ = writeln!(out, "\n{}: {} packets", d.as_str(), c.packets);
         let total = c.total_ns_per_packet();
-        let mut rows = vec![["STAGE", "PACKETS", "TOTAL", "NS/PACKET", "SHARE"].map(String::from)];
+        let numbers = ["PACKETS", "TOTAL", "NS/PACKET", "SHARE"].map(Column::right);
+        let mut t = Table::new(std::iter::once(Column::left("STAGE")).chain(numbers)).indent(2);
         for s in d.stages() {
             let sc = c.stage(*s);
-            rows.push([
+            t.row([
                 s.as_str().to_string(),
                 sc.packets.to_string(),
                 human_ns(sc.total_ns),
@@ -551,7 +553,7 @@ pub fn render(r: &CostsReport) -> String {
                 share(sc.ns_per_packet, total),
             ]);
         }
-        rows.push([
+        t.row([
             "total".into(),
             String::new(),
             String::new(),
@@ -562,7 +564,7 @@ pub fn render(r: &CostsReport) -> String {
                 "-".into()
             },
         ]);
-        out.push_str(&columns(&rows));
+        out.push_str(&t.render());
     }
     out.push_str(NOTES);
     out
@@ -582,26 +584,6 @@ pub fn share(part: f64, whole: f64) -> String {
     } else {
         "-".into()
     }
-}
-
-/// Left-aligned name, right-aligned numbers; two spaces apart.
-fn columns(rows: &[[String; 5]]) -> String {
-    let mut width = [0usize; 5];
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            width[i] = width[i].max(c.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for r in rows {
-        let mut line = format!("  {:<w$}", r[0], w = width[0]);
-        for (i, c) in r.iter().enumerate().skip(1) {
-            let _ = write!(line, "  {c:>w$}", w = width[i]);
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
 }
 
 #[cfg(test)]
@@ -784,6 +766,77 @@ mod tests {
         assert!(lines[at + 9].trim_start().starts_with("total"), "{text}");
         assert!(lines[at + 9].ends_with("100%"), "{text}");
         assert!(text.contains("integrity is 0"), "{text}");
+    }
+
+    #[test]
+    fn render_text_is_pinned() {
+        let stage = |packets: u64, total_ns: u64| StageCost {
+            packets,
+            total_ns,
+            ns_per_packet: if packets == 0 {
+                0.0
+            } else {
+                total_ns as f64 / packets as f64
+            },
+        };
+        let outbound = DirCosts {
+            packets: 1200,
+            stages: [
+                ("receive", stage(1200, 96_000)),
+                ("lookup", stage(1200, 48_000)),
+                ("replay", stage(1200, 30_000)),
+                ("encap", stage(1200, 120_000)),
+                ("cipher", stage(1200, 1_234_567)),
+                ("integrity", stage(0, 0)),
+                ("send", stage(1200, 2_400_000_000)),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        };
+        let r = CostsReport {
+            clock: "tsc".into(),
+            seconds: 12.34,
+            clock_read_ns: 7.4,
+            outbound,
+            inbound: DirCosts {
+                packets: 0,
+                stages: Dir::Inbound
+                    .stages()
+                    .iter()
+                    .map(|s| (s.as_str().to_string(), stage(0, 0)))
+                    .collect(),
+            },
+        };
+        let want = "\
+cost accounting on for 12.3s, clock tsc (one reading 7 ns, included in every stage)
+
+outbound: 1200 packets
+  STAGE      PACKETS    TOTAL  NS/PACKET  SHARE
+  receive       1200   96.0µs         80     0%
+  lookup        1200   48.0µs         40     0%
+  replay        1200   30.0µs         25     0%
+  encap         1200  120.0µs        100     0%
+  cipher        1200   1.23ms       1029     0%
+  integrity        0      0ns          0     0%
+  send          1200    2.40s    2000000   100%
+  total                          2001274   100%
+
+inbound: 0 packets
+  STAGE      PACKETS  TOTAL  NS/PACKET  SHARE
+  receive          0    0ns          0      -
+  lookup           0    0ns          0      -
+  replay           0    0ns          0      -
+  integrity        0    0ns          0      -
+  cipher           0    0ns          0      -
+  decap            0    0ns          0      -
+  send             0    0ns          0      -
+  total                              0      -
+
+receive and send are the system calls (TUN read/write, socket receive/send); a call carrying a GRO/GSO batch is shared by its packets. outbound replay = taking the sequence number. AEAD suites (GCM, ChaCha20-Poly1305, GMAC) do encryption and authentication in one operation, counted as cipher: their integrity is 0.
+";
+        let text = render(&r);
+        assert_eq!(text, want, "\n{text}");
     }
 
     #[test]

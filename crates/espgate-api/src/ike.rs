@@ -2,6 +2,7 @@
 //! --ike-costs`): IKE SAs with their child SAs, engine counters and the
 //! per-operation costs, and their text rendering.
 
+use crate::table::{Column, Table};
 use serde::{Deserialize, Serialize};
 
 /// The IKE part of `espgate status`.
@@ -85,11 +86,15 @@ pub fn render_costs(d: &IkeDoc) -> String {
     let mut out = String::new();
     let table = |out: &mut String, rows: &[IkeOpCost]| {
         let total: f64 = rows.iter().map(|r| r.micros).sum();
-        let _ = writeln!(
-            out,
-            "  {:<16} {:>8} {:>12} {:>10} {:>6}",
-            "operation", "count", "total us", "us each", "share"
-        );
+        let mut t = Table::new([
+            Column::left("operation").min_width(16),
+            Column::right("count").min_width(8),
+            Column::right("total us").min_width(12),
+            Column::right("us each").min_width(10),
+            Column::right("share").min_width(6),
+        ])
+        .indent(2)
+        .gap(1);
         for r in rows {
             let each = if r.count == 0 {
                 0.0
@@ -101,12 +106,15 @@ pub fn render_costs(d: &IkeDoc) -> String {
             } else {
                 0.0
             };
-            let _ = writeln!(
-                out,
-                "  {:<16} {:>8} {:>12.1} {:>10.1} {:>5.1}%",
-                r.op, r.count, r.micros, each, share
-            );
+            t.row([
+                r.op.clone(),
+                r.count.to_string(),
+                format!("{:.1}", r.micros),
+                format!("{each:.1}"),
+                format!("{share:.1}%"),
+            ]);
         }
+        out.push_str(&t.render());
     };
     let _ = writeln!(
         out,
@@ -118,4 +126,68 @@ pub fn render_costs(d: &IkeDoc) -> String {
         table(&mut out, &sa.costs);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(op: &str, count: u64, micros: f64) -> IkeOpCost {
+        IkeOpCost {
+            op: op.into(),
+            count,
+            micros,
+        }
+    }
+
+    #[test]
+    fn costs_text_is_pinned() {
+        let sa = IkeSaStatus {
+            connection: "site-b".into(),
+            spis: "0123456789abcdef_fedcba9876543210".into(),
+            state: "established".into(),
+            initiator: true,
+            local: "192.0.2.1:500".into(),
+            remote: "192.0.2.2:500".into(),
+            peer_id: None,
+            algorithms: None,
+            established_secs: Some(5),
+            rekey_in_secs: None,
+            nat: false,
+            children: Vec::new(),
+            costs: vec![op("dh", 2, 250.5), op("auth_verify", 1, 1234.25)],
+        };
+        let d = IkeDoc {
+            sas: vec![sa],
+            counters: Default::default(),
+            costs: vec![
+                op("dh", 4, 501.0),
+                op("key_derivation", 4, 80.125),
+                op("decode", 0, 0.0),
+            ],
+        };
+        let want = "\
+IKE operations since start (all IKE SAs, including failed ones):
+  operation           count     total us    us each  share
+  dh                      4        501.0      125.2  86.2%
+  key_derivation          4         80.1       20.0  13.8%
+  decode                  0          0.0        0.0   0.0%
+
+site-b 0123456789abcdef_fedcba9876543210 (established):
+  operation           count     total us    us each  share
+  dh                      2        250.5      125.2  16.9%
+  auth_verify             1       1234.2     1234.2  83.1%
+";
+        let text = render_costs(&d);
+        assert_eq!(text, want, "\n{text}");
+        // Without any time, shares are 0.
+        let none = render_costs(&IkeDoc {
+            costs: vec![op("dh", 0, 0.0)],
+            ..Default::default()
+        });
+        assert!(
+            none.ends_with("  dh                      0          0.0        0.0   0.0%\n"),
+            "{none}"
+        );
+    }
 }

@@ -4,7 +4,8 @@
 //!   blocking client;
 //! - [`status`]: the status document (`espgate status`, `sa list`) and its
 //!   text rendering; [`ike`]: its IKE part; [`costs`]: per-stage cost
-//!   accounting and its report; [`wireshark`]: SA keys for Wireshark.
+//!   accounting and its report; [`wireshark`]: SA keys for Wireshark;
+//! - [`table`]: the text tables every command prints.
 //!
 //! The command line, the lab and the cluster agent use only this crate to
 //! talk to a gateway; the daemon answers with the same types.
@@ -15,4 +16,5 @@ pub mod control;
 pub mod costs;
 pub mod ike;
 pub mod status;
+pub mod table;
 pub mod wireshark;

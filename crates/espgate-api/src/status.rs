@@ -2,6 +2,7 @@
 //! the daemon answers with on its control socket, and their rendering as
 //! text tables.
 
+use crate::table::{Column, Table};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -292,31 +293,6 @@ fn seq_cell(s: &SaStatus) -> String {
     }
 }
 
-/// Left-aligned columns separated by two spaces; no trailing blanks.
-fn table(rows: &[Vec<String>], indent: &str) -> String {
-    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let mut width = vec![0; cols];
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            width[i] = width[i].max(c.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for r in rows {
-        let mut line = indent.to_string();
-        for (i, c) in r.iter().enumerate() {
-            if i + 1 == r.len() {
-                line.push_str(c);
-            } else {
-                let _ = write!(line, "{c:<w$}  ", w = width[i]);
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
-}
-
 const SA_HEADER: [&str; 10] = [
     "DIR", "SPI", "PROTO", "SUITE", "MODE", "PACKETS", "BYTES", "SEQ", "LIFETIME", "DROPS",
 ];
@@ -343,6 +319,17 @@ fn sa_row(s: &SaStatus, with_conn: bool) -> Vec<String> {
         counts(&s.drops),
     ]);
     r
+}
+
+/// The SAs as a table, left-aligned, each row starting with its
+/// connection's name if `with_conn`.
+fn sa_table(sas: &[SaStatus], with_conn: bool, indent: usize) -> String {
+    let conn = with_conn.then_some("CONNECTION");
+    let mut t = Table::new(conn.into_iter().chain(SA_HEADER).map(Column::left)).indent(indent);
+    for sa in sas {
+        t.row(sa_row(sa, with_conn));
+    }
+    t.render()
 }
 
 /// The text of `espgate status`.
@@ -385,9 +372,7 @@ pub fn render_status(s: &Status) -> String {
             c.local_ts.join(","),
             c.remote_ts.join(",")
         );
-        let mut rows = vec![SA_HEADER.iter().map(|h| h.to_string()).collect()];
-        rows.extend(c.sas.iter().map(|sa| sa_row(sa, false)));
-        out.push_str(&table(&rows, "  "));
+        out.push_str(&sa_table(&c.sas, false, 2));
         let missing: Vec<&str> = c
             .protocol
             .split('+')
@@ -429,12 +414,7 @@ pub fn render_sa_list(sas: &[SaStatus]) -> String {
     if sas.is_empty() {
         return "no SAs installed\n".into();
     }
-    let mut rows = vec![std::iter::once("CONNECTION")
-        .chain(SA_HEADER.iter().copied())
-        .map(str::to_string)
-        .collect::<Vec<_>>()];
-    rows.extend(sas.iter().map(|sa| sa_row(sa, true)));
-    let mut out = table(&rows, "");
+    let mut out = sa_table(sas, true, 0);
     if sas.iter().any(|sa| sa.added) {
         out.push_str(ADDED_NOTE);
     }
@@ -619,6 +599,22 @@ counters: keepalives=0, tun_rx=3
         assert_eq!(lines.len(), 4, "{text}");
         assert!(lines[2].contains(" 0x00001002+ "), "{text}");
         assert!(lines[3].contains("espgate sa add"), "{text}");
+    }
+
+    #[test]
+    fn sa_list_text_is_pinned() {
+        let mut sas = sample().connections[0].sas.clone();
+        sas[1].added = true;
+        sas[1].connection = "a-longer-name".into();
+        sas[1].lifetime.state = "soft_expired".into();
+        let want = "\
+CONNECTION     DIR  SPI          PROTO  SUITE        MODE        PACKETS  BYTES  SEQ  LIFETIME      DROPS
+site-b         in   0x00001001   esp    aes128gcm16  tunnel/udp  3        252    3    59m0s         replay=2
+a-longer-name  out  0x00001002+  esp    aes128gcm16  tunnel/udp  3        252    4    soft-expired  -
+(+ added by `espgate sa add`: a run-time change, gone when the daemon restarts)
+";
+        let text = render_sa_list(&sas);
+        assert_eq!(text, want, "\n{text}");
     }
 
     #[test]

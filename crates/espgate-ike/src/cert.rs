@@ -153,8 +153,9 @@ impl Identity {
         if s.is_empty() {
             return Err(CertError::InvalidIdentity("empty identity".into()));
         }
-        if let Some(hex) = s.strip_prefix("@#") {
-            return decode_hex(hex)
+        if let Some(key_id) = s.strip_prefix("@#") {
+            return hex::decode(key_id)
+                .ok()
                 .filter(|k| !k.is_empty())
                 .map(Identity::KeyId)
                 .ok_or_else(|| CertError::InvalidIdentity(format!("bad hex key id {s:?}")));
@@ -199,9 +200,9 @@ impl fmt::Display for Identity {
             Identity::Fqdn(s) | Identity::Rfc822(s) => f.write_str(s),
             Identity::Dn(d) => match dn_to_string(d) {
                 Some(s) => f.write_str(&s),
-                None => write!(f, "DN:{}", encode_hex(d)),
+                None => write!(f, "DN:{}", hex::encode(d)),
             },
-            Identity::KeyId(k) => write!(f, "@#{}", encode_hex(k)),
+            Identity::KeyId(k) => write!(f, "@#{}", hex::encode(k)),
         }
     }
 }
@@ -219,24 +220,6 @@ fn fqdn_eq(a: &str, b: &str) -> bool {
     a.strip_suffix('.')
         .unwrap_or(a)
         .eq_ignore_ascii_case(b.strip_suffix('.').unwrap_or(b))
-}
-
-fn encode_hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    let pairs = s.as_bytes().chunks_exact(2);
-    if !pairs.remainder().is_empty() {
-        return None;
-    }
-    pairs
-        .map(|p| {
-            let hi = char::from(p[0]).to_digit(16)?;
-            let lo = char::from(p[1]).to_digit(16)?;
-            Some((hi * 16 + lo) as u8)
-        })
-        .collect()
 }
 
 /// Known DN attribute names: (name, dotted OID, preferred string tag when
@@ -413,7 +396,7 @@ fn dn_to_string(input: &[u8]) -> Option<String> {
                 }
                 None => {
                     out.push('#');
-                    out.push_str(&encode_hex(value));
+                    out.push_str(&hex::encode(value));
                 }
             }
         }
@@ -444,7 +427,7 @@ pub struct Certificate {
 
 impl fmt::Debug for Certificate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let show = |d: &[u8]| dn_to_string(d).unwrap_or_else(|| encode_hex(d));
+        let show = |d: &[u8]| dn_to_string(d).unwrap_or_else(|| hex::encode(d));
         f.debug_struct("Certificate")
             .field("subject", &show(&self.subject))
             .field("issuer", &show(&self.issuer))
@@ -1064,6 +1047,8 @@ mod tests {
             Identity::Rfc822("carol@example.org".into())
         );
         assert_eq!(p("@#00ff"), Identity::KeyId(vec![0, 0xff]));
+        assert_eq!(p("@#00FF"), Identity::KeyId(vec![0, 0xff]));
+        assert_eq!(p("@#00FF").to_string(), "@#00ff");
         // The subject openssl encodes for -subj "/C=CH/O=strongSwan/CN=moon"
         // with string_mask = default (README.md): PrintableStrings.
         let dn = p("C=CH, O=strongSwan, CN=moon");
@@ -1093,6 +1078,8 @@ mod tests {
             "moon example",
             "@#abc",
             "@#zz",
+            "@#",
+            "@#é0",
             "@",
         ] {
             assert!(Identity::parse(bad).is_err(), "{bad:?}");

@@ -120,7 +120,7 @@ fn read_from<R: Read>(mut reader: R, name: &Path) -> Result<CaptureReport> {
         _ => bail!(
             "{}: not a pcap or pcapng capture file (unrecognised magic bytes {})",
             name.display(),
-            hex_bytes(&magic)
+            hex::encode(magic)
         ),
     }
 }
@@ -599,7 +599,7 @@ fn read_block<R: Read>(reader: &mut R, order: &mut ByteOrder) -> io::Result<Bloc
             _ => {
                 return Err(corrupt(format!(
                     "invalid section header byte-order magic {}",
-                    hex_bytes(&bom)
+                    hex::encode(bom)
                 )))
             }
         };
@@ -927,10 +927,6 @@ fn unsupported_link_type(name: &Path, linktype: u32, interface: Option<u32>) -> 
          1 Ethernet, 12/101 raw IP, 113 Linux SLL, 228 IPv4, 229 IPv6, 276 Linux SLL2)",
         name.display()
     )
-}
-
-fn hex_bytes(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Converts a value already reduced modulo one second.
@@ -1699,6 +1695,8 @@ mod tests {
         let (msg, name) = read_err("garbage.bin", b"this is not a packet capture\n");
         assert!(msg.contains(&name), "{msg}");
         assert!(msg.contains("not a pcap or pcapng"), "{msg}");
+        // The magic bytes in lowercase hex: "this".
+        assert!(msg.contains("unrecognised magic bytes 74686973"), "{msg}");
 
         let (msg, name) = read_err("empty.pcap", b"");
         assert!(msg.contains(&name), "{msg}");
@@ -1719,6 +1717,15 @@ mod tests {
         let (msg, name) = read_err("corrupt.pcapng", &f);
         assert!(msg.contains("corrupt pcapng block"), "{msg}");
         assert!(msg.contains(&name), "{msg}");
+
+        // A section header whose byte-order magic is neither order.
+        let mut f = ng_shb(LE);
+        f[8..12].copy_from_slice(&[0xDE, 0xAD, 0xBE, 0xEF]);
+        let (msg, _) = read_err("bom.pcapng", &f);
+        assert!(
+            msg.contains("invalid section header byte-order magic deadbeef"),
+            "{msg}"
+        );
     }
 
     #[test]

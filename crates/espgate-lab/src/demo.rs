@@ -15,6 +15,7 @@ use crate::netlab::{
     HOST_A, HOST_B,
 };
 use anyhow::{anyhow, bail, Context, Result};
+use espgate_api::table::{Column, Table};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -95,21 +96,21 @@ pub fn fmt_rate(bps: f64) -> String {
 
 /// The result table.
 pub fn render_table(rows: &[Row]) -> String {
-    let w = rows.iter().map(|r| r.path.len()).max().unwrap_or(0).max(4);
-    let mut out = format!(
-        "{:<w$}  {:>14}  {:>13}  {}\n",
-        "path", "throughput", "latency (avg)", "gateway CPU (% of one core)"
-    );
+    let mut t = Table::new([
+        Column::left("path"),
+        Column::right("throughput").min_width(14),
+        Column::right("latency (avg)").min_width(13),
+        Column::left("gateway CPU (% of one core)"),
+    ]);
     for r in rows {
-        let cpu = netlab::cpu_cell(r.cpu.iter().map(|(n, c)| (n, c)));
-        out += &format!(
-            "{:<w$}  {:>14}  {:>10.3} ms  {cpu}\n",
-            r.path,
+        t.row([
+            r.path.clone(),
             fmt_rate(r.bits_per_sec),
-            r.rtt_ms
-        );
+            format!("{:.3} ms", r.rtt_ms),
+            netlab::cpu_cell(r.cpu.iter().map(|(n, c)| (n, c))),
+        ]);
     }
-    out
+    t.render()
 }
 
 /// The `avg` of ping's `rtt min/avg/max/mdev = a/b/c/d ms` line.
@@ -380,6 +381,31 @@ pub(crate) mod tests {
                    rtt min/avg/max/mdev = 0.061/0.087/0.120/0.025 ms\n";
         assert_eq!(parse_ping_avg(out), Some(0.087));
         assert_eq!(parse_ping_avg("nothing"), None);
+    }
+
+    #[test]
+    fn table_text_is_pinned() {
+        let rows = [
+            Row {
+                path: "plain routing".into(),
+                bits_per_sec: 41.2e9,
+                rtt_ms: 0.05,
+                cpu: vec![],
+            },
+            Row {
+                path: "espgate tunnel (aes128gcm16)".into(),
+                bits_per_sec: 512e6,
+                rtt_ms: 0.2,
+                cpu: vec![("gwA".into(), 99.4), ("gwB".into(), 61.0)],
+            },
+        ];
+        let want = "\
+path                              throughput  latency (avg)  gateway CPU (% of one core)
+plain routing                   41.20 Gbit/s       0.050 ms  -
+espgate tunnel (aes128gcm16)      512 Mbit/s       0.200 ms  gwA 99%, gwB 61%
+";
+        let text = render_table(&rows);
+        assert_eq!(text, want, "\n{text}");
     }
 
     #[test]

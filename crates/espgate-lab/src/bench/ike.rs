@@ -34,6 +34,7 @@
 //! checked.
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
+use espgate_api::table::{Column, Table};
 use espgate_core::sa::Mode;
 use espgate_core::selector::Prefix;
 use espgate_ike::cert::Identity;
@@ -585,29 +586,26 @@ pub fn run(p: &Params, mut progress: impl FnMut(&str)) -> Result<Vec<Row>> {
 
 /// The rows as an aligned text table: µs per handshake of each operation.
 pub fn table(rows: &[Row]) -> String {
-    let mut out = format!(
-        "{:<9} {:<11} {:>7} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6} {:>6} {:>6} {:>6} {:>8} {:>4} {:>5}\n",
-        "group",
-        "auth",
-        "hs/s",
-        "wall µs",
-        "dh",
-        "auth_cr",
-        "auth_vf",
-        "kdf",
-        "enc",
-        "dec",
-        "encode",
-        "decode",
-        "other",
-        "DH%",
-        "auth%",
-    );
+    let mut t = Table::new([
+        Column::left("group").min_width(9),
+        Column::left("auth").min_width(11),
+        Column::right("hs/s").min_width(7),
+        Column::right("wall µs").min_width(9),
+        Column::right("dh").min_width(9),
+        Column::right("auth_cr").min_width(9),
+        Column::right("auth_vf").min_width(9),
+        Column::right("kdf").min_width(7),
+        Column::right("enc").min_width(6),
+        Column::right("dec").min_width(6),
+        Column::right("encode").min_width(6),
+        Column::right("decode").min_width(6),
+        Column::right("other").min_width(8),
+        Column::right("DH%").min_width(4),
+        Column::right("auth%").min_width(5),
+    ])
+    .gap(1);
     for r in rows {
-        out += &format!(
-            "{:<9} {:<11} {:>7.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7.1} {:>6.1} {:>6.1} {:>6.1} {:>6.1} {:>8.1} {:>4.0} {:>5.0}\n",
-            r.group,
-            r.auth,
+        let us = [
             r.handshakes_per_sec,
             r.wall_us,
             r.dh_us,
@@ -619,11 +617,16 @@ pub fn table(rows: &[Row]) -> String {
             r.encode_us,
             r.decode_us,
             r.other_us,
-            r.dh_share * 100.0,
-            r.auth_share * 100.0,
+        ];
+        let shares = [r.dh_share, r.auth_share];
+        t.row(
+            [r.group.clone(), r.auth.clone()]
+                .into_iter()
+                .chain(us.iter().map(|v| format!("{v:.1}")))
+                .chain(shares.iter().map(|v| format!("{:.0}", v * 100.0))),
         );
     }
-    out
+    t.render()
 }
 
 /// What the table's columns are (printed under it).
@@ -750,6 +753,41 @@ mod tests {
         let (ci, _) = configs(&creds, Group::Curve25519, p.auths[0]).unwrap();
         let (_, cr) = configs(&creds, Group::Ecp256, p.auths[0]).unwrap();
         assert!(handshake(&ci, &cr).is_err());
+    }
+
+    #[test]
+    fn table_text_is_pinned() {
+        let r = |group: &str, auth: &str, wall_us: f64| Row {
+            group: group.into(),
+            auth: auth.into(),
+            proposal: String::new(),
+            handshakes: 10,
+            seconds: 1.0,
+            handshakes_per_sec: 1e6 / wall_us,
+            wall_us,
+            dh_us: 250.25,
+            auth_create_us: 120.0,
+            auth_verify_us: 340.5,
+            key_derivation_us: 12.0,
+            encrypt_us: 3.25,
+            decrypt_us: 2.75,
+            encode_us: 1.5,
+            decode_us: 1.25,
+            other_us: 40.0,
+            dh_share: 250.25 / wall_us,
+            auth_share: 460.5 / wall_us,
+            crypto_share: 0.9,
+            messages_per_handshake: 4.0,
+            ops_per_handshake: BTreeMap::new(),
+        };
+        let rows = [r("x25519", "psk", 771.5), r("ecp256", "ecdsa-p256", 1234.0)];
+        let want = "\
+group     auth           hs/s   wall µs        dh   auth_cr   auth_vf     kdf    enc    dec encode decode    other  DH% auth%
+x25519    psk          1296.2     771.5     250.2     120.0     340.5    12.0    3.2    2.8    1.5    1.2     40.0   32    60
+ecp256    ecdsa-p256    810.4    1234.0     250.2     120.0     340.5    12.0    3.2    2.8    1.5    1.2     40.0   20    37
+";
+        let text = table(&rows);
+        assert_eq!(text, want, "\n{text}");
     }
 
     #[test]

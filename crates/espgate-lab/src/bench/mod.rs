@@ -36,6 +36,7 @@ pub mod scrape;
 pub mod tunnel;
 
 use espgate_api::costs::{self, Costs, Dir};
+use espgate_api::table::{Column, Table};
 
 /// Runs a bench that reports progress lines (shown on a terminal, never
 /// with `--json`) and prints its rows as JSON or as `table`; true when the
@@ -695,26 +696,33 @@ pub fn esp(p: &Params, mut progress: impl FnMut(&str)) -> Result<Vec<Row>> {
 
 /// The rows as an aligned text table.
 pub fn table(rows: &[Row]) -> String {
-    let mut out = format!(
-        "{:<18} {:>6} {:<9} {:>10} {:>8} {:>8} {:>8} {:>7} {:>7}\n",
-        "suite", "size", "direction", "ns/packet", "Mpps", "Gbit/s", "vs raw", "crypto", "spread"
-    );
+    let mut t = Table::new([
+        Column::left("suite").min_width(18),
+        Column::right("size").min_width(6),
+        Column::left("direction").min_width(9),
+        Column::right("ns/packet").min_width(10),
+        Column::right("Mpps").min_width(8),
+        Column::right("Gbit/s").min_width(8),
+        Column::right("vs raw").min_width(8),
+        Column::right("crypto").min_width(7),
+        Column::right("spread").min_width(7),
+    ])
+    .gap(1);
     let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0));
     for r in rows {
-        out += &format!(
-            "{:<18} {:>6} {:<9} {:>10.0} {:>8.2} {:>8.2} {:>8} {:>7} {:>7}\n",
-            r.suite,
-            r.size,
-            r.direction,
-            r.ns_per_packet,
-            r.mpps,
-            r.gbps,
+        t.row([
+            r.suite.clone(),
+            r.size.to_string(),
+            r.direction.to_string(),
+            format!("{:.0}", r.ns_per_packet),
+            format!("{:.2}", r.mpps),
+            format!("{:.2}", r.gbps),
             pct(r.ratio_to_raw),
             pct(r.crypto_share),
             pct(Some(r.spread)),
-        );
+        ]);
     }
-    out
+    t.render()
 }
 
 /// The `--costs` table: per suite, size and direction, each stage's ns
@@ -730,26 +738,34 @@ pub fn costs_table(rows: &[Row]) -> String {
         ("cipher", &[Stage::Cipher]),
         ("integrity", &[Stage::Integrity]),
     ];
-    let mut out = format!("{:<18} {:>6} {:<9}", "suite", "size", "direction");
-    for (name, _) in cols {
-        out += &format!(" {name:>10}");
-    }
-    out += &format!(" {:>7} {:>9}\n", "total", "probe off");
+    let mut columns = vec![
+        Column::left("suite").min_width(18),
+        Column::right("size").min_width(6),
+        Column::left("direction").min_width(9),
+    ];
+    columns.extend(
+        cols.iter()
+            .map(|(name, _)| Column::right(*name).min_width(10)),
+    );
+    columns.push(Column::right("total").min_width(7));
+    columns.push(Column::right("probe off").min_width(9));
+    let mut t = Table::new(columns).gap(1);
     for r in rows {
         let Some(st) = &r.stages else { continue };
         let total: f64 = st.values().sum();
-        out += &format!("{:<18} {:>6} {:<9}", r.suite, r.size, r.direction);
+        let mut cells = vec![r.suite.clone(), r.size.to_string(), r.direction.to_string()];
         for (_, stages) in cols {
             let v = stages.iter().find_map(|s| st.get(s.as_str()));
-            let cell = match v {
+            cells.push(match v {
                 Some(v) => format!("{v:.0} {:>3}", costs::share(*v, total)),
                 None => "-".into(),
-            };
-            out += &format!(" {cell:>10}");
+            });
         }
-        out += &format!(" {total:>7.0} {:>9.0}\n", r.ns_per_packet);
+        cells.push(format!("{total:.0}"));
+        cells.push(format!("{:.0}", r.ns_per_packet));
+        t.row(cells);
     }
-    out
+    t.render()
 }
 
 /// What the `--costs` table's columns are (printed under it).
@@ -861,6 +877,52 @@ mod tests {
         );
         let v = serde_json::to_value(&rows).unwrap();
         assert!(v[0]["stages"]["cipher"].as_f64().unwrap() > 0.0);
+    }
+
+    #[test]
+    fn table_texts_are_pinned() {
+        let r = |suite: &str, size: usize, direction: &'static str, ns: f64| Row {
+            suite: suite.into(),
+            size,
+            direction,
+            ns_per_packet: ns,
+            mpps: 1e3 / ns,
+            gbps: size as f64 * 8.0 / ns,
+            ratio_to_raw: None,
+            crypto_share: None,
+            spread: 0.012,
+            stages: None,
+        };
+        let mut gcm = r("aes128gcm16", 1400, "outbound", 565.4);
+        gcm.ratio_to_raw = Some(0.87);
+        gcm.crypto_share = Some(0.881);
+        gcm.stages = Some(
+            [
+                ("receive", 15.2),
+                ("lookup", 44.0),
+                ("replay", 34.0),
+                ("encap", 83.0),
+                ("cipher", 171.0),
+                ("integrity", 0.0),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        );
+        let rows = [gcm, r(SKELETON, 64, "inbound", 54.0)];
+        let want = "\
+suite                size direction  ns/packet     Mpps   Gbit/s   vs raw  crypto  spread
+aes128gcm16          1400 outbound         565     1.77    19.81      87%     88%      1%
+null                   64 inbound           54    18.52     9.48        -       -      1%
+";
+        let text = table(&rows);
+        assert_eq!(text, want, "\n{text}");
+        let want = "\
+suite                size direction    receive     lookup     replay   en/decap     cipher  integrity   total probe off
+aes128gcm16          1400 outbound      15  4%     44 13%     34 10%     83 24%    171 49%      0  0%     347       565
+";
+        let text = costs_table(&rows);
+        assert_eq!(text, want, "\n{text}");
     }
 
     #[test]

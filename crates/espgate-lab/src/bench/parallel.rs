@@ -54,6 +54,7 @@
 
 use super::{clear_packet, measure, sa, Params, Samples, CHUNK};
 use anyhow::{anyhow, bail, ensure, Context, Result};
+use espgate_api::table::{Column, Table};
 use espgate_core::sa::{classify, Classified, Classifier, Decapsulated, Sa, SharedSeq};
 use espgate_core::wire::{esp, ipv4};
 use espgate_core::PacketBuf;
@@ -749,46 +750,45 @@ pub fn run(p: &PParams, mut progress: impl FnMut(&str)) -> Result<Vec<Row>> {
 
 /// The rows as an aligned text table.
 pub fn table(rows: &[Row]) -> String {
-    let mut out = format!(
-        "{:<18} {:>6} {:<7} {:>7} {:>5} {:>9} {:>9} {:>7} {:>7} {:>9} {:>7} {:>7} {:>5} {:>7} {:>7}\n",
-        "suite",
-        "size",
-        "mode",
-        "threads",
-        "batch",
-        "in-flight",
-        "ns/packet",
-        "Mpps",
-        "Gbit/s",
-        "vs serial",
-        "spread",
-        "CPU ns",
-        "CPUs",
-        "crypto",
-        "seq lag"
-    );
+    let mut t = Table::new([
+        Column::left("suite").min_width(18),
+        Column::right("size").min_width(6),
+        Column::left("mode").min_width(7),
+        Column::right("threads").min_width(7),
+        Column::right("batch").min_width(5),
+        Column::right("in-flight").min_width(9),
+        Column::right("ns/packet").min_width(9),
+        Column::right("Mpps").min_width(7),
+        Column::right("Gbit/s").min_width(7),
+        Column::right("vs serial").min_width(9),
+        Column::right("spread").min_width(7),
+        Column::right("CPU ns").min_width(7),
+        Column::right("CPUs").min_width(5),
+        Column::right("crypto").min_width(7),
+        Column::right("seq lag").min_width(7),
+    ])
+    .gap(1);
     for r in rows {
-        out += &format!(
-            "{:<18} {:>6} {:<7} {:>7} {:>5} {:>9} {:>9.0} {:>7.2} {:>7.2} {:>8.2}x {:>6.0}% {:>7.0} {:>5.2} {:>7} {:>7}\n",
-            r.suite,
-            r.size,
-            r.mode,
-            r.threads,
-            r.batch,
-            r.in_flight,
-            r.ns_per_packet,
-            r.mpps,
-            r.gbps,
-            r.speedup_vs_serial,
-            r.spread * 100.0,
-            r.cpu_ns_per_packet,
-            r.cpus,
+        t.row([
+            r.suite.clone(),
+            r.size.to_string(),
+            r.mode.to_string(),
+            r.threads.to_string(),
+            r.batch.to_string(),
+            r.in_flight.to_string(),
+            format!("{:.0}", r.ns_per_packet),
+            format!("{:.2}", r.mpps),
+            format!("{:.2}", r.gbps),
+            format!("{:.2}x", r.speedup_vs_serial),
+            format!("{:.0}%", r.spread * 100.0),
+            format!("{:.0}", r.cpu_ns_per_packet),
+            format!("{:.2}", r.cpus),
             r.crypto_cpu_ns_per_packet
                 .map_or("-".to_string(), |v| format!("{v:.0}")),
-            r.max_seq_lag,
-        );
+            r.max_seq_lag.to_string(),
+        ]);
     }
-    out
+    t.render()
 }
 
 /// `espgate bench parallel` from its options: prints the table (or JSON).
@@ -823,6 +823,35 @@ mod tests {
 
     fn suite(s: &str) -> Suite {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn table_text_is_pinned() {
+        let r = |mode: &'static str, threads: usize, batch: usize, ns: f64| Row {
+            suite: "chacha20poly1305".into(),
+            size: 1400,
+            mode,
+            threads,
+            batch,
+            in_flight: threads * batch,
+            ns_per_packet: ns,
+            mpps: 1e3 / ns,
+            gbps: 1400.0 * 8.0 / ns,
+            speedup_vs_serial: 829.0 / ns,
+            cpu_ns_per_packet: ns * 1.5,
+            cpus: 1.81,
+            crypto_cpu_ns_per_packet: (threads > 0).then_some(700.4),
+            spread: 0.034,
+            max_seq_lag: threads as u64 * 3,
+        };
+        let rows = [r("serial", 0, 1, 829.0), r("threads", 2, 128, 592.1)];
+        let want = "\
+suite                size mode    threads batch in-flight ns/packet    Mpps  Gbit/s vs serial  spread  CPU ns  CPUs  crypto seq lag
+chacha20poly1305     1400 serial        0     1         0       829    1.21   13.51     1.00x      3%    1244  1.81       -       0
+chacha20poly1305     1400 threads       2   128       256       592    1.69   18.92     1.40x      3%     888  1.81     700       6
+";
+        let text = table(&rows);
+        assert_eq!(text, want, "\n{text}");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::netlab::{
     Topology, GW_A, GW_B, HOST_B, NET_A, NET_B,
 };
 use anyhow::{anyhow, bail, ensure, Context, Result};
+use espgate_api::table::{Column, Table};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -643,12 +644,6 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
             None => name,
         }
     };
-    let w = rows
-        .iter()
-        .map(|r| label(r).len())
-        .max()
-        .unwrap_or(0)
-        .max(6);
     let suites: Vec<&str> = {
         let mut s: Vec<&str> = rows.iter().filter_map(|r| r.suite.as_deref()).collect();
         s.dedup();
@@ -662,19 +657,26 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
     if !suites.is_empty() {
         out += &format!("espgate: ESP-in-UDP, manual keys, {}\n", suites.join(", "));
     }
-    out += &format!(
-        "Mbit/s, pps (packets delivered per second) and loss: receiver side; vs plain: median / plain routing's median\n\n{:<w$}  {:<7}  {:>10}  {:>10}  {:>10}  {:>9}  {:>6}  {:>8}  {}\n",
-        "system", "test", "median", "min", "max", "pps", "loss", "vs plain", "CPU % of one core (median)"
-    );
+    out += "Mbit/s, pps (packets delivered per second) and loss: receiver side; vs plain: median / plain routing's median\n\n";
+    let mut t = Table::new([
+        Column::left("system"),
+        Column::left("test").min_width(7),
+        Column::right("median").min_width(10),
+        Column::right("min").min_width(10),
+        Column::right("max").min_width(10),
+        Column::right("pps").min_width(9),
+        Column::right("loss").min_width(6),
+        Column::right("vs plain").min_width(8),
+        Column::left("CPU % of one core (median)"),
+    ]);
     let mut failures: Vec<(String, Vec<String>)> = Vec::new();
     for r in rows {
         let name = label(r);
         if r.runs == 0 {
             let reason = r.error.as_deref().unwrap_or("no run succeeded");
-            out += &format!(
-                "{name:<w$}  {:<7}  failed: {}\n",
-                r.test,
-                reason.lines().next().unwrap_or_default()
+            t.row_then(
+                [name.clone(), r.test.clone()],
+                format!("failed: {}", reason.lines().next().unwrap_or_default()),
             );
             // One entry per system and reason (a system that did not come
             // up fails every test the same way).
@@ -685,17 +687,17 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
             }
             continue;
         }
-        let cpu = netlab::cpu_cell(&r.cpu);
-        out += &format!(
-            "{name:<w$}  {:<7}  {:>10}  {:>10}  {:>10}  {:>9}  {:>6}  {:>8}  {cpu}\n",
-            r.test,
+        t.row([
+            name.clone(),
+            r.test.clone(),
             fmt_opt(r.median_mbps, |v| format!("{v:.1}")),
             fmt_opt(r.min_mbps, |v| format!("{v:.1}")),
             fmt_opt(r.max_mbps, |v| format!("{v:.1}")),
             fmt_opt(r.median_pps, |v| format!("{v:.0}")),
             fmt_opt(r.loss_percent, |v| format!("{v:.1}%")),
             fmt_opt(r.ratio_to_plain, |v| format!("{v:.3}")),
-        );
+            netlab::cpu_cell(&r.cpu),
+        ]);
         if let Some(e) = &r.error {
             failures.push((
                 format!(
@@ -707,6 +709,7 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
             ));
         }
     }
+    out += &t.render();
     // Peak memory per system: the largest over its tests.
     let mut mem: Vec<(String, BTreeMap<String, f64>)> = Vec::new();
     for r in rows.iter().filter(|r| !r.peak_rss_mib.is_empty()) {
@@ -1879,6 +1882,33 @@ mod tests {
             .is_some_and(|m| m > 0.0));
         assert_eq!(v[1]["median_pps"], 197500.0);
         assert!(v[0]["median_pps"].is_null());
+    }
+
+    #[test]
+    fn table_text_is_pinned() {
+        let want = "\
+espgate bench tunnel: iperf3 host A -> host B, 3 run(s) of 10 s per test; mtu 1500, offloads on, workers default, batch 32, sockbuf default, mss-clamp on (all but mtu: espgate only)
+espgate: ESP-in-UDP, manual keys, aes128gcm16
+Mbit/s, pps (packets delivered per second) and loss: receiver side; vs plain: median / plain routing's median
+
+system        test         median         min         max        pps    loss  vs plain  CPU % of one core (median)
+plain         tcp         10000.0      9000.0     11000.0          -       -     1.000  -
+plain         udp512        900.0       800.0      1000.0     197500    1.0%     1.000  -
+espgate       tcp          2500.0      2000.0      3000.0          -       -     0.250  espgate@gwA 90%, espgate@gwB 60%
+espgate       udp512        450.0       450.0       450.0     100000    1.0%     0.500  espgate@gwA 100%
+wireguard-go  tcp      failed: wireguard-go did not come up: no interface
+wireguard-go  udp512   failed: wireguard-go did not come up: no interface
+
+peak resident memory (VmHWM), MiB:
+  espgate: espgate@gwA 10.0, espgate@gwB 7.0
+
+failures:
+- espgate udp512: 2 of 3 runs failed: iperf3: boom
+- (tcp, udp512) wireguard-go: wireguard-go did not come up: no interface
+log line
+";
+        let text = render_table(&rows(), &settings(), 3);
+        assert_eq!(text, want, "\n{text}");
     }
 
     #[test]
