@@ -31,7 +31,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then
-    echo "setup: cargo (Rust >= 1.85) is required; install it with rustup and re-run" >&2
+    echo "setup: cargo (Rust >= 1.88) is required; install it with rustup and re-run" >&2
     exit 1
 fi
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt clippy
