@@ -12,6 +12,7 @@
 //! file. It must be called while the process has a single thread.
 
 use anyhow::{bail, Context, Result};
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -236,16 +237,14 @@ fn wait_report(mut rd: File, pid: libc::pid_t, log_file: &Path) -> Outcome {
             timed_out = true;
             break;
         }
-        let mut fds = [libc::pollfd {
-            fd: rd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX).max(1);
-        match crate::sys::poll(&mut fds, ms) {
-            Ok(0) => continue,
+        let mut fds = [PollFd::new(&rd, PollFlags::IN)];
+        let timeout = Timespec::try_from(left).unwrap_or(Timespec {
+            tv_sec: i64::MAX,
+            tv_nsec: 0,
+        });
+        match poll(&mut fds, Some(&timeout)) {
+            Ok(0) | Err(rustix::io::Errno::INTR) => continue,
             Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(_) => break,
         }
         let mut chunk = [0u8; 4096];
