@@ -714,26 +714,8 @@ fn align4(n: usize) -> usize {
 }
 
 fn set_rcv_timeout(sock: &Socket, t: Duration) -> io::Result<()> {
-    let tv = libc::timeval {
-        tv_sec: t.as_secs() as libc::time_t,
-        tv_usec: t.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: SO_RCVTIMEO reads one `struct timeval` of the size passed,
-    // from a live local; the fd is owned by `sock`.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    use rustix::net::sockopt::{set_socket_timeout, Timeout};
+    Ok(set_socket_timeout(sock, Timeout::Recv, Some(t))?)
 }
 
 /// One recorded change and what undoing it needs.
