@@ -10,7 +10,8 @@
 //!   `UDP_GRO`; `rustix` 1.1 only decodes `SCM_RIGHTS` and
 //!   `SCM_CREDENTIALS`. Its control buffer is a slice, so ours lives on the
 //!   stack: nothing is allocated per packet.
-//! - Sending stays one hand-written `sendmsg` (the module's only `unsafe`):
+//! - Sending stays one hand-written `sendmsg` (the only `unsafe` outside
+//!   the tests, which check the layout against libc's `CMSG_*` macros):
 //!   `nix` 0.31's `sendmsg` allocates its control-message buffer (a `Vec`)
 //!   on every call that carries one (`src/sys/socket/mod.rs`, `vec![0u8;
 //!   capacity]`), which the hot path must not do (the `hot_path_allocs`
