@@ -10,11 +10,19 @@
 //! session (`setsid`), so it has no controlling terminal, moves to `/`,
 //! reads `/dev/null` and writes its log (stdout and stderr) to the log
 //! file. It must be called while the process has a single thread.
+//!
+//! The process calls go through `nix` (`fork`, `waitpid`, `kill`: `rustix`
+//! 1.1 has no `fork` but an unsafe raw `kernel_fork` that skips libc's
+//! `atfork` handlers, and `nix` keeps one `Pid` type for the three); the
+//! descriptor calls through `rustix` (`pipe2`, `dup2`, `setsid`, `poll`).
 
 use anyhow::{bail, Context, Result};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -126,37 +134,23 @@ fn open_log(path: &Path) -> Result<File> {
         .with_context(|| format!("opening log file {}", path.display()))
 }
 
+/// A pipe (read end, write end), both close-on-exec.
 pub(crate) fn pipe() -> io::Result<(File, File)> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: pipe2 writes two descriptors into the array on success.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors are new and owned by nobody else.
-    unsafe { Ok((File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1]))) }
-}
-
-fn dup2(from: &impl AsRawFd, to: libc::c_int) -> io::Result<()> {
-    // SAFETY: dup2 on descriptors we own; `to` is one of 0, 1, 2.
-    if unsafe { libc::dup2(from.as_raw_fd(), to) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    let (rd, wr) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    Ok((File::from(rd), File::from(wr)))
 }
 
 /// The child's side after `fork`: new session, standard descriptors, `/`.
 fn become_daemon(log: &File) -> io::Result<()> {
-    // SAFETY: setsid has no memory effects; the child is not a group leader.
-    if unsafe { libc::setsid() } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    // The child of a fork is not a process group leader, so this succeeds.
+    rustix::process::setsid().map_err(crate::sys::context("setsid"))?;
     let null = OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/null")?;
-    dup2(&null, 0)?;
-    dup2(log, 1)?;
-    dup2(log, 2)?;
+    rustix::stdio::dup2_stdin(&null).map_err(crate::sys::context("dup2 to stdin"))?;
+    rustix::stdio::dup2_stdout(log).map_err(crate::sys::context("dup2 to stdout"))?;
+    rustix::stdio::dup2_stderr(log).map_err(crate::sys::context("dup2 to stderr"))?;
     std::env::set_current_dir("/")
 }
 
@@ -174,40 +168,41 @@ pub fn detach(log_file: &Path) -> Result<Role> {
     // Flush what the parent may have buffered, so the child does not
     // write it again.
     let _ = io::stdout().flush();
-    // SAFETY: the process is single-threaded (checked above), so the
-    // child may run arbitrary code after fork.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(io::Error::last_os_error()).context("fork");
-    }
-    if pid == 0 {
-        drop(rd);
-        let mut r = Reporter { pipe: Some(wr) };
-        if let Err(e) = become_daemon(&log) {
-            r.failed(&format!("detaching from the terminal: {e}"));
-            // SAFETY: leaving the child without running the parent's
-            // destructors or atexit handlers.
-            unsafe { libc::_exit(1) };
+    // SAFETY: `fork` is unsafe whatever the crate because only
+    // async-signal-safe code may run in the child of a multi-threaded
+    // process (another thread may hold a lock, e.g. the allocator's, that
+    // nothing in the child would release). This process is single-threaded:
+    // `thread_count` said so above, and nothing since started a thread, so
+    // the child may run arbitrary code.
+    let child = match unsafe { fork() } {
+        Ok(ForkResult::Child) => {
+            drop(rd);
+            let mut r = Reporter { pipe: Some(wr) };
+            if let Err(e) = become_daemon(&log) {
+                r.failed(&format!("detaching from the terminal: {e}"));
+                // SAFETY: `_exit` ends the child at once, without running the
+                // parent's destructors or atexit handlers (`nix` and `rustix`
+                // offer no safe `_exit`; `std::process::exit` would run them).
+                unsafe { libc::_exit(1) };
+            }
+            return Ok(Role::Daemon(r));
         }
-        return Ok(Role::Daemon(r));
-    }
+        Ok(ForkResult::Parent { child }) => child,
+        Err(e) => return Err(io::Error::from(e)).context("fork"),
+    };
     drop(wr);
-    Ok(Role::Parent(wait_report(rd, pid, log_file)))
+    Ok(Role::Parent(wait_report(rd, child, log_file)))
 }
 
 /// The child's exit status, waiting at most `timeout`; `None` if it has
 /// not exited by then.
-fn wait_exit(pid: libc::pid_t, timeout: Duration) -> Option<libc::c_int> {
+fn wait_exit(pid: Pid, timeout: Duration) -> Option<WaitStatus> {
     let deadline = Instant::now() + timeout;
     loop {
-        let mut status = 0;
-        // SAFETY: waitpid writes the status of our own child.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            return Some(status);
-        }
-        if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-            return None;
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::EINTR) => {}
+            Ok(status) => return Some(status),
+            Err(_) => return None,
         }
         if Instant::now() >= deadline {
             return None;
@@ -216,17 +211,19 @@ fn wait_exit(pid: libc::pid_t, timeout: Duration) -> Option<libc::c_int> {
     }
 }
 
-fn describe_exit(status: Option<libc::c_int>) -> String {
+fn describe_exit(status: Option<WaitStatus>) -> String {
     match status {
-        Some(s) if libc::WIFEXITED(s) => format!("exited with status {}", libc::WEXITSTATUS(s)),
-        Some(s) if libc::WIFSIGNALED(s) => format!("was killed by signal {}", libc::WTERMSIG(s)),
+        Some(WaitStatus::Exited(_, code)) => format!("exited with status {code}"),
+        Some(WaitStatus::Signaled(_, sig, _)) => {
+            format!("was killed by signal {}", sig as libc::c_int)
+        }
         Some(_) => "stopped".into(),
         None => "did not exit".into(),
     }
 }
 
 /// The parent's side: reads the report (bounded in time and size).
-fn wait_report(mut rd: File, pid: libc::pid_t, log_file: &Path) -> Outcome {
+fn wait_report(mut rd: File, pid: Pid, log_file: &Path) -> Outcome {
     let deadline = Instant::now() + START_TIMEOUT;
     let mut buf = Vec::new();
     let mut timed_out = false;
@@ -236,16 +233,14 @@ fn wait_report(mut rd: File, pid: libc::pid_t, log_file: &Path) -> Outcome {
             timed_out = true;
             break;
         }
-        let mut fds = [libc::pollfd {
-            fd: rd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX).max(1);
-        match crate::sys::poll(&mut fds, ms) {
-            Ok(0) => continue,
+        let mut fds = [PollFd::new(&rd, PollFlags::IN)];
+        let timeout = Timespec::try_from(left).unwrap_or(Timespec {
+            tv_sec: i64::MAX,
+            tv_nsec: 0,
+        });
+        match poll(&mut fds, Some(&timeout)) {
+            Ok(0) | Err(rustix::io::Errno::INTR) => continue,
             Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(_) => break,
         }
         let mut chunk = [0u8; 4096];
@@ -263,7 +258,9 @@ fn wait_report(mut rd: File, pid: libc::pid_t, log_file: &Path) -> Outcome {
     }
     let text = String::from_utf8_lossy(&buf);
     if text == "READY\n" {
-        return Outcome::Ready { pid: pid as u32 };
+        return Outcome::Ready {
+            pid: pid.as_raw() as u32,
+        };
     }
     let log = log_file.display();
     if let Some(err) = text.strip_prefix("ERROR\n") {
@@ -277,9 +274,8 @@ fn wait_report(mut rd: File, pid: libc::pid_t, log_file: &Path) -> Outcome {
         return Outcome::Failed { message };
     }
     if timed_out {
-        // SAFETY: signals our own child; it stops cleanly on SIGTERM once
-        // its loop runs.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
+        // Our own child; it stops cleanly on SIGTERM once its loop runs.
+        let _ = kill(pid, Signal::SIGTERM);
         let status = wait_exit(pid, EXIT_TIMEOUT);
         return Outcome::Failed {
             message: format!(

@@ -34,7 +34,6 @@ use espgate_core::sa::SeqLease;
 use espgate_core::SaConfig;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -85,10 +84,12 @@ impl SeqStore {
             .mode(0o600)
             .open(&lock_path)
             .with_context(|| format!("opening {}", lock_path.display()))?;
-        // SAFETY: flock on a descriptor owned by `lock`, which lives as long
-        // as the reservation (closing it releases the lock).
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = io::Error::last_os_error();
+        // Held while `lock` is open, i.e. as long as the reservation
+        // (closing it releases the lock).
+        if let Err(e) =
+            rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        {
+            let e = io::Error::from(e);
             if e.kind() == io::ErrorKind::WouldBlock {
                 bail!(
                     "the outbound key of {} SA {:#010x} (connection \"{connection}\") is already \

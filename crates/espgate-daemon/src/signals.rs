@@ -4,44 +4,38 @@
 //! later), so they stay pending until the loop reads them from the
 //! descriptor: a signal that arrives during setup stops the daemon as soon
 //! as the loop starts, through the same clean shutdown.
+//!
+//! Through `nix` (`SigSet::thread_block`, `SignalFd`): `rustix` 1.1 has no
+//! signalfd or signal mask calls.
 
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 use std::io;
-use std::mem::{size_of, zeroed};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 
 /// The signals that stop the daemon.
-pub const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+pub const STOP_SIGNALS: [Signal; 3] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP];
 
 /// A non-blocking signalfd for [`STOP_SIGNALS`].
 #[derive(Debug)]
 pub struct Signals {
-    fd: OwnedFd,
+    fd: SignalFd,
 }
 
 impl Signals {
     /// Blocks [`STOP_SIGNALS`] in this thread and opens the descriptor.
     /// Call before starting any thread.
     pub fn block() -> io::Result<Signals> {
-        // SAFETY: sigset_t is plain data initialised by sigemptyset before
-        // use; sigaddset/pthread_sigmask/signalfd only read and write it.
-        unsafe {
-            let mut set: libc::sigset_t = zeroed();
-            libc::sigemptyset(&mut set);
-            for s in STOP_SIGNALS {
-                libc::sigaddset(&mut set, s);
-            }
-            let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-            if rc != 0 {
-                return Err(io::Error::from_raw_os_error(rc));
-            }
-            let fd = libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC);
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(Signals {
-                fd: OwnedFd::from_raw_fd(fd),
-            })
+        let mut set = SigSet::empty();
+        for s in STOP_SIGNALS {
+            set.add(s);
         }
+        set.thread_block().map_err(crate::sys::context(
+            "blocking the signals (pthread_sigmask)",
+        ))?;
+        let fd = SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+            .map_err(crate::sys::context("creating the signalfd"))?;
+        Ok(Signals { fd })
     }
 
     /// The descriptor (readable when a signal is pending).
@@ -49,19 +43,12 @@ impl Signals {
         self.fd.as_fd()
     }
 
-    /// The next pending signal, if any.
+    /// The number of the next pending signal, if any.
     pub fn next(&self) -> Option<libc::c_int> {
-        // SAFETY: plain data; the kernel writes one whole record or nothing.
-        let mut info: libc::signalfd_siginfo = unsafe { zeroed() };
-        // SAFETY: reads at most size_of(info) bytes into the live `info`.
-        let n = unsafe {
-            libc::read(
-                self.fd.as_raw_fd(),
-                (&mut info as *mut libc::signalfd_siginfo).cast(),
-                size_of::<libc::signalfd_siginfo>(),
-            )
-        };
-        (n == size_of::<libc::signalfd_siginfo>() as isize).then_some(info.ssi_signo as libc::c_int)
+        match self.fd.read_signal() {
+            Ok(Some(info)) => libc::c_int::try_from(info.ssi_signo).ok(),
+            _ => None,
+        }
     }
 }
 
@@ -73,10 +60,33 @@ impl AsFd for Signals {
 
 /// The signal's name, for the log.
 pub fn name(sig: libc::c_int) -> &'static str {
-    match sig {
-        libc::SIGINT => "SIGINT",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGHUP => "SIGHUP",
+    match Signal::try_from(sig) {
+        Ok(s) if STOP_SIGNALS.contains(&s) => s.as_str(),
         _ => "signal",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(name(libc::SIGINT), "SIGINT");
+        assert_eq!(name(libc::SIGTERM), "SIGTERM");
+        assert_eq!(name(libc::SIGHUP), "SIGHUP");
+        assert_eq!(name(libc::SIGUSR1), "signal");
+        assert_eq!(name(-1), "signal");
+    }
+
+    /// A stop signal sent to this (test) thread, where it is blocked, is
+    /// read from the descriptor instead of being delivered.
+    #[test]
+    fn blocked_signal_is_read_from_the_descriptor() {
+        let s = Signals::block().unwrap();
+        assert_eq!(s.next(), None);
+        nix::sys::signal::raise(Signal::SIGHUP).unwrap();
+        assert_eq!(s.next(), Some(libc::SIGHUP));
+        assert_eq!(s.next(), None);
     }
 }

@@ -20,12 +20,29 @@
 //!   `IPV6_HDRINCL`, Linux 4.5+), so AH's ICV over the outer header stays
 //!   valid.
 
-use crate::sys;
+use crate::sys::{self, context};
 use espgate_core::wire::{ipv4, ipv6, proto, udp};
 use espgate_core::{DropReason, PResult, PacketBuf};
+use nix::sys::socket::{setsockopt, sockopt as nixopt, MsgFlags};
+use rustix::net::sockopt::{self, Ipv4PathMtuDiscovery, Ipv6PathMtuDiscovery};
+use rustix::net::{AddressFamily, Protocol, SocketFlags, SocketType};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::num::NonZeroU32;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+// `IPV6_HDRINCL` (Linux 4.5+) is in neither `rustix` 1.1 nor `nix` 0.31;
+// `nix`'s exported macro for socket options defines it (its expansion
+// calls the `setsockopt_impl!` and `sockopt_impl!` macros by name).
+use nix::{setsockopt_impl, sockopt_impl};
+sockopt_impl!(
+    /// `IPV6_HDRINCL`: the application writes the IPv6 header.
+    Ipv6HdrIncl,
+    SetOnly,
+    libc::IPPROTO_IPV6,
+    libc::IPV6_HDRINCL,
+    bool
+);
 
 /// Socket buffer size asked for on every outer socket.
 pub const DEFAULT_SOCK_BUF: usize = 4 << 20;
@@ -40,8 +57,16 @@ pub fn set_buffer_size(bytes: usize) {
     SOCK_BUF_BYTES.store(bytes, std::sync::atomic::Ordering::Relaxed);
 }
 
-fn buf_size() -> i32 {
-    i32::try_from(SOCK_BUF_BYTES.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(i32::MAX)
+fn buf_size() -> usize {
+    SOCK_BUF_BYTES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn family(v6: bool) -> AddressFamily {
+    if v6 {
+        AddressFamily::INET6
+    } else {
+        AddressFamily::INET
+    }
 }
 
 /// TTL / hop limit written into synthetic headers (not checked by the core).
@@ -75,46 +100,49 @@ impl UdpSock {
         reuseport: bool,
     ) -> io::Result<UdpSock> {
         let v6 = listen.is_ipv6();
-        let dom = if v6 { libc::AF_INET6 } else { libc::AF_INET };
-        let fd = sys::socket(dom, libc::SOCK_DGRAM, 0)?;
-        let b = fd.as_fd();
+        let fd =
+            rustix::net::socket_with(family(v6), SocketType::DGRAM, SocketFlags::CLOEXEC, None)
+                .map_err(context("creating the UDP socket"))?;
         if reuseport {
-            sys::set_int(b, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+            sockopt::set_socket_reuseport(&fd, true).map_err(context("setting SO_REUSEPORT"))?;
         }
         if v6 {
-            sys::set_int(b, libc::SOL_IPV6, libc::IPV6_V6ONLY, 0)?;
-            sys::set_int(b, libc::SOL_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
-            sys::set_int(b, libc::SOL_IPV6, libc::IPV6_RECVTCLASS, 1)?;
+            sockopt::set_ipv6_v6only(&fd, false).map_err(context("clearing IPV6_V6ONLY"))?;
+            setsockopt(&fd, nixopt::Ipv6RecvPacketInfo, &true)
+                .map_err(context("setting IPV6_RECVPKTINFO"))?;
+            sockopt::set_ipv6_recvtclass(&fd, true).map_err(context("setting IPV6_RECVTCLASS"))?;
         }
         // On an IPv6 socket these apply to the IPv4 packets it receives.
-        sys::set_int(b, libc::SOL_IP, libc::IP_PKTINFO, 1)?;
-        sys::set_int(b, libc::SOL_IP, libc::IP_RECVTOS, 1)?;
-        sys::set_buffers(b, buf_size());
+        setsockopt(&fd, nixopt::Ipv4PacketInfo, &true).map_err(context("setting IP_PKTINFO"))?;
+        sockopt::set_ip_recvtos(&fd, true).map_err(context("setting IP_RECVTOS"))?;
+        sys::set_buffers(fd.as_fd(), buf_size());
         if let Some(m) = mark {
             crate::netdev::set_socket_mark(&fd, m)?;
         }
         if fragment {
-            sys::set_int(
-                b,
-                libc::SOL_IP,
-                libc::IP_MTU_DISCOVER,
-                libc::IP_PMTUDISC_DONT,
-            )?;
+            sockopt::set_ip_mtu_discover(&fd, Ipv4PathMtuDiscovery::DONT)
+                .map_err(context("setting IP_MTU_DISCOVER"))?;
             if v6 {
-                sys::set_int(
-                    b,
-                    libc::SOL_IPV6,
-                    libc::IPV6_MTU_DISCOVER,
-                    libc::IPV6_PMTUDISC_DONT,
-                )?;
+                sockopt::set_ipv6_mtu_discover(&fd, Ipv6PathMtuDiscovery::DONT)
+                    .map_err(context("setting IPV6_MTU_DISCOVER"))?;
             }
         }
-        sys::bind(b, listen)?;
+        rustix::net::bind(&fd, &listen).map_err(|e| {
+            let e = io::Error::from(e);
+            io::Error::new(e.kind(), format!("binding {listen}: {e}"))
+        })?;
         Ok(UdpSock {
             fd,
             v6,
             local: listen,
         })
+    }
+
+    /// The address the socket is bound to, with the port the kernel chose
+    /// if `listen` had port 0.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        let a = rustix::net::getsockname(&self.fd)?;
+        SocketAddr::try_from(a).map_err(io::Error::from)
     }
 
     /// Steers the datagrams of this socket's `SO_REUSEPORT` group (`n`
@@ -128,50 +156,30 @@ impl UdpSock {
         const BPF_LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
         const BPF_ALU_MOD_K: u16 = 0x94; // BPF_ALU | BPF_MOD | BPF_K
         const BPF_RET_A: u16 = 0x16; // BPF_RET | BPF_A
+        let insn = |code, k| libc::sock_filter {
+            code,
+            jt: 0,
+            jf: 0,
+            k,
+        };
         let mut prog = [
-            libc::sock_filter {
-                code: BPF_LD_W_ABS,
-                jt: 0,
-                jf: 0,
-                k: 0,
-            },
-            libc::sock_filter {
-                code: BPF_ALU_MOD_K,
-                jt: 0,
-                jf: 0,
-                k: n.max(1),
-            },
-            libc::sock_filter {
-                code: BPF_RET_A,
-                jt: 0,
-                jf: 0,
-                k: 0,
-            },
+            insn(BPF_LD_W_ABS, 0),
+            insn(BPF_ALU_MOD_K, n.max(1)),
+            insn(BPF_RET_A, 0),
         ];
+        // `fprog` points at `prog`, both live for the call; the kernel
+        // copies the program.
         let fprog = libc::sock_fprog {
             len: prog.len() as u16,
             filter: prog.as_mut_ptr(),
         };
-        // SAFETY: `fprog` points at `prog`, both live for the call; the
-        // kernel copies the program.
-        let rc = unsafe {
-            libc::setsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_ATTACH_REUSEPORT_CBPF,
-                (&fprog as *const libc::sock_fprog).cast(),
-                std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        setsockopt(&self.fd, nixopt::AttachReusePortCbpf, &fprog)
+            .map_err(context("attaching the SO_REUSEPORT steering program"))
     }
 
     /// Receives one datagram (without blocking) into `buf`.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, sys::RecvMeta)> {
-        sys::recv_meta(self.fd.as_fd(), buf, libc::MSG_DONTWAIT)
+        sys::recv_meta(self.fd.as_fd(), buf, MsgFlags::MSG_DONTWAIT)
     }
 
     /// Sends `payload` (what follows the UDP header) to `dst` with DS byte
@@ -186,7 +194,7 @@ impl UdpSock {
     ///
     /// [`recv`]: UdpSock::recv
     pub fn enable_gro(&self) -> bool {
-        sys::set_int(self.fd.as_fd(), libc::SOL_UDP, libc::UDP_GRO, 1).is_ok()
+        setsockopt(&self.fd, nixopt::UdpGroSegment, &true).is_ok()
     }
 
     /// One `UDP_SEGMENT` send of the concatenated `payloads`: datagrams of
@@ -228,11 +236,20 @@ pub struct RawRx {
 impl RawRx {
     /// Opens the socket (needs `CAP_NET_RAW`).
     pub fn open(v6: bool, proto: u8) -> io::Result<RawRx> {
-        let dom = if v6 { libc::AF_INET6 } else { libc::AF_INET };
-        let fd = sys::socket(dom, libc::SOCK_RAW, libc::c_int::from(proto))?;
+        let protocol = NonZeroU32::new(u32::from(proto))
+            .map(Protocol::from_raw)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "IP protocol 0"))?;
+        let fd = rustix::net::socket_with(
+            family(v6),
+            SocketType::RAW,
+            SocketFlags::CLOEXEC,
+            Some(protocol),
+        )
+        .map_err(context("creating the raw socket"))?;
         if v6 {
-            sys::set_int(fd.as_fd(), libc::SOL_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
-            sys::set_int(fd.as_fd(), libc::SOL_IPV6, libc::IPV6_RECVTCLASS, 1)?;
+            setsockopt(&fd, nixopt::Ipv6RecvPacketInfo, &true)
+                .map_err(context("setting IPV6_RECVPKTINFO"))?;
+            sockopt::set_ipv6_recvtclass(&fd, true).map_err(context("setting IPV6_RECVTCLASS"))?;
         }
         sys::set_buffers(fd.as_fd(), buf_size());
         Ok(RawRx { fd, v6, proto })
@@ -240,7 +257,7 @@ impl RawRx {
 
     /// Receives one packet (without blocking) into `buf`.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, sys::RecvMeta)> {
-        sys::recv_meta(self.fd.as_fd(), buf, libc::MSG_DONTWAIT)
+        sys::recv_meta(self.fd.as_fd(), buf, MsgFlags::MSG_DONTWAIT)
     }
 }
 
@@ -260,11 +277,16 @@ pub struct RawTx {
 impl RawTx {
     /// Opens the socket for one family, marking packets with `mark`.
     pub fn open(v6: bool, mark: Option<u32>) -> io::Result<RawTx> {
-        let dom = if v6 { libc::AF_INET6 } else { libc::AF_INET };
-        let fd = sys::socket(dom, libc::SOCK_RAW, libc::IPPROTO_RAW)?;
+        let fd = rustix::net::socket_with(
+            family(v6),
+            SocketType::RAW,
+            SocketFlags::CLOEXEC,
+            Some(rustix::net::ipproto::RAW),
+        )
+        .map_err(context("creating the IPPROTO_RAW socket"))?;
         if v6 {
             // IPPROTO_RAW implies it on current kernels; say so anyway.
-            sys::set_int(fd.as_fd(), libc::SOL_IPV6, libc::IPV6_HDRINCL, 1)?;
+            setsockopt(&fd, Ipv6HdrIncl, &true).map_err(context("setting IPV6_HDRINCL"))?;
         }
         sys::set_buffers(fd.as_fd(), buf_size());
         if let Some(m) = mark {
@@ -491,18 +513,9 @@ mod tests {
         let rx = UdpSock::open("127.0.0.1:0".parse().unwrap(), None, false).unwrap();
         let gro = rx.enable_gro();
         let tx = UdpSock::open("127.0.0.1:0".parse().unwrap(), None, false).unwrap();
-        // SAFETY: getsockname writes at most `len` bytes into `ss`.
-        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        let rc = unsafe {
-            libc::getsockname(
-                std::os::fd::AsRawFd::as_raw_fd(&rx.as_fd()),
-                (&mut ss as *mut libc::sockaddr_storage).cast(),
-                &mut len,
-            )
-        };
-        assert_eq!(rc, 0);
-        let to = sys::from_sockaddr(&ss, len).unwrap();
+        let to = rx.local_addr().unwrap();
+        assert_eq!(to.ip(), IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert_ne!(to.port(), 0);
         let (a, b, c) = ([1u8; 100], [2u8; 100], [3u8; 60]);
         // Segments of 100: [1;100], [2;100], [3;60] — the slices need not
         // line up with segments, so split the middle one across two.
@@ -545,20 +558,10 @@ mod tests {
             return;
         };
         // The port the kernel chose.
-        // SAFETY: getsockname writes at most `len` bytes into `ss`.
-        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        let rc = unsafe {
-            libc::getsockname(
-                std::os::fd::AsRawFd::as_raw_fd(&u.as_fd()),
-                (&mut ss as *mut libc::sockaddr_storage).cast(),
-                &mut len,
-            )
-        };
-        assert_eq!(rc, 0);
-        let port = sys::from_sockaddr(&ss, len).unwrap().port();
+        let port = u.local_addr().unwrap().port();
+        assert_ne!(port, 0);
         let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        sys::set_int(peer.as_fd(), libc::SOL_IP, libc::IP_RECVTOS, 1).unwrap();
+        sockopt::set_ip_recvtos(&peer, true).unwrap();
         peer.set_read_timeout(Some(std::time::Duration::from_secs(5)))
             .unwrap();
         let to: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
@@ -583,7 +586,7 @@ mod tests {
         assert_eq!(meta.dst, Some(IpAddr::V4(Ipv4Addr::LOCALHOST)));
         assert_eq!(meta.tos, Some(0x2e));
         u.send(b"back", meta.src.unwrap(), 0xb8).unwrap();
-        let (n, meta) = sys::recv_meta(peer.as_fd(), &mut buf, 0).unwrap();
+        let (n, meta) = sys::recv_meta(peer.as_fd(), &mut buf, MsgFlags::empty()).unwrap();
         assert_eq!(&buf[..n], b"back");
         assert_eq!(meta.tos, Some(0xb8));
     }

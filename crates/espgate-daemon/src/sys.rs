@@ -1,167 +1,72 @@
-//! Thin, commented `libc` wrappers for the sockets the data plane uses:
-//! creation, options, `recvmsg` with the ancillary data we ask for
-//! (destination address and TOS / traffic class) and `sendmsg` with a TOS.
+//! The data plane's per-packet socket calls: `recvmsg` with the ancillary
+//! data we ask for (destination address, TOS / traffic class, UDP GRO
+//! segment size) and `sendmsg` with a TOS and a UDP GSO segment size; plus
+//! the socket buffer sizes.
 //!
-//! Every `unsafe` block is one system call on a descriptor the caller
-//! owns (borrowed as `BorrowedFd`), with pointers to live, correctly sized
-//! locals.
+//! # Crate choices
+//!
+//! - Receiving goes through `nix`'s `recvmsg`, whose `ControlMessageOwned`
+//!   decodes `IP_PKTINFO`, `IPV6_PKTINFO`, `IP_TOS`, `IPV6_TCLASS` and
+//!   `UDP_GRO`; `rustix` 1.1 only decodes `SCM_RIGHTS` and
+//!   `SCM_CREDENTIALS`. Its control buffer is a slice, so ours lives on the
+//!   stack: nothing is allocated per packet.
+//! - Sending stays one hand-written `sendmsg` (the only `unsafe` outside
+//!   the tests, which check the layout against libc's `CMSG_*` macros):
+//!   `nix` 0.31's `sendmsg` allocates its control-message buffer (a `Vec`)
+//!   on every call that carries one (`src/sys/socket/mod.rs`, `vec![0u8;
+//!   capacity]`), which the hot path must not do (the `hot_path_allocs`
+//!   test); its `sendmmsg` avoids that only through a `MultiHeaders` that
+//!   holds raw pointers (not `Send`) and always passes its whole control
+//!   capacity, not what was written. `rustix`'s `SendAncillaryMessage`
+//!   has no TOS or `UDP_SEGMENT` variant. The control messages themselves
+//!   are built in safe code (a `#[repr(C)]` mirror of the kernel's layout).
+//! - Socket options, socket creation and `bind` are `rustix` or `nix`
+//!   calls made by the callers ([`crate::sockets`]).
 
+use nix::sys::socket::{
+    self as nsock, ControlMessageOwned, MsgFlags, SockaddrLike, SockaddrStorage,
+};
 use std::io;
-use std::mem::{size_of, zeroed};
+use std::mem::{offset_of, size_of};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
 
-/// A new socket with `SOCK_CLOEXEC`.
-pub fn socket(domain: libc::c_int, ty: libc::c_int, proto: libc::c_int) -> io::Result<OwnedFd> {
-    // SAFETY: socket(2) takes integers only.
-    let fd = unsafe { libc::socket(domain, ty | libc::SOCK_CLOEXEC, proto) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// `setsockopt` with an `int` value.
-pub fn set_int(
-    fd: BorrowedFd<'_>,
-    level: libc::c_int,
-    name: libc::c_int,
-    val: libc::c_int,
-) -> io::Result<()> {
-    // SAFETY: the option value is a live `c_int` of the size passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&val as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
-/// `getsockopt` of an `int` value.
-pub fn get_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int) -> io::Result<i32> {
-    let mut val: libc::c_int = 0;
-    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: the kernel writes at most `len` bytes into the live `val`.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&mut val as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(val)
+/// Adds what was being done to an error, keeping its kind (for set-up
+/// calls; the per-packet calls return the bare OS error).
+pub(crate) fn context<E: Into<io::Error>>(what: &'static str) -> impl FnOnce(E) -> io::Error {
+    move |e| {
+        let e = e.into();
+        io::Error::new(e.kind(), format!("{what}: {e}"))
     }
 }
 
 /// Asks for socket buffers of `bytes` each way: `SO_*BUFFORCE` (which
 /// needs `CAP_NET_ADMIN`, as the daemon has) and the capped `SO_*BUF` if
 /// that is refused. Best effort: the defaults work, only slower.
-pub fn set_buffers(fd: BorrowedFd<'_>, bytes: i32) {
-    for (force, plain) in [
-        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
-        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
-    ] {
-        if set_int(fd, libc::SOL_SOCKET, force, bytes).is_err() {
-            let _ = set_int(fd, libc::SOL_SOCKET, plain, bytes);
-        }
+pub fn set_buffers(fd: BorrowedFd<'_>, bytes: usize) {
+    use rustix::net::sockopt;
+    // The kernel takes an int.
+    let bytes = bytes.min(i32::MAX as usize);
+    if sockopt::set_socket_recv_buffer_size_force(fd, bytes).is_err() {
+        let _ = sockopt::set_socket_recv_buffer_size(fd, bytes);
+    }
+    if sockopt::set_socket_send_buffer_size_force(fd, bytes).is_err() {
+        let _ = sockopt::set_socket_send_buffer_size(fd, bytes);
     }
 }
 
-/// A `sockaddr_storage` holding `addr`, and its length.
-pub fn to_sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
-    let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            // SAFETY: sockaddr_storage is large and aligned enough for
-            // any sockaddr, here a sockaddr_in.
-            let sin = unsafe {
-                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
-            };
-            sin.sin_family = libc::AF_INET as libc::sa_family_t;
-            sin.sin_port = a.port().to_be();
-            sin.sin_addr = libc::in_addr {
-                s_addr: u32::from_ne_bytes(a.ip().octets()),
-            };
-            size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            // SAFETY: as above, for a sockaddr_in6.
-            let sin6 = unsafe {
-                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
-            };
-            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-            sin6.sin6_port = a.port().to_be();
-            sin6.sin6_flowinfo = 0;
-            sin6.sin6_addr = libc::in6_addr {
-                s6_addr: a.ip().octets(),
-            };
-            sin6.sin6_scope_id = a.scope_id();
-            size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (ss, len as libc::socklen_t)
-}
-
-/// The address in a `sockaddr_storage` the kernel filled in, with
-/// IPv4-mapped IPv6 addresses turned back into IPv4.
-pub fn from_sockaddr(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
-    match libc::c_int::from(ss.ss_family) {
-        libc::AF_INET if len as usize >= size_of::<libc::sockaddr_in>() => {
-            // SAFETY: the family says the storage holds a sockaddr_in.
-            let sin =
-                unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
-            let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
-            Some(SocketAddr::V4(SocketAddrV4::new(
-                ip,
-                u16::from_be(sin.sin_port),
-            )))
-        }
-        libc::AF_INET6 if len as usize >= size_of::<libc::sockaddr_in6>() => {
-            // SAFETY: the family says the storage holds a sockaddr_in6.
-            let sin6 =
-                unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
-            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            let port = u16::from_be(sin6.sin6_port);
-            Some(match ip.to_ipv4_mapped() {
-                Some(v4) => SocketAddr::V4(SocketAddrV4::new(v4, port)),
-                None => SocketAddr::V6(SocketAddrV6::new(ip, port, 0, sin6.sin6_scope_id)),
-            })
-        }
-        _ => None,
+/// The `std` form of an address the kernel filled in, with IPv4-mapped
+/// IPv6 addresses turned back into IPv4 (and the flow label dropped).
+pub fn std_addr(ss: &SockaddrStorage) -> Option<SocketAddr> {
+    if let Some(sin) = ss.as_sockaddr_in() {
+        return Some(SocketAddr::V4(SocketAddrV4::from(*sin)));
     }
-}
-
-/// Binds `fd` to `addr`.
-pub fn bind(fd: BorrowedFd<'_>, addr: SocketAddr) -> io::Result<()> {
-    let (ss, len) = to_sockaddr(addr);
-    // SAFETY: `ss` is a live sockaddr of length `len`.
-    let rc = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&ss as *const libc::sockaddr_storage).cast(),
-            len,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    let sin6 = ss.as_sockaddr_in6()?;
+    let (ip, port) = (sin6.ip(), sin6.port());
+    Some(match ip.to_ipv4_mapped() {
+        Some(v4) => SocketAddr::V4(SocketAddrV4::new(v4, port)),
+        None => SocketAddr::V6(SocketAddrV6::new(ip, port, 0, sin6.scope_id())),
+    })
 }
 
 /// What `recvmsg` said about a datagram besides its bytes.
@@ -179,94 +84,109 @@ pub struct RecvMeta {
 }
 
 /// Room for the control messages we ask for: pktinfo (IPv4 12 bytes,
-/// IPv6 20) and TOS (1 or 4 bytes), each with its header, with margin.
+/// IPv6 20), TOS (1 or 4 bytes) and the GRO size (4), each with its
+/// header, with margin.
 const CMSG_BUF: usize = 256;
 
+/// The receive control buffer, aligned for `struct cmsghdr` (`nix` reads
+/// the headers in place).
+#[repr(C, align(8))]
+struct RecvCmsgBuf([u8; CMSG_BUF]);
+
 /// `recvmsg` into `buf` with `flags` (e.g. `MSG_DONTWAIT`), parsing the
-/// pktinfo and TOS control messages. A datagram longer than `buf` is
+/// pktinfo, TOS and GRO control messages. A datagram longer than `buf` is
 /// reported as `InvalidData` (it was truncated).
 pub fn recv_meta(
     fd: BorrowedFd<'_>,
     buf: &mut [u8],
-    flags: libc::c_int,
+    flags: MsgFlags,
 ) -> io::Result<(usize, RecvMeta)> {
-    // SAFETY: plain old data; all-zero is valid.
-    let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
-    let mut cbuf = [0u64; CMSG_BUF / 8];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    // SAFETY: plain old data; all-zero is valid.
-    let mut msg: libc::msghdr = unsafe { zeroed() };
-    msg.msg_name = (&mut ss as *mut libc::sockaddr_storage).cast();
-    msg.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = CMSG_BUF as _;
-    // SAFETY: every pointer in `msg` points to a live local (or `buf`) of
-    // the length given next to it.
-    let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, flags) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if msg.msg_flags & libc::MSG_TRUNC != 0 {
+    let mut cbuf = RecvCmsgBuf([0; CMSG_BUF]);
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let msg =
+        nsock::recvmsg::<SockaddrStorage>(fd.as_raw_fd(), &mut iov, Some(&mut cbuf.0), flags)?;
+    if msg.flags.contains(MsgFlags::MSG_TRUNC) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "datagram larger than the receive buffer",
         ));
     }
     let mut meta = RecvMeta {
-        src: from_sockaddr(&ss, msg.msg_namelen),
+        src: msg.address.as_ref().and_then(std_addr),
         dst: None,
         tos: None,
         gro_size: None,
     };
-    // SAFETY: the CMSG_* helpers walk the control buffer the kernel
-    // filled, within `msg_controllen`; each payload is read with an
-    // unaligned read of a type whose size the length check guarantees.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            let h = &*c;
-            let data = libc::CMSG_DATA(c);
-            let len = (h.cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize);
-            match (h.cmsg_level, h.cmsg_type) {
-                (libc::SOL_IP, libc::IP_PKTINFO) if len >= size_of::<libc::in_pktinfo>() => {
-                    let p: libc::in_pktinfo = std::ptr::read_unaligned(data.cast());
-                    meta.dst = Some(IpAddr::V4(Ipv4Addr::from(p.ipi_addr.s_addr.to_ne_bytes())));
-                }
-                (libc::SOL_IPV6, libc::IPV6_PKTINFO) if len >= size_of::<libc::in6_pktinfo>() => {
-                    let p: libc::in6_pktinfo = std::ptr::read_unaligned(data.cast());
-                    let a = Ipv6Addr::from(p.ipi6_addr.s6_addr);
-                    // IP_PKTINFO, when also present, says the same.
-                    if meta.dst.is_none() {
-                        meta.dst = Some(match a.to_ipv4_mapped() {
-                            Some(v4) => IpAddr::V4(v4),
-                            None => IpAddr::V6(a),
-                        });
-                    }
-                }
-                // IP_TOS comes as one byte; IPV6_TCLASS as an int.
-                (libc::SOL_IP, libc::IP_TOS) if len >= 1 => {
-                    meta.tos = Some(*data);
-                }
-                (libc::SOL_IPV6, libc::IPV6_TCLASS) if len >= size_of::<libc::c_int>() => {
-                    let v: libc::c_int = std::ptr::read_unaligned(data.cast());
-                    meta.tos = Some(v as u8);
-                }
-                // The kernel writes the GRO segment size as an int.
-                (libc::SOL_UDP, libc::UDP_GRO) if len >= size_of::<libc::c_int>() => {
-                    let v: libc::c_int = std::ptr::read_unaligned(data.cast());
-                    meta.gro_size = u16::try_from(v).ok().filter(|&g| g > 0);
-                }
-                _ => {}
+    // `Err` only if the control buffer was too small (`MSG_CTRUNC`), which
+    // `CMSG_BUF` rules out: then the datagram has no metadata.
+    for c in msg.cmsgs().into_iter().flatten() {
+        match c {
+            ControlMessageOwned::Ipv4PacketInfo(p) => {
+                meta.dst = Some(IpAddr::V4(Ipv4Addr::from(p.ipi_addr.s_addr.to_ne_bytes())));
             }
-            c = libc::CMSG_NXTHDR(&msg, c);
+            ControlMessageOwned::Ipv6PacketInfo(p) => {
+                let a = Ipv6Addr::from(p.ipi6_addr.s6_addr);
+                // IP_PKTINFO, when also present, says the same.
+                if meta.dst.is_none() {
+                    meta.dst = Some(match a.to_ipv4_mapped() {
+                        Some(v4) => IpAddr::V4(v4),
+                        None => IpAddr::V6(a),
+                    });
+                }
+            }
+            // IP_TOS comes as one byte; IPV6_TCLASS as an int.
+            ControlMessageOwned::Ipv4Tos(t) => meta.tos = Some(t),
+            ControlMessageOwned::Ipv6TClass(t) => meta.tos = Some(t as u8),
+            ControlMessageOwned::UdpGroSegments(g) => {
+                meta.gro_size = u16::try_from(g).ok().filter(|&g| g > 0);
+            }
+            _ => {}
         }
     }
-    Ok((n as usize, meta))
+    Ok((msg.bytes, meta))
+}
+
+/// One `sendmsg` control message with a value of up to four bytes, laid
+/// out as the kernel reads it: `struct cmsghdr` (`__kernel_size_t`, `int`,
+/// `int`), then the data padded to the next header, i.e.
+/// `CMSG_SPACE(sizeof(int))` bytes, all initialised.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SmallCmsg {
+    len: usize,
+    level: libc::c_int,
+    ty: libc::c_int,
+    data: [u8; size_of::<usize>()],
+}
+
+// The layout above is the one of `CMSG_DATA` / `CMSG_SPACE(sizeof(int))`:
+// the data right after the header (whose size is already a multiple of
+// `size_t`), rounded up to a `size_t` (checked against the macros in the
+// tests).
+const _: () = assert!(offset_of!(SmallCmsg, data) == size_of::<libc::cmsghdr>());
+const _: () = assert!(size_of::<SmallCmsg>() == size_of::<libc::cmsghdr>() + size_of::<usize>());
+
+impl SmallCmsg {
+    const EMPTY: SmallCmsg = SmallCmsg {
+        len: 0,
+        level: 0,
+        ty: 0,
+        data: [0; size_of::<usize>()],
+    };
+
+    /// A message of `value`, whose length the kernel checks (`IP_TOS` and
+    /// `IPV6_TCLASS` take an int, `UDP_SEGMENT` a u16).
+    fn new(level: libc::c_int, ty: libc::c_int, value: &[u8]) -> SmallCmsg {
+        let mut data = [0; size_of::<usize>()];
+        let n = value.len().min(4);
+        data[..n].copy_from_slice(&value[..n]);
+        SmallCmsg {
+            len: offset_of!(SmallCmsg, data) + n,
+            level,
+            ty,
+            data,
+        }
+    }
 }
 
 /// `sendmsg` of `data` to `dst`; with `tos`, an `IP_TOS` (IPv4 and
@@ -286,6 +206,9 @@ pub fn send_to(
 /// [`send_to`] of the concatenation of `data`; with `gso = Some(size)`,
 /// one `UDP_SEGMENT` send: the kernel cuts the bytes into datagrams of
 /// `size` bytes (the last may be shorter), at most 64 of them.
+///
+/// Hand-written over `libc::sendmsg`: see the module documentation for
+/// why neither `nix` nor `rustix` does it without allocating.
 pub fn send_iov(
     fd: BorrowedFd<'_>,
     data: &[io::IoSlice<'_>],
@@ -304,57 +227,40 @@ pub fn send_iov(
         SocketAddr::V4(_) => true,
         SocketAddr::V6(a) => a.ip().to_ipv4_mapped().is_some(),
     };
-    let (ss, sslen) = to_sockaddr(dst);
-    // Room for two control messages of an int each (TOS, UDP_SEGMENT).
-    let mut cbuf = [0u64; 8];
-    // SAFETY: plain old data; all-zero is valid.
-    let mut msg: libc::msghdr = unsafe { zeroed() };
-    msg.msg_name = (&ss as *const libc::sockaddr_storage) as *mut libc::c_void;
-    msg.msg_namelen = sslen;
-    // `IoSlice` is ABI-compatible with `iovec` (documented by std); the
-    // kernel only reads through these pointers.
-    msg.msg_iov = data.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = data.len() as _;
-    let tos_msg = tos.filter(|&t| t != 0).map(|tos| {
+    let addr = SockaddrStorage::from(dst);
+    let mut cmsgs = [SmallCmsg::EMPTY; 2];
+    let mut n_cmsgs = 0;
+    if let Some(tos) = tos.filter(|&t| t != 0) {
         let (level, ty) = if v4_dst {
             (libc::SOL_IP, libc::IP_TOS)
         } else {
             (libc::SOL_IPV6, libc::IPV6_TCLASS)
         };
-        (level, ty, libc::c_int::from(tos), size_of::<libc::c_int>())
-    });
-    let gso_msg = gso.map(|g| (libc::SOL_UDP, libc::UDP_SEGMENT, libc::c_int::from(g), 2));
-    let cmsgs = [tos_msg, gso_msg];
-    if cmsgs.iter().any(Option::is_some) {
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = size_of_val(&cbuf) as _;
-        let mut used = 0usize;
-        // SAFETY: CMSG_* are the kernel's layout macros over `cbuf` (64
-        // bytes, 8-aligned), which holds two headers (16 bytes each) with
-        // their aligned int payloads (8 each); we write only through the
-        // pointers they return and set `msg_controllen` to what was used.
-        unsafe {
-            let mut c = libc::CMSG_FIRSTHDR(&msg);
-            for (level, ty, value, len) in cmsgs.into_iter().flatten() {
-                (*c).cmsg_level = level;
-                (*c).cmsg_type = ty;
-                (*c).cmsg_len = libc::CMSG_LEN(len as u32) as _;
-                if len == 2 {
-                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), value as u16);
-                } else {
-                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), value);
-                }
-                used += libc::CMSG_SPACE(len as u32) as usize;
-                c = libc::CMSG_NXTHDR(&msg, c);
-                if c.is_null() {
-                    break;
-                }
-            }
-        }
-        msg.msg_controllen = used as _;
+        cmsgs[n_cmsgs] = SmallCmsg::new(level, ty, &libc::c_int::from(tos).to_ne_bytes());
+        n_cmsgs += 1;
     }
-    // SAFETY: every pointer in `msg` points to a live local (or `data`)
-    // of the length given next to it; the kernel only reads them.
+    if let Some(g) = gso {
+        cmsgs[n_cmsgs] = SmallCmsg::new(libc::SOL_UDP, libc::UDP_SEGMENT, &g.to_ne_bytes());
+        n_cmsgs += 1;
+    }
+    let msg = libc::msghdr {
+        msg_name: addr.as_ptr().cast_mut().cast(),
+        msg_namelen: addr.len(),
+        // `IoSlice` is ABI-compatible with `iovec` (documented by std); the
+        // kernel only reads through these pointers.
+        msg_iov: data.as_ptr().cast_mut().cast(),
+        msg_iovlen: data.len(),
+        msg_control: if n_cmsgs == 0 {
+            std::ptr::null_mut()
+        } else {
+            cmsgs.as_mut_ptr().cast()
+        },
+        msg_controllen: n_cmsgs * size_of::<SmallCmsg>(),
+        msg_flags: 0,
+    };
+    // SAFETY: every pointer in `msg` points to a live local (`addr`,
+    // `cmsgs`) or to `data`, with the length given next to it; the kernel
+    // only reads them during the call.
     let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, 0) };
     if n < 0 {
         Err(io::Error::last_os_error())
@@ -363,24 +269,10 @@ pub fn send_iov(
     }
 }
 
-/// `poll(2)` over `fds`, waiting at most `timeout_ms` (-1: forever).
-/// `EINTR` counts as "nothing ready".
-pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usize> {
-    // SAFETY: `fds` is a live slice of pollfd of the length passed.
-    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(0);
-        }
-        return Err(e);
-    }
-    Ok(n as usize)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::net::{sockopt, AddressFamily, SocketFlags, SocketType};
     use std::os::fd::AsFd;
 
     #[test]
@@ -391,8 +283,7 @@ mod tests {
             "[::ffff:192.0.2.7]:9",
         ] {
             let a: SocketAddr = a.parse().unwrap();
-            let (ss, len) = to_sockaddr(a);
-            let back = from_sockaddr(&ss, len).unwrap();
+            let back = std_addr(&SockaddrStorage::from(a)).unwrap();
             match a {
                 SocketAddr::V6(v) if v.ip().to_ipv4_mapped().is_some() => {
                     assert_eq!(back, "192.0.2.7:9".parse().unwrap())
@@ -402,56 +293,51 @@ mod tests {
         }
     }
 
+    /// The hand-built control messages have the kernel's layout.
+    #[test]
+    fn small_cmsg_matches_cmsg_macros() {
+        // SAFETY: CMSG_SPACE and CMSG_LEN are arithmetic on their argument.
+        let (space, len4, len2) =
+            unsafe { (libc::CMSG_SPACE(4), libc::CMSG_LEN(4), libc::CMSG_LEN(2)) };
+        assert_eq!(size_of::<SmallCmsg>(), space as usize);
+        assert_eq!(SmallCmsg::new(0, 0, &[0; 4]).len, len4 as usize);
+        assert_eq!(SmallCmsg::new(0, 0, &[0; 2]).len, len2 as usize);
+    }
+
     /// Over loopback: the destination address and TOS come back as
     /// control messages, for IPv4 and IPv6 sockets.
     #[test]
     fn recv_reports_destination_and_tos() {
         for v6 in [false, true] {
-            let (dom, lo, lvl_pk, pk, lvl_tos, tos_opt) = if v6 {
-                (
-                    libc::AF_INET6,
-                    "[::1]:0",
-                    libc::SOL_IPV6,
-                    libc::IPV6_RECVPKTINFO,
-                    libc::SOL_IPV6,
-                    libc::IPV6_RECVTCLASS,
-                )
+            let (dom, lo) = if v6 {
+                (AddressFamily::INET6, "[::1]:0")
             } else {
-                (
-                    libc::AF_INET,
-                    "127.0.0.1:0",
-                    libc::SOL_IP,
-                    libc::IP_PKTINFO,
-                    libc::SOL_IP,
-                    libc::IP_RECVTOS,
-                )
+                (AddressFamily::INET, "127.0.0.1:0")
             };
-            let Ok(rx) = socket(dom, libc::SOCK_DGRAM, 0) else {
-                eprintln!("skipping: no socket of family {dom}");
+            let Ok(rx) =
+                rustix::net::socket_with(dom, SocketType::DGRAM, SocketFlags::CLOEXEC, None)
+            else {
+                eprintln!("skipping: no socket of family {dom:?}");
                 continue;
             };
-            if bind(rx.as_fd(), lo.parse().unwrap()).is_err() {
+            let lo: SocketAddr = lo.parse().unwrap();
+            if rustix::net::bind(&rx, &lo).is_err() {
                 eprintln!("skipping: cannot bind {lo}");
                 continue;
             }
-            set_int(rx.as_fd(), lvl_pk, pk, 1).unwrap();
-            set_int(rx.as_fd(), lvl_tos, tos_opt, 1).unwrap();
-            // SAFETY: getsockname writes at most `len` bytes into `ss`.
-            let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
-            let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            let rc = unsafe {
-                libc::getsockname(
-                    rx.as_raw_fd(),
-                    (&mut ss as *mut libc::sockaddr_storage).cast(),
-                    &mut len,
-                )
-            };
-            assert_eq!(rc, 0);
-            let to = from_sockaddr(&ss, len).unwrap();
-            let tx = socket(dom, libc::SOCK_DGRAM, 0).unwrap();
+            if v6 {
+                nsock::setsockopt(&rx, nsock::sockopt::Ipv6RecvPacketInfo, &true).unwrap();
+                sockopt::set_ipv6_recvtclass(&rx, true).unwrap();
+            } else {
+                nsock::setsockopt(&rx, nsock::sockopt::Ipv4PacketInfo, &true).unwrap();
+                sockopt::set_ip_recvtos(&rx, true).unwrap();
+            }
+            let to = SocketAddr::try_from(rustix::net::getsockname(&rx).unwrap()).unwrap();
+            let tx = rustix::net::socket_with(dom, SocketType::DGRAM, SocketFlags::CLOEXEC, None)
+                .unwrap();
             send_to(tx.as_fd(), b"hello", to, Some(0xb8), v6).unwrap();
             let mut buf = [0u8; 64];
-            let (n, meta) = recv_meta(rx.as_fd(), &mut buf, 0).unwrap();
+            let (n, meta) = recv_meta(rx.as_fd(), &mut buf, MsgFlags::empty()).unwrap();
             assert_eq!(&buf[..n], b"hello");
             assert_eq!(meta.dst, Some(to.ip()));
             assert_eq!(meta.tos, Some(0xb8));
@@ -459,7 +345,7 @@ mod tests {
             // Too small a buffer is an error, not a silently cut packet.
             send_to(tx.as_fd(), b"0123456789", to, None, v6).unwrap();
             let mut small = [0u8; 4];
-            let e = recv_meta(rx.as_fd(), &mut small, 0).unwrap_err();
+            let e = recv_meta(rx.as_fd(), &mut small, MsgFlags::empty()).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidData);
         }
     }

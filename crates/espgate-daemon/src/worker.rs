@@ -19,10 +19,11 @@ use espgate_core::sa::SaEvent;
 use espgate_core::stats::WorkerCounters;
 use espgate_core::wire::{ip, proto, udp};
 use espgate_core::{DropReason, PacketBuf};
+use rustix::event::{PollFd, PollFlags, Timespec};
 use std::fmt::Write as _;
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -163,37 +164,36 @@ enum Source {
 
 /// The descriptors a worker polls, each with what it is: the loop asks
 /// which sources are ready instead of counting slots by hand.
-struct PollSet {
-    fds: Vec<libc::pollfd>,
+struct PollSet<'fd> {
+    fds: Vec<PollFd<'fd>>,
     sources: Vec<Source>,
 }
 
-impl PollSet {
-    fn new() -> PollSet {
+impl<'fd> PollSet<'fd> {
+    fn new() -> PollSet<'fd> {
         PollSet {
             fds: Vec::new(),
             sources: Vec::new(),
         }
     }
 
-    fn add(&mut self, fd: RawFd, source: Source) {
-        self.fds.push(libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        });
+    fn add(&mut self, fd: BorrowedFd<'fd>, source: Source) {
+        self.fds.push(PollFd::from_borrowed_fd(fd, PollFlags::IN));
         self.sources.push(source);
     }
 
-    /// Waits up to `timeout` for any descriptor.
+    /// Waits up to `timeout` for any descriptor; `EINTR` counts as
+    /// "nothing ready".
     fn wait(&mut self, timeout: Duration) -> io::Result<()> {
         for p in &mut self.fds {
-            p.revents = 0;
+            p.clear_revents();
         }
-        let ms = i32::try_from(timeout.as_millis())
-            .unwrap_or(i32::MAX)
-            .saturating_add(1);
-        crate::sys::poll(&mut self.fds, ms).map(drop)
+        // Past rustix's range (centuries): wait as long as it takes.
+        let timeout = Timespec::try_from(timeout).ok();
+        match rustix::event::poll(&mut self.fds, timeout.as_ref()) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Whether `source` is ready.
@@ -201,7 +201,7 @@ impl PollSet {
         self.sources
             .iter()
             .zip(&self.fds)
-            .any(|(s, p)| *s == source && p.revents != 0)
+            .any(|(s, p)| *s == source && !p.revents().is_empty())
     }
 }
 
@@ -228,14 +228,15 @@ impl<'a> Worker<'a> {
     }
 
     fn run_inner(&mut self) -> Result<()> {
+        let (tun, sockets): (&'a TunQueue, &'a Sockets) = (self.tun, self.sockets);
         let mut polls = PollSet::new();
-        polls.add(self.stop.as_raw_fd(), Source::Stop);
-        polls.add(self.tun.as_raw_fd(), Source::Tun);
-        if let Some(u) = &self.sockets.udp {
-            polls.add(u.as_fd().as_raw_fd(), Source::Udp);
+        polls.add(self.stop, Source::Stop);
+        polls.add(tun.as_fd(), Source::Tun);
+        if let Some(u) = &sockets.udp {
+            polls.add(u.as_fd(), Source::Udp);
         }
-        for (i, r) in self.sockets.raw_rx.iter().enumerate() {
-            polls.add(r.as_fd().as_raw_fd(), Source::Raw(i));
+        for (i, r) in sockets.raw_rx.iter().enumerate() {
+            polls.add(r.as_fd(), Source::Raw(i));
         }
         let mut in_buf = PacketBuf::with_capacity(MAX_PACKET);
         let mut gro_buf = vec![0u8; GRO_BUF];

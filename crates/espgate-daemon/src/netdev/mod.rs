@@ -30,9 +30,10 @@
 //! `TUN_F_*` flags and learn which the kernel took, which the data plane
 //! needs. It also pulls in interface-address management (`netconfig-rs`)
 //! that would duplicate the netlink side. What we need is two ioctls
-//! (`TUNSETIFF`, `TUNSETOFFLOAD`) and `fcntl` for `O_NONBLOCK`, whose
-//! constants and `struct ifreq` are all in `libc`, so [`tun`] does them
-//! directly in a few commented `unsafe` blocks.
+//! (`TUNSETIFF`, `TUNSETOFFLOAD`), whose constants and `struct ifreq` are
+//! all in `libc`, so [`tun`] does them directly in a few commented
+//! `unsafe` blocks (neither `rustix` nor `nix` has them); reads, writes
+//! and `fcntl` for `O_NONBLOCK` go through `rustix`.
 //!
 //! **Netlink: `netlink-packet-route` + `netlink-packet-core` +
 //! `netlink-sys`** (the rust-netlink crates, synchronous socket, no
@@ -52,9 +53,10 @@ pub use netlink::{
 };
 pub use tun::{Offloads, Tun, TunBuilder, TunQueue, VirtioNetHdr, VNET_HDR_LEN};
 
+use nix::sys::socket::{getsockopt, setsockopt, sockopt};
 use std::fmt;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 
 /// A failed device or network-configuration operation: what was being done
 /// (e.g. `adding route 10.2.0.0/16 via espgate0`), the OS error, and the
@@ -135,46 +137,12 @@ impl std::error::Error for NetError {
 
 /// Sets `SO_MARK` (the fwmark policy rules match on) on a socket, so that
 /// e.g. the gateway's own ESP/UDP packets bypass a `not fwmark` rule.
-/// Needs `CAP_NET_ADMIN`.
+/// Needs `CAP_NET_ADMIN`. (Through `nix`: `rustix` 1.1 has no `SO_MARK`.)
 pub fn set_socket_mark<S: AsFd>(sock: &S, mark: u32) -> io::Result<()> {
-    let fd = sock.as_fd().as_raw_fd();
-    // SAFETY: SO_MARK reads a u32 option value of exactly the size passed;
-    // the pointer is to a live local and `fd` is borrowed, hence open.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_MARK,
-            (&mark as *const u32).cast(),
-            std::mem::size_of::<u32>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    setsockopt(sock, sockopt::Mark, &mark).map_err(crate::sys::context("setting SO_MARK"))
 }
 
 /// Reads `SO_MARK` back from a socket.
 pub fn socket_mark<S: AsFd>(sock: &S) -> io::Result<u32> {
-    let fd = sock.as_fd().as_raw_fd();
-    let mut mark: u32 = 0;
-    let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
-    // SAFETY: the kernel writes at most `len` (4) bytes into `mark` and
-    // updates `len`; both are live locals; `fd` is borrowed, hence open.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_MARK,
-            (&mut mark as *mut u32).cast(),
-            &mut len,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(mark)
-    }
+    Ok(getsockopt(sock, sockopt::Mark)?)
 }

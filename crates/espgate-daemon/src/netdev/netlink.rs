@@ -368,12 +368,6 @@ impl Netlink {
         ))
     }
 
-    /// Sets the MTU of `dev`.
-    pub fn set_mtu(&mut self, dev: &str, mtu: u32) -> Result<(), NetError> {
-        let index = self.index(dev)?;
-        self.set_mtu_idx(index, dev, mtu)
-    }
-
     /// Sets the transmit queue length of `dev` (packets the kernel queues
     /// on it; for a TUN device, packets waiting to be read).
     pub fn set_txqueuelen(&mut self, dev: &str, len: u32) -> Result<(), NetError> {
@@ -384,42 +378,6 @@ impl Netlink {
             format!("setting txqueuelen {len} on {dev}")
         })
         .map(drop)
-    }
-
-    /// Brings `dev` up (`up = true`) or down.
-    pub fn set_up(&mut self, dev: &str, up: bool) -> Result<(), NetError> {
-        let index = self.index(dev)?;
-        self.set_up_idx(index, dev, up)
-    }
-
-    /// Adds an address (fails with `EEXIST` if present).
-    pub fn add_address(&mut self, a: &IfAddr) -> Result<(), NetError> {
-        let index = self.index(&a.dev)?;
-        self.address_idx(a, index, true)
-    }
-
-    /// Removes an address.
-    pub fn del_address(&mut self, a: &IfAddr) -> Result<(), NetError> {
-        let index = self.index(&a.dev)?;
-        self.address_idx(a, index, false)
-    }
-
-    /// Adds a route (fails with `EEXIST` if present).
-    pub fn add_route(&mut self, r: &RouteSpec) -> Result<(), NetError> {
-        let index = self.index(&r.dev)?;
-        self.route_idx(r, index, true)
-    }
-
-    /// Removes a route.
-    pub fn del_route(&mut self, r: &RouteSpec) -> Result<(), NetError> {
-        let index = self.index(&r.dev)?;
-        self.route_idx(r, index, false)
-    }
-
-    /// Adds a policy-routing rule (fails with `EEXIST` if an identical one
-    /// exists).
-    pub fn add_rule(&mut self, r: &RuleSpec) -> Result<(), NetError> {
-        self.rule(r, true)
     }
 
     /// Removes a policy-routing rule.
@@ -714,26 +672,8 @@ fn align4(n: usize) -> usize {
 }
 
 fn set_rcv_timeout(sock: &Socket, t: Duration) -> io::Result<()> {
-    let tv = libc::timeval {
-        tv_sec: t.as_secs() as libc::time_t,
-        tv_usec: t.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: SO_RCVTIMEO reads one `struct timeval` of the size passed,
-    // from a live local; the fd is owned by `sock`.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    use rustix::net::sockopt::{set_socket_timeout, Timeout};
+    Ok(set_socket_timeout(sock, Timeout::Recv, Some(t))?)
 }
 
 /// One recorded change and what undoing it needs.
@@ -750,11 +690,9 @@ enum Change {
         was_up: bool,
     },
     AddedAddress(IfAddr, u32),
-    RemovedAddress(IfAddr, u32),
     AddedRoute(RouteSpec, u32),
     RemovedRoute(RouteSpec, u32),
     AddedRule(RuleSpec),
-    RemovedRule(RuleSpec),
 }
 
 impl fmt::Display for Change {
@@ -765,11 +703,9 @@ impl fmt::Display for Change {
                 write!(f, "set {dev} {}", if *was_up { "down" } else { "up" })
             }
             Change::AddedAddress(a, _) => write!(f, "added address {a}"),
-            Change::RemovedAddress(a, _) => write!(f, "removed address {a}"),
             Change::AddedRoute(r, _) => write!(f, "added route {r}"),
             Change::RemovedRoute(r, _) => write!(f, "removed route {r}"),
             Change::AddedRule(r) => write!(f, "added rule {r}"),
-            Change::RemovedRule(r) => write!(f, "removed rule {r}"),
         }
     }
 }
@@ -821,15 +757,10 @@ impl NetChanges {
     /// network namespace (all changes go there, whichever thread later
     /// makes or undoes them).
     pub fn new() -> Result<NetChanges, NetError> {
-        Ok(NetChanges::with_netlink(Netlink::open()?))
-    }
-
-    /// An empty journal using `nl`.
-    pub fn with_netlink(nl: Netlink) -> NetChanges {
-        NetChanges {
-            nl,
+        Ok(NetChanges {
+            nl: Netlink::open()?,
             journal: Vec::new(),
-        }
+        })
     }
 
     /// The socket, for queries such as [`Netlink::link`]. Changes made
@@ -874,11 +805,6 @@ impl NetChanges {
         self.set_state(dev, true)
     }
 
-    /// Brings `dev` down (recorded unless it already was).
-    pub fn set_down(&mut self, dev: &str) -> Result<(), NetError> {
-        self.set_state(dev, false)
-    }
-
     fn set_state(&mut self, dev: &str, up: bool) -> Result<(), NetError> {
         let link = self.nl.link(dev)?;
         if link.up == up {
@@ -898,21 +824,6 @@ impl NetChanges {
         let index = self.nl.index(&a.dev)?;
         self.nl.address_idx(a, index, true)?;
         self.journal.push(Change::AddedAddress(a.clone(), index));
-        Ok(())
-    }
-
-    /// Removes an address from an interface.
-    pub fn remove_address(&mut self, a: &IfAddr) -> Result<(), NetError> {
-        let index = self.nl.index(&a.dev)?;
-        self.nl.address_idx(a, index, false)?;
-        let pos = self
-            .journal
-            .iter()
-            .rposition(|c| matches!(c, Change::AddedAddress(x, i) if x == a && *i == index));
-        match pos {
-            Some(p) => drop(self.journal.remove(p)),
-            None => self.journal.push(Change::RemovedAddress(a.clone(), index)),
-        }
         Ok(())
     }
 
@@ -946,20 +857,6 @@ impl NetChanges {
         Ok(())
     }
 
-    /// Removes a policy-routing rule.
-    pub fn remove_rule(&mut self, r: &RuleSpec) -> Result<(), NetError> {
-        self.nl.rule(r, false)?;
-        let pos = self
-            .journal
-            .iter()
-            .rposition(|c| matches!(c, Change::AddedRule(x) if x == r));
-        match pos {
-            Some(p) => drop(self.journal.remove(p)),
-            None => self.journal.push(Change::RemovedRule(r.clone())),
-        }
-        Ok(())
-    }
-
     /// wg-quick's host-to-host setup: `pref PRIORITY lookup main
     /// suppress_prefixlength 0`, then `pref PRIORITY+1 not fwmark MARK
     /// lookup TABLE`. With a default route via the tunnel in `table` and
@@ -988,24 +885,14 @@ impl NetChanges {
                 Change::Mtu { index, dev, old } => self.nl.set_mtu_idx(*index, dev, *old),
                 Change::Up { index, dev, was_up } => self.nl.set_up_idx(*index, dev, *was_up),
                 Change::AddedAddress(a, i) => self.nl.address_idx(a, *i, false),
-                Change::RemovedAddress(a, i) => self.nl.address_idx(a, *i, true),
                 Change::AddedRoute(r, i) => self.nl.route_idx(r, *i, false),
                 Change::RemovedRoute(r, i) => self.nl.route_idx(r, *i, true),
                 Change::AddedRule(r) => self.nl.rule(r, false),
-                Change::RemovedRule(r) => self.nl.rule(r, true),
             };
             match r {
                 Ok(()) => tracing::debug!("undone: {c}"),
                 Err(e) if e.is_not_found() => tracing::debug!("already gone: {c} ({e})"),
-                Err(e)
-                    if e.is_exists()
-                        && matches!(
-                            c,
-                            Change::RemovedAddress(..)
-                                | Change::RemovedRoute(..)
-                                | Change::RemovedRule(_)
-                        ) =>
-                {
+                Err(e) if e.is_exists() && matches!(c, Change::RemovedRoute(..)) => {
                     tracing::debug!("already back: {c}")
                 }
                 Err(e) => errors.push(e),

@@ -7,7 +7,7 @@
 use super::*;
 use serde_json::Value;
 use std::net::Ipv4Addr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -21,8 +21,7 @@ impl TestNs {
     /// Creates `espgate-t-<pid>-<n>-<nanos>`, or returns why the test must
     /// be skipped.
     fn create() -> Result<TestNs, String> {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
+        if !rustix::process::geteuid().is_root() {
             return Err("not root".into());
         }
         if !std::path::Path::new("/dev/net/tun").exists() {
@@ -58,10 +57,13 @@ impl TestNs {
         std::thread::scope(|s| {
             let h = s.spawn(|| {
                 let ns = std::fs::File::open(&path).expect("open netns file");
-                // SAFETY: setns on a namespace fd we opened; CLONE_NEWNET
-                // moves only this thread, which exits when `f` returns.
-                let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
-                assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+                // setns(CLONE_NEWNET) moves only this thread, which exits
+                // when `f` returns.
+                let rc = rustix::thread::move_into_link_name_space(
+                    ns.as_fd(),
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                );
+                assert_eq!(rc, Ok(()), "setns");
                 f()
             });
             match h.join() {
@@ -372,27 +374,18 @@ fn await_packet(
         if left.is_zero() {
             break;
         }
-        let mut fds: Vec<libc::pollfd> = queues
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        let mut fds: Vec<PollFd<'_>> = queues
             .iter()
-            .map(|q| libc::pollfd {
-                fd: q.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
+            .map(|q| PollFd::new(*q, PollFlags::IN))
             .collect();
-        // SAFETY: `fds` is a live array of `fds.len()` pollfd structs.
-        let n = unsafe {
-            libc::poll(
-                fds.as_mut_ptr(),
-                fds.len() as libc::nfds_t,
-                left.as_millis().max(1) as libc::c_int,
-            )
-        };
-        if n <= 0 {
+        let timeout = Timespec::try_from(left).ok();
+        let n = poll(&mut fds, timeout.as_ref()).unwrap_or(0);
+        if n == 0 {
             continue;
         }
         for (i, q) in queues.iter().enumerate() {
-            if fds[i].revents & libc::POLLIN == 0 {
+            if !fds[i].revents().contains(PollFlags::IN) {
                 continue;
             }
             match q.read(&mut buf) {
@@ -565,13 +558,15 @@ fn socket_mark_round_trip() {
         return;
     };
     ns.run(|| {
-        use std::os::fd::{FromRawFd, OwnedFd};
-        // SAFETY: socket() has no memory arguments; a non-negative result
-        // is a new descriptor that nothing else owns.
-        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
-        // SAFETY: `fd` is open and owned by nobody else (see above).
-        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        use rustix::net::{AddressFamily, SocketFlags, SocketType};
+        let sock = rustix::net::socket_with(
+            AddressFamily::INET,
+            SocketType::DGRAM,
+            SocketFlags::CLOEXEC,
+            None,
+        );
+        assert!(sock.is_ok(), "socket: {sock:?}");
+        let sock = sock.unwrap();
         set_socket_mark(&sock, 0xca6c).unwrap();
         assert_eq!(socket_mark(&sock).unwrap(), 0xca6c);
     });

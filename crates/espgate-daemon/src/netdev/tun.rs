@@ -1,9 +1,13 @@
 //! Linux L3 TUN devices: `/dev/net/tun` with `IFF_TUN | IFF_NO_PI`,
 //! optionally multi-queue and with a virtio-net header for offloads.
 //!
-//! Every `unsafe` block here is one `ioctl`/`fcntl` on a descriptor this
-//! module owns, with a `#[repr(C)]` argument from `libc` of the size the
-//! kernel expects.
+//! Reads, writes and `O_NONBLOCK` go through `rustix`. The two TUN
+//! ioctls (`TUNSETIFF`, `TUNSETOFFLOAD`) stay hand-written over `libc`:
+//! neither `rustix` 1.1 nor `nix` 0.31 has them, and both crates' generic
+//! ioctl helpers (`rustix::ioctl::ioctl`, `nix`'s `ioctl_*!` macros) are
+//! as unsafe as the call itself. Every `unsafe` block here is one of them,
+//! on a descriptor this module owns, with a `#[repr(C)]` argument from
+//! `libc` of the size the kernel expects.
 //!
 //! The device is *not* persistent: it exists while at least one of its
 //! queues is open and the kernel deletes it (with its addresses and routes)
@@ -320,50 +324,26 @@ impl TunQueue {
     /// is truncated. On a non-blocking queue, `WouldBlock` means none is
     /// waiting.
     pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        // SAFETY: `buf` is valid for writes of `buf.len()` bytes and the fd
-        // is owned by `self` and open.
-        let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
+        Ok(rustix::io::read(&self.fd, buf)?)
     }
 
     /// Writes one packet (an IPv4 or IPv6 datagram, preceded by its
     /// [`VirtioNetHdr`] on a vnet-header device) for the kernel to receive
     /// as if it had arrived on the interface. Returns the bytes written.
     pub fn write(&self, pkt: &[u8]) -> io::Result<usize> {
-        // SAFETY: `pkt` is valid for reads of `pkt.len()` bytes and the fd is
-        // owned by `self` and open.
-        let n = unsafe { libc::write(self.fd.as_raw_fd(), pkt.as_ptr().cast(), pkt.len()) };
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
+        Ok(rustix::io::write(&self.fd, pkt)?)
     }
 
     /// Writes one packet given in parts (on a vnet-header device: the
     /// [`VirtioNetHdr`] bytes, then the packet), in one `writev(2)`, so the
     /// header need not be copied in front of the packet.
     pub fn write_parts(&self, parts: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        let cnt = libc::c_int::try_from(parts.len())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too many parts"))?;
-        // SAFETY: `IoSlice` is ABI-compatible with `struct iovec`; the slices
-        // are valid for reads for the duration of the call and the fd is
-        // owned by `self` and open.
-        let n = unsafe { libc::writev(self.fd.as_raw_fd(), parts.as_ptr().cast(), cnt) };
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
+        Ok(rustix::io::writev(&self.fd, parts)?)
     }
 
     /// Switches `O_NONBLOCK` on or off for this queue.
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
-        set_nonblocking(self.fd.as_raw_fd(), on)
+        set_nonblocking(self.fd.as_fd(), on)
     }
 }
 
@@ -461,7 +441,7 @@ impl Tun {
         if !self.offloads.is_empty() {
             // Offloads are device-wide, but re-assert them in case the
             // attach reset anything; the kernel accepted this set already.
-            tunsetoffload(q.as_raw_fd(), self.offloads).map_err(|e| NetError::new(action(), e))?;
+            tunsetoffload(q.as_fd(), self.offloads).map_err(|e| NetError::new(action(), e))?;
         }
         self.queues.push(q);
         Ok(self.queues.last().expect("just pushed"))
@@ -495,7 +475,7 @@ impl Tun {
                 ),
             ));
         }
-        let fd = self.queues[0].as_raw_fd();
+        let fd = self.queues[0].as_fd();
         match tunsetoffload(fd, want) {
             Ok(()) => {
                 self.offloads = want;
@@ -640,10 +620,16 @@ fn open_queue(
 }
 
 /// `TUNSETOFFLOAD`: the argument is the flag word itself, not a pointer.
-fn tunsetoffload(fd: RawFd, flags: Offloads) -> io::Result<()> {
+fn tunsetoffload(fd: BorrowedFd<'_>, flags: Offloads) -> io::Result<()> {
     // SAFETY: TUNSETOFFLOAD takes an integer argument by value and touches
     // no user memory; `fd` is an open TUN queue owned by the caller.
-    let rc = unsafe { libc::ioctl(fd, libc::TUNSETOFFLOAD, libc::c_ulong::from(flags.bits())) };
+    let rc = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TUNSETOFFLOAD,
+            libc::c_ulong::from(flags.bits()),
+        )
+    };
     if rc < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -652,20 +638,13 @@ fn tunsetoffload(fd: RawFd, flags: Offloads) -> io::Result<()> {
 }
 
 /// Sets or clears `O_NONBLOCK` on `fd`.
-fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
-    // SAFETY: F_GETFL takes no argument and only reads the fd's flags.
-    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if fl < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let new = if on {
-        fl | libc::O_NONBLOCK
-    } else {
-        fl & !libc::O_NONBLOCK
-    };
-    // SAFETY: F_SETFL takes an int argument by value.
-    if new != fl && unsafe { libc::fcntl(fd, libc::F_SETFL, new) } < 0 {
-        return Err(io::Error::last_os_error());
+fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
+    let fl = fcntl_getfl(fd)?;
+    let mut new = fl;
+    new.set(OFlags::NONBLOCK, on);
+    if new != fl {
+        fcntl_setfl(fd, new)?;
     }
     Ok(())
 }
