@@ -458,7 +458,8 @@ impl DirCosts {
     /// Sum of the stages' `ns_per_packet`: the cost of a packet going
     /// through every stage.
     pub fn total_ns_per_packet(&self) -> f64 {
-        self.stages.values().map(|s| s.ns_per_packet).sum()
+        // From +0.0: an empty f64 sum is -0.0, which prints as "-0".
+        self.stages.values().fold(0.0, |t, s| t + s.ns_per_packet)
     }
 }
 
@@ -837,6 +838,15 @@ receive and send are the system calls (TUN read/write, socket receive/send); a c
 ";
         let text = render(&r);
         assert_eq!(text, want, "\n{text}");
+    }
+
+    #[test]
+    fn a_direction_without_stages_totals_zero_not_minus_zero() {
+        let empty = DirCosts {
+            packets: 0,
+            stages: BTreeMap::new(),
+        };
+        assert_eq!(format!("{:.0}", empty.total_ns_per_packet()), "0");
     }
 
     #[test]

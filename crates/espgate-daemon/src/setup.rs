@@ -149,36 +149,15 @@ pub fn apply(plan: &NetPlan, net: &mut NetChanges) -> Result<()> {
 
 /// The name of the interface holding IPv4 address `addr`, if any.
 fn ipv4_interface_of(addr: std::net::Ipv4Addr) -> Option<String> {
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs allocates a list it hands to us; we walk it
-    // read-only, checking each `ifa_addr` for NULL and its family before
-    // reading it as a sockaddr_in, and free it once with freeifaddrs.
-    unsafe {
-        if libc::getifaddrs(&mut head) != 0 {
-            return None;
-        }
-        let mut found = None;
-        let mut p = head;
-        while !p.is_null() {
-            let ifa = &*p;
-            if !ifa.ifa_addr.is_null()
-                && libc::c_int::from((*ifa.ifa_addr).sa_family) == libc::AF_INET
-            {
-                let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
-                if std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()) == addr {
-                    found = Some(
-                        std::ffi::CStr::from_ptr(ifa.ifa_name)
-                            .to_string_lossy()
-                            .into_owned(),
-                    );
-                    break;
-                }
-            }
-            p = ifa.ifa_next;
-        }
-        libc::freeifaddrs(head);
-        found
-    }
+    nix::ifaddrs::getifaddrs()
+        .ok()?
+        .find(|ifa| {
+            ifa.address
+                .as_ref()
+                .and_then(|a| a.as_sockaddr_in())
+                .is_some_and(|sin| sin.ip() == addr)
+        })
+        .map(|ifa| ifa.interface_name)
 }
 
 fn rp_filter(dev: &str) -> u8 {
