@@ -34,17 +34,20 @@ pub const NET_B: &str = "10.2.0.0/24";
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_signal(_: libc::c_int) {
+extern "C" fn on_signal(_: std::ffi::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
 /// SIGINT and SIGTERM set a flag that [`check_interrupt`] turns into an
 /// error, so that the lab unwinds and cleans up.
 pub fn install_signal_handlers() {
-    // SAFETY: installs a handler that only stores to an atomic.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is
+        // async-signal-safe; no other handler is replaced that matters.
+        if let Err(e) = unsafe { signal(sig, SigHandler::Handler(on_signal)) } {
+            eprintln!("espgate: cannot catch {sig}: {e}; Ctrl-C may leave namespaces behind");
+        }
     }
 }
 
@@ -63,8 +66,7 @@ pub fn check_interrupt() -> Result<()> {
 
 /// Fails unless we are root.
 pub fn require_root(what: &str) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         bail!("{what} creates network namespaces: run it as root");
     }
     Ok(())
@@ -287,9 +289,9 @@ impl Lab {
     pub fn stop_children(&mut self) {
         for (what, c) in self.children.iter_mut().rev() {
             if matches!(c.try_wait(), Ok(None)) {
-                // SAFETY: kill(2) on the pid of a child we spawned and have
-                // not reaped (try_wait said it is running).
-                unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+                // A child we spawned and have not reaped (try_wait said it
+                // is running), so the pid is still its.
+                signal(c.id(), rustix::process::Signal::TERM);
                 let deadline = Instant::now() + Duration::from_secs(10);
                 while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(20));
@@ -348,8 +350,8 @@ fn end_processes_in(ns: &str) {
         return;
     }
     for p in &pids {
-        // SAFETY: kill(2) on a process in a namespace this lab created.
-        unsafe { libc::kill(*p as libc::pid_t, libc::SIGTERM) };
+        // A process in a namespace this lab created.
+        signal(*p, rustix::process::Signal::TERM);
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline
@@ -361,8 +363,8 @@ fn end_processes_in(ns: &str) {
     }
     for p in pids_in(ns) {
         if pids.contains(&p) {
-            // SAFETY: as above; it ignored SIGTERM.
-            unsafe { libc::kill(p as libc::pid_t, libc::SIGKILL) };
+            // As above; it ignored SIGTERM.
+            signal(p, rustix::process::Signal::KILL);
         }
     }
 }
@@ -428,12 +430,19 @@ pub fn cpu_ticks(pid: u32) -> Option<u64> {
 
 /// Clock ticks per second.
 pub fn clock_ticks() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
+    match rustix::param::clock_ticks_per_second() {
+        0 => 100.0,
+        t => t as f64,
+    }
+}
+
+/// Sends `sig` to process `pid` (gone already: nothing to do).
+fn signal(pid: u32, sig: rustix::process::Signal) {
+    if let Some(p) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process(p, sig);
     }
 }
 

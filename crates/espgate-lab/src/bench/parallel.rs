@@ -242,21 +242,16 @@ pub struct Row {
 /// CPU time consumed so far by every thread of this process
 /// (`CLOCK_PROCESS_CPUTIME_ID`) or by the calling thread
 /// (`CLOCK_THREAD_CPUTIME_ID`).
-fn cpu_clock(clock: libc::clockid_t) -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
-    let r = unsafe { libc::clock_gettime(clock, &mut ts) };
-    if r != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+fn cpu_clock(clock: rustix::time::ClockId) -> Duration {
+    let ts = rustix::time::clock_gettime(clock);
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
 }
 
 fn process_cpu() -> Duration {
-    cpu_clock(libc::CLOCK_PROCESS_CPUTIME_ID)
+    cpu_clock(rustix::time::ClockId::ProcessCPUTime)
 }
 
 /// The repetitions of one configuration: wall ns per packet (timed
@@ -418,7 +413,7 @@ fn crypto_thread(mut sa: Sa, rx: Receiver<Batch>, done: SyncSender<Batch>, cpu: 
                 break;
             }
         }
-        let t = cpu_clock(libc::CLOCK_THREAD_CPUTIME_ID);
+        let t = cpu_clock(rustix::time::ClockId::ThreadCPUTime);
         cpu.store(t.as_nanos() as u64, Ordering::Relaxed);
         if done.send(b).is_err() {
             return;
