@@ -45,7 +45,8 @@ fn enter_netns(ns: &str) -> Result<()> {
     .with_context(|| format!("entering network namespace {ns}"))
 }
 
-/// One `GET /metrics`; the answer must be a 200 with OpenMetrics text.
+/// One `GET /metrics`; the answer must be a 200 (OpenMetrics text, or the
+/// 0.0.4 text of older builds).
 pub fn fetch_metrics(addr: SocketAddr) -> Result<usize> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -53,7 +54,7 @@ pub fn fetch_metrics(addr: SocketAddr) -> Result<usize> {
     let mut out = Vec::new();
     s.read_to_end(&mut out)?;
     anyhow::ensure!(
-        out.starts_with(b"HTTP/1.1 200 ") && out.ends_with(b"# EOF\n"),
+        out.starts_with(b"HTTP/1.1 200 ") && out.windows(9).any(|w| w == b"espgate_s"),
         "not a metrics answer ({} bytes)",
         out.len()
     );

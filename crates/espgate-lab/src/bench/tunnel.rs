@@ -119,6 +119,10 @@ pub struct Args {
     /// (runs alternate with and without, on the same gateways); 0: never.
     #[arg(long, default_value_t = 0, value_name = "HZ", value_parser = clap::value_parser!(u32).range(0..=1000))]
     pub scrape: u32,
+    /// The espgate binary the gateways run [default: this one], e.g. an
+    /// older build to compare with.
+    #[arg(long, value_name = "PATH")]
+    pub gateway_binary: Option<PathBuf>,
 }
 
 /// One test.
@@ -392,7 +396,17 @@ impl Options {
                 time_s: args.time,
                 scrape_hz: args.scrape,
             },
-            exe,
+            exe: match &args.gateway_binary {
+                Some(p) => {
+                    ensure!(
+                        p.is_file(),
+                        "--gateway-binary {}: no such file",
+                        p.display()
+                    );
+                    p.clone()
+                }
+                None => exe,
+            },
         })
     }
 
@@ -1990,6 +2004,7 @@ log line
                 sockbuf: None,
                 mss_clamp: "on".into(),
                 scrape: 0,
+                gateway_binary: None,
             };
             f(&mut a);
             Options::new(&a, PathBuf::from("/x"))
@@ -2014,6 +2029,12 @@ log line
         assert!(err(&|a| a.tests = vec!["icmp".into()]).contains("--tests icmp"));
         assert!(err(&|a| a.tests = vec!["udp8".into()]).contains("--tests udp8"));
         assert!(err(&|a| a.peers = vec!["ipsec".into()]).contains("--peers ipsec"));
+        assert!(
+            err(&|a| a.gateway_binary = Some("/nonexistent/espgate".into()))
+                .contains("--gateway-binary /nonexistent/espgate: no such file")
+        );
+        let o = args(&|a| a.gateway_binary = Some("/bin/sh".into())).unwrap();
+        assert_eq!(o.exe, PathBuf::from("/bin/sh"));
         assert!(err(&|a| a.suite = vec!["aes999".into()]).contains("--suite aes999"));
         assert!(err(&|a| a.suite = vec!["sha256".into()]).contains("AH"));
         assert!(err(&|a| a.runs = 0).contains("--runs"));
