@@ -22,6 +22,7 @@
 //! status document's `costs`; they are absent while it is off and restart
 //! from 0 after `espgate costs reset` (a counter reset to Prometheus).
 
+use super::accept::accept_loop;
 use super::Control;
 use espgate_api::costs::Dir;
 use espgate_api::status::{Left, SaStatus, Status};
@@ -43,7 +44,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 /// Clients served at once; more wait in the listen backlog.
 pub const MAX_CLIENTS: usize = 16;
@@ -86,7 +87,7 @@ pub async fn serve(l: MetricsListener, ctl: Arc<Control>, stop: watch::Receiver<
 async fn serve_with(
     l: MetricsListener,
     render: Arc<dyn Fn() -> String + Send + Sync>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
     let listener = match tokio::net::TcpListener::from_std(l.listener) {
         Ok(l) => l,
@@ -95,28 +96,9 @@ async fn serve_with(
             return;
         }
     };
-    let room = Arc::new(Semaphore::new(MAX_CLIENTS));
-    loop {
-        let permit = tokio::select! {
-            p = room.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-            _ = stop.changed() => return,
-        };
-        let stream = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    tracing::debug!("metrics endpoint accept: {e}");
-                    continue;
-                }
-            },
-            _ = stop.changed() => return,
-        };
+    accept_loop(listener, "metrics endpoint", MAX_CLIENTS, stop, |stream| {
         let render = render.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
+        async move {
             let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                 let answer = route(&req, &*render);
                 async move { Ok::<_, Infallible>(answer) }
@@ -132,8 +114,9 @@ async fn serve_with(
                 Ok(Err(e)) => tracing::debug!("metrics client: {e}"),
                 Err(_) => tracing::debug!("metrics client: not done within {CLIENT_TIMEOUT:?}"),
             }
-        });
-    }
+        }
+    })
+    .await;
 }
 
 fn text(code: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {

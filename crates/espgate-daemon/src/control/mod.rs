@@ -9,6 +9,7 @@
 //! commands that change SAs (`sa add`, `sa del`, IKE installs) and
 //! `wireshark-keys` lock the engines, briefly.
 
+mod accept;
 pub mod ike;
 mod metrics;
 mod server;

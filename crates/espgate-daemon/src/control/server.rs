@@ -10,6 +10,7 @@
 //! is closed. Request lines (which carry keys for `sa_add`) are wiped from
 //! memory once parsed.
 
+use super::accept::accept_loop;
 use super::Control;
 use anyhow::{bail, Context, Result};
 use espgate_api::control::{parse_request, Response, MAX_REQUEST};
@@ -20,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use zeroize::Zeroizing;
 
 /// Clients served at once.
@@ -150,39 +151,20 @@ impl Drop for ControlSocket {
 pub async fn serve(
     listener: tokio::net::UnixListener,
     ctl: Arc<Control>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
-    let room = Arc::new(Semaphore::new(MAX_CLIENTS));
-    loop {
-        // Wait for room before accepting: the others wait in the backlog.
-        let permit = tokio::select! {
-            p = room.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-            _ = stop.changed() => return,
-        };
-        let stream = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    tracing::debug!("control socket accept: {e}");
-                    continue;
-                }
-            },
-            _ = stop.changed() => return,
-        };
+    accept_loop(listener, "control socket", MAX_CLIENTS, stop, |stream| {
         let ctl = ctl.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
+        async move {
             if tokio::time::timeout(CLIENT_TIMEOUT, client(stream, &ctl))
                 .await
                 .is_err()
             {
                 tracing::debug!("control client: no complete request within {CLIENT_TIMEOUT:?}");
             }
-        });
-    }
+        }
+    })
+    .await;
 }
 
 /// Answers one client's request lines until it closes.
