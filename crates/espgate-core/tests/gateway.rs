@@ -8,7 +8,7 @@ use espgate_core::wire::flow::Flow;
 use espgate_core::wire::ip;
 use espgate_core::{DropReason, PacketBuf};
 use espgate_testkit::keys::*;
-use espgate_testkit::{from_a, side, tcp_syn4, udp4, Shape};
+use espgate_testkit::{from_a, opts, side, tcp_syn4, udp4, Shape};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,14 +17,6 @@ const T: Duration = Duration::from_secs(1);
 
 fn hex(s: &str) -> Vec<u8> {
     ::hex::decode(s).unwrap()
-}
-
-fn opts() -> EngineOptions {
-    EngineOptions {
-        mtu: 1500,
-        classifier: espgate_core::sa::Classifier::NAT_T,
-        leases: None,
-    }
 }
 
 /// Mirrored engines A and B.

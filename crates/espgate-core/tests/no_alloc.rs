@@ -8,9 +8,9 @@
 //! policy, no SA, a replay, an ICV failure, an unknown SPI, an expired
 //! SA, an incomplete bundle, garbage, plus keepalives, IKE and multicast.
 
-use espgate_core::gateway::{Engine, EngineOptions, Layers};
+use espgate_core::gateway::{Engine, Layers};
 use espgate_core::{DropReason, PacketBuf};
-use espgate_testkit::{from_a, side, udp4, Shape};
+use espgate_testkit::{from_a, opts, side, udp4, Shape};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,14 +60,6 @@ fn allocations(f: impl FnOnce()) -> u64 {
 }
 
 const T: Duration = Duration::from_secs(1);
-
-fn opts() -> EngineOptions {
-    EngineOptions {
-        mtu: 1500,
-        classifier: espgate_core::sa::Classifier::NAT_T,
-        leases: None,
-    }
-}
 
 fn engine(a: bool, shape: Shape) -> Engine {
     Engine::new(&[side(a, shape)], &opts(), T).unwrap()

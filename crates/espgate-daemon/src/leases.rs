@@ -652,9 +652,8 @@ mod tests {
 
         fn opts(leases: Option<Arc<DiskLeases>>) -> EngineOptions {
             EngineOptions {
-                mtu: 1500,
-                classifier: espgate_core::sa::Classifier::NAT_T,
                 leases: leases.map(|l| l as Arc<dyn LeaseSource>),
+                ..espgate_testkit::opts()
             }
         }
 

@@ -1,15 +1,16 @@
 //! Test helpers shared by espgate's crates (a dev-dependency only): the
 //! mirrored pair of connections two gateways run ([`mirrored`]), fixed
 //! test keys ([`keys`]) and clear packets to push through them
-//! ([`udp4`], [`tcp_syn4`]).
+//! ([`udp4`], [`tcp_syn4`]), and the engine options they run with
+//! ([`opts`]).
 //!
 //! Site A is 10.1.0.0/16 behind outer address 192.0.2.1, site B is
 //! 10.2.0.0/16 behind 192.0.2.2; A receives ESP on SPI 0x1001 and sends on
 //! SPI 0x1002 (AH: those plus 0x100), with the keys of [`keys`].
 
 use espgate_core::crypto::Suite;
-use espgate_core::gateway::{ConnSpec, Layers, MssClamp, SaSettings};
-use espgate_core::sa::{per_cpu_key, Lifetime, Mode, Protocol, SaConfig};
+use espgate_core::gateway::{ConnSpec, EngineOptions, Layers, MssClamp, SaSettings};
+use espgate_core::sa::{per_cpu_key, Classifier, Lifetime, Mode, Protocol, SaConfig};
 use espgate_core::selector::{PortRange, Prefix, TrafficSelector};
 use espgate_core::wire::{ipv4, proto, udp};
 use std::net::{IpAddr, Ipv4Addr};
@@ -196,4 +197,14 @@ pub fn tcp_syn4(src: &str, dst: &str, mss: u16) -> Vec<u8> {
 /// Site A's outer address as an `IpAddr`.
 pub fn from_a() -> IpAddr {
     A.into()
+}
+
+/// The engine options the tests run with: a 1500-byte MTU, NAT-T
+/// classification and no sequence leases (add them with `..opts()`).
+pub fn opts() -> EngineOptions {
+    EngineOptions {
+        mtu: 1500,
+        classifier: Classifier::NAT_T,
+        leases: None,
+    }
 }

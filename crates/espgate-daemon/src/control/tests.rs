@@ -5,20 +5,12 @@ use super::*;
 use espgate_api::control::parse_request;
 use espgate_api::costs::{ClockKind, CostCells, Costs, Dir};
 use espgate_core::cost::Stage;
-use espgate_core::gateway::{EngineOptions, Layers, Received};
+use espgate_core::gateway::{Layers, Received};
 use espgate_core::PacketBuf;
 use espgate_testkit::keys::{I_AB, I_BA, K_AB, K_BA, K_NEW_AB};
-use espgate_testkit::{from_a, mirrored, udp4, Shape};
+use espgate_testkit::{from_a, mirrored, opts, udp4, Shape};
 
 const T: Duration = Duration::from_secs(1);
-
-fn opts() -> EngineOptions {
-    EngineOptions {
-        mtu: 1500,
-        classifier: espgate_core::sa::Classifier::NAT_T,
-        leases: None,
-    }
-}
 
 fn info() -> Info {
     Info {
