@@ -159,7 +159,12 @@ fn ref_trailer(p: &[u8]) -> Result<(usize, u8), DropReason> {
 }
 
 /// Tunnel-mode inner packet checks and RFC 6040 ECN merge.
-fn ref_tunnel(cfg: &SaConfig, payload: &[u8], nh: u8, outer_tos: u8) -> Result<Vec<u8>, DropReason> {
+fn ref_tunnel(
+    cfg: &SaConfig,
+    payload: &[u8],
+    nh: u8,
+    outer_tos: u8,
+) -> Result<Vec<u8>, DropReason> {
     let want = match nh {
         proto::IPV4 => 4,
         proto::IPV6 => 6,

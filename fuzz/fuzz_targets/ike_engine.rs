@@ -20,13 +20,13 @@
 //! removed without being installed.
 #![no_main]
 
+use espgate_core::sa::Mode;
+use espgate_core::selector::Prefix;
 use espgate_ike::cert::Identity;
 use espgate_ike::config::{ChildConfig, DpdAction, IkeConfig, LocalAuth, RemoteAuth, Retransmit};
 use espgate_ike::engine::{Event, Ike, Ports, Transmit};
 use espgate_ike::proposal::{ProposalKind, ProposalSpec};
 use espgate_ike::ts;
-use espgate_core::sa::Mode;
-use espgate_core::selector::Prefix;
 use libfuzzer_sys::fuzz_target;
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
@@ -36,7 +36,10 @@ fn conf(local: &str, remote: &str, lts: &str, rts: &str) -> IkeConfig {
     let psk = Zeroizing::new(b"fuzzing pre-shared key".to_vec());
     let p = |s: &str| {
         let (a, l) = s.split_once('/').unwrap();
-        ts::from_prefix(Prefix::new(a.parse().unwrap(), l.parse().unwrap()).unwrap(), 0)
+        ts::from_prefix(
+            Prefix::new(a.parse().unwrap(), l.parse().unwrap()).unwrap(),
+            0,
+        )
     };
     IkeConfig {
         name: "c".into(),
@@ -46,12 +49,20 @@ fn conf(local: &str, remote: &str, lts: &str, rts: &str) -> IkeConfig {
         remote_id: Some(Identity::parse(remote).unwrap()),
         local_auth: LocalAuth::Psk(psk.clone()),
         remote_auth: RemoteAuth::Psk(psk),
-        proposals: ProposalSpec::parse_list(ProposalKind::Ike, "aes128gcm16-prfsha256-x25519,aes256-sha256-x25519").unwrap(),
+        proposals: ProposalSpec::parse_list(
+            ProposalKind::Ike,
+            "aes128gcm16-prfsha256-x25519,aes256-sha256-x25519",
+        )
+        .unwrap(),
         child: ChildConfig {
             local_ts: vec![p(lts)],
             remote_ts: vec![p(rts)],
             mode: Mode::Tunnel,
-            proposals: ProposalSpec::parse_list(ProposalKind::Esp, "aes128gcm16-x25519,aes256-sha256").unwrap(),
+            proposals: ProposalSpec::parse_list(
+                ProposalKind::Esp,
+                "aes128gcm16-x25519,aes256-sha256",
+            )
+            .unwrap(),
             rekey_time: Duration::from_secs(20),
             life_time: Duration::from_secs(60),
             jitter: Duration::from_secs(2),
@@ -60,7 +71,11 @@ fn conf(local: &str, remote: &str, lts: &str, rts: &str) -> IkeConfig {
         jitter: Duration::from_secs(2),
         dpd_delay: Duration::from_secs(10),
         dpd_action: DpdAction::Restart,
-        retransmit: Retransmit { timeout: Duration::from_secs(1), base: 2.0, tries: 2 },
+        retransmit: Retransmit {
+            timeout: Duration::from_secs(1),
+            base: 2.0,
+            tries: 2,
+        },
         force_encap: false,
     }
 }
@@ -81,7 +96,10 @@ fn drain(e: &mut Ike, p: &mut Plane) {
                 assert!(p.sas.insert((s.outbound, s.spi)), "SA installed twice");
             }
             Event::RemoveSa { spi, outbound, .. } => {
-                assert!(p.sas.remove(&(outbound, spi)), "removing an SA never installed");
+                assert!(
+                    p.sas.remove(&(outbound, spi)),
+                    "removing an SA never installed"
+                );
             }
             _ => {}
         }
@@ -89,8 +107,14 @@ fn drain(e: &mut Ike, p: &mut Plane) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let mut a = Ike::new(vec![conf("192.0.2.1", "192.0.2.2", "10.1.0.0/16", "10.2.0.0/16")], Ports::default());
-    let mut b = Ike::new(vec![conf("192.0.2.2", "192.0.2.1", "10.2.0.0/16", "10.1.0.0/16")], Ports::default());
+    let mut a = Ike::new(
+        vec![conf("192.0.2.1", "192.0.2.2", "10.1.0.0/16", "10.2.0.0/16")],
+        Ports::default(),
+    );
+    let mut b = Ike::new(
+        vec![conf("192.0.2.2", "192.0.2.1", "10.2.0.0/16", "10.1.0.0/16")],
+        Ports::default(),
+    );
     let (mut pa, mut pb) = (Plane::default(), Plane::default());
     let mut now = Duration::from_secs(100);
     let _ = a.initiate(now, "c");
@@ -123,7 +147,14 @@ fuzz_target!(|data: &[u8]| {
                     };
                     let exch = 34 + body[1] % 4;
                     let response = body[2] & 1 == 1;
-                    if let Some(t) = src.fuzz_seal(usize::from(body[2] >> 1), exch, response, body[3] % 5, body[0], &body[4..]) {
+                    if let Some(t) = src.fuzz_seal(
+                        usize::from(body[2] >> 1),
+                        exch,
+                        response,
+                        body[3] % 5,
+                        body[0],
+                        &body[4..],
+                    ) {
                         dst.handle(now, to, from, &t.data);
                     }
                 }

@@ -11,7 +11,9 @@
 //! that parse to the same value, and re-emitting those gives the same bytes.
 #![no_main]
 
-use espgate_ike::wire::{emit_payload_chain, parse_payload_chain, Message, PayloadType, HEADER_LEN};
+use espgate_ike::wire::{
+    emit_payload_chain, parse_payload_chain, Message, PayloadType, HEADER_LEN,
+};
 use libfuzzer_sys::fuzz_target;
 
 fn check_message(b: &[u8]) {

@@ -10,7 +10,10 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(report) = espgate_lab::capture::read_capture_bytes(data) {
         let mut frames = Vec::new();
         for (frame, p) in &report.packets {
-            assert!(matches!(p.ip.first().map(|b| b >> 4), Some(4 | 6)), "frame {frame}");
+            assert!(
+                matches!(p.ip.first().map(|b| b >> 4), Some(4 | 6)),
+                "frame {frame}"
+            );
             assert!(p.ts_nsec < 1_000_000_000);
             frames.push(*frame);
         }
