@@ -7,7 +7,7 @@
 use espgate_core::crypto::Suite;
 use espgate_core::sa::{self, spec, Classified, Protocol, Sa};
 use espgate_core::selector::Prefix;
-use espgate_core::wire::{ah, esp, flow, ip, ipv4, ipv6, proto, udp};
+use espgate_core::wire::{ah, esp, flow, ip, ipv4, ipv6, proto, tcp, udp};
 use libfuzzer_sys::fuzz_target;
 use std::time::Duration;
 
@@ -46,6 +46,51 @@ fn headers(b: &[u8]) {
     }
     encap_kind(b);
     trailer(b);
+    tcp_header(b);
+}
+
+/// The TCP view: the header and its options stay inside the buffer, the
+/// options walk matches a direct reading of RFC 9293 §3.1, and rewriting
+/// the MSS keeps a valid checksum valid.
+fn tcp_header(b: &[u8]) {
+    let Ok(t) = tcp::Tcp::new_checked(b) else {
+        assert!(
+            b.len() < 20
+                || usize::from(b[12] >> 4) * 4 < 20
+                || usize::from(b[12] >> 4) * 4 > b.len()
+        );
+        return;
+    };
+    let hl = t.header_len();
+    assert_eq!(hl, usize::from(b[12] >> 4) * 4);
+    assert!(hl >= 20 && hl <= b.len());
+    assert_eq!(t.options().len(), hl - 20);
+    assert_eq!(t.payload().len(), b.len() - hl);
+    let mut mss = None;
+    for o in t.option_iter() {
+        let Ok(o) = o else { break };
+        assert!(o.offset >= 20 && o.offset + 2 + o.data.len() <= hl);
+        assert_eq!(b[o.offset], o.kind);
+        assert_eq!(usize::from(b[o.offset + 1]), o.data.len() + 2);
+        if mss.is_none() && o.kind == 2 && o.data.len() == 2 {
+            mss = Some(u16::from_be_bytes([o.data[0], o.data[1]]));
+        }
+    }
+    assert_eq!(t.mss(), mss);
+    let (src, dst) = (
+        std::net::IpAddr::from([10, 0, 0, 1]),
+        std::net::IpAddr::from([10, 0, 0, 2]),
+    );
+    let valid = t.verify_checksum(src, dst);
+    let mut copy = b.to_vec();
+    let mut w = tcp::Tcp::new_checked(&mut copy[..]).unwrap();
+    assert_eq!(w.set_mss(1000), mss);
+    if valid {
+        assert!(
+            w.verify_checksum(src, dst),
+            "set_mss broke a valid checksum"
+        );
+    }
 }
 
 /// RFC 3948 classification, checked against its definition.
