@@ -178,8 +178,12 @@ enum Cmd {
         #[command(subcommand)]
         what: BenchCmd,
     },
-    /// Reproduce the seed papers' experiments (not built yet).
-    Lab,
+    /// The seed papers' experiments on espgate, with the papers' numbers
+    /// beside ours, in one report (docs/lab/).
+    Lab {
+        #[command(subcommand)]
+        what: espgate_lab::lab::cli::LabCmd,
+    },
 }
 
 #[derive(Subcommand)]
@@ -895,15 +899,6 @@ fn run_keygen(kind: &str, out: PathBuf, public: Option<PathBuf>, force: bool) ->
     Ok(ExitCode::SUCCESS)
 }
 
-fn not_built(what: &str, issue: u32) -> ExitCode {
-    eprintln!(
-        "espgate {what} is not built yet (tracked in issue {issue}). \
-         Available today: espgate up, config check, status, costs, sa list|add|del, initiate, terminate, \
-         keygen, wireshark-keys, demo, pcap encrypt|decrypt, suites, bench crypto|esp|tunnel|parallel|ike."
-    );
-    ExitCode::from(2)
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
@@ -998,7 +993,7 @@ fn main() -> ExitCode {
         } => run_keygen(&kind, out, public, force),
         Cmd::Demo { short, prefix } => Ok(run_demo(short, prefix)),
         Cmd::Bench { what } => run_bench(what),
-        Cmd::Lab => Ok(not_built("lab", 13)),
+        Cmd::Lab { what } => espgate_lab::lab::cli::main(&what),
     };
     match r {
         Ok(c) => c,

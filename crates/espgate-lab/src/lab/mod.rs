@@ -1,0 +1,25 @@
+//! `espgate lab`: the experiments of the seed papers, run on espgate, with
+//! the papers' own numbers beside ours, in one report.
+//!
+//! - [`model`]: `results.json`, what a run measured;
+//! - [`stats`]: means, confidence intervals and seed 000's stopping rule;
+//! - [`experiment`]: what an experiment is (id, question, plots, findings);
+//! - [`seeds`]: the numbers the papers print, with their sources;
+//! - [`report`]: `report.html` (plots inline) and `report.md`;
+//! - [`catalog`]: every experiment, one module per paper ([`p000`],
+//!   [`p001`], [`p004`]);
+//! - [`rig`]: the namespace topology with the papers' knobs;
+//! - [`run`]: the repetition loop, progress, Ctrl-C, `results.json`.
+
+pub mod catalog;
+pub mod cli;
+pub mod experiment;
+pub mod model;
+pub mod p000;
+pub mod p001;
+pub mod p004;
+pub mod report;
+pub mod rig;
+pub mod run;
+pub mod seeds;
+pub mod stats;
