@@ -133,26 +133,25 @@ pub fn words(table: &str) -> String {
         .unwrap_or_default()
 }
 
-/// Judges a measured magnitude against the paper's: agrees when it lies
-/// within the paper's range widened by half on each side (factor 2 for
-/// "about", bounds for more/less/up to), partly when it has the same
-/// sign, differs otherwise.
+/// Judges a measured magnitude against the paper's claim.
+///
+/// - a range or a value ("3–5 %", "about 2"): agrees within the range
+///   widened by half on each side (×0.5 .. ×1.5), partly within ×0.25 ..
+///   ×2.5 with the same sign, differs otherwise;
+/// - a bound ("more than 50 %", "up to 300 Mbps"): agrees on the right
+///   side of it, partly within a factor 2 on the wrong side, differs
+///   beyond.
 pub fn judge(c: &Claim, ours: f64) -> Verdict {
-    let (lo, hi) = match c.relation.as_str() {
-        "gt" => (c.lo, f64::INFINITY),
-        "lt" | "le" => (f64::NEG_INFINITY, c.lo),
-        _ => (c.lo, c.hi),
-    };
-    let inside = match c.relation.as_str() {
-        "gt" | "lt" | "le" => ours >= lo && ours <= hi,
-        _ => ours >= lo * 0.5 && ours <= hi * 1.5,
-    };
-    if inside {
-        Verdict::Agrees
-    } else if (ours > 0.0) == (c.lo > 0.0) {
-        Verdict::Partly
-    } else {
-        Verdict::Differs
+    let same_sign = (ours > 0.0) == (c.lo > 0.0);
+    match c.relation.as_str() {
+        "gt" if ours >= c.lo => Verdict::Agrees,
+        "gt" if same_sign && ours >= c.lo * 0.5 => Verdict::Partly,
+        "lt" | "le" if ours <= c.lo => Verdict::Agrees,
+        "lt" | "le" if ours <= c.lo * 2.0 => Verdict::Partly,
+        "gt" | "lt" | "le" => Verdict::Differs,
+        _ if ours >= c.lo * 0.5 && ours <= c.hi * 1.5 => Verdict::Agrees,
+        _ if same_sign && ours >= c.lo * 0.25 && ours <= c.hi * 2.5 => Verdict::Partly,
+        _ => Verdict::Differs,
     }
 }
 
@@ -206,11 +205,14 @@ mod tests {
         assert_eq!(judge(&c("range", 3.0, 5.0), 4.0), Verdict::Agrees);
         assert_eq!(judge(&c("range", 3.0, 5.0), 1.6), Verdict::Agrees);
         assert_eq!(judge(&c("range", 3.0, 5.0), 9.0), Verdict::Partly);
+        assert_eq!(judge(&c("range", 3.0, 5.0), 20.0), Verdict::Differs);
         assert_eq!(judge(&c("range", 3.0, 5.0), -2.0), Verdict::Differs);
         assert_eq!(judge(&c("gt", 50.0, 50.0), 60.0), Verdict::Agrees);
-        assert_eq!(judge(&c("gt", 50.0, 50.0), 20.0), Verdict::Partly);
+        assert_eq!(judge(&c("gt", 50.0, 50.0), 30.0), Verdict::Partly);
         assert_eq!(judge(&c("le", 300.0, 300.0), 250.0), Verdict::Agrees);
-        assert_eq!(judge(&c("le", 300.0, 300.0), 900.0), Verdict::Partly);
+        assert_eq!(judge(&c("le", 300.0, 300.0), 500.0), Verdict::Partly);
+        assert_eq!(judge(&c("le", 300.0, 300.0), 900.0), Verdict::Differs);
+        assert_eq!(judge(&c("gt", 50.0, 50.0), 10.0), Verdict::Differs);
         assert_eq!(judge(&c("eq", 3.0, 3.0), 3.0), Verdict::Agrees);
         assert_eq!(judge(&c("approx", 2.0, 2.0), 1.2), Verdict::Agrees);
     }

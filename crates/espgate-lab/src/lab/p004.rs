@@ -531,7 +531,7 @@ fn ike_noop_findings(r: &Results) -> Vec<Finding> {
             let theirs = (f - s) / f * 100.0;
             let verdict = if (ours - theirs).abs() <= 15.0 {
                 Verdict::Agrees
-            } else if ours > 50.0 && theirs > 50.0 {
+            } else if (ours - theirs).abs() <= 30.0 {
                 Verdict::Partly
             } else {
                 Verdict::Differs
@@ -654,7 +654,9 @@ fn esp_timing_findings(r: &Results) -> Vec<Finding> {
                 (Some(a), Some(b)) if (i - a.lo).abs() <= 15.0 && (o - b.lo).abs() <= 15.0 => {
                     Verdict::Agrees
                 }
-                (Some(_), Some(_)) if i > 40.0 && o > 40.0 => Verdict::Partly,
+                (Some(a), Some(b)) if (i - a.lo).abs() <= 30.0 && (o - b.lo).abs() <= 30.0 => {
+                    Verdict::Partly
+                }
                 (Some(_), Some(_)) => Verdict::Differs,
                 _ => Verdict::NotMeasured,
             };
@@ -755,8 +757,6 @@ fn esp_noop_findings(r: &Results) -> Vec<Finding> {
     if ours.len() < 3 {
         return vec![missing(paper, "no ESP run")];
     }
-    let ordered_same =
-        paper_shares.len() == 3 && (ours[0].1 > ours[1].1) == (paper_shares[0] > paper_shares[1]);
     let verdict = if paper_shares.len() != 3 {
         Verdict::NotMeasured
     } else if ours
@@ -765,7 +765,11 @@ fn esp_noop_findings(r: &Results) -> Vec<Finding> {
         .all(|((_, o), p)| (o - p).abs() <= 15.0)
     {
         Verdict::Agrees
-    } else if ordered_same {
+    } else if ours
+        .iter()
+        .zip(&paper_shares)
+        .all(|((_, o), p)| (o - p).abs() <= 30.0)
+    {
         Verdict::Partly
     } else {
         Verdict::Differs
