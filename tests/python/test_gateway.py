@@ -166,16 +166,23 @@ class Lab:
         return a, b, addr_a, addr_b
 
     def cleanup(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(timeout=10)
-        for ns in self.namespaces:
-            subprocess.run(["ip", "netns", "del", ns], check=False, timeout=30)
+        try:
+            for p in self.procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+                    try:
+                        p.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        try:
+                            p.wait(timeout=10)
+                        except subprocess.TimeoutExpired:
+                            pass
+        finally:
+            # The namespaces go whatever happened to the processes (a pair
+            # was once left behind by a CI run).
+            for ns in self.namespaces:
+                subprocess.run(["ip", "netns", "del", ns], check=False, timeout=30)
 
 
 @pytest.fixture
