@@ -1355,6 +1355,39 @@ fn frame<'a>(
     Ok(body.split_horizontally(PLOT_W.saturating_sub(lw)))
 }
 
+/// The chart of a plot area with its mesh drawn: x numeric (ticks
+/// labelled) or `categories` (no vertical grid; the caller writes the
+/// category names), y values.
+fn chart<'a, 'b>(
+    plot: &'a Area<'b>,
+    spec: &PlotSpec,
+    xa: Axis,
+    ya: Axis,
+    categories: bool,
+) -> Result<ChartContext<'a, SVGBackend<'b>, Cartesian2d<Axis, Axis>>, Box<dyn std::error::Error>> {
+    let mut chart = ChartBuilder::on(plot)
+        .margin(10)
+        .margin_right(16)
+        .x_label_area_size(if categories { 64 } else { 52 })
+        .y_label_area_size(72)
+        .build_cartesian_2d(xa, ya)?;
+    let mut mesh = chart.configure_mesh();
+    if categories {
+        mesh.disable_x_mesh();
+    } else {
+        mesh.x_label_formatter(&|v| tick(*v));
+    }
+    mesh.x_desc(spec.x_label)
+        .y_desc(spec.unit)
+        .y_label_formatter(&|v| tick(*v))
+        .label_style(font(15.0))
+        .axis_desc_style(font(16.0))
+        .bold_line_style(GRID)
+        .axis_style(INK)
+        .draw()?;
+    Ok(chart)
+}
+
 fn draw_lines(root: &Area, spec: &PlotSpec, pts: &[&Point]) -> Draw {
     let names = model::series_names(pts);
     let mut xs: Vec<f64> = pts.iter().map(|p| p.x).collect();
@@ -1373,23 +1406,7 @@ fn draw_lines(root: &Area, spec: &PlotSpec, pts: &[&Point]) -> Draw {
     let ya = Axis::values(lo, hi);
 
     let (plot, leg) = frame(root, spec, &names)?;
-    let mut chart = ChartBuilder::on(&plot)
-        .margin(10)
-        .margin_right(16)
-        .x_label_area_size(52)
-        .y_label_area_size(72)
-        .build_cartesian_2d(xa, ya)?;
-    chart
-        .configure_mesh()
-        .x_desc(spec.x_label)
-        .y_desc(spec.unit)
-        .x_label_formatter(&|v| tick(*v))
-        .y_label_formatter(&|v| tick(*v))
-        .label_style(font(15.0))
-        .axis_desc_style(font(16.0))
-        .bold_line_style(GRID)
-        .axis_style(INK)
-        .draw()?;
+    let mut chart = chart(&plot, spec, xa, ya, false)?;
 
     let mut entries = Vec::new();
     for (i, name) in names.iter().enumerate() {
@@ -1463,23 +1480,7 @@ fn draw_bars(root: &Area, spec: &PlotSpec, pts: &[&Point]) -> Draw {
     let y0 = ya.lo;
 
     let (plot, leg) = frame(root, spec, &names)?;
-    let mut chart = ChartBuilder::on(&plot)
-        .margin(10)
-        .margin_right(16)
-        .x_label_area_size(64)
-        .y_label_area_size(72)
-        .build_cartesian_2d(Axis::categories(groups.len()), ya)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_desc(spec.x_label)
-        .y_desc(spec.unit)
-        .y_label_formatter(&|v| tick(*v))
-        .label_style(font(15.0))
-        .axis_desc_style(font(16.0))
-        .bold_line_style(GRID)
-        .axis_style(INK)
-        .draw()?;
+    let mut chart = chart(&plot, spec, Axis::categories(groups.len()), ya, true)?;
 
     let n = names.len().max(1) as f64;
     let bw = 0.8 / n;
@@ -1544,23 +1545,7 @@ fn draw_stacked(root: &Area, spec: &PlotSpec, pts: &[&Point]) -> Draw {
     let y0 = ya.lo;
 
     let (plot, leg) = frame(root, spec, &cats)?;
-    let mut chart = ChartBuilder::on(&plot)
-        .margin(10)
-        .margin_right(16)
-        .x_label_area_size(64)
-        .y_label_area_size(72)
-        .build_cartesian_2d(Axis::categories(names.len()), ya)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_desc(spec.x_label)
-        .y_desc(spec.unit)
-        .y_label_formatter(&|v| tick(*v))
-        .label_style(font(15.0))
-        .axis_desc_style(font(16.0))
-        .bold_line_style(GRID)
-        .axis_style(INK)
-        .draw()?;
+    let mut chart = chart(&plot, spec, Axis::categories(names.len()), ya, true)?;
 
     let mut entries = Vec::new();
     for (c, cat) in cats.iter().enumerate() {
