@@ -20,7 +20,9 @@ Examples:
 Experiment ids are those of the seed catalogue (000-…, 001-…, 004-…); a prefix selects
 every id that starts with it. Each point is repeated until its 95 % confidence interval
 is at most 3 % of the mean wide, at least 4 and at most 12 times (seed 000's rule;
---runs N: at most N). results.json is written after every point; Ctrl-C stops cleanly,
+--runs N: at most N); past 4 runs, only while the experiment is within its expected
+time, so the default `run all` keeps to its estimate (a point cut short says so in the
+report). results.json is written after every point; Ctrl-C stops cleanly,
 removes what the run made and keeps what was measured. Needs root, iproute2, ping and
 iperf3 for the network experiments (the 004 ones run in memory).";
 
@@ -53,7 +55,7 @@ pub struct RunArgs {
     /// At most N runs per point (at least min(4, N)).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
     pub runs: Option<u32>,
-    /// Seconds per traffic run [default: 3; 1 with --quick].
+    /// Seconds per traffic run [default: 2; 1 with --quick].
     #[arg(long, value_name = "S")]
     pub time: Option<f64>,
     /// Points per sweep (message sizes, ...) [default: each experiment's].

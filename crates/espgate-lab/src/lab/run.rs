@@ -20,7 +20,7 @@ pub struct Knobs {
     /// At most this many runs per point (at least min(4, N)); default
     /// seed 000's 4..12 (1 with `--quick`).
     pub runs: Option<usize>,
-    /// Seconds per traffic run (default 3; 1 with `--quick`).
+    /// Seconds per traffic run (default 2; 1 with `--quick`).
     pub time: Option<f64>,
     /// Points per sweep (default: each experiment's own choice).
     pub points: Option<usize>,
@@ -44,7 +44,7 @@ impl Knobs {
 
     /// Seconds of one traffic run.
     pub fn secs(&self) -> f64 {
-        self.time.unwrap_or(if self.quick { 1.0 } else { 3.0 })
+        self.time.unwrap_or(if self.quick { 1.0 } else { 2.0 })
     }
 
     /// `n` of `all`, spread evenly and always with the first and the last
@@ -91,9 +91,13 @@ impl Plan {
         } else {
             rule.min.max(1) + 1
         };
-        self.rigs as f64 * 4.0 + self.points as f64 * runs as f64 * (self.sample_s + 1.0)
+        self.rigs as f64 * RIG_S + self.points as f64 * runs as f64 * (self.sample_s + 1.0)
     }
 }
+
+/// Seconds to build one rig (namespaces, gateways, first ping), measured
+/// at about 1 s on the 2-vCPU machine; 2 s leaves room for slower ones.
+const RIG_S: f64 = 2.0;
 
 /// A running experiment's handle on the run.
 pub struct Ctx<'a> {
@@ -107,6 +111,10 @@ pub struct Ctx<'a> {
     bar: &'a ProgressBar,
     base: f64,
     started: Instant,
+    /// Points the plan expects (for the time budget of `measure`).
+    planned_points: usize,
+    /// Points recorded by this experiment so far.
+    recorded: usize,
 }
 
 impl Ctx<'_> {
@@ -167,6 +175,7 @@ impl Ctx<'_> {
             samples: samples.to_vec(),
             extra,
         });
+        self.recorded += 1;
         self.save()
     }
 
@@ -187,7 +196,12 @@ impl Ctx<'_> {
         let at = x_label
             .map(str::to_string)
             .unwrap_or_else(|| format!("{x}"));
+        let mut budget_cut = false;
         while !rule.done(&xs) {
+            if xs.len() >= rule.min.max(1) && self.behind_schedule() {
+                budget_cut = true;
+                break;
+            }
             netlab::check_interrupt()?;
             self.bar.set_message(format!(
                 "{} · {series} · {at} · run {}",
@@ -203,8 +217,13 @@ impl Ctx<'_> {
         }
         if !rule.converged(&xs) && xs.len() > 1 {
             let s = summarize(&xs).expect("finite samples");
+            let why = if budget_cut {
+                "the experiment's time budget; --runs or --time go deeper"
+            } else {
+                "the limit"
+            };
             self.rec.notes.push(format!(
-                "{series} at {at}: the 95 % interval is ±{:.1} % of the mean after {} runs (the limit)",
+                "{series} at {at}: the 95 % interval is ±{:.1} % of the mean after {} runs ({why})",
                 s.ci95 / s.mean.abs().max(f64::MIN_POSITIVE) * 100.0,
                 xs.len()
             ));
@@ -212,6 +231,20 @@ impl Ctx<'_> {
         let n = xs.len() as f64;
         let extra = extra_sum.into_iter().map(|(k, v)| (k, v / n)).collect();
         self.record(series, x, x_label, unit, &xs, extra)
+    }
+
+    /// True when the experiment has used more than its expected time's
+    /// share for the points up to and including the current one. Past
+    /// the rule's minimum runs, a point takes more runs only while it is
+    /// on schedule, so a noisy point cannot stretch a default run past
+    /// its estimate by the rule's 12/5 (the estimate counts min + 1 runs).
+    fn behind_schedule(&self) -> bool {
+        if self.planned_points == 0 {
+            return false;
+        }
+        let share =
+            (self.recorded + 1).min(self.planned_points) as f64 / self.planned_points as f64;
+        self.started.elapsed().as_secs_f64() > self.rec.expected_s * share
     }
 
     fn tick(&self) {
@@ -410,6 +443,8 @@ pub fn run(entries: &[&Entry], knobs: &Knobs, out: &Path, command: &str) -> Resu
             bar: &bar,
             base,
             started,
+            planned_points: (e.plan)(knobs).points,
+            recorded: 0,
         };
         let r = (e.run)(&mut ctx);
         let mut rec = ctx.rec;
@@ -488,7 +523,7 @@ mod tests {
     fn knobs_choose_the_rule_and_points() {
         let mut k = knobs();
         assert_eq!(k.rule(), StopRule::SEED_000);
-        assert_eq!(k.secs(), 3.0);
+        assert_eq!(k.secs(), 2.0);
         assert_eq!(k.pick(&[1, 2, 3, 4, 5], 3, 1), vec![1, 3, 5]);
         k.quick = true;
         assert_eq!(k.rule(), StopRule::exactly(1));
@@ -509,9 +544,73 @@ mod tests {
             points: 10,
             sample_s: 3.0,
         };
-        // 2 × 4 s + 10 points × 5 runs × 4 s
-        assert_eq!(p.expected_s(&StopRule::SEED_000), 208.0);
-        assert_eq!(p.expected_s(&StopRule::exactly(1)), 48.0);
+        // 2 × 2 s + 10 points × 5 runs × 4 s
+        assert_eq!(p.expected_s(&StopRule::SEED_000), 204.0);
+        assert_eq!(p.expected_s(&StopRule::exactly(1)), 44.0);
+    }
+
+    /// Runs `measure` once on noisy samples (they never converge) with
+    /// `expected_s` as the experiment's budget; the runs it took.
+    fn runs_taken(expected_s: f64) -> (usize, Vec<String>) {
+        let k = knobs();
+        let dir = std::env::temp_dir().join(format!(
+            "espgate-lab-budget-{}-{}",
+            std::process::id(),
+            expected_s
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut results = Results {
+            schema: SCHEMA.into(),
+            env: Environment::default(),
+            experiments: Vec::new(),
+            points: Vec::new(),
+        };
+        let bar = ProgressBar::hidden();
+        let mut ctx = Ctx {
+            knobs: &k,
+            prefix: "t".into(),
+            results: &mut results,
+            rec: ExperimentRecord {
+                id: "x".into(),
+                status: Status::Done,
+                setup: Vec::new(),
+                notes: Vec::new(),
+                elapsed_s: 0.0,
+                expected_s,
+            },
+            out: &dir,
+            bar: &bar,
+            base: 0.0,
+            started: Instant::now(),
+            planned_points: 2,
+            recorded: 0,
+        };
+        let mut i = 0u32;
+        ctx.measure("s", 1.0, None, "u", || {
+            i += 1;
+            std::thread::sleep(Duration::from_millis(5));
+            Ok((
+                if i.is_multiple_of(2) { 1.0 } else { 10.0 },
+                BTreeMap::new(),
+            ))
+        })
+        .unwrap();
+        let notes = ctx.rec.notes.clone();
+        let n = results.points[0].runs;
+        std::fs::remove_dir_all(&dir).unwrap();
+        (n, notes)
+    }
+
+    #[test]
+    fn a_point_behind_schedule_stops_at_the_minimum_runs() {
+        // On schedule: the rule's limit (12), the note says so.
+        let (n, notes) = runs_taken(3600.0);
+        assert_eq!(n, StopRule::SEED_000.max);
+        assert!(notes[0].contains("(the limit)"), "{notes:?}");
+        // Budget used up: the minimum (4), and the note names the budget.
+        let (n, notes) = runs_taken(0.0);
+        assert_eq!(n, StopRule::SEED_000.min);
+        assert!(notes[0].contains("time budget"), "{notes:?}");
     }
 
     #[test]
