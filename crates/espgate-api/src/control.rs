@@ -56,7 +56,7 @@ pub enum SaDir {
     Out,
 }
 
-/// ESP or AH.
+/// ESP, AH or Q-ESP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Proto {
@@ -64,6 +64,8 @@ pub enum Proto {
     Esp,
     /// Authentication Header.
     Ah,
+    /// Q-ESP (`docs/QESP.md`).
+    Qesp,
 }
 
 /// What `espgate costs` asks for.

@@ -15,6 +15,7 @@ use espgate_core::sa::replay::MAX_WINDOW;
 use espgate_core::sa::{per_cpu_key, Lifetime, Mode, Protocol, Sa, SaConfig};
 use espgate_core::selector::{PortRange, Prefix, TrafficSelector};
 use espgate_core::wire::proto;
+use espgate_core::wire::qesp::DEFAULT_IP_PROTOCOL as DEFAULT_QESP_PROTOCOL;
 use espgate_ike::config::{ChildConfig, IkeConfig};
 use espgate_ike::ts;
 use std::collections::HashMap;
@@ -90,13 +91,15 @@ pub enum ManualKeys {
         /// The AH pair.
         ah: ManualSa,
     },
+    /// `protocol = "qesp"` (its pair in `[connection.esp]`).
+    Qesp(ManualSa),
 }
 
 impl ManualKeys {
     /// The ESP pair, if ESP is applied.
     pub fn esp(&self) -> Option<&ManualSa> {
         match self {
-            ManualKeys::Esp(s) | ManualKeys::EspAh { esp: s, .. } => Some(s),
+            ManualKeys::Esp(s) | ManualKeys::EspAh { esp: s, .. } | ManualKeys::Qesp(s) => Some(s),
             ManualKeys::Ah(_) => None,
         }
     }
@@ -105,7 +108,7 @@ impl ManualKeys {
     pub fn ah(&self) -> Option<&ManualSa> {
         match self {
             ManualKeys::Ah(s) | ManualKeys::EspAh { ah: s, .. } => Some(s),
-            ManualKeys::Esp(_) => None,
+            ManualKeys::Esp(_) | ManualKeys::Qesp(_) => None,
         }
     }
 
@@ -115,6 +118,7 @@ impl ManualKeys {
             ManualKeys::Esp(_) => Protocols::Esp,
             ManualKeys::Ah(_) => Protocols::Ah,
             ManualKeys::EspAh { .. } => Protocols::EspAh,
+            ManualKeys::Qesp(_) => Protocols::Qesp,
         }
     }
 }
@@ -174,6 +178,9 @@ pub struct Connection {
     pub lifetime: Lifetime,
     /// Manual SAs or IKE.
     pub keying: Keying,
+    /// The IP protocol number of Q-ESP on this gateway
+    /// (`gateway.qesp_protocol`).
+    pub qesp_protocol: u8,
 }
 
 /// A connection's SAs, ready for [`Sa::new`].
@@ -266,7 +273,9 @@ impl Connection {
                 Protocols::Esp => Layers::Esp,
                 Protocols::Ah => Layers::Ah,
                 Protocols::EspAh => Layers::EspAh,
+                Protocols::Qesp => Layers::Qesp,
             },
+            qesp_protocol: self.qesp_protocol,
             udp: self.encap == Encapsulation::Udp,
             local_ts: self.local_ts.clone(),
             remote_ts: self.remote_ts.clone(),
@@ -292,7 +301,12 @@ impl Connection {
         let Keying::Manual(keys) = &self.keying else {
             return spec;
         };
-        let pairs = [(Protocol::Esp, keys.esp()), (Protocol::Ah, keys.ah())];
+        let esp_like = if self.protocol() == Protocols::Qesp {
+            Protocol::Qesp
+        } else {
+            Protocol::Esp
+        };
+        let pairs = [(esp_like, keys.esp()), (Protocol::Ah, keys.ah())];
         for (protocol, sa) in pairs {
             let Some(sa) = sa else { continue };
             let mode = spec.mode_of(protocol);
@@ -610,16 +624,21 @@ pub(crate) fn validate(
         (None, None) => Encapsulation::Udp,
     };
     let encap_at = key("encap", span(&c.encap));
-    if protocol.has_ah() && encap == Encapsulation::Udp {
+    if (protocol.has_ah() || protocol == Protocols::Qesp) && encap == Encapsulation::Udp {
         let how = if given_encap.is_some() {
             "encap = \"udp\""
         } else {
             "encap defaults to gateway.encap = \"udp\""
         };
+        let why = if protocol == Protocols::Qesp {
+            "its ICV covers the outer addresses, which NAT rewrites"
+        } else {
+            "RFC 3948 covers ESP only"
+        };
         v.err(
             encap_at,
             format!(
-                "protocol \"{}\" cannot be UDP-encapsulated (RFC 3948 covers ESP only) but \
+                "protocol \"{}\" cannot be UDP-encapsulated ({why}) but \
                  {how}; set encap = \"none\" on this connection",
                 protocol.name()
             ),
@@ -672,6 +691,11 @@ pub(crate) fn validate(
         v.err(
             replay_at,
             format!("{replay_window}: expected 0 (no replay check) to {MAX_WINDOW} packets"),
+        );
+    } else if replay_window == 0 && protocol == Protocols::Qesp {
+        v.err(
+            replay_at,
+            "Q-ESP requires anti-replay (docs/QESP.md §4); remove replay_window = 0",
         );
     } else if replay_window == 0 {
         v.warn(
@@ -789,7 +813,14 @@ pub(crate) fn validate(
     let esp = match (protocol.has_esp(), &c.esp) {
         // Both tables, or IKE: reported above; no manual SA.
         (_, Some(_)) | (true, None) if has_ike => None,
-        (true, Some(r)) => sa::manual_sa(v, &esp_at, Protocol::Esp, r.get_ref(), allow_insecure),
+        (true, Some(r)) => {
+            let p = if protocol == Protocols::Qesp {
+                Protocol::Qesp
+            } else {
+                Protocol::Esp
+            };
+            sa::manual_sa(v, &esp_at, p, r.get_ref(), allow_insecure)
+        }
         (true, None) => {
             v.err(
                 base.clone(),
@@ -870,6 +901,7 @@ pub(crate) fn validate(
             Protocols::Esp => ManualKeys::Esp(esp?),
             Protocols::Ah => ManualKeys::Ah(ah?),
             Protocols::EspAh => ManualKeys::EspAh { esp: esp?, ah: ah? },
+            Protocols::Qesp => ManualKeys::Qesp(esp?),
         })
     };
     let conn = Connection {
@@ -896,11 +928,12 @@ pub(crate) fn validate(
         per_cpu_sas,
         lifetime: lifetime?,
         keying,
+        qesp_protocol: g.map_or(DEFAULT_QESP_PROTOCOL, |g| g.qesp_protocol),
     };
     // Last line of defence: everything the core checks when installing.
     let sas = conn.sa_configs();
     for cfg in sas.outbound.iter().chain(&sas.inbound) {
-        let which = if cfg.protocol == Protocol::Esp {
+        let which = if cfg.protocol.is_esp_like() {
             &esp_at
         } else {
             &ah_at
@@ -1231,7 +1264,9 @@ integ_out = "{ko}{}"
         let r = rx
             .decapsulate(
                 &mut buf,
-                &espgate_core::sa::Classifier::new().udp_port(4501),
+                &espgate_core::sa::Classifier::new()
+                    .udp_port(4501)
+                    .qesp(a.gateway.qesp_protocol),
                 Duration::ZERO,
             )
             .unwrap();
@@ -1620,6 +1655,58 @@ lifetime = { soft_bytes = "1G", hard_bytes = "2G", soft_time = "50m", hard_time 
         assert_has(
             &c.warnings.join("\n"),
             &["connection[1].remote_ts", "overlap", "\"b\""],
+        );
+    }
+
+    #[test]
+    fn qesp_connections() {
+        let (a, b) = mirrored("qesp", "none", false);
+        let c = &a.connections[0];
+        assert_eq!(c.protocol(), Protocols::Qesp);
+        assert!(matches!(c.keying, Keying::Manual(ManualKeys::Qesp(_))));
+        let out = c.sa_configs().outbound;
+        assert_eq!((out[0].protocol, out[0].ip_protocol), (Protocol::Qesp, 253));
+        assert_eq!(c.spec().layers, Layers::Qesp);
+        round_trip(&a, &b);
+        let raw = |extra: &str| {
+            conn(
+                "q",
+                &format!("protocol = \"qesp\"\n{extra}"),
+                &good_esp(0x1001, 0x1002),
+            )
+        };
+        // UDP (the default encapsulation) is refused, with the reason.
+        assert_has(
+            &err(&raw("")),
+            &[
+                "connection[0].encap",
+                "cannot be UDP-encapsulated",
+                "outer addresses",
+            ],
+        );
+        assert_has(
+            &err(&raw("encap = \"none\"\nreplay_window = 0")),
+            &["replay_window", "Q-ESP requires anti-replay"],
+        );
+        // Another experimental number from the gateway.
+        let text = format!(
+            "[gateway]\nqesp_protocol = 254\n{}",
+            raw("encap = \"none\"")
+        );
+        let c = parse_str(&text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.connections[0].sa_configs().inbound[0].ip_protocol, 254);
+        for bad in ["50", "0", "300"] {
+            let text = format!(
+                "[gateway]\nqesp_protocol = {bad}\n{}",
+                raw("encap = \"none\"")
+            );
+            assert_has(&err(&text), &["gateway.qesp_protocol"]);
+        }
+        // A suite Q-ESP cannot run: the core's reason, at the ESP table.
+        let text = raw("encap = \"none\"").replace("aes128gcm16", "aes128gmac");
+        assert_has(
+            &err(&text),
+            &["connection[0].esp", "Q-ESP requires encryption"],
         );
     }
 

@@ -54,6 +54,9 @@ pub struct Gateway {
     pub ike_fragment_size: usize,
     /// Send and receive buffer size of the outer sockets, bytes.
     pub socket_buffer: usize,
+    /// The IP protocol number Q-ESP travels as (`docs/QESP.md` §1;
+    /// default 253, RFC 3692's experimental number).
+    pub qesp_protocol: u8,
 }
 
 impl Gateway {
@@ -92,6 +95,7 @@ impl Gateway {
             batch: int(self.batch as i64),
             ike_fragment_size: int(self.ike_fragment_size as i64),
             socket_buffer: int(self.socket_buffer as i64),
+            qesp_protocol: int(i64::from(self.qesp_protocol)),
         }
     }
 }
@@ -179,6 +183,22 @@ pub(crate) fn validate(v: &mut Validator, t: Option<&Spanned<GatewayTable>>) -> 
             base.key("socket_buffer", span(&g.socket_buffer)),
             format!("socket_buffer = {socket_buffer}: expected 4096 to 1073741824 bytes"),
         );
+    }
+    let qesp_at = base.key("qesp_protocol", span(&g.qesp_protocol));
+    let qesp_protocol = int(
+        &g.qesp_protocol,
+        i64::from(espgate_core::wire::qesp::DEFAULT_IP_PROTOCOL),
+    );
+    match u8::try_from(qesp_protocol) {
+        Ok(n) => {
+            if let Err(e) = espgate_core::wire::qesp::check_ip_protocol(n) {
+                v.err(qesp_at, e);
+            }
+        }
+        Err(_) => v.err(
+            qesp_at,
+            format!("qesp_protocol = {qesp_protocol}: expected an IP protocol number, 1-254"),
+        ),
     }
     let mtu = int(&g.mtu, 1500);
     if !(576..=65535).contains(&mtu) {
@@ -280,6 +300,7 @@ pub(crate) fn validate(v: &mut Validator, t: Option<&Spanned<GatewayTable>>) -> 
         batch: batch.clamp(1, 64) as usize,
         ike_fragment_size: ike_fragment_size.clamp(300, 65000) as usize,
         socket_buffer: socket_buffer.clamp(4096, 1 << 30) as usize,
+        qesp_protocol: qesp_protocol.clamp(0, 255) as u8,
     })
 }
 

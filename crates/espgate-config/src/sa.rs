@@ -142,7 +142,7 @@ pub(crate) fn manual_sa(
     };
     if let Some(s) = suite {
         match protocol {
-            Protocol::Esp if s.enc.is_none() => v.err(
+            Protocol::Esp | Protocol::Qesp if s.enc.is_none() => v.err(
                 suite_at,
                 format!(
                     "\"{suite_text}\" is an integrity-only (AH) suite; ESP needs encryption, {}",

@@ -72,6 +72,8 @@ pub struct GatewayTable {
     pub ike_fragment_size: Option<Spanned<i64>>,
     /// Outer socket buffer size.
     pub socket_buffer: Option<Spanned<i64>>,
+    /// IP protocol number of Q-ESP.
+    pub qesp_protocol: Option<Spanned<i64>>,
 }
 
 /// One `[[connection]]`.
@@ -309,12 +311,16 @@ pub enum Protocols {
     /// ESP inside AH (AH in transport mode over the ESP packet).
     #[serde(rename = "esp+ah")]
     EspAh,
+    /// Q-ESP (`docs/QESP.md`): ESP's keys and suites in `[connection.esp]`,
+    /// the flow's ports in a clear header; raw IP only.
+    #[serde(rename = "qesp")]
+    Qesp,
 }
 
 impl Protocols {
-    /// True when ESP is applied.
+    /// True when ESP or Q-ESP is applied (keyed by `[connection.esp]`).
     pub fn has_esp(self) -> bool {
-        matches!(self, Protocols::Esp | Protocols::EspAh)
+        matches!(self, Protocols::Esp | Protocols::EspAh | Protocols::Qesp)
     }
     /// True when AH is applied.
     pub fn has_ah(self) -> bool {
@@ -326,6 +332,7 @@ impl Protocols {
             Protocols::Esp => "esp",
             Protocols::Ah => "ah",
             Protocols::EspAh => "esp+ah",
+            Protocols::Qesp => "qesp",
         }
     }
 }

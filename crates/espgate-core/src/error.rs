@@ -36,6 +36,10 @@ pub enum DropReason {
     BadNextHeader,
     /// The decrypted inner packet does not match the SA's traffic selectors.
     SelectorMismatch,
+    /// A Q-ESP packet's clear ports or transport protocol differ from the
+    /// decrypted packet's (`docs/QESP.md` §6: a sender claiming another
+    /// flow's ports, e.g. for priority).
+    QespPortMismatch,
     /// The SA reached its hard lifetime and must not be used.
     SaExpired,
     /// Sending one more packet would wrap the sequence number.
@@ -85,7 +89,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// All variants, for building counter tables.
-    pub const ALL: [DropReason; 28] = [
+    pub const ALL: [DropReason; 29] = [
         DropReason::BadLength,
         DropReason::BadIpVersion,
         DropReason::BadIpHeader,
@@ -98,6 +102,7 @@ impl DropReason {
         DropReason::BadPadding,
         DropReason::BadNextHeader,
         DropReason::SelectorMismatch,
+        DropReason::QespPortMismatch,
         DropReason::SaExpired,
         DropReason::SeqExhausted,
         DropReason::SeqNotReserved,
@@ -119,7 +124,7 @@ impl DropReason {
     /// The reasons an SA's own processing counts (`espgate status` per SA,
     /// `espgate_sa_drops_total`): the packet-processing ones, not the
     /// daemon's I/O or policy reasons.
-    pub const PER_SA: [DropReason; 19] = [
+    pub const PER_SA: [DropReason; 20] = [
         DropReason::BadLength,
         DropReason::BadIpVersion,
         DropReason::BadIpHeader,
@@ -132,6 +137,7 @@ impl DropReason {
         DropReason::BadPadding,
         DropReason::BadNextHeader,
         DropReason::SelectorMismatch,
+        DropReason::QespPortMismatch,
         DropReason::SaExpired,
         DropReason::SeqExhausted,
         DropReason::SeqNotReserved,
@@ -159,6 +165,7 @@ impl DropReason {
             DropReason::BadPadding => "bad_padding",
             DropReason::BadNextHeader => "bad_next_header",
             DropReason::SelectorMismatch => "selector_mismatch",
+            DropReason::QespPortMismatch => "qesp_port_mismatch",
             DropReason::SaExpired => "sa_expired",
             DropReason::SeqExhausted => "seq_exhausted",
             DropReason::SeqNotReserved => "seq_not_reserved",

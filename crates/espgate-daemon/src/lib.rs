@@ -116,9 +116,12 @@ fn open_sockets(cfg: &LoadedConfig, k: usize, reuseport: bool) -> Result<Sockets
         .filter(|c| c.encap == Encapsulation::None)
     {
         let v6 = c.local.is_ipv6();
-        // The outermost header: AH for "ah" and "esp+ah".
+        // The outermost header: AH for "ah" and "esp+ah"; Q-ESP on the
+        // gateway's number for it.
         let p = if c.protocol().has_ah() {
             proto::AH
+        } else if c.protocol() == espgate_config::Protocols::Qesp {
+            g.qesp_protocol
         } else {
             proto::ESP
         };
@@ -183,7 +186,9 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
         .collect();
     let opts = EngineOptions {
         mtu: g.mtu,
-        classifier: espgate_core::sa::Classifier::new().udp_port(g.listen.port()),
+        classifier: espgate_core::sa::Classifier::new()
+            .udp_port(g.listen.port())
+            .qesp(g.qesp_protocol),
         leases: Some(leases.clone()),
     };
     let engines =

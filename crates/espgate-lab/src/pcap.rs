@@ -91,6 +91,13 @@ pub struct Options<'a> {
 /// Decrypts every ESP/AH packet whose SPI matches one of `cfgs`.
 pub fn decrypt(cfgs: Vec<SaConfig>, opt: &Options<'_>, log: &mut dyn Write) -> Result<Summary> {
     let mut sad = Sad::new();
+    // Q-ESP on the number its SAs name (253 unless `ipproto=` says).
+    let qesp = cfgs
+        .iter()
+        .find(|c| c.protocol == espgate_core::sa::Protocol::Qesp)
+        .map_or(espgate_core::wire::qesp::DEFAULT_IP_PROTOCOL, |c| {
+            c.ip_protocol
+        });
     for (i, c) in cfgs.into_iter().enumerate() {
         sad.insert(install(c, i + 1)?)
             .map_err(|e| anyhow::anyhow!("--sa #{}: {e}", i + 1))?;
@@ -108,7 +115,7 @@ pub fn decrypt(cfgs: Vec<SaConfig>, opt: &Options<'_>, log: &mut dyn Write) -> R
         }
     }
     let mut buf = PacketBuf::with_capacity(9216);
-    let classifier = Classifier::new().udp_port(opt.nat_t_port);
+    let classifier = Classifier::new().udp_port(opt.nat_t_port).qesp(qesp);
     for (frame, p) in &cap.packets {
         buf.load(&p.ip);
         match sad.decapsulate(&mut buf, &classifier, Duration::ZERO) {
@@ -200,6 +207,9 @@ pub fn describe(d: DropReason) -> String {
         DropReason::BadPadding => "padding invalid after decryption (wrong key or suite?)",
         DropReason::BadNextHeader => "next header does not fit the SA mode (tunnel vs transport?)",
         DropReason::SelectorMismatch => "inner packet outside the SA's traffic selectors",
+        DropReason::QespPortMismatch => {
+            "the clear ports or TLP of the Q-ESP header are not the decrypted packet's"
+        }
         DropReason::Fragment => {
             "IP fragment (reassemble first; transport mode needs whole datagrams)"
         }

@@ -80,6 +80,7 @@ pub fn side(a: bool, shape: Shape) -> ConnSpec {
         remote_port: 4500,
         mode: Mode::Tunnel,
         layers: shape.layers,
+        qesp_protocol: espgate_core::wire::qesp::DEFAULT_IP_PROTOCOL,
         udp: shape.udp,
         local_ts: vec![lts],
         remote_ts: vec![rts],
@@ -112,7 +113,9 @@ pub fn side(a: bool, shape: Shape) -> ConnSpec {
     };
     for protocol in shape.layers.protocols() {
         let (suite, kin, kout, off): (Suite, _, _, u32) = match protocol {
-            Protocol::Esp => ("aes128gcm16".parse().unwrap(), hex(k_in), hex(k_out), 0),
+            Protocol::Esp | Protocol::Qesp => {
+                ("aes128gcm16".parse().unwrap(), hex(k_in), hex(k_out), 0)
+            }
             Protocol::Ah => ("sha256".parse().unwrap(), hex(i_in), hex(i_out), 0x100),
         };
         let copies = if *protocol == Protocol::Esp {
@@ -128,7 +131,7 @@ pub fn side(a: bool, shape: Shape) -> ConnSpec {
                     (spi_in + off + k, per_cpu_key(&kin, k))
                 };
                 let (enc, integ): (&[u8], &[u8]) = match protocol {
-                    Protocol::Esp => (&key, &[]),
+                    Protocol::Esp | Protocol::Qesp => (&key, &[]),
                     Protocol::Ah => (&[], &key),
                 };
                 let mut sc = SaConfig::new(spi, *protocol, suite, enc, integ);

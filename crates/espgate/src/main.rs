@@ -363,7 +363,7 @@ enum SaCmd {
         #[arg(long, value_parser = ["in", "out"])]
         dir: String,
         /// The keys, as the SA spec of `espgate pcap`:
-        /// spi=0x…,suite=…,enc=HEX[,integ=HEX][,proto=esp|ah][,esn=yes]
+        /// spi=0x…,suite=…,enc=HEX[,integ=HEX][,proto=esp|ah|qesp][,esn=yes]
         /// [,window=N][,tfc=N][,allow_insecure=yes] (inbound also [,seq=N]).
         /// `-` reads it from standard input, which keeps the keys out of
         /// the process list and shell history.
@@ -379,8 +379,8 @@ enum SaCmd {
         /// SPI, hex (0x…) or decimal.
         #[arg(long, value_parser = parse_spi)]
         spi: u32,
-        /// esp or ah; needed only when an ESP and an AH SA share the SPI.
-        #[arg(long, value_parser = ["esp", "ah"])]
+        /// esp, ah or qesp; needed only when SAs of two protocols share the SPI.
+        #[arg(long, value_parser = ["esp", "ah", "qesp"])]
         proto: Option<String>,
         /// Refuse unless the SA is of this direction.
         #[arg(long, value_parser = ["in", "out"])]
@@ -418,7 +418,8 @@ struct ControlArgs {
 #[derive(clap::Args)]
 struct PcapArgs {
     /// SA as key=value pairs: spi=0x…,suite=aes128gcm16,enc=HEX[,integ=HEX][,mode=tunnel|transport]
-    /// [,encap=udp|none][,src=IP,dst=IP][,esn=yes][,seq=N][,proto=esp|ah][,window=N][,allow_insecure=yes]
+    /// [,encap=udp|none][,src=IP,dst=IP][,esn=yes][,seq=N][,proto=esp|ah|qesp][,ipproto=N]
+    /// [,window=N][,allow_insecure=yes]
     #[arg(long = "sa", required = true)]
     sa: Vec<String>,
     /// Input capture (pcap or pcapng; Ethernet, raw IP or Linux cooked).
@@ -972,7 +973,11 @@ fn main() -> ExitCode {
                 &target,
                 &Request::SaDel {
                     spi,
-                    proto: proto.map(|p| if p == "ah" { Proto::Ah } else { Proto::Esp }),
+                    proto: proto.map(|p| match p.as_str() {
+                        "ah" => Proto::Ah,
+                        "qesp" => Proto::Qesp,
+                        _ => Proto::Esp,
+                    }),
                     dir: dir.map(|d| if d == "out" { SaDir::Out } else { SaDir::In }),
                     conn,
                 },

@@ -154,6 +154,12 @@ fn check_spec_against(
                      its key (gateway.state_dir), so that no nonce is ever reused: leave seq out"
                 ))
             }
+            "ipproto" => (parsed.ip_protocol != c.qesp_protocol).then(|| {
+                format!(
+                    "Q-ESP travels as IP protocol {} on this gateway (gateway.qesp_protocol)",
+                    c.qesp_protocol
+                )
+            }),
             "tfc" if protocol == Protocol::Ah => {
                 return Err(format!("tfc={v}: TFC padding is for ESP, not AH"))
             }
@@ -456,7 +462,7 @@ impl Engine {
         if let Some(c) = conn {
             self.conn_index(c)?;
         }
-        let found: Vec<SaId> = [Protocol::Esp, Protocol::Ah]
+        let found: Vec<SaId> = [Protocol::Esp, Protocol::Ah, Protocol::Qesp]
             .into_iter()
             .filter(|p| protocol.is_none_or(|q| q == *p))
             .filter_map(|p| self.sad.lookup(p, spi))

@@ -15,6 +15,8 @@ pub enum Layers {
     Ah,
     /// ESP inside AH.
     EspAh,
+    /// Q-ESP alone (`docs/QESP.md`).
+    Qesp,
 }
 
 impl Layers {
@@ -24,6 +26,7 @@ impl Layers {
             Layers::Esp => &[Protocol::Esp],
             Layers::Ah => &[Protocol::Ah],
             Layers::EspAh => &[Protocol::Esp, Protocol::Ah],
+            Layers::Qesp => &[Protocol::Qesp],
         }
     }
 
@@ -33,6 +36,7 @@ impl Layers {
             Layers::Esp => "esp",
             Layers::Ah => "ah",
             Layers::EspAh => "esp+ah",
+            Layers::Qesp => "qesp",
         }
     }
 
@@ -85,8 +89,10 @@ pub struct ConnSpec {
     pub remote_port: u16,
     /// Tunnel or transport.
     pub mode: Mode,
-    /// ESP, AH or both.
+    /// ESP, AH, both, or Q-ESP.
     pub layers: Layers,
+    /// The IP protocol number Q-ESP travels as on this gateway.
+    pub qesp_protocol: u8,
     /// ESP travels in UDP (RFC 3948); otherwise raw ESP/AH.
     pub udp: bool,
     /// Our side's prefixes (for status).
@@ -151,7 +157,10 @@ impl ConnSpec {
         c.lifetime = self.sa.lifetime;
         c.selectors = self.selectors.clone();
         c.allow_insecure = self.sa.allow_insecure;
-        c.tfc_pad_to = if c.protocol == Protocol::Esp {
+        if c.protocol == Protocol::Qesp {
+            c.ip_protocol = self.qesp_protocol;
+        }
+        c.tfc_pad_to = if c.protocol.is_esp_like() {
             self.sa.tfc_pad_to
         } else {
             None

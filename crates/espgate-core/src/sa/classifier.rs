@@ -5,6 +5,7 @@ use super::Protocol;
 use crate::error::{DropReason, PResult};
 use crate::wire::esp::{EspLayout, Rfc4303};
 use crate::wire::ip::{self, IpInfo};
+use crate::wire::qesp::Qesp;
 use crate::wire::{ah, proto, udp};
 
 /// Most UDP ports one [`Classifier`] recognises as ESP-in-UDP.
@@ -50,6 +51,23 @@ impl Classifier {
             udp: [0; MAX_UDP_PORTS],
             udp_len: 0,
         }
+    }
+
+    /// Adds raw Q-ESP on IP protocol `number` (`docs/QESP.md` §1; the
+    /// caller has checked it with [`crate::wire::qesp::check_ip_protocol`]).
+    /// A second call replaces the number.
+    pub const fn qesp(mut self, number: u8) -> Classifier {
+        let mut i = 0;
+        while i < self.ip_len {
+            if matches!(self.ip[i].1, Protocol::Qesp) {
+                self.ip[i].0 = number;
+                return self;
+            }
+            i += 1;
+        }
+        self.ip[self.ip_len] = (number, Protocol::Qesp);
+        self.ip_len += 1;
+        self
     }
 
     /// Raw ESP and AH, and ESP-in-UDP on the IANA NAT-T port 4500.
@@ -160,6 +178,7 @@ pub fn classify(pkt: &[u8], classifier: &Classifier) -> PResult<Classified> {
     let hdr = pkt.get(offset..end).ok_or(DropReason::BadLength)?;
     let spi = match protocol {
         Protocol::Esp => Rfc4303::parse_header(hdr)?.0,
+        Protocol::Qesp => Qesp::parse_header(hdr)?.0,
         Protocol::Ah => ah::Ah::new_checked(hdr)?.spi(),
     };
     Ok(Classified::Ipsec(Inbound {
@@ -197,6 +216,36 @@ mod tests {
         assert!(!c.esp_in_udp(0, 0), "unused port slots never match");
         assert_eq!(Classifier::NAT_T, Classifier::new().udp_port(4500));
         assert_eq!(Classifier::default(), Classifier::new());
+    }
+
+    #[test]
+    fn qesp_has_the_number_its_gateway_gives_it() {
+        let c = Classifier::new().qesp(253);
+        assert_eq!(c.ip_protocol(253), Some(Protocol::Qesp));
+        assert_eq!(c.ip_protocol(proto::ESP), Some(Protocol::Esp));
+        let c = c.qesp(254);
+        assert_eq!(c.ip_protocol(253), None);
+        assert_eq!(c.ip_protocol(254), Some(Protocol::Qesp));
+        assert_eq!(c.ip_len, 3);
+        // The SPI is at offset 8 of a Q-ESP header, not 0.
+        let mut pkt = vec![0u8; 20 + 16 + 32];
+        pkt[0] = 0x45;
+        let len = pkt.len() as u16;
+        pkt[2..4].copy_from_slice(&len.to_be_bytes());
+        pkt[8] = 64;
+        pkt[9] = 254;
+        pkt[20 + 8..20 + 12].copy_from_slice(&0x1234_5678u32.to_be_bytes());
+        let Classified::Ipsec(inb) = classify(&pkt, &c).unwrap() else {
+            panic!("not IPsec");
+        };
+        assert_eq!(
+            (inb.protocol, inb.spi, inb.offset),
+            (Protocol::Qesp, 0x1234_5678, 20)
+        );
+        assert_eq!(
+            classify(&pkt, &Classifier::new()).unwrap_err(),
+            DropReason::NotIpsec
+        );
     }
 
     #[test]

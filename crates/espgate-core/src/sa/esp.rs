@@ -6,13 +6,13 @@ use super::{finish_tunnel_inner, fix_transport_header, Decapsulated, Encap, Inbo
 use crate::buf::PacketBuf;
 use crate::cost::{Probe, Stage};
 use crate::error::{DropReason, PResult};
-use crate::wire::esp::{EspAuth, EspLayout, Inner, OuterAddrs};
+use crate::wire::esp::{EspAuth, EspLayout, OuterAddrs};
 use crate::wire::ip::IpInfo;
 use crate::wire::{checksum, esp, ipv6, proto, put16, udp};
 use std::time::Duration;
 
 /// How [`Sa::esp_wrap`] frames one packet.
-struct Wrap {
+struct Wrap<C> {
     /// Bytes kept in front (the IP header in transport mode).
     keep: usize,
     /// Next header for the trailer.
@@ -23,6 +23,8 @@ struct Wrap {
     tfc: usize,
     /// The outer addresses the packet will travel between.
     outer: OuterAddrs,
+    /// What the header shows in clear ([`EspLayout::Clear`]).
+    clear: C,
 }
 
 impl Sa {
@@ -32,6 +34,22 @@ impl Sa {
         buf: &mut PacketBuf,
         info: &IpInfo,
         seq: u64,
+        probe: &mut P,
+    ) -> PResult<()> {
+        // Tunnel mode: `buf` is the inner packet; transport mode: the
+        // packet before protection. Either way what `clear_of` reads.
+        let clear = L::clear_of(buf.as_slice())?;
+        self.esp_out_showing::<L, P>(buf, info, seq, clear, probe)
+    }
+
+    /// [`Sa::esp_out`] with the header's clear fields given (the tests
+    /// make a sender that lies about its ports with it).
+    pub(super) fn esp_out_showing<L: EspLayout, P: Probe + ?Sized>(
+        &mut self,
+        buf: &mut PacketBuf,
+        info: &IpInfo,
+        seq: u64,
+        clear: L::Clear,
         probe: &mut P,
     ) -> PResult<()> {
         let udp_len = if matches!(self.cfg.encap, Encap::Udp { .. }) {
@@ -59,12 +77,13 @@ impl Sa {
                     udp_len,
                     tfc,
                     outer: OuterAddrs { src, dst },
+                    clear,
                 };
                 self.esp_wrap::<L, P>(buf, &w, seq, probe)?;
                 let outer_proto = if udp_len > 0 {
                     proto::UDP
                 } else {
-                    L::IP_PROTOCOL
+                    self.cfg.ip_protocol
                 };
                 self.push_outer(buf, info, outer_proto)?;
                 let hdr_len = if self.cfg.tunnel_dst.is_some_and(|d| d.is_ipv6()) {
@@ -103,12 +122,13 @@ impl Sa {
                         src: info.src,
                         dst: info.dst,
                     },
+                    clear,
                 };
                 self.esp_wrap::<L, P>(buf, &w, seq, probe)?;
                 let outer_proto = if udp_len > 0 {
                     proto::UDP
                 } else {
-                    L::IP_PROTOCOL
+                    self.cfg.ip_protocol
                 };
                 fix_transport_header(buf.as_mut_slice(), info.version, nh_field, outer_proto)?;
                 if udp_len > 0 {
@@ -146,7 +166,7 @@ impl Sa {
     fn esp_wrap<L: EspLayout, P: Probe + ?Sized>(
         &mut self,
         buf: &mut PacketBuf,
-        w: &Wrap,
+        w: &Wrap<L::Clear>,
         seq: u64,
         probe: &mut P,
     ) -> PResult<()> {
@@ -171,12 +191,8 @@ impl Sa {
         let esp_off = keep + udp_len;
         let e = &mut p[esp_off..];
         let (hdr, rest) = e.split_at_mut(L::HEADER_LEN);
-        let (iv, rest) = rest.split_at_mut(iv_len);
-        let inner = Inner {
-            next_header: nh,
-            payload: &rest[..payload_len],
-        };
-        L::emit_header(hdr, self.cfg.spi, seq, &inner)?;
+        let (iv, _) = rest.split_at_mut(iv_len);
+        L::emit_header(hdr, self.cfg.spi, seq, &w.clear)?;
         t.fill_iv(iv, seq)?;
         let auth = L::auth(e, seq, self.cfg.esn, &w.outer);
         probe.mark(Stage::Encap);
@@ -201,6 +217,7 @@ impl Sa {
             return Err(DropReason::BadLength);
         }
         let (_, seq_lo) = L::parse_header(e)?;
+        let clear = L::header_clear(e)?;
         let seq = self.replay.full_seq(seq_lo).ok_or(DropReason::Replay);
         let seq = seq.and_then(|s| self.replay.check(s).map(|()| s));
         probe.mark(Stage::Replay);
@@ -216,7 +233,7 @@ impl Sa {
         self.counters.replay_top.set(self.replay.top());
         probe.mark(Stage::Replay);
         updated?;
-        let r = self.esp_unframe::<L>(buf, inb, now);
+        let r = self.esp_unframe::<L>(buf, inb, now, &clear);
         probe.mark(Stage::Decap);
         r
     }
@@ -228,6 +245,7 @@ impl Sa {
         buf: &mut PacketBuf,
         inb: &Inbound,
         now: Duration,
+        clear: &L::Clear,
     ) -> PResult<Decapsulated> {
         let (iv_len, icv_len) = (self.transform.iv_len(), self.transform.icv_len());
         let e = buf
@@ -258,6 +276,9 @@ impl Sa {
                     nh,
                 )?;
             }
+        }
+        if L::clear_of(buf.as_slice())? != *clear {
+            return Err(DropReason::QespPortMismatch);
         }
         self.check_selectors(buf.as_slice())?;
         self.account(plen, now);

@@ -18,6 +18,7 @@ use crate::stats::{LifeState, SaCounters};
 use crate::wire::esp::{EspLayout, Rfc4303};
 use crate::wire::flow;
 use crate::wire::ip::{self, IpInfo};
+use crate::wire::qesp::Qesp;
 use crate::wire::{ipv4, ipv6, proto, udp};
 pub use classifier::{classify, Classified, Classifier, Inbound, MAX_UDP_PORTS};
 pub use lifetime::{Lifetime, LifetimeState, SaEvent};
@@ -36,14 +37,19 @@ pub enum Protocol {
     Esp,
     /// Authentication Header (RFC 4302).
     Ah,
+    /// Q-ESP (seed paper 002, `docs/QESP.md`): ESP with the flow's ports
+    /// in a clear header and the outer addresses authenticated.
+    Qesp,
 }
 
 impl Protocol {
-    /// IP protocol number.
+    /// IP protocol number (Q-ESP's default; a gateway may choose another,
+    /// [`SaConfig::ip_protocol`]).
     pub const fn number(self) -> u8 {
         match self {
             Protocol::Esp => proto::ESP,
             Protocol::Ah => proto::AH,
+            Protocol::Qesp => crate::wire::qesp::DEFAULT_IP_PROTOCOL,
         }
     }
     /// Lower-case name.
@@ -51,7 +57,21 @@ impl Protocol {
         match self {
             Protocol::Esp => "esp",
             Protocol::Ah => "ah",
+            Protocol::Qesp => "qesp",
         }
+    }
+    /// The protocol named `s` (`esp`, `ah`, `qesp`).
+    pub fn from_name(s: &str) -> Option<Protocol> {
+        match s {
+            "esp" => Some(Protocol::Esp),
+            "ah" => Some(Protocol::Ah),
+            "qesp" => Some(Protocol::Qesp),
+            _ => None,
+        }
+    }
+    /// ESP or Q-ESP: an encrypting protocol on the ESP path.
+    pub fn is_esp_like(self) -> bool {
+        matches!(self, Protocol::Esp | Protocol::Qesp)
     }
 }
 
@@ -125,6 +145,9 @@ pub struct SaConfig {
     pub ttl: u8,
     /// Copy DSCP from inner to outer header (ECN always follows RFC 6040).
     pub copy_dscp: bool,
+    /// IP protocol number of raw packets on this SA: the protocol's own
+    /// ([`Protocol::number`]) unless the gateway gives Q-ESP another.
+    pub ip_protocol: u8,
 }
 
 impl std::fmt::Debug for SaConfig {
@@ -169,6 +192,7 @@ impl SaConfig {
             tfc_pad_to: None,
             ttl: 64,
             copy_dscp: true,
+            ip_protocol: protocol.number(),
         }
     }
 
@@ -346,6 +370,39 @@ impl std::fmt::Debug for Sa {
     }
 }
 
+/// Q-ESP's mandatory services (`docs/QESP.md` §4): encryption, integrity
+/// and anti-replay, and raw IP (the ICV covers the outer addresses, which
+/// NAT rewrites).
+fn check_qesp(cfg: &SaConfig) -> Result<(), SaError> {
+    use crate::crypto::Enc;
+    let why = match cfg.suite.enc {
+        None | Some(Enc::Null) => Some(format!(
+            "Q-ESP requires encryption; {} has none",
+            cfg.suite.name()
+        )),
+        Some(Enc::AesGmac(_)) => Some(format!(
+            "Q-ESP requires encryption; {} only authenticates",
+            cfg.suite.name()
+        )),
+        Some(_) if cfg.suite.lacks_integrity() => Some(format!(
+            "Q-ESP requires integrity; {} has none",
+            cfg.suite.name()
+        )),
+        Some(_) if cfg.replay_window == 0 => {
+            Some("Q-ESP requires anti-replay; replay_window = 0 turns it off".to_string())
+        }
+        Some(_) if cfg.encap != Encap::None => Some(
+            "Q-ESP cannot be UDP-encapsulated: its ICV covers the outer addresses, which NAT rewrites"
+                .to_string(),
+        ),
+        Some(_) => None,
+    };
+    match why {
+        Some(w) => Err(SaError::Config(w)),
+        None => Ok(()),
+    }
+}
+
 impl Sa {
     /// Validates the config, keys the transform and starts the SA at `now`.
     pub fn new(cfg: SaConfig, now: Duration) -> Result<Sa, SaError> {
@@ -366,7 +423,18 @@ impl Sa {
             Protocol::Ah if cfg.encap != Encap::None => {
                 return Err(SaError::Config("AH cannot be UDP-encapsulated (RFC 3948 covers ESP only)".into()))
             }
+            Protocol::Qesp => check_qesp(&cfg)?,
             _ => {}
+        }
+        if cfg.protocol == Protocol::Qesp {
+            crate::wire::qesp::check_ip_protocol(cfg.ip_protocol).map_err(SaError::Config)?;
+        } else if cfg.ip_protocol != cfg.protocol.number() {
+            return Err(SaError::Config(format!(
+                "{} travels as IP protocol {}, not {}",
+                cfg.protocol.name(),
+                cfg.protocol.number(),
+                cfg.ip_protocol
+            )));
         }
         if cfg.spi < 256 {
             return Err(SaError::Config(format!(
@@ -487,11 +555,16 @@ impl Sa {
         } else {
             0
         };
+        let esp_hdr = if self.cfg.protocol == Protocol::Qesp {
+            Qesp::HEADER_LEN
+        } else {
+            Rfc4303::HEADER_LEN
+        };
         match self.cfg.protocol {
-            Protocol::Esp => {
+            Protocol::Esp | Protocol::Qesp => {
                 outer
                     + udp
-                    + Rfc4303::HEADER_LEN
+                    + esp_hdr
                     + self.transform.iv_len()
                     + (self.transform.block_len().max(4) - 1)
                     + crate::wire::esp::TRAILER_LEN
@@ -618,6 +691,7 @@ impl Sa {
         let seq = seq?;
         match self.cfg.protocol {
             Protocol::Esp => self.esp_out::<Rfc4303, P>(buf, &info, seq, probe)?,
+            Protocol::Qesp => self.esp_out::<Qesp, P>(buf, &info, seq, probe)?,
             Protocol::Ah => self.ah_out(buf, &info, seq, probe)?,
         }
         self.account(len, now);
@@ -647,6 +721,7 @@ impl Sa {
     ) -> PResult<Decapsulated> {
         let r = match inb.protocol {
             Protocol::Esp => self.esp_in::<Rfc4303, P>(buf, inb, now, probe),
+            Protocol::Qesp => self.esp_in::<Qesp, P>(buf, inb, now, probe),
             Protocol::Ah => self.ah_in(buf, inb, now, probe),
         };
         self.count_drop(r)

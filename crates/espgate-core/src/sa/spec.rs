@@ -1,8 +1,10 @@
 //! The one-line SA description used by `espgate pcap` and `espgate sa add`:
 //!
 //! `spi=0x…,suite=aes128gcm16,enc=HEX[,integ=HEX][,mode=tunnel|transport]`
-//! `[,encap=udp|none][,src=IP,dst=IP][,esn=yes][,seq=N][,proto=esp|ah]`
-//! `[,window=N][,sport=N][,dport=N][,tfc=N][,allow_insecure=yes]`
+//! `[,encap=udp|none][,src=IP,dst=IP][,esn=yes][,seq=N][,proto=esp|ah|qesp]`
+//! `[,ipproto=N][,window=N][,sport=N][,dport=N][,tfc=N][,allow_insecure=yes]`
+//!
+//! `ipproto` is the IP protocol number of Q-ESP (default 253).
 
 use super::{Encap, Mode, Protocol, SaConfig};
 use crate::crypto::Suite;
@@ -73,6 +75,7 @@ pub fn parse(spec: &str) -> Result<SaConfig, String> {
     let mut dst = None;
     let mut esn = false;
     let mut seq = 1u64;
+    let mut ipproto: Option<u8> = None;
     let mut protocol = Protocol::Esp;
     let mut window = 1024u32;
     let mut sport = NAT_T_PORT;
@@ -123,11 +126,8 @@ pub fn parse(spec: &str) -> Result<SaConfig, String> {
             "esn" => esn = parse_bool(k, v)?,
             "seq" => seq = parse_u64(k, v)?,
             "proto" => {
-                protocol = match v {
-                    "esp" => Protocol::Esp,
-                    "ah" => Protocol::Ah,
-                    _ => return Err(format!("proto: expected esp or ah, got '{v}'")),
-                }
+                protocol = Protocol::from_name(v)
+                    .ok_or_else(|| format!("proto: expected esp, ah or qesp, got '{v}'"))?
             }
             "window" => {
                 window =
@@ -150,6 +150,12 @@ pub fn parse(spec: &str) -> Result<SaConfig, String> {
                 )
             }
             "allow_insecure" => insecure = parse_bool(k, v)?,
+            "ipproto" => {
+                ipproto = Some(
+                    u8::try_from(parse_u64(k, v)?)
+                        .map_err(|_| "ipproto: not an IP protocol number".to_string())?,
+                )
+            }
             _ => return Err(format!("unknown key '{k}'")),
         }
     }
@@ -175,6 +181,12 @@ pub fn parse(spec: &str) -> Result<SaConfig, String> {
     cfg.replay_window = window;
     cfg.tfc_pad_to = tfc;
     cfg.allow_insecure = insecure;
+    if let Some(n) = ipproto {
+        if protocol != Protocol::Qesp {
+            return Err("ipproto: only Q-ESP (proto=qesp) takes another IP protocol number".into());
+        }
+        cfg.ip_protocol = n;
+    }
     Ok(cfg)
 }
 
@@ -191,6 +203,26 @@ mod tests {
         assert_eq!(c.encap, Encap::NAT_T);
         assert!(c.esn);
         assert_eq!(c.initial_seq, 1 << 32);
+    }
+
+    #[test]
+    fn qesp_specs() {
+        let c = parse(
+            "spi=0x1000,suite=aes128gcm16,enc=000102030405060708090a0b0c0d0e0f10111213,proto=qesp",
+        )
+        .unwrap();
+        assert_eq!((c.protocol, c.ip_protocol), (Protocol::Qesp, 253));
+        let c = parse("spi=0x1000,suite=aes128gcm16,enc=000102030405060708090a0b0c0d0e0f10111213,proto=qesp,ipproto=254").unwrap();
+        assert_eq!(c.ip_protocol, 254);
+        assert!(parse("spi=0x1000,suite=aes128gcm16,proto=esp,ipproto=254")
+            .unwrap_err()
+            .starts_with("ipproto:"));
+        assert!(parse("spi=0x1000,suite=aes128gcm16,proto=qesp,ipproto=999")
+            .unwrap_err()
+            .starts_with("ipproto:"));
+        assert!(parse("spi=0x1000,suite=aes128gcm16,proto=x")
+            .unwrap_err()
+            .contains("qesp"));
     }
 
     #[test]

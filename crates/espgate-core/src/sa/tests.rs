@@ -8,6 +8,8 @@ use crate::wire::checksum;
 use proptest::prelude::*;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+mod qesp;
+
 const T0: Duration = Duration::ZERO;
 
 fn key(n: usize, seed: u8) -> Vec<u8> {

@@ -1,5 +1,6 @@
 //! ESP header and trailer layout (RFC 4303 §2), and [`EspLayout`]: what
-//! differs between ESP header formats ([`Rfc4303`] is the one implemented).
+//! differs between ESP header formats ([`Rfc4303`] here, and
+//! [`super::qesp::Qesp`]).
 //!
 //! ```text
 //! | SPI (4) | Sequence Number (4) | IV (suite) | Payload | Padding | Pad Len | Next Hdr | ICV |
@@ -56,18 +57,6 @@ pub struct OuterAddrs {
     pub dst: IpAddr,
 }
 
-/// What a layout may read of the packet it is about to protect when it
-/// writes its header.
-#[derive(Debug, Clone, Copy)]
-pub struct Inner<'a> {
-    /// The next header the trailer will carry (IPv4/IPv6 in tunnel mode,
-    /// the upper-layer protocol in transport mode).
-    pub next_header: u8,
-    /// The plaintext payload: the inner IP packet (tunnel mode) or the
-    /// upper-layer segment (transport mode).
-    pub payload: &'a [u8],
-}
-
 /// The data one packet authenticates besides its `[header | IV | body]`
 /// bytes, built on the stack by [`EspLayout::auth`].
 pub trait EspAuth {
@@ -88,14 +77,26 @@ pub trait EspLayout {
     const HEADER_LEN: usize;
     /// The per-packet authenticated data.
     type Auth: EspAuth;
+    /// What the header shows in clear about the protected packet (`()`
+    /// for ESP; Q-ESP's ports and transport protocol).
+    type Clear: Copy + PartialEq + core::fmt::Debug;
+
+    /// The clear fields of the IP packet `pkt` that the header protects
+    /// (tunnel mode: the inner packet; transport mode: the packet before
+    /// protection). Outbound they go into the header; inbound, computed
+    /// on the restored packet, they must equal the header's.
+    fn clear_of(pkt: &[u8]) -> PResult<Self::Clear>;
 
     /// Writes the header into `hdr` (exactly [`Self::HEADER_LEN`] bytes)
     /// for the packet with `spi` and full sequence number `seq`.
-    fn emit_header(hdr: &mut [u8], spi: u32, seq: u64, inner: &Inner<'_>) -> PResult<()>;
+    fn emit_header(hdr: &mut [u8], spi: u32, seq: u64, clear: &Self::Clear) -> PResult<()>;
 
     /// SPI and low 32 bits of the sequence number of the header at the
     /// start of `pkt` (`BadLength` if `pkt` is shorter than the header).
     fn parse_header(pkt: &[u8]) -> PResult<(u32, u32)>;
+
+    /// The clear fields of the header at the start of `pkt`.
+    fn header_clear(pkt: &[u8]) -> PResult<Self::Clear>;
 
     /// What the packet whose header starts `pkt` (at least
     /// [`Self::HEADER_LEN`] bytes), with full sequence number `seq`, sent
@@ -136,10 +137,21 @@ impl EspLayout for Rfc4303 {
     const IP_PROTOCOL: u8 = proto::ESP;
     const HEADER_LEN: usize = HEADER_LEN;
     type Auth = Rfc4303Auth;
+    type Clear = ();
 
     #[inline]
-    fn emit_header(hdr: &mut [u8], spi: u32, seq: u64, _inner: &Inner<'_>) -> PResult<()> {
+    fn clear_of(_pkt: &[u8]) -> PResult<()> {
+        Ok(())
+    }
+
+    #[inline]
+    fn emit_header(hdr: &mut [u8], spi: u32, seq: u64, _clear: &()) -> PResult<()> {
         emit_header(hdr, spi, seq);
+        Ok(())
+    }
+
+    #[inline]
+    fn header_clear(_pkt: &[u8]) -> PResult<()> {
         Ok(())
     }
 
@@ -225,11 +237,7 @@ mod tests {
     fn rfc4303_layout() {
         assert_eq!((Rfc4303::IP_PROTOCOL, Rfc4303::HEADER_LEN), (50, 8));
         let mut h = [0u8; 8];
-        let inner = Inner {
-            next_header: proto::IPV4,
-            payload: &[0x45; 20],
-        };
-        Rfc4303::emit_header(&mut h, 0x1234_5678, 0x1_0000_0002, &inner).unwrap();
+        Rfc4303::emit_header(&mut h, 0x1234_5678, 0x1_0000_0002, &()).unwrap();
         assert_eq!(h, [0x12, 0x34, 0x56, 0x78, 0, 0, 0, 2]);
         assert_eq!(Rfc4303::parse_header(&h).unwrap(), (0x1234_5678, 2));
         assert_eq!(

@@ -12,6 +12,7 @@ pub mod flow;
 pub mod ip;
 pub mod ipv4;
 pub mod ipv6;
+pub mod qesp;
 pub mod tcp;
 pub mod udp;
 

@@ -141,6 +141,7 @@ impl Control {
                 let protocol = proto.map(|p| match p {
                     Proto::Esp => Protocol::Esp,
                     Proto::Ah => Protocol::Ah,
+                    Proto::Qesp => Protocol::Qesp,
                 });
                 let outbound = dir.map(|d| d == SaDir::Out);
                 let r =
