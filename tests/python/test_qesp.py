@@ -226,3 +226,41 @@ def test_espgate_opens_the_vectors(espgate, tmp_path):
              + (f",esn=yes,seq={seq}" if v.get("esn") else ""))
         run(espgate, "pcap", "decrypt", "--strict", "--sa", s, str(enc), str(dec))
         assert [bytes(p) for p in rdpcap(str(dec))] == [pkt], v["name"]
+
+
+# ── the Wireshark dissector ────────────────────────────────────────────────
+
+DISSECTOR = Path(__file__).resolve().parents[2] / "dist" / "wireshark" / "qesp.lua"
+
+
+def tshark_fields(capture, *extra):
+    r = subprocess.run(["tshark", "-X", f"lua_script:{DISSECTOR}", *extra, "-r", str(capture), "-T", "fields",
+                        "-e", "qesp.sport", "-e", "qesp.dport", "-e", "qesp.tlp", "-e", "qesp.spi",
+                        "-e", "qesp.seq", "-e", "qesp.payload_len"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return [line.split("\t") for line in r.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("proto", [253, 254])
+def test_the_lua_dissector_shows_the_clear_header(espgate, tmp_path, proto):
+    ek, _ = keys("aes128gcm16", random.Random(3))
+    pkts = [IP(src="10.1.0.10", dst="10.2.0.20") / UDP(sport=4000, dport=5004) / Raw(b"v" * 160),
+            IP(src="10.1.0.10", dst="10.2.0.20") / TCP(sport=40000, dport=443, flags="S"),
+            IP(src="10.1.0.10", dst="10.2.0.20") / ICMP()]
+    clear, enc = tmp_path / "c.pcap", tmp_path / "q.pcap"
+    wrpcap(str(clear), pkts)
+    run(espgate, "pcap", "encrypt", "--sa", spec("aes128gcm16", ek, b"", "tunnel", 4, proto=proto),
+        str(clear), str(enc))
+    sizes = [len(bytes(p)) for p in rdpcap(str(enc))]
+    extra = [] if proto == 253 else ["-o", f"qesp.protocol:{proto}"]
+    rows = tshark_fields(enc, *extra)
+    want = [["4000", "5004", "17"], ["40000", "443", "6"], ["0", "0", "1"]]
+    assert [r[:3] for r in rows] == want
+    assert all(r[3] == f"{SPI:#010x}" for r in rows)
+    assert [r[4] for r in rows] == ["1", "2", "3"]
+    # What follows the header: the IV, the ciphertext and the ICV.
+    assert [int(r[5]) for r in rows] == [s - 20 - 16 for s in sizes]
+    # On another number than the one configured, the dissector stays out.
+    if proto == 254:
+        assert all(r[0] == "" for r in tshark_fields(enc))
