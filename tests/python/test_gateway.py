@@ -323,6 +323,9 @@ SITE_CASES = {
     "ah-raw-sha256": dict(protocol="ah", encap="none", ah="sha256"),
     "esp+ah-raw": dict(protocol="esp+ah", encap="none", esp="aes256-sha1", ah="sha256"),
     "esp+ah-raw-v6outer": dict(protocol="esp+ah", encap="none", esp="aes128gcm16", ah="sha1", v6_outer=True),
+    "qesp-raw-aes128gcm16": dict(protocol="qesp", encap="none", esp="aes128gcm16"),
+    "qesp-raw-v6outer-v4v6inner": dict(protocol="qesp", encap="none", esp="aes256-sha256", v6_outer=True,
+                                       inner=("v4", "v6")),
 }
 
 
@@ -388,6 +391,31 @@ def test_tcp_transfer_through_the_tunnel_with_mss_clamping(lab):
         assert st["counters"]["tun_rx"] >= 200
     # Big segments arrived whole: the inbound SA at B carried >= 50 MB.
     assert b.sas("in")[0]["bytes"] >= 50 * 1000 * 1000
+    assert a.stop() == 0 and b.stop() == 0
+
+
+@pytest.mark.skipif(not shutil.which("tcpdump"), reason="needs tcpdump")
+@pytest.mark.parametrize("mode", ["tunnel", "transport"])
+def test_qesp_gateways_carry_tcp_with_the_ports_in_clear(lab, mode):
+    """Two gateways on Q-ESP (manual keys): a TCP transfer crosses, and on
+    the wire between them the Q-ESP header (protocol 253) shows the
+    transfer's ports in clear (docs/QESP.md §3)."""
+    a, b = configs(lab, protocol="qesp", encap="none", esp="chacha20poly1305", mode=mode,
+                   fwmark=0x4500 if mode == "transport" else None)
+    a.start()
+    b.start()
+    server, client = ("10.2.0.1", "10.1.0.1") if mode == "tunnel" else ("192.0.2.2", None)
+    hdr = capture_one(lab, a.ns, "va", "ip proto 253 and ip[22:2] = 5210",
+                      lambda: tcp_transfer(lab, b.ns, server, a.ns, client, 3 * 1000 * 1000, port=5210))
+    raw = bytes(hdr)[14:]  # Ethernet off
+    assert raw[9] == 253
+    assert int.from_bytes(raw[22:24], "big") == 5210 and raw[24] == 6, raw[20:36].hex()
+    assert raw[25:28] == b"\0\0\0"
+    for d in (a, b):
+        st = assert_clean(d, 100)
+        sas = st["connections"][0]["sas"]
+        assert {sa["protocol"] for sa in sas} == {"qesp"}, sas
+        assert all(sa["mode"] == mode for sa in sas)
     assert a.stop() == 0 and b.stop() == 0
 
 

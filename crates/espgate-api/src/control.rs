@@ -7,7 +7,7 @@
 //! {"cmd":"sa_list"}  -> {"ok":true,"sas":[{...},...]}  (status::SaStatus)
 //! {"cmd":"sa_add","conn":"NAME","dir":"in"|"out","spec":"spi=0x…,suite=…,enc=…"}
 //!                    -> {"ok":true,"message":"...","warnings":[...]}
-//! {"cmd":"sa_del","spi":4097[,"proto":"esp"|"ah"][,"dir":"in"|"out"][,"conn":"NAME"]}
+//! {"cmd":"sa_del","spi":4097[,"proto":"esp"|"ah"|"qesp"][,"dir":"in"|"out"][,"conn":"NAME"]}
 //!                    -> {"ok":true,"message":"...","warnings":[...]}
 //! {"cmd":"wireshark_keys"} -> {"ok":true,"sas":[{...,"enc_key":"hex",...}]}
 //!                                                      (wireshark::SaKeys)

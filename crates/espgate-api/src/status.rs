@@ -146,7 +146,7 @@ pub struct SaStatus {
     pub added: bool,
     /// SPI in hex (`0x0000c0de`).
     pub spi: String,
-    /// `esp` or `ah`.
+    /// `esp`, `ah` or `qesp`.
     pub protocol: String,
     /// strongSwan keyword.
     pub suite: String,
