@@ -136,8 +136,17 @@ fn hex_field(h: &str) -> String {
 /// The eight `esp_sa` columns of an SA (without quotes), or why Wireshark
 /// cannot use it.
 pub fn uat_fields(k: &SaKeys) -> Result<[String; 8], String> {
-    if k.protocol != "esp" {
-        return Err("AH does not encrypt: Wireshark shows what it protects without keys".into());
+    match k.protocol.as_str() {
+        "esp" => {}
+        "qesp" => {
+            return Err("Q-ESP is not ESP to Wireshark: dist/wireshark/qesp.lua shows its clear                         header; decrypt with `espgate pcap decrypt --sa …,proto=qesp`"
+                .into())
+        }
+        _ => {
+            return Err(
+                "AH does not encrypt: Wireshark shows what it protects without keys".into(),
+            )
+        }
     }
     let suite: Suite = k
         .suite
@@ -344,6 +353,12 @@ mod tests {
         );
         assert_eq!(notes.len(), 2, "{notes:?}");
         assert!(args.contains(&"esp.enable_encryption_decode:TRUE".to_string()));
+    }
+
+    #[test]
+    fn qesp_sas_point_to_the_lua_dissector() {
+        let e = uat_fields(&keys("aes128gcm16", "qesp", "in")).unwrap_err();
+        assert!(e.contains("qesp.lua") && e.contains("proto=qesp"), "{e}");
     }
 
     #[test]
