@@ -233,6 +233,14 @@ pub mod protocol {
     pub const AH: u8 = 2;
     /// ESP.
     pub const ESP: u8 = 3;
+    /// Q-ESP (`docs/QESP.md` §7): the first value RFC 7296 §3.3.1
+    /// reserves for private use; an ESP-like child SA with 4-byte SPIs.
+    pub const QESP: u8 = 201;
+
+    /// A child SA protocol whose SPIs are 4 bytes (AH, ESP, Q-ESP).
+    pub const fn is_child(p: u8) -> bool {
+        matches!(p, AH | ESP | QESP)
+    }
 }
 
 /// Transform types (RFC 7296 §3.3.2).
@@ -666,7 +674,7 @@ pub enum Delete {
     Ike,
     /// Deletes child SAs of an IPsec protocol (4-byte SPIs).
     Child {
-        /// [`protocol::AH`] or [`protocol::ESP`].
+        /// [`protocol::AH`], [`protocol::ESP`] or [`protocol::QESP`].
         protocol: u8,
         /// The SPIs, as the receiver of the deleting peer's packets uses them.
         spis: Vec<u32>,
@@ -895,7 +903,7 @@ impl Payload {
                     (protocol::IKE, 0) if num == 0 && spis.is_empty() => {
                         Payload::Delete(Delete::Ike)
                     }
-                    (protocol::AH | protocol::ESP, 4) if spis.len() == num * 4 => {
+                    (p, 4) if protocol::is_child(p) && spis.len() == num * 4 => {
                         Payload::Delete(Delete::Child {
                             protocol: proto,
                             spis: spis.chunks_exact(4).map(|c| be32(c, 0)).collect(),
@@ -962,7 +970,7 @@ impl Payload {
             }
             Payload::Delete(Delete::Ike) => out.extend_from_slice(&[protocol::IKE, 0, 0, 0]),
             Payload::Delete(Delete::Child { protocol: p, spis }) => {
-                if !matches!(*p, protocol::AH | protocol::ESP) {
+                if !protocol::is_child(*p) {
                     return Err(IkeError::Unencodable);
                 }
                 out.extend_from_slice(&[*p, 4]);

@@ -443,6 +443,58 @@ fn one(p: Payload) -> Vec<u8> {
 }
 
 #[test]
+fn qesp_proposals_and_deletes_parse_and_emit() {
+    // Q-ESP (private-use protocol 201) proposals, notifies and deletes
+    // travel like ESP's: 4-byte SPIs, every byte as given.
+    let m = Message {
+        header: hdr(ExchangeType::Informational),
+        payloads: vec![
+            Payload::Sa(vec![
+                Proposal {
+                    number: 1,
+                    protocol: protocol::QESP,
+                    spi: vec![1, 2, 3, 4],
+                    transforms: vec![
+                        Transform::with_key_length(transform_type::ENCR, encr::AES_GCM_16, 128),
+                        Transform::new(transform_type::ESN, esn::NO),
+                    ],
+                },
+                Proposal {
+                    number: 2,
+                    protocol: protocol::ESP,
+                    spi: vec![1, 2, 3, 4],
+                    transforms: vec![
+                        Transform::with_key_length(transform_type::ENCR, encr::AES_GCM_16, 128),
+                        Transform::new(transform_type::ESN, esn::NO),
+                    ],
+                },
+            ]),
+            Payload::Notify(Notify {
+                protocol: protocol::QESP,
+                spi: vec![5, 6, 7, 8],
+                notify_type: NotifyType::RekeySa,
+                data: vec![],
+            }),
+            Payload::Delete(Delete::Child {
+                protocol: protocol::QESP,
+                spis: vec![0xc000_0001],
+            }),
+        ],
+    };
+    let b = m.emit().unwrap();
+    assert_eq!(Message::parse(&b).unwrap(), m);
+    // The proposal's protocol byte and the delete's protocol byte are 201.
+    assert_eq!(b[28 + 4 + 5], 201);
+    let d = b.len() - 8;
+    assert_eq!((b[d], b[d + 1], be16(&b, d + 2)), (201, 4, 1));
+    // Other unknown protocols in a Delete are still refused.
+    let mut t = b.clone();
+    t[d] = 99;
+    assert_eq!(Message::parse(&t), Err(IkeError::BadDelete));
+    assert!(protocol::is_child(protocol::QESP) && !protocol::is_child(protocol::IKE));
+}
+
+#[test]
 fn payload_specific_errors() {
     // Delete: SPI count disagreeing with the bytes.
     let mut t = one(Payload::Delete(Delete::Child {
