@@ -18,6 +18,32 @@ pub enum ProposalKind {
     Esp,
 }
 
+impl ProposalKind {
+    /// The Protocol ID its proposals carry by default: IKE (1) or ESP (3).
+    /// A Q-ESP child SA proposal is of kind [`ProposalKind::Esp`] (the
+    /// same transforms) with [`protocol::QESP`] instead.
+    pub const fn protocol(self) -> u8 {
+        match self {
+            ProposalKind::Ike => protocol::IKE,
+            ProposalKind::Esp => protocol::ESP,
+        }
+    }
+}
+
+/// The proposals among `specs` that Q-ESP can use (`docs/QESP.md` §4: it
+/// refuses an SA without encryption), with the integrity-only AES-GMAC
+/// algorithms left out; a proposal left without an algorithm is dropped.
+pub fn qesp_capable(specs: &[ProposalSpec]) -> Vec<ProposalSpec> {
+    specs
+        .iter()
+        .filter_map(|p| {
+            let mut p = p.clone();
+            p.encr.retain(|e| !matches!(e, Enc::AesGmac(_)));
+            (!p.encr.is_empty()).then_some(p)
+        })
+        .collect()
+}
+
 /// One proposal with possibly several algorithms per transform type, as a
 /// strongSwan proposal string lists them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -214,10 +240,7 @@ impl ProposalSpec {
         }
         wire::Proposal {
             number,
-            protocol: match self.kind {
-                ProposalKind::Ike => protocol::IKE,
-                ProposalKind::Esp => protocol::ESP,
-            },
+            protocol: self.kind.protocol(),
             spi: spi.to_vec(),
             transforms: t,
         }
@@ -329,8 +352,21 @@ impl Chosen {
     }
 
     /// The one-transform-per-type proposal a responder returns, keeping the
-    /// offered proposal's number and with `spi` as SPI.
+    /// offered proposal's number and with `spi` as SPI, for the kind's
+    /// default protocol ([`Chosen::to_wire_as`] for another).
     pub fn to_wire(&self, kind: ProposalKind, number: u8, spi: &[u8]) -> wire::Proposal {
+        self.to_wire_as(kind, kind.protocol(), number, spi)
+    }
+
+    /// [`Chosen::to_wire`] with Protocol ID `proto` (the offered
+    /// proposal's: [`protocol::QESP`] for a Q-ESP child SA).
+    pub fn to_wire_as(
+        &self,
+        kind: ProposalKind,
+        proto: u8,
+        number: u8,
+        spi: &[u8],
+    ) -> wire::Proposal {
         let spec = ProposalSpec {
             kind,
             encr: vec![self.encr],
@@ -339,19 +375,38 @@ impl Chosen {
             dh: self.dh.into_iter().collect(),
             esn: vec![self.esn],
         };
-        spec.to_wire(number, spi, None)
+        let mut w = spec.to_wire(number, spi, None);
+        w.protocol = proto;
+        w
     }
 
     /// Reads a one-transform-per-type proposal (a responder's answer) and
-    /// checks it against what we offered: every transform must be one of
-    /// ours. `None` if the answer is not a valid choice (the initiator
-    /// must then fail the exchange, RFC 7296 §3.3.6).
+    /// checks it against what we offered: its Protocol ID must be the
+    /// kind's (IKE or ESP) and every transform one of ours. `None` if the
+    /// answer is not a valid choice (the initiator must then fail the
+    /// exchange, RFC 7296 §3.3.6).
     pub fn from_answer(
         answer: &wire::Proposal,
         offered: &[ProposalSpec],
         kind: ProposalKind,
         pfs_offered: bool,
     ) -> Option<Chosen> {
+        Chosen::from_answer_as(answer, offered, kind, kind.protocol(), pfs_offered)
+    }
+
+    /// [`Chosen::from_answer`] for proposals we offered with Protocol ID
+    /// `proto` (`offered`: those proposals): an answer with another
+    /// Protocol ID is not a choice among them.
+    pub fn from_answer_as(
+        answer: &wire::Proposal,
+        offered: &[ProposalSpec],
+        kind: ProposalKind,
+        proto: u8,
+        pfs_offered: bool,
+    ) -> Option<Chosen> {
+        if answer.protocol != proto {
+            return None;
+        }
         let c = single(answer, kind)?;
         let fits = offered.iter().any(|o| {
             o.encr.contains(&c.encr)
@@ -432,16 +487,27 @@ fn single(p: &wire::Proposal, kind: ProposalKind) -> Option<Chosen> {
 /// exchange carries a KE payload (a group must then be chosen; without
 /// one, offered groups other than NONE exclude the proposal, RFC 7296 §1.3.1).
 /// Returns the offered proposal's number, its SPI and the choice.
+/// Only proposals with the kind's Protocol ID (IKE or ESP) are considered
+/// ([`select_as`] for another).
 pub fn select(
     ours: &[ProposalSpec],
     offered: &[wire::Proposal],
     kind: ProposalKind,
     pfs: bool,
 ) -> Option<(u8, Vec<u8>, Chosen)> {
-    let proto = match kind {
-        ProposalKind::Ike => protocol::IKE,
-        ProposalKind::Esp => protocol::ESP,
-    };
+    select_as(ours, offered, kind, kind.protocol(), pfs)
+}
+
+/// [`select`] among the offered proposals with Protocol ID `proto`
+/// ([`protocol::QESP`] for Q-ESP, whose transforms are ESP's); proposals
+/// of other protocols are passed over.
+pub fn select_as(
+    ours: &[ProposalSpec],
+    offered: &[wire::Proposal],
+    kind: ProposalKind,
+    proto: u8,
+    pfs: bool,
+) -> Option<(u8, Vec<u8>, Chosen)> {
     for o in ours {
         for p in offered.iter().filter(|p| p.protocol == proto) {
             if p.transforms
@@ -702,6 +768,54 @@ mod tests {
             false
         )
         .is_none());
+    }
+
+    #[test]
+    fn selection_and_answers_by_protocol_id() {
+        let ours =
+            ProposalSpec::parse_list(ProposalKind::Esp, "aes128gcm16,aes256-sha256").unwrap();
+        let spec = ProposalSpec::parse(ProposalKind::Esp, "aes128gcm16").unwrap();
+        let mut qesp = spec.to_wire(1, &[0, 0, 0, 1], Some(&[]));
+        qesp.protocol = protocol::QESP;
+        let esp = spec.to_wire(2, &[0, 0, 0, 2], Some(&[]));
+        let offer = [qesp.clone(), esp.clone()];
+        // ESP selection passes over the Q-ESP proposal, and the other way round.
+        let (n, spi, c) = select(&ours, &offer, ProposalKind::Esp, false).unwrap();
+        assert_eq!((n, spi), (2, vec![0, 0, 0, 2]));
+        let (n, spi, q) =
+            select_as(&ours, &offer, ProposalKind::Esp, protocol::QESP, false).unwrap();
+        assert_eq!((n, spi), (1, vec![0, 0, 0, 1]));
+        assert_eq!(c, q);
+        assert!(select_as(&ours, &[esp], ProposalKind::Esp, protocol::QESP, false).is_none());
+        // The answer carries the protocol it was chosen for, and reads back
+        // only against proposals of that protocol.
+        let ans = q.to_wire_as(ProposalKind::Esp, protocol::QESP, 1, &[9, 9, 9, 9]);
+        assert_eq!(ans.protocol, protocol::QESP);
+        assert_eq!(
+            Chosen::from_answer_as(&ans, &ours, ProposalKind::Esp, protocol::QESP, false),
+            Some(q)
+        );
+        assert_eq!(
+            Chosen::from_answer(&ans, &ours, ProposalKind::Esp, false),
+            None,
+            "a Q-ESP answer is not an ESP choice"
+        );
+        let ans = c.to_wire(ProposalKind::Esp, 2, &[9, 9, 9, 9]);
+        assert_eq!(
+            Chosen::from_answer(&ans, &ours, ProposalKind::Esp, false),
+            Some(c)
+        );
+        assert_eq!(
+            Chosen::from_answer_as(&ans, &ours, ProposalKind::Esp, protocol::QESP, false),
+            None
+        );
+        // Q-ESP needs encryption: AES-GMAC is left out of its proposals.
+        let mixed =
+            ProposalSpec::parse_list(ProposalKind::Esp, "aes128gmac,aes256gcm16-aes128gmac")
+                .unwrap();
+        let q = qesp_capable(&mixed);
+        assert_eq!(q.len(), 1);
+        assert_eq!(q[0].encr, [Enc::AesGcm16(256)]);
     }
 
     #[test]
