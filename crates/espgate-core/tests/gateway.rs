@@ -3,12 +3,12 @@
 //! (`espgate-testkit`).
 
 use espgate_core::gateway::*;
-use espgate_core::sa::{Encap, Protocol, SaConfig, SaEvent, SeqLease};
+use espgate_core::sa::{Classifier, Encap, Protocol, SaConfig, SaEvent, SeqLease};
 use espgate_core::wire::flow::Flow;
 use espgate_core::wire::ip;
 use espgate_core::{DropReason, PacketBuf};
 use espgate_testkit::keys::*;
-use espgate_testkit::{from_a, opts, side, tcp_syn4, udp4, Shape};
+use espgate_testkit::{from_a, opts, side, tcp_syn4, udp4, Shape, B};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -649,6 +649,7 @@ fn negotiated_sas_take_the_connection_shape() {
         integ_key: &[],
         esn: true,
         encap: None,
+        protocol: Protocol::Esp,
     };
     b.install_negotiated(&sa(false), T).unwrap();
     let ch = a.install_negotiated(&sa(true), T).unwrap();
@@ -665,6 +666,149 @@ fn negotiated_sas_take_the_connection_shape() {
         T,
     );
     assert!(e.unwrap_err().contains("no connection named \"x\""));
+}
+
+/// A and B as IKE keys them (`negotiated_overhead` > 0) over raw IP, with
+/// their first negotiated pair in place: ESP, A sending on 0x1002.
+fn ike_pair() -> (Engine, Engine) {
+    let shape = Shape::new(Layers::Esp, false);
+    let o = EngineOptions {
+        classifier: Classifier::NAT_T.qesp(253),
+        ..opts()
+    };
+    let mut sa = side(true, shape);
+    let mut sb = side(false, shape);
+    sa.negotiated_overhead = 100;
+    sb.negotiated_overhead = 100;
+    (
+        Engine::new(&[sa], &o, T).unwrap(),
+        Engine::new(&[sb], &o, T).unwrap(),
+    )
+}
+
+fn layers_of(e: &Engine) -> Layers {
+    e.connections().next().unwrap().layers
+}
+
+#[test]
+fn negotiated_qesp_switches_the_layer_and_keeps_the_esp_overlap() {
+    let (mut a, mut b) = ike_pair();
+    let (k_ab, k_ba) = (hex(K_NEW_AB), hex(K_AB));
+    let negotiated = |outbound, protocol, spi, key| NegotiatedSa {
+        conn: "peer",
+        outbound,
+        protocol,
+        spi,
+        suite: "aes128gcm16".parse().unwrap(),
+        enc_key: key,
+        integ_key: &[],
+        esn: false,
+        encap: None,
+    };
+    // An ESP packet of the old pair, held back (the rekey overlap).
+    let mut late = PacketBuf::with_capacity(2000);
+    late.load(&udp4("10.1.0.5", "10.2.0.9", 10));
+    assert_eq!(a.outbound(&mut late, T), Ok(Some(0)));
+    // The rekey negotiated Q-ESP: inbound first at B, then A sends on it.
+    b.install_negotiated(&negotiated(false, Protocol::Qesp, 0x5001, &k_ab), T)
+        .unwrap();
+    assert_eq!(layers_of(&b), Layers::Esp, "inbound SAs switch nothing");
+    let ch = a
+        .install_negotiated(&negotiated(true, Protocol::Qesp, 0x5001, &k_ab), T)
+        .unwrap();
+    assert!(ch.message.contains("replaces ESP SA 0x00001002"), "{ch:?}");
+    assert_eq!(layers_of(&a), Layers::Qesp);
+    let outs: Vec<(Protocol, u32)> = a
+        .stats()
+        .sas()
+        .iter()
+        .filter(|s| s.outbound)
+        .map(|s| (s.protocol, s.spi))
+        .collect();
+    assert_eq!(outs, [(Protocol::Qesp, 0x5001)], "one outbound SA, Q-ESP");
+    // A's packets are Q-ESP on IP protocol 253, accepted by B (still ESP
+    // by its layers) on its Q-ESP inbound SA.
+    let mut buf = PacketBuf::with_capacity(2000);
+    buf.load(&udp4("10.1.0.5", "10.2.0.9", 10));
+    assert_eq!(a.outbound(&mut buf, T), Ok(Some(0)));
+    assert_eq!(buf.as_slice()[9], 253);
+    assert_eq!(
+        b.inbound(&mut buf, T, from_a()),
+        Ok(Received::Packet),
+        "{:?}",
+        drops(&b)
+    );
+    // B switches too; then the held ESP packet on the old inbound SA is
+    // still B's bundle, not a policy mismatch.
+    a.install_negotiated(&negotiated(false, Protocol::Qesp, 0x5002, &k_ba), T)
+        .unwrap();
+    b.install_negotiated(&negotiated(true, Protocol::Qesp, 0x5002, &k_ba), T)
+        .unwrap();
+    assert_eq!(layers_of(&b), Layers::Qesp);
+    assert_eq!(
+        b.inbound(&mut late, T, from_a()),
+        Ok(Received::Packet),
+        "{:?}",
+        drops(&b)
+    );
+    assert!(drops(&b).is_empty(), "{:?}", drops(&b));
+    // B to A on Q-ESP both ways.
+    let mut buf = PacketBuf::with_capacity(2000);
+    buf.load(&udp4("10.2.0.9", "10.1.0.5", 10));
+    assert_eq!(b.outbound(&mut buf, T), Ok(Some(0)));
+    assert_eq!(
+        a.inbound(&mut buf, T, B.into()),
+        Ok(Received::Packet),
+        "{:?}",
+        drops(&a)
+    );
+    // The old ESP inbound SA goes; the Q-ESP one is left, no warning.
+    let ch = b
+        .del_sa(0x1002, Some(Protocol::Esp), Some(false), None)
+        .unwrap();
+    assert!(ch.warnings.is_empty(), "{ch:?}");
+    // A rekey may fall back to ESP: the layer switches back.
+    a.install_negotiated(&negotiated(true, Protocol::Esp, 0x6001, &k_ba), T)
+        .unwrap();
+    assert_eq!(layers_of(&a), Layers::Esp);
+    assert_eq!(spis(&a, true), [0x6001]);
+    // IKE never negotiates AH.
+    let e = a
+        .install_negotiated(&negotiated(true, Protocol::Ah, 0x7001, &k_ab), T)
+        .unwrap_err();
+    assert!(e.contains("not AH"), "{e}");
+}
+
+#[test]
+fn manually_keyed_connections_keep_esp_and_qesp_apart() {
+    // Without IKE (negotiated_overhead 0) a Q-ESP SA is not the ESP layer:
+    // it is not installed on an ESP connection, which keeps sending ESP.
+    let o = EngineOptions {
+        classifier: Classifier::NAT_T.qesp(253),
+        ..opts()
+    };
+    let shape = Shape::new(Layers::Esp, false);
+    let mut a = Engine::new(&[side(true, shape)], &o, T).unwrap();
+    let mut b = Engine::new(&[side(false, shape)], &o, T).unwrap();
+    let key = hex(K_NEW_AB);
+    let q = |outbound| NegotiatedSa {
+        conn: "peer",
+        outbound,
+        protocol: Protocol::Qesp,
+        spi: 0x5001,
+        suite: "aes128gcm16".parse().unwrap(),
+        enc_key: &key,
+        integ_key: &[],
+        esn: false,
+        encap: None,
+    };
+    let e = a.install_negotiated(&q(true), T).unwrap_err();
+    assert!(
+        e.contains("applies esp: a negotiated QESP SA does not fit it"),
+        "{e}"
+    );
+    assert_eq!(layers_of(&a), Layers::Esp);
+    assert!(send_one(&mut a, &mut b), "{:?}", drops(&b));
 }
 
 #[test]

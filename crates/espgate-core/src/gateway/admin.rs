@@ -3,7 +3,7 @@
 //! allocate, and their errors are messages for the operator (never with
 //! keys).
 
-use super::{slot, ConnSpec, Engine, SaMeta};
+use super::{slot, ConnSpec, Engine, Layers, SaMeta};
 use crate::crypto::Suite;
 use crate::sa::{Encap, Mode, Protocol, Sa, SaConfig};
 use crate::sad::SaId;
@@ -23,14 +23,17 @@ pub struct SaChange {
     pub installed: Option<(Protocol, u32)>,
 }
 
-/// A child SA negotiated by IKE, to install on its connection: keys, SPI,
-/// suite, ESN and UDP ports come from the negotiation; mode, addresses,
-/// replay window, lifetimes and selectors from the connection.
+/// A child SA negotiated by IKE, to install on its connection: protocol,
+/// keys, SPI, suite, ESN and UDP ports come from the negotiation; mode,
+/// addresses, replay window, lifetimes, selectors and Q-ESP's IP protocol
+/// number from the connection.
 pub struct NegotiatedSa<'a> {
     /// The connection's name.
     pub conn: &'a str,
     /// We send on it (else we receive on it).
     pub outbound: bool,
+    /// ESP, or Q-ESP (`docs/QESP.md` §7); never AH.
+    pub protocol: Protocol,
     /// Its SPI (chosen by the receiving side).
     pub spi: u32,
     /// Its suite.
@@ -262,6 +265,11 @@ impl Engine {
     /// connection's outbound SA for the next packet; inbound: accepted next
     /// to the others until removed). Fresh keys per SA: no lease is taken
     /// (its numbers start at 1 and cannot repeat a nonce of another key).
+    ///
+    /// ESP and Q-ESP fill the one layer of an IKE connection alike: an
+    /// outbound SA of the other protocol replaces the current one and
+    /// switches the connection's layers ([`Layers::Esp`] or
+    /// [`Layers::Qesp`]); inbound SAs of either are accepted.
     pub fn install_negotiated(
         &mut self,
         s: &NegotiatedSa<'_>,
@@ -269,13 +277,40 @@ impl Engine {
     ) -> Result<SaChange, String> {
         let ci = self.conn_index(s.conn)?;
         let c = &self.conns[ci].spec;
-        let mut sc = SaConfig::new(s.spi, Protocol::Esp, s.suite, s.enc_key, s.integ_key);
+        let layers = match s.protocol {
+            Protocol::Esp => Layers::Esp,
+            Protocol::Qesp => Layers::Qesp,
+            Protocol::Ah => {
+                return Err(format!(
+                    "connection \"{}\": IKE negotiates ESP or Q-ESP SAs, not AH",
+                    c.name
+                ))
+            }
+        };
+        // Only an IKE connection (sized for negotiated SAs) switches
+        // between ESP and Q-ESP.
+        let switches = c.negotiated_overhead > 0 && matches!(c.layers, Layers::Esp | Layers::Qesp);
+        if !switches && c.layers != layers {
+            return Err(format!(
+                "connection \"{}\" applies {}: a negotiated {} SA does not fit it",
+                c.name,
+                c.layers.name(),
+                s.protocol.name().to_uppercase()
+            ));
+        }
+        let mut sc = SaConfig::new(s.spi, s.protocol, s.suite, s.enc_key, s.integ_key);
         let ports = s.encap.unwrap_or((c.local_port, c.remote_port));
         c.shape_sa(&mut sc, c.mode, s.outbound, ports);
         // Negotiated, not configured.
         sc.esn = s.esn;
         sc.allow_insecure = false;
-        self.install_sa(ci, s.outbound, sc, false, now)
+        let change = self.install_sa(ci, s.outbound, sc, false, now)?;
+        if s.outbound && self.conns[ci].spec.layers != layers {
+            // The new outbound SA replaced the other protocol's: the
+            // connection now sends this one.
+            self.conns[ci].spec.layers = layers;
+        }
+        Ok(change)
     }
 
     /// The common end of `sa add` and IKE installs: checks the SPI and
@@ -319,11 +354,10 @@ impl Engine {
         // reserved or replaced.
         Sa::new(sc.clone(), now).map_err(|e| format!("{what}: {e}"))?;
         let old = if outbound {
-            self.conns[ci]
-                .out_ids
-                .iter()
-                .copied()
-                .find(|id| self.meta_of(*id).is_some_and(|m| m.protocol == protocol))
+            self.conns[ci].out_ids.iter().copied().find(|id| {
+                self.meta_of(*id)
+                    .is_some_and(|m| self.same_layer(ci, m.protocol, protocol))
+            })
         } else {
             None
         };
@@ -372,7 +406,7 @@ impl Engine {
             let layers = self.conns[ci].spec.layers.protocols();
             let at = layers
                 .iter()
-                .position(|p| *p == protocol)
+                .position(|p| self.same_layer(ci, *p, protocol))
                 .unwrap_or(0)
                 .min(self.conns[ci].out_ids.len());
             self.conns[ci].out_ids.insert(at, id);
@@ -428,12 +462,16 @@ impl Engine {
         })
     }
 
-    /// SPIs of connection `ci`'s SAs of one direction and protocol.
+    /// SPIs of connection `ci`'s SAs of one direction and layer (ESP and
+    /// Q-ESP are one layer on an IKE connection).
     fn layer_spis(&self, ci: usize, outbound: bool, protocol: Protocol) -> Vec<u32> {
         let c = &self.conns[ci];
         if outbound { &c.out_ids } else { &c.in_ids }
             .iter()
-            .filter(|id| self.meta_of(**id).is_some_and(|m| m.protocol == protocol))
+            .filter(|id| {
+                self.meta_of(**id)
+                    .is_some_and(|m| self.same_layer(ci, protocol, m.protocol))
+            })
             .filter_map(|id| self.sad.get(*id))
             .map(|sa| sa.config().spi)
             .collect()

@@ -553,13 +553,26 @@ impl Engine {
         self.meta.get(id.0 as usize).copied().flatten()
     }
 
+    /// True when an SA of `protocol` fills connection `ci`'s layer
+    /// `layer`: the same protocol, or — on a connection keyed by IKE
+    /// (`negotiated_overhead` > 0), whose one ESP-like layer is negotiated
+    /// as ESP or Q-ESP per child SA — either ESP-like protocol, so that an
+    /// SA of the other one still in its rekey overlap is not a mismatch.
+    fn same_layer(&self, ci: usize, layer: Protocol, protocol: Protocol) -> bool {
+        layer == protocol
+            || (self.conns[ci].spec.negotiated_overhead > 0
+                && layer.is_esp_like()
+                && protocol.is_esp_like())
+    }
+
     /// The layers of connection `conn` without an outbound SA.
     fn missing_layers(&self, conn: usize) -> impl Iterator<Item = Protocol> + '_ {
         let c = &self.conns[conn];
         c.spec.layers.protocols().iter().copied().filter(move |p| {
-            !c.out_ids
-                .iter()
-                .any(|id| self.meta_of(*id).is_some_and(|m| m.protocol == *p))
+            !c.out_ids.iter().any(|id| {
+                self.meta_of(*id)
+                    .is_some_and(|m| self.same_layer(conn, *p, m.protocol))
+            })
         })
     }
 
@@ -569,8 +582,9 @@ impl Engine {
         let want = self.conns[c].spec.layers.protocols();
         self.applied.len() == want.len()
             && self.applied.iter().zip(want.iter().rev()).all(|(id, p)| {
-                self.meta_of(*id)
-                    .is_some_and(|m| m.conn == c && !m.outbound && m.protocol == *p)
+                self.meta_of(*id).is_some_and(|m| {
+                    m.conn == c && !m.outbound && self.same_layer(c, *p, m.protocol)
+                })
             })
     }
 

@@ -167,6 +167,7 @@ impl IkeDriver {
                     let sa = NegotiatedSa {
                         conn: &s.conn,
                         outbound: s.outbound,
+                        protocol: Protocol::Esp,
                         spi: s.spi,
                         suite: s.suite,
                         enc_key: &s.enc_key,
