@@ -23,7 +23,9 @@
 use espgate_core::sa::Mode;
 use espgate_core::selector::Prefix;
 use espgate_ike::cert::Identity;
-use espgate_ike::config::{ChildConfig, DpdAction, IkeConfig, LocalAuth, RemoteAuth, Retransmit};
+use espgate_ike::config::{
+    ChildConfig, DpdAction, IkeConfig, LocalAuth, QespMode, RemoteAuth, Retransmit,
+};
 use espgate_ike::engine::{Event, Ike, Ports, Transmit};
 use espgate_ike::proposal::{ProposalKind, ProposalSpec};
 use espgate_ike::ts;
@@ -63,6 +65,8 @@ fn conf(local: &str, remote: &str, lts: &str, rts: &str) -> IkeConfig {
                 "aes128gcm16-x25519,aes256-sha256",
             )
             .unwrap(),
+            // Both Q-ESP and ESP proposals, so that both paths are reached.
+            qesp: QespMode::Prefer,
             rekey_time: Duration::from_secs(20),
             life_time: Duration::from_secs(60),
             jitter: Duration::from_secs(2),

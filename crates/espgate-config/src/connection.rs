@@ -16,7 +16,7 @@ use espgate_core::sa::{per_cpu_key, Lifetime, Mode, Protocol, Sa, SaConfig};
 use espgate_core::selector::{PortRange, Prefix, TrafficSelector};
 use espgate_core::wire::proto;
 use espgate_core::wire::qesp::DEFAULT_IP_PROTOCOL as DEFAULT_QESP_PROTOCOL;
-use espgate_ike::config::{ChildConfig, IkeConfig};
+use espgate_ike::config::{ChildConfig, IkeConfig, QespMode};
 use espgate_ike::ts;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -417,6 +417,7 @@ impl Connection {
                 remote_ts: selectors(&self.remote_ts),
                 mode: self.mode,
                 proposals: s.esp_proposals.clone(),
+                qesp: QespMode::Off,
                 rekey_time: s.child_rekey_time,
                 life_time: s.child_life_time,
                 jitter: s.jitter,

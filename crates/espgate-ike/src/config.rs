@@ -102,6 +102,30 @@ impl Retransmit {
     }
 }
 
+/// Whether a connection negotiates Q-ESP child SAs (`docs/QESP.md` §7):
+/// proposals with the private-use Protocol ID 201 and ESP's transforms.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum QespMode {
+    /// ESP only: Q-ESP proposals are neither sent nor accepted.
+    #[default]
+    Off,
+    /// Propose Q-ESP first and ESP second; accept either, Q-ESP preferred.
+    Prefer,
+    /// Q-ESP only: a peer without it fails the child SA.
+    Require,
+}
+
+impl QespMode {
+    /// The keyword in the configuration (`off`, `prefer`, `require`).
+    pub fn name(self) -> &'static str {
+        match self {
+            QespMode::Off => "off",
+            QespMode::Prefer => "prefer",
+            QespMode::Require => "require",
+        }
+    }
+}
+
 /// The child SA a connection negotiates.
 #[derive(Debug, Clone)]
 pub struct ChildConfig {
@@ -112,8 +136,11 @@ pub struct ChildConfig {
     /// Tunnel or transport.
     pub mode: Mode,
     /// ESP proposals, preferred first; groups in them are PFS groups for
-    /// CREATE_CHILD_SA.
+    /// CREATE_CHILD_SA. Q-ESP proposals are these too (those algorithms
+    /// Q-ESP refuses, AES-GMAC, left out).
     pub proposals: Vec<ProposalSpec>,
+    /// ESP, Q-ESP or either.
+    pub qesp: QespMode,
     /// Rekey this long after creation (minus up to `jitter`); zero: never.
     pub rekey_time: Duration,
     /// Delete the SA this long after creation if it was not rekeyed.

@@ -9,10 +9,10 @@
 //! be lent to it for measurements), never opens a socket.
 
 use super::cert::{verify_chain, Certificate, Identity};
-use super::config::{DpdAction, IkeConfig, LocalAuth, RemoteAuth};
+use super::config::{DpdAction, IkeConfig, LocalAuth, QespMode, RemoteAuth};
 use super::dh::{DhError, Group, KeyExchange};
 use super::keys::{derive_child_keys, derive_ike_keys, psk_auth, signed_octets, IkeKeyInput, Prf};
-use super::proposal::{select, Chosen, ProposalKind};
+use super::proposal::{qesp_capable, select, select_as, Chosen, ProposalKind, ProposalSpec};
 use super::rng::{self, Rng, RngError, SystemRng};
 use super::sk::{SkCrypto, SkError};
 use super::ts;
@@ -21,7 +21,7 @@ use super::wire::{
     NotifyType, Payload, PayloadType, TrafficSelector,
 };
 use espgate_core::crypto::Suite;
-use espgate_core::sa::Mode;
+use espgate_core::sa::{Mode, Protocol};
 use slab::Slab;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -54,6 +54,9 @@ pub struct SaInstall {
     pub outbound: bool,
     /// SPI (chosen by the receiving side).
     pub spi: u32,
+    /// ESP, or Q-ESP when the child SA was negotiated with Protocol ID
+    /// [`protocol::QESP`] (`docs/QESP.md` §7).
+    pub protocol: Protocol,
     /// Cipher suite.
     pub suite: Suite,
     /// Encryption key (with salt for AEAD).
@@ -82,6 +85,7 @@ impl fmt::Debug for SaInstall {
             .field("conn", &self.conn)
             .field("outbound", &self.outbound)
             .field("spi", &format_args!("{:#010x}", self.spi))
+            .field("protocol", &self.protocol)
             .field("suite", &self.suite.name())
             .field("esn", &self.esn)
             .field("encap", &self.encap)
@@ -113,6 +117,8 @@ pub enum Event {
         conn: String,
         /// SPI.
         spi: u32,
+        /// ESP or Q-ESP, as it was installed.
+        protocol: Protocol,
         /// Direction.
         outbound: bool,
     },
@@ -239,6 +245,8 @@ pub struct ChildStatus {
     pub spi_in: u32,
     /// Our outbound SPI.
     pub spi_out: u32,
+    /// ESP or Q-ESP.
+    pub protocol: Protocol,
     /// Negotiated algorithms.
     pub algorithms: String,
     /// Installed / rekeying / rekeyed (waiting for deletion) / ...
@@ -314,6 +322,8 @@ enum ChildState {
 struct Child {
     spi_in: u32,
     spi_out: u32,
+    /// ESP or Q-ESP (Protocol ID 3 or 201 in its notifies and deletes).
+    protocol: Protocol,
     chosen: Chosen,
     local_ts: Vec<TrafficSelector>,
     remote_ts: Vec<TrafficSelector>,
@@ -434,6 +444,10 @@ struct IkeSa {
     fragmentation: bool,
     /// The PFS group the peer asked for (INVALID_KE_PAYLOAD) in a rekey.
     pfs_group: Option<Group>,
+    /// The peer answered our Q-ESP + ESP offer (`qesp = "prefer"`) with
+    /// NO_PROPOSAL_CHOSEN: from then on this IKE SA (and the ones that
+    /// replace it) proposes ESP alone.
+    qesp_declined: bool,
     /// The fragments of the message being received.
     reasm: Option<Reassembly>,
 }
@@ -502,6 +516,7 @@ impl IkeSa {
             fragmentation: false,
             reasm: None,
             pfs_group: None,
+            qesp_declined: false,
         }
     }
 
@@ -724,6 +739,25 @@ fn get_ts(p: &[Payload]) -> Option<(&[TrafficSelector], &[TrafficSelector])> {
 
 fn spi4(v: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes(v.try_into().ok()?))
+}
+
+/// The Protocol ID of a child SA's proposals, notifies and deletes.
+fn protocol_id(p: Protocol) -> u8 {
+    match p {
+        Protocol::Esp => protocol::ESP,
+        Protocol::Ah => protocol::AH,
+        Protocol::Qesp => protocol::QESP,
+    }
+}
+
+/// "Q-ESP " before a Q-ESP child's algorithms in log lines; nothing for
+/// ESP (whose lines read as before Q-ESP existed).
+fn qesp_label(p: Protocol) -> &'static str {
+    if p == Protocol::Qesp {
+        "Q-ESP "
+    } else {
+        ""
+    }
 }
 
 /// Distinct SPIs a generator gets to produce a fresh one; a generator
@@ -1063,6 +1097,7 @@ impl Ike {
                     .map(|c| ChildStatus {
                         spi_in: c.spi_in,
                         spi_out: c.spi_out,
+                        protocol: c.protocol,
                         algorithms: c.chosen.name(),
                         state: match c.state {
                             ChildState::Installed => "installed",
@@ -2015,24 +2050,88 @@ impl Ike {
         Ok(id)
     }
 
-    /// Our ESP proposals with SPI `spi`; `with_pfs`: with their groups (a
-    /// CREATE_CHILD_SA with a KE payload), else without (IKE_AUTH, or a
-    /// CREATE_CHILD_SA without PFS).
-    fn child_proposals(&self, ci: usize, spi: u32, with_pfs: bool) -> Vec<wire::Proposal> {
-        self.conns[ci]
-            .child
-            .proposals
-            .iter()
-            .enumerate()
-            .map(|(n, p)| {
+    /// What IKE SA `i` proposes for a child SA, in order: per protocol
+    /// (ESP, Q-ESP) its proposals (`docs/QESP.md` §7). `qesp = "prefer"`
+    /// offers Q-ESP first and ESP second, unless a NAT was detected (Q-ESP
+    /// cannot cross one) or the peer refused such an offer before.
+    fn child_offer(&self, i: usize) -> Vec<(Protocol, Vec<ProposalSpec>)> {
+        let sa = &self.sas[i];
+        let c = &self.conns[sa.conn].child;
+        let qesp = (Protocol::Qesp, qesp_capable(&c.proposals));
+        let esp = (Protocol::Esp, c.proposals.clone());
+        let offer = match c.qesp {
+            QespMode::Off => vec![esp],
+            QespMode::Prefer if sa.nat || sa.qesp_declined => vec![esp],
+            QespMode::Prefer => vec![qesp, esp],
+            QespMode::Require => vec![qesp],
+        };
+        offer.into_iter().filter(|(_, p)| !p.is_empty()).collect()
+    }
+
+    /// What IKE SA `i` accepts as responder, preferred first: Q-ESP only
+    /// for a connection with `qesp = "prefer"` or `"require"` and without a
+    /// NAT between the peers; ESP unless `qesp = "require"`.
+    fn child_accepted(&self, i: usize) -> Vec<(Protocol, Vec<ProposalSpec>)> {
+        let sa = &self.sas[i];
+        let c = &self.conns[sa.conn].child;
+        let mut out = Vec::new();
+        if c.qesp != QespMode::Off && !sa.nat {
+            out.push((Protocol::Qesp, qesp_capable(&c.proposals)));
+        }
+        if c.qesp != QespMode::Require {
+            out.push((Protocol::Esp, c.proposals.clone()));
+        }
+        out
+    }
+
+    /// Our child SA proposals ([`Ike::child_offer`]) for IKE SA `i` with SPI
+    /// `spi`, numbered from 1 across protocols; `with_pfs`: with their
+    /// groups (a CREATE_CHILD_SA with a KE payload), else without
+    /// (IKE_AUTH, or a CREATE_CHILD_SA without PFS). With `qesp = "off"`
+    /// these are the ESP proposals alone, as before Q-ESP existed.
+    fn child_proposals(&self, i: usize, spi: u32, with_pfs: bool) -> Vec<wire::Proposal> {
+        let mut out: Vec<wire::Proposal> = Vec::new();
+        for (proto, specs) in self.child_offer(i) {
+            for p in &specs {
                 let groups: &[Group] = if with_pfs { &p.dh } else { &[] };
-                p.to_wire(
-                    u8::try_from(n + 1).unwrap_or(255),
+                let mut w = p.to_wire(
+                    u8::try_from(out.len() + 1).unwrap_or(255),
                     &spi.to_be_bytes(),
                     Some(groups),
-                )
-            })
-            .collect()
+                );
+                w.protocol = protocol_id(proto);
+                out.push(w);
+            }
+        }
+        out
+    }
+
+    /// Our child SA offer was answered with error `e`: when it was Q-ESP
+    /// and ESP (`qesp = "prefer"`) and the answer NO_PROPOSAL_CHOSEN, the
+    /// peer may not know Q-ESP's Protocol ID (RFC 7296 lets it refuse the
+    /// whole SA payload): IKE SA `i` proposes ESP alone from now on, and
+    /// the caller retries. True when it should.
+    fn qesp_refused(&mut self, i: usize, e: NotifyType) -> bool {
+        let ci = self.sas[i].conn;
+        let offered_qesp = self
+            .child_offer(i)
+            .iter()
+            .any(|(p, _)| *p == Protocol::Qesp);
+        if e != NotifyType::NoProposalChosen
+            || self.conns[ci].child.qesp != QespMode::Prefer
+            || !offered_qesp
+        {
+            return false;
+        }
+        self.sas[i].qesp_declined = true;
+        self.log(
+            Level::Info,
+            Some(ci),
+            "Q-ESP declined: the peer refused our Q-ESP and ESP proposals \
+             (NO_PROPOSAL_CHOSEN); proposing ESP alone"
+                .into(),
+        );
+        true
     }
 
     fn send_auth(&mut self, i: usize, now: Duration) {
@@ -2079,7 +2178,7 @@ impl Ike {
         if c.child.mode == Mode::Transport {
             payloads.push(notify(NotifyType::UseTransportMode, vec![]));
         }
-        payloads.push(Payload::Sa(self.child_proposals(ci, spi_in, false)));
+        payloads.push(Payload::Sa(self.child_proposals(i, spi_in, false)));
         payloads.push(Payload::TsI(c.child.local_ts.clone()));
         payloads.push(Payload::TsR(c.child.remote_ts.clone()));
         self.sas[i].state = State::AuthSent;
@@ -2246,20 +2345,47 @@ impl Ike {
         let Some((ts_i, ts_r)) = get_ts(p) else {
             return Err(NotifyType::InvalidSyntax);
         };
-        let Some((num, spi_out, chosen)) = select(
-            &self.conns[ci].child.proposals,
-            offered,
-            ProposalKind::Esp,
-            ke.is_some(),
-        ) else {
+        let accepted = self.child_accepted(i);
+        let found = accepted.iter().find_map(|(proto, ours)| {
+            select_as(
+                ours,
+                offered,
+                ProposalKind::Esp,
+                protocol_id(*proto),
+                ke.is_some(),
+            )
+            .map(|x| (*proto, x))
+        });
+        let Some((protocol, (num, spi_out, chosen))) = found else {
             self.count(IkeEvent::NoProposalChosen);
-            self.log(
-                Level::Warn,
-                Some(ci),
-                "child SA: no acceptable ESP proposal".into(),
-            );
+            let offered_qesp = offered.iter().any(|p| p.protocol == protocol::QESP);
+            let why = match self.conns[ci].child.qesp {
+                QespMode::Require if self.sas[i].nat => {
+                    "no acceptable Q-ESP proposal (qesp = \"require\", but a NAT was detected \
+                     and Q-ESP cannot cross one)"
+                }
+                QespMode::Require => "no acceptable Q-ESP proposal (qesp = \"require\")",
+                QespMode::Off if offered_qesp => {
+                    "no acceptable ESP proposal (the peer's Q-ESP proposals are ignored: \
+                     qesp = \"off\")"
+                }
+                _ => "no acceptable ESP proposal",
+            };
+            self.log(Level::Warn, Some(ci), format!("child SA: {why}"));
             return Err(NotifyType::NoProposalChosen);
         };
+        if protocol == Protocol::Esp && self.conns[ci].child.qesp == QespMode::Prefer {
+            let why = if self.sas[i].nat {
+                "a NAT was detected and Q-ESP cannot cross one"
+            } else {
+                "the peer proposed none we accept"
+            };
+            self.log(
+                Level::Info,
+                Some(ci),
+                format!("child SA: no Q-ESP ({why}): running ESP"),
+            );
+        }
         let Some(spi_out) = spi4(&spi_out) else {
             return Err(NotifyType::InvalidSyntax);
         };
@@ -2340,8 +2466,9 @@ impl Ike {
                 )
             })
             .ok_or(NotifyType::NoProposalChosen)?;
-        let mut out = vec![Payload::Sa(vec![chosen.to_wire(
+        let mut out = vec![Payload::Sa(vec![chosen.to_wire_as(
             ProposalKind::Esp,
+            protocol_id(protocol),
             num,
             &spi_in.to_be_bytes(),
         )])];
@@ -2366,7 +2493,7 @@ impl Ike {
             now,
             false,
             (spi_in, spi_out),
-            chosen,
+            (protocol, chosen),
             &keys,
             (local_ts, remote_ts),
             mode,
@@ -2386,7 +2513,7 @@ impl Ike {
             Level::Info,
             Some(ci),
             format!(
-                "child SA {} {:08x}_i {:08x}_o ({}){}",
+                "child SA {} {:08x}_i {:08x}_o ({}{}){}",
                 if rekey_of.is_some() {
                     "rekeyed by peer:"
                 } else {
@@ -2394,6 +2521,7 @@ impl Ike {
                 },
                 spi_in,
                 spi_out,
+                qesp_label(protocol),
                 chosen.name(),
                 rekey_of
                     .map(|o| format!(", replaces {o:08x}_i"))
@@ -2418,7 +2546,7 @@ impl Ike {
         now: Duration,
         initiated: bool,
         (spi_in, spi_out): (u32, u32),
-        chosen: Chosen,
+        (protocol, chosen): (Protocol, Chosen),
         keys: &super::keys::ChildKeys,
         (local_ts, remote_ts): (Vec<TrafficSelector>, Vec<TrafficSelector>),
         mode: Mode,
@@ -2432,7 +2560,7 @@ impl Ike {
         let inbound = self.sa_install(
             i,
             false,
-            spi_in,
+            (protocol, spi_in),
             &chosen,
             ein.clone(),
             iin.clone(),
@@ -2443,7 +2571,7 @@ impl Ike {
         let outbound = self.sa_install(
             i,
             true,
-            spi_out,
+            (protocol, spi_out),
             &chosen,
             eout.clone(),
             iout.clone(),
@@ -2456,6 +2584,7 @@ impl Ike {
         let child = Child {
             spi_in,
             spi_out,
+            protocol,
             chosen,
             local_ts,
             remote_ts,
@@ -2474,7 +2603,7 @@ impl Ike {
         &self,
         i: usize,
         outbound: bool,
-        spi: u32,
+        (protocol, spi): (Protocol, u32),
         chosen: &Chosen,
         enc_key: Zeroizing<Vec<u8>>,
         integ_key: Zeroizing<Vec<u8>>,
@@ -2487,6 +2616,7 @@ impl Ike {
             conn: self.conns[sa.conn].name.clone(),
             outbound,
             spi,
+            protocol,
             suite: chosen.suite(),
             enc_key,
             integ_key,
@@ -2594,23 +2724,37 @@ impl Ike {
                 Some(ci),
                 format!("child SA refused by peer: {}", notify_name(e)),
             );
+            if self.qesp_refused(i, e) {
+                self.sas[i].tasks.push_back(match rekey_of {
+                    Some(old_in) => Task::RekeyChild(old_in),
+                    None => Task::CreateChild,
+                });
+            }
             return false;
         }
         let answer = match get_sa(p) {
             Some([one]) => Some(one.clone()),
             _ => None,
         };
+        // The answer must be one of the proposals we offered, of the
+        // protocol it names.
+        let offer = self.child_offer(i);
         let chosen = answer.as_ref().and_then(|a| {
-            Chosen::from_answer(
-                a,
-                &self.conns[ci].child.proposals,
-                ProposalKind::Esp,
-                ke.is_some(),
-            )
+            offer.iter().find_map(|(proto, specs)| {
+                Chosen::from_answer_as(
+                    a,
+                    specs,
+                    ProposalKind::Esp,
+                    protocol_id(*proto),
+                    ke.is_some(),
+                )
+                .map(|c| (*proto, c))
+            })
         });
         let spi_out = answer.as_ref().and_then(|a| spi4(&a.spi));
         let tsr = get_ts(p).map(|(a, b)| (a.to_vec(), b.to_vec()));
-        let (Some(chosen), Some(spi_out), Some((ts_i, ts_r))) = (chosen, spi_out, tsr) else {
+        let (Some((protocol, chosen)), Some(spi_out), Some((ts_i, ts_r))) = (chosen, spi_out, tsr)
+        else {
             self.child_spis.remove(&spi_in);
             self.count(IkeEvent::ChildFailed);
             self.log(
@@ -2677,13 +2821,20 @@ impl Ike {
         }) else {
             return false;
         };
+        if protocol == Protocol::Esp && offer.iter().any(|(p, _)| *p == Protocol::Qesp) {
+            self.log(
+                Level::Info,
+                Some(ci),
+                "Q-ESP declined: the peer chose our ESP proposal; running ESP".into(),
+            );
+        }
         // We initiated this exchange: i->r keys are our outbound.
         let (inbound, outbound, mut child) = self.new_child(
             i,
             now,
             true,
             (spi_in, spi_out),
-            chosen,
+            (protocol, chosen),
             &keys,
             (ts_i, ts_r),
             mode,
@@ -2703,7 +2854,7 @@ impl Ike {
             Level::Info,
             Some(ci),
             format!(
-                "child SA {} {:08x}_i {:08x}_o ({}){}",
+                "child SA {} {:08x}_i {:08x}_o ({}{}){}",
                 if rekey_of.is_some() {
                     "rekeyed:"
                 } else {
@@ -2711,6 +2862,7 @@ impl Ike {
                 },
                 spi_in,
                 spi_out,
+                qesp_label(protocol),
                 chosen.name(),
                 rekey_of
                     .map(|o| format!(", replaces {o:08x}_i"))
@@ -3043,10 +3195,17 @@ impl Ike {
             self.responder_ike_rekey(i, now, id, &p, ni);
             return;
         }
-        let rekey_of = find_notify(&p, NotifyType::RekeySa).and_then(|n| spi4(&n.spi));
-        if let Some(old_out) = rekey_of {
-            // The notify names the SPI the peer receives on: our outbound SPI.
-            let Some(child) = self.sas[i].children.iter().find(|c| c.spi_out == old_out) else {
+        let rekey =
+            find_notify(&p, NotifyType::RekeySa).and_then(|n| Some((n.protocol, spi4(&n.spi)?)));
+        let rekey_of = rekey.map(|(_, spi)| spi);
+        if let Some((old_proto, old_out)) = rekey {
+            // The notify names the SPI the peer receives on (our outbound
+            // SPI) and the child's protocol (ESP, or Q-ESP's 201).
+            let Some(child) = self.sas[i]
+                .children
+                .iter()
+                .find(|c| c.spi_out == old_out && protocol_id(c.protocol) == old_proto)
+            else {
                 self.reply(
                     i,
                     ExchangeType::CreateChildSa,
@@ -3184,11 +3343,15 @@ impl Ike {
                 return;
             }
         };
+        let old_protocol = rekey_of
+            .and_then(|o| self.sas[i].children.iter().find(|c| c.spi_in == o))
+            .map_or(Protocol::Esp, |c| c.protocol);
         let c = &self.conns[ci];
         let mut payloads = Vec::new();
         if let Some(old_in) = rekey_of {
+            // The child's own protocol: 201 for a Q-ESP child.
             payloads.push(Payload::Notify(Notify {
-                protocol: protocol::ESP,
+                protocol: protocol_id(old_protocol),
                 spi: old_in.to_be_bytes().to_vec(),
                 notify_type: NotifyType::RekeySa,
                 data: Vec::new(),
@@ -3197,7 +3360,7 @@ impl Ike {
         if c.child.mode == Mode::Transport {
             payloads.push(notify(NotifyType::UseTransportMode, vec![]));
         }
-        let props = self.child_proposals(ci, spi_in, ke.is_some());
+        let props = self.child_proposals(i, spi_in, ke.is_some());
         payloads.push(Payload::Sa(props));
         payloads.push(Payload::Nonce(ni.clone()));
         if let Some(k) = &ke {
@@ -3287,34 +3450,25 @@ impl Ike {
                 "new child SA"
             };
             self.count(IkeEvent::ChildFailed);
+            let refused = error_notify(&p);
             self.log(
                 Level::Warn,
                 Some(ci),
-                match error_notify(&p) {
+                match refused {
                     Some(e) => format!("{what} refused: {}", notify_name(e)),
                     None => format!("{what}: the answer has no nonce"),
                 },
             );
             self.child_spis.remove(&spi_in);
-            if let Some(old) =
-                rekey_of.and_then(|o| self.sas[i].children.iter_mut().find(|c| c.spi_in == o))
-            {
-                if old.state == ChildState::Rekeying {
-                    old.state = ChildState::Installed;
-                    old.rekey_at = Some(now + Duration::from_secs(10));
-                }
-            }
+            // Q-ESP refused as a whole: at once again with ESP alone.
+            let retry = refused.is_some_and(|e| self.qesp_refused(i, e));
+            self.child_failed(i, now, rekey_of, retry);
             return;
         };
         if !self.finish_child(i, now, spi_in, &p, ke, &ni, &nr, rekey_of) {
-            if let Some(old) =
-                rekey_of.and_then(|o| self.sas[i].children.iter_mut().find(|c| c.spi_in == o))
-            {
-                if old.state == ChildState::Rekeying {
-                    old.state = ChildState::Installed;
-                    old.rekey_at = Some(now + Duration::from_secs(10));
-                }
-            }
+            // finish_child queued the retry if there is one.
+            let retry = rekey_of.is_some_and(|o| self.sas[i].tasks.contains(&Task::RekeyChild(o)));
+            self.child_failed(i, now, rekey_of, retry);
             return;
         }
         let Some(old_in) = rekey_of else { return };
@@ -3360,6 +3514,30 @@ impl Ike {
             old.out_active = false;
         }
         self.sas[i].tasks.push_front(Task::DeleteChild(old_in));
+    }
+
+    /// Our CREATE_CHILD_SA (the rekey of `rekey_of`, or a new child)
+    /// failed: a rekeyed child is back to installed and tried again in
+    /// 10 s, or at once with `retry` (a new child: queued again).
+    fn child_failed(&mut self, i: usize, now: Duration, rekey_of: Option<u32>, retry: bool) {
+        match rekey_of {
+            Some(o) => {
+                if let Some(old) = self.sas[i].children.iter_mut().find(|c| c.spi_in == o) {
+                    if old.state == ChildState::Rekeying {
+                        old.state = ChildState::Installed;
+                        old.rekey_at = (!retry).then(|| now + RETRY_DELAY);
+                    }
+                }
+                if retry && !self.sas[i].tasks.contains(&Task::RekeyChild(o)) {
+                    self.sas[i].tasks.push_back(Task::RekeyChild(o));
+                }
+            }
+            None => {
+                if retry && !self.sas[i].tasks.contains(&Task::CreateChild) {
+                    self.sas[i].tasks.push_back(Task::CreateChild);
+                }
+            }
+        }
     }
 
     fn activate_outbound(&mut self, i: usize, spi_in: u32) {
@@ -3668,6 +3846,7 @@ impl Ike {
         sa.established_at = Some(now);
         sa.peer_id = old.peer_id.clone();
         sa.fragmentation = old.fragmentation;
+        sa.qesp_declined = old.qesp_declined;
         let j = self.insert_sa(sa);
         if !self.install_ike_keys(j, g_ir, Some((old_prf, &old_sk_d))) {
             self.remove_sa(j);
@@ -3728,11 +3907,16 @@ impl Ike {
                 Payload::Delete(Delete::Child {
                     protocol: proto,
                     spis,
-                }) if *proto == protocol::ESP => {
+                }) if matches!(*proto, protocol::ESP | protocol::QESP) => {
                     let mut ours = Vec::new();
                     for s in spis {
-                        // The peer names the SPI it receives on: our outbound.
-                        let Some(c) = self.sas[i].children.iter().find(|c| c.spi_out == *s) else {
+                        // The peer names the SPI it receives on (our
+                        // outbound) and the child's protocol.
+                        let Some(c) = self.sas[i]
+                            .children
+                            .iter()
+                            .find(|c| c.spi_out == *s && protocol_id(c.protocol) == *proto)
+                        else {
                             continue;
                         };
                         let spi_in = c.spi_in;
@@ -3753,7 +3937,7 @@ impl Ike {
                     }
                     if !ours.is_empty() {
                         out.push(Payload::Delete(Delete::Child {
-                            protocol: protocol::ESP,
+                            protocol: *proto,
                             spis: ours,
                         }));
                     }
@@ -3795,12 +3979,14 @@ impl Ike {
         self.events.push_back(Event::RemoveSa {
             conn: name.clone(),
             spi: c.spi_in,
+            protocol: c.protocol,
             outbound: false,
         });
         if c.out_active {
             self.events.push_back(Event::RemoveSa {
                 conn: name,
                 spi: c.spi_out,
+                protocol: c.protocol,
                 outbound: true,
             });
         }
@@ -4067,7 +4253,7 @@ impl Ike {
                     };
                     c.state = ChildState::Deleting;
                     let payloads = vec![Payload::Delete(Delete::Child {
-                        protocol: protocol::ESP,
+                        protocol: protocol_id(c.protocol),
                         spis: vec![s],
                     })];
                     self.send_request(

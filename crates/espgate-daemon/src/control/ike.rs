@@ -11,7 +11,6 @@ use anyhow::{Context, Result};
 use espgate_api::ike::{ChildSaStatus, IkeDoc, IkeOpCost, IkeSaStatus};
 use espgate_config::LoadedConfig;
 use espgate_core::gateway::{del_sa_all, install_negotiated_all, Engine, NegotiatedSa};
-use espgate_core::sa::Protocol;
 use espgate_ike::engine::{CommandError, Event, Ike, IkeOp, IkeStatus, Level, Ports};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -167,7 +166,7 @@ impl IkeDriver {
                     let sa = NegotiatedSa {
                         conn: &s.conn,
                         outbound: s.outbound,
-                        protocol: Protocol::Esp,
+                        protocol: s.protocol,
                         spi: s.spi,
                         suite: s.suite,
                         enc_key: &s.enc_key,
@@ -194,18 +193,13 @@ impl IkeDriver {
                 Event::RemoveSa {
                     conn,
                     spi,
+                    protocol,
                     outbound,
                 } => {
                     // An inbound SA lives in one worker only: removed where found.
                     let mut guards = lock_all(engines);
                     let mut refs: Vec<&mut Engine> = guards.iter_mut().map(|g| &mut **g).collect();
-                    match del_sa_all(
-                        &mut refs,
-                        spi,
-                        Some(Protocol::Esp),
-                        Some(outbound),
-                        Some(&conn),
-                    ) {
+                    match del_sa_all(&mut refs, spi, Some(protocol), Some(outbound), Some(&conn)) {
                         Ok(c) => tracing::info!("ike: {}", c.message),
                         Err(e) => tracing::debug!(
                             "ike: connection \"{conn}\": removing SA {spi:#010x}: {e}"

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::cert::Identity;
-use crate::config::{ChildConfig, IkeConfig, LocalAuth, RemoteAuth, Retransmit};
+use crate::config::{ChildConfig, IkeConfig, LocalAuth, QespMode, RemoteAuth, Retransmit};
 use crate::proposal::ProposalSpec;
 use crate::rng::tests::{SeededRng, SwitchRng};
 use espgate_core::selector::Prefix;
@@ -34,6 +34,7 @@ fn conf(local: &str, remote: &str, ike: &str, esp: &str, lts: &str, rts: &str) -
             remote_ts: vec![ts::from_prefix(pfx(rts), 0)],
             mode: Mode::Tunnel,
             proposals: ProposalSpec::parse_list(ProposalKind::Esp, esp).unwrap(),
+            qesp: QespMode::Off,
             rekey_time: Duration::ZERO,
             life_time: Duration::ZERO,
             jitter: Duration::ZERO,
@@ -58,12 +59,20 @@ type Keys = (String, Vec<u8>, Vec<u8>);
 #[derive(Default)]
 struct Plane {
     sas: BTreeMap<(bool, u32), Keys>,
+    /// The protocol each SA was installed with.
+    protocols: BTreeMap<(bool, u32), Protocol>,
     /// The SPI outbound packets use (the last installed outbound SA).
     current_out: Option<u32>,
     log: Vec<String>,
+    /// The engine's log lines.
+    lines: Vec<(Level, String)>,
     up: u32,
     down: Vec<String>,
 }
+
+/// A protected message seen on the way: sent by A (else B), its header and
+/// its payloads as the receiver decrypted them.
+type Seen = (bool, Header, Vec<Payload>);
 
 struct Pair {
     a: Ike,
@@ -75,6 +84,8 @@ struct Pair {
     drop_a: bool,
     drop_b: bool,
     delivered: u32,
+    /// When set, every protected message delivered is recorded here.
+    seen: Option<Vec<Seen>>,
 }
 
 fn apply(e: &mut Ike, p: &mut Plane) {
@@ -95,8 +106,19 @@ fn apply(e: &mut Ike, p: &mut Plane) {
                     (s.outbound, s.spi),
                     (s.suite.name(), s.enc_key.to_vec(), s.integ_key.to_vec()),
                 );
+                p.protocols.insert((s.outbound, s.spi), s.protocol);
             }
-            Event::RemoveSa { spi, outbound, .. } => {
+            Event::RemoveSa {
+                spi,
+                outbound,
+                protocol,
+                ..
+            } => {
+                assert_eq!(
+                    p.protocols.get(&(outbound, spi)),
+                    Some(&protocol),
+                    "removing {spi:08x} as another protocol than it was installed with"
+                );
                 p.log.push(format!(
                     "remove {} {:08x}",
                     if outbound { "out" } else { "in" },
@@ -112,7 +134,10 @@ fn apply(e: &mut Ike, p: &mut Plane) {
             }
             Event::IkeUp { .. } => p.up += 1,
             Event::IkeDown { reason, .. } => p.down.push(reason),
-            Event::Log { level, message, .. } => eprintln!("[{level:?}] {message}"),
+            Event::Log { level, message, .. } => {
+                eprintln!("[{level:?}] {message}");
+                p.lines.push((level, message));
+            }
         }
     }
 }
@@ -128,6 +153,7 @@ impl Pair {
             drop_a: false,
             drop_b: false,
             delivered: 0,
+            seen: None,
         }
     }
 
@@ -157,6 +183,9 @@ impl Pair {
                 moved = true;
                 if !self.drop_a {
                     self.delivered += 1;
+                    if let (Some(seen), Some((h, m))) = (&mut self.seen, peek(&self.b, &t.data)) {
+                        seen.push((true, h, m));
+                    }
                     self.b.handle(self.now, t.remote, t.local, &t.data);
                 }
             }
@@ -164,6 +193,9 @@ impl Pair {
                 moved = true;
                 if !self.drop_b {
                     self.delivered += 1;
+                    if let (Some(seen), Some((h, m))) = (&mut self.seen, peek(&self.a, &t.data)) {
+                        seen.push((false, h, m));
+                    }
                     self.a.handle(self.now, t.remote, t.local, &t.data);
                 }
             }
@@ -217,6 +249,15 @@ impl Pair {
         );
         assert_ne!(ao, bo);
     }
+}
+
+/// A protected message as `receiver` decrypts it (with whichever of its
+/// IKE SAs' keys open it); `None` for clear or fragmented messages.
+fn peek(receiver: &Ike, data: &[u8]) -> Option<(Header, Vec<Payload>)> {
+    receiver
+        .sas
+        .iter()
+        .find_map(|(_, sa)| sa.sk.as_ref()?.open(data).ok())
 }
 
 fn established(e: &Ike) -> usize {
@@ -1670,4 +1711,392 @@ fn each_sa_has_its_timers_and_only_due_sas_are_visited() {
         Some(p.now - s(1) + s(20))
     );
     assert_eq!(p.a.sas[h].timers.get(Timer::Retransmit), None);
+}
+
+// ---------------------------------------------------------------------
+// Q-ESP child SAs (docs/QESP.md §7)
+// ---------------------------------------------------------------------
+
+const Q: u8 = protocol::QESP;
+const E: u8 = protocol::ESP;
+
+/// Two PSK connections with two ESP proposals, PFS in rekeys, and `qesp`
+/// set to `a` on A and `b` on B; every protected message is recorded.
+fn qesp_pair(a: QespMode, b: QespMode) -> Pair {
+    let esp = "aes128gcm16-x25519,aes256-sha256-x25519";
+    let ike = "aes128gcm16-prfsha256-x25519";
+    let mut ca = conf(A, B, ike, esp, "10.1.0.0/16", "10.2.0.0/16");
+    let mut cb = conf(B, A, ike, esp, "10.2.0.0/16", "10.1.0.0/16");
+    ca.child.qesp = a;
+    cb.child.qesp = b;
+    let mut p = Pair::new(ca, cb);
+    p.seen = Some(Vec::new());
+    p
+}
+
+/// The protocols of the SAs one side's data plane holds.
+fn plane_protocols(pl: &Plane) -> Vec<Protocol> {
+    pl.sas.keys().map(|k| pl.protocols[k]).collect()
+}
+
+/// The recorded messages of one exchange type, sent by A (`from_a`) or B,
+/// requests (`response` false) or responses.
+fn seen_of(p: &Pair, exch: ExchangeType, from_a: bool, response: bool) -> Vec<Vec<Payload>> {
+    p.seen
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter(|(a, h, _)| *a == from_a && h.exchange_type == exch && h.response == response)
+        .map(|(_, _, m)| m.clone())
+        .collect()
+}
+
+/// The (number, Protocol ID) of each proposal of a message's SA payload.
+fn sa_protocols(m: &[Payload]) -> Vec<(u8, u8)> {
+    get_sa(m)
+        .unwrap_or_default()
+        .iter()
+        .map(|p| (p.number, p.protocol))
+        .collect()
+}
+
+fn info_lines(pl: &Plane, needle: &str) -> usize {
+    pl.lines
+        .iter()
+        .filter(|(l, m)| *l == Level::Info && m.contains(needle))
+        .count()
+}
+
+fn child_protocols(e: &Ike) -> Vec<Protocol> {
+    e.status()
+        .iter()
+        .flat_map(|s| s.children.iter().map(|c| c.protocol))
+        .collect()
+}
+
+#[test]
+fn qesp_prefer_on_both_sides_negotiates_qesp() {
+    let mut p = qesp_pair(QespMode::Prefer, QespMode::Prefer);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+    // A offers Q-ESP (201) first, then ESP, numbered on across both.
+    let req = seen_of(&p, ExchangeType::IkeAuth, true, false);
+    assert_eq!(sa_protocols(&req[0]), [(1, Q), (2, Q), (3, E), (4, E)]);
+    // B chooses A's first Q-ESP proposal and says so.
+    let resp = seen_of(&p, ExchangeType::IkeAuth, false, true);
+    assert_eq!(sa_protocols(&resp[0]), [(1, Q)]);
+    // Both data planes hold Q-ESP SAs only, keyed alike.
+    assert_eq!(plane_protocols(&p.pa), [Protocol::Qesp; 2]);
+    assert_eq!(plane_protocols(&p.pb), [Protocol::Qesp; 2]);
+    p.assert_matched();
+    assert_eq!(child_protocols(&p.a), [Protocol::Qesp]);
+    assert_eq!(child_protocols(&p.b), [Protocol::Qesp]);
+    assert_eq!(p.a.status()[0].children[0].algorithms, "aes128gcm16");
+    assert_eq!(info_lines(&p.pa, "Q-ESP declined"), 0);
+    assert_eq!(info_lines(&p.pa, "(Q-ESP aes128gcm16)"), 1);
+
+    // "require" on both sides, or against "prefer": Q-ESP alone is offered
+    // by a requiring initiator, and chosen.
+    for (a, b) in [
+        (QespMode::Require, QespMode::Require),
+        (QespMode::Require, QespMode::Prefer),
+        (QespMode::Prefer, QespMode::Require),
+    ] {
+        let mut p = qesp_pair(a, b);
+        p.a.initiate(p.now, "c").unwrap();
+        p.run();
+        let req = seen_of(&p, ExchangeType::IkeAuth, true, false);
+        let want: &[(u8, u8)] = if a == QespMode::Require {
+            &[(1, Q), (2, Q)]
+        } else {
+            &[(1, Q), (2, Q), (3, E), (4, E)]
+        };
+        assert_eq!(sa_protocols(&req[0]), want, "{a:?}/{b:?}");
+        assert_eq!(plane_protocols(&p.pa), [Protocol::Qesp; 2], "{a:?}/{b:?}");
+        assert_eq!(plane_protocols(&p.pb), [Protocol::Qesp; 2], "{a:?}/{b:?}");
+        p.assert_matched();
+    }
+}
+
+#[test]
+fn qesp_prefer_against_off_runs_esp_and_says_so() {
+    let mut p = qesp_pair(QespMode::Prefer, QespMode::Off);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+    let req = seen_of(&p, ExchangeType::IkeAuth, true, false);
+    assert_eq!(sa_protocols(&req[0]), [(1, Q), (2, Q), (3, E), (4, E)]);
+    // B ignores the proposals of protocol 201 and picks A's first ESP one.
+    let resp = seen_of(&p, ExchangeType::IkeAuth, false, true);
+    assert_eq!(sa_protocols(&resp[0]), [(3, E)]);
+    assert_eq!(plane_protocols(&p.pa), [Protocol::Esp; 2]);
+    assert_eq!(plane_protocols(&p.pb), [Protocol::Esp; 2]);
+    p.assert_matched();
+    assert_eq!(child_protocols(&p.a), [Protocol::Esp]);
+    assert_eq!(info_lines(&p.pa, "Q-ESP declined"), 1, "{:?}", p.pa.lines);
+    assert_eq!(p.a.counter(IkeEvent::ChildFailed), 0);
+    assert_eq!(p.b.counter(IkeEvent::NoProposalChosen), 0);
+}
+
+#[test]
+fn qesp_off_initiator_against_prefer_responder_runs_esp() {
+    let mut p = qesp_pair(QespMode::Off, QespMode::Prefer);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    // A with qesp = "off" offers exactly what it offered before Q-ESP:
+    // the ESP proposals, numbered from 1, protocol 3.
+    let req = seen_of(&p, ExchangeType::IkeAuth, true, false);
+    let offered = get_sa(&req[0]).unwrap().to_vec();
+    let spi = offered[0].spi.clone();
+    let before: Vec<wire::Proposal> = p.a.conns[0]
+        .child
+        .proposals
+        .iter()
+        .enumerate()
+        .map(|(n, s)| s.to_wire(n as u8 + 1, &spi, Some(&[])))
+        .collect();
+    assert_eq!(offered, before);
+    assert_eq!(sa_protocols(&req[0]), [(1, E), (2, E)]);
+    assert_eq!(plane_protocols(&p.pa), [Protocol::Esp; 2]);
+    assert_eq!(plane_protocols(&p.pb), [Protocol::Esp; 2]);
+    p.assert_matched();
+    // B would have preferred Q-ESP, and says why it runs ESP.
+    assert_eq!(info_lines(&p.pb, "no Q-ESP"), 1, "{:?}", p.pb.lines);
+}
+
+#[test]
+fn qesp_require_against_off_fails_the_child() {
+    for (a, b) in [
+        (QespMode::Require, QespMode::Off),
+        (QespMode::Off, QespMode::Require),
+    ] {
+        let mut p = qesp_pair(a, b);
+        p.a.initiate(p.now, "c").unwrap();
+        p.run();
+        // The IKE SA stands; the child SA does not.
+        assert_eq!(
+            (established(&p.a), established(&p.b)),
+            (1, 1),
+            "{a:?}/{b:?}"
+        );
+        assert_eq!(child_counts(&p.a), vec![0]);
+        assert_eq!(child_counts(&p.b), vec![0]);
+        assert!(p.pa.sas.is_empty() && p.pb.sas.is_empty());
+        assert_eq!(p.b.counter(IkeEvent::NoProposalChosen), 1);
+        assert_eq!(p.a.counter(IkeEvent::ChildFailed), 1);
+        let resp = seen_of(&p, ExchangeType::IkeAuth, false, true);
+        assert_eq!(
+            notify_of(&resp[0]).map(|n| n.0),
+            Some(NotifyType::NoProposalChosen)
+        );
+        // No retry: "require" never falls back, and "off" has nothing else.
+        assert!(seen_of(&p, ExchangeType::CreateChildSa, true, false).is_empty());
+        p.advance(Duration::from_secs(60));
+        assert_eq!(p.a.counter(IkeEvent::ChildFailed), 1);
+    }
+}
+
+#[test]
+fn qesp_child_rekey_stays_qesp() {
+    let mut p = qesp_pair(QespMode::Prefer, QespMode::Prefer);
+    p.a.conns[0].child.rekey_time = Duration::from_secs(5);
+    p.a.conns[0].child.life_time = Duration::from_secs(15);
+    p.b.conns[0].child.rekey_time = Duration::from_secs(50);
+    p.b.conns[0].child.life_time = Duration::from_secs(150);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let old_in = p.a.sas[0].children[0].spi_in;
+    p.advance(Duration::from_secs(6));
+    assert_eq!(p.a.counter(IkeEvent::ChildRekeys), 1);
+    // The rekey names the old child with Q-ESP's Protocol ID, offers
+    // Q-ESP first again (with PFS), and the new child is Q-ESP.
+    let req = seen_of(&p, ExchangeType::CreateChildSa, true, false);
+    let rekey = find_notify(&req[0], NotifyType::RekeySa).unwrap();
+    assert_eq!((rekey.protocol, spi4(&rekey.spi)), (Q, Some(old_in)));
+    assert_eq!(sa_protocols(&req[0]), [(1, Q), (2, Q), (3, E), (4, E)]);
+    assert!(get_ke(&req[0]).is_some());
+    let resp = seen_of(&p, ExchangeType::CreateChildSa, false, true);
+    assert_eq!(sa_protocols(&resp[0]), [(1, Q)]);
+    // The old child's Delete is Q-ESP's too.
+    let dels: Vec<Delete> = seen_of(&p, ExchangeType::Informational, true, false)
+        .into_iter()
+        .flatten()
+        .filter_map(|x| match x {
+            Payload::Delete(d) => Some(d),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        dels,
+        [Delete::Child {
+            protocol: Q,
+            spis: vec![old_in]
+        }]
+    );
+    // Only the new pair is left, Q-ESP on both sides, and many rekeys on
+    // it stays so.
+    assert_eq!(
+        plane_protocols(&p.pa),
+        [Protocol::Qesp; 2],
+        "{:?}",
+        p.pa.log
+    );
+    assert_eq!(
+        plane_protocols(&p.pb),
+        [Protocol::Qesp; 2],
+        "{:?}",
+        p.pb.log
+    );
+    p.assert_matched();
+    p.advance(Duration::from_secs(30));
+    assert!(p.a.counter(IkeEvent::ChildRekeys) >= 6);
+    assert_eq!(plane_protocols(&p.pa), [Protocol::Qesp; 2]);
+    assert_eq!(plane_protocols(&p.pb), [Protocol::Qesp; 2]);
+    assert_eq!(child_protocols(&p.a), [Protocol::Qesp]);
+    p.assert_matched();
+    assert_eq!(p.a.counter(IkeEvent::ChildFailed), 0);
+    assert_eq!(p.b.counter(IkeEvent::ChildFailed), 0);
+
+    // With "prefer" a rekey may fall back: the peer now runs with "off".
+    p.b.conns[0].child.qesp = QespMode::Off;
+    p.advance(Duration::from_secs(6));
+    assert_eq!(plane_protocols(&p.pa), [Protocol::Esp; 2], "{:?}", p.pa.log);
+    assert_eq!(plane_protocols(&p.pb), [Protocol::Esp; 2], "{:?}", p.pb.log);
+    assert_eq!(child_protocols(&p.a), [Protocol::Esp]);
+    p.assert_matched();
+    assert!(info_lines(&p.pa, "Q-ESP declined") >= 1);
+}
+
+#[test]
+fn qesp_child_delete_carries_protocol_201_and_removes_it_on_the_peer() {
+    let mut p = qesp_pair(QespMode::Prefer, QespMode::Prefer);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let (a_in, b_in) = (p.a.sas[0].children[0].spi_in, p.b.sas[0].children[0].spi_in);
+    p.seen = Some(Vec::new());
+    delete_children(&mut p, true);
+    let req = seen_of(&p, ExchangeType::Informational, true, false);
+    assert_eq!(
+        req,
+        [vec![Payload::Delete(Delete::Child {
+            protocol: Q,
+            spis: vec![a_in]
+        })]]
+    );
+    // B removes its child and answers with its own SPI, as Q-ESP.
+    let resp = seen_of(&p, ExchangeType::Informational, false, true);
+    assert_eq!(
+        resp,
+        [vec![Payload::Delete(Delete::Child {
+            protocol: Q,
+            spis: vec![b_in]
+        })]]
+    );
+    assert_eq!(child_counts(&p.a), vec![0]);
+    assert_eq!(child_counts(&p.b), vec![0]);
+    assert!(p.pa.sas.is_empty() && p.pb.sas.is_empty());
+    assert!(
+        p.pb.log.contains(&format!("remove in {b_in:08x}")),
+        "{:?}",
+        p.pb.log
+    );
+
+    // A Delete naming the SPI under ESP's Protocol ID is not this child's.
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_eq!(child_protocols(&p.b), [Protocol::Qesp]);
+    let a_in = p.a.sas[0].children[0].spi_in;
+    let ans = crafted(
+        &mut p,
+        ExchangeType::Informational,
+        vec![Payload::Delete(Delete::Child {
+            protocol: E,
+            spis: vec![a_in],
+        })],
+        0,
+    )
+    .unwrap();
+    assert!(ans.is_empty(), "{ans:?}");
+    assert_eq!(child_counts(&p.b), vec![1]);
+}
+
+#[test]
+fn qesp_refused_as_a_whole_falls_back_to_esp() {
+    // A peer that does not know Protocol ID 201 may refuse the whole SA
+    // payload. Here B sees A's ESP proposals as an unknown protocol too, so
+    // it answers IKE_AUTH with NO_PROPOSAL_CHOSEN; A then asks for an ESP
+    // child alone.
+    let mut p = qesp_pair(QespMode::Prefer, QespMode::Off);
+    p.a.initiate(p.now, "c").unwrap();
+    let t = p.a.poll_transmit().unwrap();
+    p.b.handle(p.now, t.remote, t.local, &t.data);
+    let t = p.b.poll_transmit().unwrap();
+    p.a.handle(p.now, t.remote, t.local, &t.data);
+    let t = p.a.poll_transmit().unwrap();
+    let (h, mut payloads) = peek(&p.b, &t.data).unwrap();
+    assert_eq!(h.exchange_type, ExchangeType::IkeAuth);
+    for x in &mut payloads {
+        if let Payload::Sa(props) = x {
+            for pr in props.iter_mut().filter(|pr| pr.protocol == E) {
+                pr.protocol = 202;
+            }
+        }
+    }
+    let ha = h_a(&p);
+    let data = p.a.sas[ha]
+        .sk
+        .as_mut()
+        .unwrap()
+        .seal(&h, &payloads)
+        .unwrap();
+    p.b.handle(p.now, t.remote, t.local, &data);
+    p.run();
+    assert_eq!(p.b.counter(IkeEvent::NoProposalChosen), 1);
+    assert_eq!(info_lines(&p.pa, "Q-ESP declined"), 1, "{:?}", p.pa.lines);
+    // The retry: a CREATE_CHILD_SA with ESP proposals alone.
+    let req = seen_of(&p, ExchangeType::CreateChildSa, true, false);
+    assert_eq!(req.len(), 1);
+    assert_eq!(sa_protocols(&req[0]), [(1, E), (2, E)]);
+    assert_eq!(child_protocols(&p.a), [Protocol::Esp]);
+    assert_eq!(plane_protocols(&p.pa), [Protocol::Esp; 2]);
+    assert_eq!(plane_protocols(&p.pb), [Protocol::Esp; 2]);
+    p.assert_matched();
+    assert!(p.a.sas[ha].qesp_declined);
+    // Later rekeys of that IKE SA's children propose ESP alone too.
+    p.a.sas[ha].children[0].rekey_at = Some(p.now);
+    p.a.kick_now(ha, p.now);
+    p.advance(Duration::from_secs(1));
+    let req = seen_of(&p, ExchangeType::CreateChildSa, true, false);
+    assert_eq!(req.len(), 2, "{:?}", p.pa.log);
+    assert_eq!(sa_protocols(&req[1]), [(1, E), (2, E)]);
+    p.assert_matched();
+}
+
+#[test]
+fn qesp_is_not_offered_across_a_nat() {
+    // force_encap: both sides see a NAT. Q-ESP's ICV covers the outer
+    // addresses, so "prefer" offers and accepts ESP alone.
+    let mut p = qesp_pair(QespMode::Prefer, QespMode::Prefer);
+    p.a.conns[0].force_encap = true;
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert!(p.a.status()[0].nat);
+    let req = seen_of(&p, ExchangeType::IkeAuth, true, false);
+    assert_eq!(sa_protocols(&req[0]), [(1, E), (2, E)]);
+    assert_eq!(plane_protocols(&p.pa), [Protocol::Esp; 2]);
+    p.assert_matched();
+    // A requiring responder behind the NAT refuses, and says why.
+    let mut p = qesp_pair(QespMode::Require, QespMode::Require);
+    p.a.conns[0].force_encap = true;
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_eq!(child_counts(&p.a), vec![0]);
+    assert!(
+        p.pb.lines
+            .iter()
+            .any(|(l, m)| *l == Level::Warn && m.contains("NAT")),
+        "{:?}",
+        p.pb.lines
+    );
 }

@@ -38,7 +38,9 @@ use espgate_api::table::{Column, Table};
 use espgate_core::sa::Mode;
 use espgate_core::selector::Prefix;
 use espgate_ike::cert::Identity;
-use espgate_ike::config::{ChildConfig, DpdAction, IkeConfig, LocalAuth, RemoteAuth, Retransmit};
+use espgate_ike::config::{
+    ChildConfig, DpdAction, IkeConfig, LocalAuth, QespMode, RemoteAuth, Retransmit,
+};
 use espgate_ike::dh::Group;
 use espgate_ike::engine::{Event, Ike, IkeCosts, IkeOp, Level, Ports};
 use espgate_ike::proposal::{ProposalKind, ProposalSpec};
@@ -369,6 +371,7 @@ fn config(
             mode: Mode::Tunnel,
             proposals: ProposalSpec::parse_list(ProposalKind::Esp, ESP_PROPOSAL)
                 .map_err(|e| anyhow!("{ESP_PROPOSAL}: {e}"))?,
+            qesp: QespMode::Off,
             rekey_time: Duration::ZERO,
             life_time: Duration::ZERO,
             jitter: Duration::ZERO,
