@@ -71,8 +71,8 @@ pub enum Ecn {
 pub enum Keying {
     /// Configured SA pairs (`[connection.esp]`, `[connection.ah]`).
     Manual(ManualKeys),
-    /// Negotiated by IKEv2 (`[connection.ike]`): ESP SAs only; there are
-    /// none until IKE installs them.
+    /// Negotiated by IKEv2 (`[connection.ike]`): ESP SAs, or Q-ESP ones
+    /// with its `qesp` setting; there are none until IKE installs them.
     Ike(IkeSettings),
 }
 
@@ -352,7 +352,7 @@ impl Connection {
 
     /// The most an IKE-negotiated ESP SA can add to a packet: the worst of
     /// the ESP proposals (the TUN MTU is sized at start, before any SA
-    /// exists).
+    /// exists), with Q-ESP's 8 more header bytes when it may be negotiated.
     fn negotiated_overhead(&self, ike: &IkeSettings) -> usize {
         let outer = match (self.mode, self.remote) {
             (Mode::Transport, _) => 0,
@@ -364,6 +364,8 @@ impl Connection {
         } else {
             0
         };
+        // Q-ESP's header is 16 bytes, ESP's 8 (docs/QESP.md §2).
+        let header = if ike.qesp == QespMode::Off { 8 } else { 16 };
         let mut worst = 0;
         for p in &ike.esp_proposals {
             let integs: Vec<Option<Integ>> = if p.integ.is_empty() {
@@ -377,10 +379,13 @@ impl Connection {
                         enc: Some(*e),
                         integ: *i,
                     };
-                    // ESP header 8, IV, padding, pad length + next header 2,
-                    // ICV.
-                    let esp =
-                        8 + suite.iv_len() + (suite.block_len().max(4) - 1) + 2 + suite.icv_len();
+                    // ESP (or Q-ESP) header, IV, padding, pad length + next
+                    // header 2, ICV.
+                    let esp = header
+                        + suite.iv_len()
+                        + (suite.block_len().max(4) - 1)
+                        + 2
+                        + suite.icv_len();
                     worst = worst.max(outer + udp + esp);
                 }
             }
@@ -417,7 +422,7 @@ impl Connection {
                 remote_ts: selectors(&self.remote_ts),
                 mode: self.mode,
                 proposals: s.esp_proposals.clone(),
-                qesp: QespMode::Off,
+                qesp: s.qesp,
                 rekey_time: s.child_rekey_time,
                 life_time: s.child_life_time,
                 jitter: s.jitter,
@@ -767,7 +772,14 @@ pub(crate) fn validate(
     // IKE instead of manual SAs.
     let has_ike = c.ike.is_some();
     if has_ike {
-        if protocol != Protocols::Esp {
+        if protocol == Protocols::Qesp {
+            v.err(
+                key("protocol", span(&c.protocol)),
+                "protocol = \"qesp\" keys Q-ESP manually; with [connection.ike] Q-ESP is \
+                 negotiated: set qesp = \"require\" (or \"prefer\") in [connection.ike] and \
+                 remove protocol",
+            );
+        } else if protocol != Protocols::Esp {
             v.err(
                 key("protocol", span(&c.protocol)),
                 format!(
@@ -806,6 +818,7 @@ pub(crate) fn validate(
             r.get_ref(),
             (local, remote),
             encap,
+            replay_window,
         ),
         None => None,
     };

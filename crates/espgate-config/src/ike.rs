@@ -11,11 +11,14 @@
 use crate::diag::{span, At, Validator};
 use crate::files::{read_secret_bytes, MAX_CERT_FILE_BYTES, MAX_KEY_FILE_BYTES};
 use crate::sa::decode_hex;
-use crate::schema::{format_duration, value, DpdActionName, Encapsulation, IkeTable, Scalar};
+use crate::schema::{
+    format_duration, value, DpdActionName, Encapsulation, IkeTable, QespName, Scalar,
+};
 pub use crate::schema::{AuthMethod, StartAction};
+use espgate_core::crypto::Enc;
 use espgate_ike::cert::{Certificate, Identity};
-use espgate_ike::config::{DpdAction, LocalAuth, RemoteAuth, Retransmit};
-use espgate_ike::proposal::{ProposalKind, ProposalSpec};
+use espgate_ike::config::{DpdAction, LocalAuth, QespMode, RemoteAuth, Retransmit};
+use espgate_ike::proposal::{qesp_capable, ProposalKind, ProposalSpec};
 use espgate_ike::sig::{PrivateKey, PublicKey};
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -70,6 +73,8 @@ pub struct IkeSettings {
     pub retransmit: Retransmit,
     /// Make both sides see a NAT, so that ESP is UDP-encapsulated.
     pub force_encap: bool,
+    /// Whether child SAs are negotiated as Q-ESP (`qesp`).
+    pub qesp: QespMode,
     /// What the table said that the loaded values no longer show.
     pub source: IkeSource,
 }
@@ -147,6 +152,11 @@ impl IkeSettings {
             retransmit_timeout: time(self.retransmit.timeout),
             retransmit_tries: Some(value(self.retransmit.tries.into())),
             force_encap: Some(value(self.force_encap)),
+            qesp: Some(value(match self.qesp {
+                QespMode::Off => QespName::Off,
+                QespMode::Prefer => QespName::Prefer,
+                QespMode::Require => QespName::Require,
+            })),
         }
     }
 }
@@ -195,13 +205,15 @@ fn parse_psk(raw: &[u8]) -> Result<Zeroizing<Vec<u8>>, String> {
 }
 
 /// Checks `[connection.ike]` (`at` is the table) and loads the files it
-/// names; `local`, `remote` and `encap` are the connection's.
+/// names; `local`, `remote`, `encap` and `replay_window` are the
+/// connection's.
 pub(crate) fn settings(
     v: &mut Validator,
     at: &At,
     r: &IkeTable,
     (local, remote): (Option<IpAddr>, Option<IpAddr>),
     encap: Encapsulation,
+    replay_window: i64,
 ) -> Option<IkeSettings> {
     let before = v.error_count();
     let key = |k: &str, s: &Option<Spanned<String>>| at.key(k, span(s));
@@ -516,6 +528,8 @@ pub(crate) fn settings(
         (None, e) => e == Encapsulation::Udp,
     };
 
+    let qesp = qesp_setting(v, at, r, &esp_proposals, encap, replay_window);
+
     if v.error_count() != before {
         return None;
     }
@@ -542,6 +556,7 @@ pub(crate) fn settings(
             ..Retransmit::default()
         },
         force_encap,
+        qesp,
         source: IkeSource {
             proposals: proposal_names,
             esp_proposals: esp_proposal_names,
@@ -552,6 +567,72 @@ pub(crate) fn settings(
             remote_public_key,
         },
     })
+}
+
+/// `qesp` (`docs/QESP.md` §7), checked against what Q-ESP needs: raw IP
+/// (its ICV covers the outer addresses, which NAT rewrites, so it cannot be
+/// UDP-encapsulated), anti-replay, and encryption in the proposals.
+fn qesp_setting(
+    v: &mut Validator,
+    at: &At,
+    r: &IkeTable,
+    esp_proposals: &Option<(Vec<ProposalSpec>, Vec<String>)>,
+    encap: Encapsulation,
+    replay_window: i64,
+) -> QespMode {
+    let Some(q) = &r.qesp else {
+        return QespMode::Off;
+    };
+    let mode = match q.get_ref() {
+        QespName::Off => return QespMode::Off,
+        QespName::Prefer => QespMode::Prefer,
+        QespName::Require => QespMode::Require,
+    };
+    let here = at.key("qesp", Some(q.span()));
+    let said = format!("qesp = \"{}\"", mode.name());
+    if encap == Encapsulation::Udp {
+        v.err(
+            here.clone(),
+            format!(
+                "{said} needs encap = \"none\": Q-ESP cannot be UDP-encapsulated (its ICV \
+                 covers the outer addresses, which NAT rewrites), but this connection's encap \
+                 is \"udp\" (given, or gateway.encap); set encap = \"none\" on the connection"
+            ),
+        );
+    }
+    if replay_window == 0 {
+        v.err(
+            here.clone(),
+            format!(
+                "{said} needs anti-replay (Q-ESP requires it, docs/QESP.md §4), but the \
+                 connection has replay_window = 0; remove replay_window = 0"
+            ),
+        );
+    }
+    if let Some((specs, _)) = esp_proposals {
+        let gmac = specs
+            .iter()
+            .any(|p| p.encr.iter().any(|e| matches!(e, Enc::AesGmac(_))));
+        if mode == QespMode::Require && qesp_capable(specs).is_empty() {
+            v.err(
+                here,
+                format!(
+                    "{said} but no esp_proposals can be Q-ESP: Q-ESP requires encryption, \
+                     and AES-GMAC is integrity only; add an encrypting proposal (for example \
+                     \"aes128gcm16\")"
+                ),
+            );
+        } else if gmac {
+            v.warn(
+                at.key("esp_proposals", span(&r.esp_proposals)),
+                format!(
+                    "with {said}, the AES-GMAC algorithms are proposed for ESP only: Q-ESP \
+                     requires encryption"
+                ),
+            );
+        }
+    }
+    mode
 }
 
 /// A list of proposal strings (each may hold several, comma-separated),
@@ -1297,6 +1378,114 @@ retransmit_tries = 3"#,
         assert_has(
             &c.warnings.join("\n"),
             &["ike.child_rekey_time", "never rekeyed"],
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn ike_qesp_setting_and_its_checks() {
+        let d = ike_dir();
+        let raw = "encap = \"none\"";
+        // The default: off, ESP only, and the engine is told so.
+        let c = ike_ok(&d, &ike_conn(raw, "psk_file = \"psk\""));
+        let k = &c.connections[0];
+        assert_eq!(k.ike().unwrap().qesp, QespMode::Off);
+        assert_eq!(k.ike_config().unwrap().child.qesp, QespMode::Off);
+        let esp_overhead = k.spec().negotiated_overhead;
+        // prefer and require reach the engine; the TUN is sized for Q-ESP's
+        // 8 more header bytes; the effective configuration says them.
+        for (word, mode) in [
+            ("off", QespMode::Off),
+            ("prefer", QespMode::Prefer),
+            ("require", QespMode::Require),
+        ] {
+            let c = ike_ok(
+                &d,
+                &ike_conn(raw, &format!("psk_file = \"psk\"\nqesp = \"{word}\"")),
+            );
+            assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+            crate::assert_effective_round_trips(&c, &d);
+            let k = &c.connections[0];
+            assert_eq!(k.ike().unwrap().qesp, mode);
+            assert_eq!(k.ike_config().unwrap().child.qesp, mode);
+            let extra = if mode == QespMode::Off { 0 } else { 8 };
+            assert_eq!(k.spec().negotiated_overhead, esp_overhead + extra, "{word}");
+            // The connection still starts as ESP: the layer follows the
+            // negotiated SAs.
+            assert_eq!(k.protocol(), crate::Protocols::Esp);
+        }
+        // UDP encapsulation (the default) is refused, at the key.
+        let e = ike_err(&d, &ike_conn("", "psk_file = \"psk\"\nqesp = \"require\""));
+        assert_has(
+            &e,
+            &[
+                "ike.toml:12:",
+                "connection[0].ike.qesp (connection \"ik\")",
+                "qesp = \"require\" needs encap = \"none\"",
+                "cannot be UDP-encapsulated",
+            ],
+        );
+        // So is force_encap (which needs UDP anyway).
+        let e = ike_err(
+            &d,
+            &ike_conn(
+                "encap = \"udp\"",
+                "psk_file = \"psk\"\nforce_encap = true\nqesp = \"prefer\"",
+            ),
+        );
+        assert_has(&e, &["ike.qesp", "needs encap = \"none\""]);
+        // Anti-replay is required.
+        let e = ike_err(
+            &d,
+            &ike_conn(
+                "encap = \"none\"\nreplay_window = 0",
+                "psk_file = \"psk\"\nqesp = \"prefer\"",
+            ),
+        );
+        assert_has(&e, &["ike.qesp", "needs anti-replay", "replay_window = 0"]);
+        // protocol = "qesp" is manual keying: with IKE say qesp instead.
+        let e = ike_err(
+            &d,
+            &ike_conn(
+                "protocol = \"qesp\"\nencap = \"none\"",
+                "psk_file = \"psk\"",
+            ),
+        );
+        assert_has(
+            &e,
+            &[
+                "connection[0].protocol",
+                "set qesp = \"require\"",
+                "in [connection.ike]",
+            ],
+        );
+        // A wrong value names the right ones.
+        assert_has(
+            &ike_err(&d, &ike_conn(raw, "psk_file = \"psk\"\nqesp = \"yes\"")),
+            &["ike.qesp", "`off`", "`prefer`", "`require`"],
+        );
+        // Q-ESP needs encryption: AES-GMAC alone cannot be required, and
+        // is left to ESP with prefer.
+        assert_has(
+            &ike_err(
+                &d,
+                &ike_conn(
+                    raw,
+                    "psk_file = \"psk\"\nqesp = \"require\"\nesp_proposals = [\"aes128gmac\"]",
+                ),
+            ),
+            &["ike.qesp", "no esp_proposals can be Q-ESP"],
+        );
+        let c = ike_ok(
+            &d,
+            &ike_conn(
+                raw,
+                "psk_file = \"psk\"\nqesp = \"prefer\"\nesp_proposals = [\"aes128gcm16\", \"aes128gmac\"]",
+            ),
+        );
+        assert_has(
+            &c.warnings.join("\n"),
+            &["ike.esp_proposals", "for ESP only"],
         );
         std::fs::remove_dir_all(&d).unwrap();
     }

@@ -277,6 +277,8 @@ pub struct IkeTable {
     pub retransmit_tries: Option<Spanned<i64>>,
     /// Pretend a NAT so that ESP is UDP-encapsulated.
     pub force_encap: Option<Spanned<bool>>,
+    /// Negotiate Q-ESP child SAs: `off`, `prefer` or `require`.
+    pub qesp: Option<Spanned<QespName>>,
 }
 
 /// How a connection's IPsec packets travel.
@@ -425,6 +427,18 @@ pub enum DpdActionName {
     Clear,
     /// Delete them and initiate again.
     Restart,
+}
+
+/// `qesp`: whether IKE negotiates Q-ESP child SAs (`docs/QESP.md` §7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QespName {
+    /// ESP only (the default).
+    Off,
+    /// Q-ESP proposed first, ESP second; either accepted.
+    Prefer,
+    /// Q-ESP only.
+    Require,
 }
 
 /// An integer or a string (sizes, durations, protocols, SPIs).
