@@ -48,6 +48,7 @@ use espgate_api::status::TunStatus;
 use espgate_config::{Encapsulation, LoadedConfig};
 use espgate_core::gateway::{Engine, EngineOptions};
 use espgate_core::wire::proto;
+use espgate_ike::config::QespMode;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::atomic::AtomicBool;
@@ -117,16 +118,24 @@ fn open_sockets(cfg: &LoadedConfig, k: usize, reuseport: bool) -> Result<Sockets
     {
         let v6 = c.local.is_ipv6();
         // The outermost header: AH for "ah" and "esp+ah"; Q-ESP on the
-        // gateway's number for it.
-        let p = if c.protocol().has_ah() {
-            proto::AH
+        // gateway's number for it. An IKE connection receives what it may
+        // negotiate: ESP unless qesp = "require", Q-ESP unless "off".
+        let qesp = c.ike().map_or(QespMode::Off, |i| i.qesp);
+        let protocols: &[u8] = if c.protocol().has_ah() {
+            &[proto::AH]
         } else if c.protocol() == espgate_config::Protocols::Qesp {
-            g.qesp_protocol
+            &[g.qesp_protocol]
         } else {
-            proto::ESP
+            match qesp {
+                QespMode::Off => &[proto::ESP],
+                QespMode::Prefer => &[proto::ESP, g.qesp_protocol],
+                QespMode::Require => &[g.qesp_protocol],
+            }
         };
-        if !rx.contains(&(v6, p)) {
-            rx.push((v6, p));
+        for &p in protocols {
+            if !rx.contains(&(v6, p)) {
+                rx.push((v6, p));
+            }
         }
         let tx = if v6 { &mut s.raw_tx6 } else { &mut s.raw_tx4 };
         if tx.is_none() {

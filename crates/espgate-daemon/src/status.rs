@@ -177,6 +177,17 @@ pub fn connections(
     // Inbound, then outbound, as each worker lists them.
     for c in &mut out {
         c.sas.sort_by_key(|s| s.direction == "out");
+        // An IKE connection's one layer is ESP or Q-ESP as negotiated: it
+        // is what its outbound SA is (the configuration said ESP).
+        if matches!(c.protocol.as_str(), "esp" | "qesp") {
+            if let Some(sa) = c
+                .sas
+                .iter()
+                .find(|s| s.direction == "out" && matches!(s.protocol.as_str(), "esp" | "qesp"))
+            {
+                c.protocol.clone_from(&sa.protocol);
+            }
+        }
     }
     out
 }
