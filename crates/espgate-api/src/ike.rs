@@ -54,6 +54,9 @@ pub struct ChildSaStatus {
     pub spi_in: String,
     /// Our outbound SPI.
     pub spi_out: String,
+    /// `esp`, or `qesp` for a Q-ESP child SA (`docs/QESP.md` §7).
+    #[serde(default = "esp")]
+    pub protocol: String,
     /// installed / rekeying / rekeyed / deleting.
     pub state: String,
     /// ESP algorithms.
@@ -66,6 +69,11 @@ pub struct ChildSaStatus {
     pub local_ts: Vec<String>,
     /// The peer's selectors.
     pub remote_ts: Vec<String>,
+}
+
+/// The protocol of a child SA in a document written before Q-ESP.
+fn esp() -> String {
+    "esp".into()
 }
 
 /// Count and cumulative time of one IKE operation.

@@ -455,9 +455,14 @@ fn render_ike(out: &mut String, ike: &crate::ike::IkeDoc) {
         for c in &sa.children {
             let _ = writeln!(
                 out,
-                "    child {}_i {}_o {} {}, rekey in {}, expires in {}: {} === {}",
+                "    child {}_i {}_o {}{} {}, rekey in {}, expires in {}: {} === {}",
                 c.spi_in,
                 c.spi_out,
+                if c.protocol == "esp" {
+                    String::new()
+                } else {
+                    format!("{} ", c.protocol)
+                },
                 c.algorithms,
                 c.state,
                 opt_secs(c.rekey_in_secs),

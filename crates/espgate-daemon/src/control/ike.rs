@@ -345,6 +345,7 @@ fn sa_status(s: &IkeStatus, now: Duration) -> IkeSaStatus {
             .map(|c| ChildSaStatus {
                 spi_in: format!("{:#010x}", c.spi_in),
                 spi_out: format!("{:#010x}", c.spi_out),
+                protocol: c.protocol.name().to_string(),
                 state: c.state.to_string(),
                 algorithms: c.algorithms.clone(),
                 rekey_in_secs: secs_until(c.rekey_at, now),
