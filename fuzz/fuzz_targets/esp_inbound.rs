@@ -458,6 +458,9 @@ fn crafted(c: &mut Cursor<'_>) {
             };
             (pkt, expect)
         }
+        // The fixtures are ESP and AH; sa_roundtrip and wire_parse cover
+        // Q-ESP.
+        Protocol::Qesp => return,
         Protocol::Ah => {
             let mac = Mac::new(cfg.suite.integ.unwrap(), &cfg.integ_key).unwrap();
             let icv = mac.icv_len();

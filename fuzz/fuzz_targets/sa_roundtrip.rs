@@ -20,7 +20,7 @@
 //!  sport (2) | dport (2) | packet count | packet bytes…`
 #![no_main]
 
-use espgate_core::crypto::{Suite, SuiteError};
+use espgate_core::crypto::{Enc, Suite, SuiteError};
 use espgate_core::sa::{self, Classified, Decapsulated, Encap, Mode, Protocol, SaError};
 use espgate_core::wire::{ip, proto};
 use espgate_core::{DropReason, PacketBuf, Sa, SaConfig};
@@ -70,7 +70,26 @@ fuzz_target!(|data: &[u8]| {
     } else {
         esp_suites()[usize::from(suite_b) % esp_suites().len()]
     };
-    let protocol = if ah { Protocol::Ah } else { Protocol::Esp };
+    let window = if w & 0x8000 != 0 {
+        u32::from(w & 0x7fff) * 2
+    } else {
+        u32::from(w % 130)
+    };
+    // Q-ESP (docs/QESP.md) for an odd seed, where its rules allow: raw IP,
+    // encryption with integrity, a replay window.
+    let qesp = !ah
+        && !udp
+        && seed & 1 == 1
+        && !matches!(suite.enc, None | Some(Enc::Null | Enc::AesGmac(_)))
+        && !suite.lacks_integrity()
+        && window != 0;
+    let protocol = if ah {
+        Protocol::Ah
+    } else if qesp {
+        Protocol::Qesp
+    } else {
+        Protocol::Esp
+    };
     let spi = 0x100 + u32::from(seed) * 0x1_0001;
     let mut cfg = SaConfig::new(
         spi,
@@ -113,11 +132,7 @@ fuzz_target!(|data: &[u8]| {
     } else {
         1 + seq0 % u64::from(u32::MAX)
     };
-    cfg.replay_window = if w & 0x8000 != 0 {
-        u32::from(w & 0x7fff) * 2
-    } else {
-        u32::from(w % 130)
-    };
+    cfg.replay_window = window;
     cfg.tfc_pad_to = use_tfc.then_some(tfc);
     cfg.copy_dscp = copy_dscp;
     cfg.allow_insecure = true;
@@ -163,7 +178,9 @@ fuzz_target!(|data: &[u8]| {
         let info = ip::parse(&wire).expect("protected packet parses");
         assert_eq!(info.packet_len, wire.len());
         let tfc_extra = match (protocol, cfg.mode, cfg.tfc_pad_to) {
-            (Protocol::Esp, Mode::Tunnel, Some(t)) => usize::from(t).saturating_sub(inner.len()),
+            (Protocol::Esp | Protocol::Qesp, Mode::Tunnel, Some(t)) => {
+                usize::from(t).saturating_sub(inner.len())
+            }
             _ => 0,
         };
         assert!(
@@ -187,9 +204,11 @@ fuzz_target!(|data: &[u8]| {
             (Protocol::Ah, _) => proto::AH,
             (Protocol::Esp, true) => proto::UDP,
             (Protocol::Esp, false) => proto::ESP,
+            (Protocol::Qesp, _) => 253,
         };
         assert_eq!(info.protocol, want_proto);
-        let inb = match sa::classify(&wire, &sa::Classifier::new().udp_port(dport)) {
+        let classifier = sa::Classifier::new().udp_port(dport).qesp(253);
+        let inb = match sa::classify(&wire, &classifier) {
             Ok(Classified::Ipsec(inb)) => inb,
             other => panic!("protected packet classified as {other:?}"),
         };
@@ -203,7 +222,7 @@ fuzz_target!(|data: &[u8]| {
         }
         let mut rb = PacketBuf::from_packet(&wire);
         let r = inn.decapsulate(&mut rb, &inb, T0);
-        if transport && protocol == Protocol::Esp && transport_nh(&inner) == Some(proto::NO_NEXT) {
+        if transport && protocol.is_esp_like() && transport_nh(&inner) == Some(proto::NO_NEXT) {
             // Next header 59 marks an RFC 4303 §2.6 dummy packet: a transport-
             // mode packet whose own next header is 59 is discarded inbound.
             assert_eq!(r, Ok(Decapsulated::Dummy));

@@ -7,7 +7,7 @@
 use espgate_core::crypto::Suite;
 use espgate_core::sa::{self, spec, Classified, Protocol, Sa};
 use espgate_core::selector::Prefix;
-use espgate_core::wire::{ah, esp, flow, ip, ipv4, ipv6, proto, tcp, udp};
+use espgate_core::wire::{ah, esp, flow, ip, ipv4, ipv6, proto, qesp, tcp, udp};
 use libfuzzer_sys::fuzz_target;
 use std::time::Duration;
 
@@ -23,6 +23,30 @@ fn headers(b: &[u8]) {
         assert_eq!(e.seq(), be32(b, 4));
     } else {
         assert!(b.len() < esp::HEADER_LEN);
+    }
+    match qesp::QespHeader::new_checked(b) {
+        Ok(q) => {
+            assert!(b.len() >= qesp::HEADER_LEN);
+            assert_eq!(q.spi(), be32(b, 8));
+            assert_eq!(q.seq(), be32(b, 12));
+            assert_eq!(
+                (q.sport(), q.dport(), q.tlp()),
+                (
+                    u16::from_be_bytes([b[0], b[1]]),
+                    u16::from_be_bytes([b[2], b[3]]),
+                    b[4]
+                )
+            );
+        }
+        Err(_) => assert!(b.len() < qesp::HEADER_LEN),
+    }
+    // The clear fields of any packet ip::parse accepts.
+    if let Ok(c) = qesp::ClearFields::of_packet(b) {
+        let info = ip::parse(b).expect("clear fields without ip::parse");
+        assert_eq!(c.tlp, info.protocol);
+        if info.later_fragment {
+            assert_eq!((c.sport, c.dport), (0, 0));
+        }
     }
     if let Ok(a) = ah::Ah::new_checked(b) {
         let len = a.len();
@@ -215,7 +239,7 @@ fn ip_layer(data: &[u8]) {
     }
 
     for port in [udp::NAT_T_PORT, 500] {
-        match sa::classify(data, &sa::Classifier::new().udp_port(port)) {
+        match sa::classify(data, &sa::Classifier::new().udp_port(port).qesp(253)) {
             Ok(Classified::Ipsec(inb)) => {
                 let outer = ip::parse(data).expect("classified without ip::parse");
                 assert_eq!(inb.outer, outer);
@@ -237,6 +261,13 @@ fn ip_layer(data: &[u8]) {
                             }
                             None => assert_eq!(outer.protocol, proto::ESP),
                         }
+                    }
+                    Protocol::Qesp => {
+                        assert_eq!(outer.protocol, 253);
+                        assert!(inb.udp_offset.is_none());
+                        let q = qesp::QespHeader::new_checked(hdr).unwrap();
+                        assert_eq!(inb.spi, q.spi());
+                        assert_eq!(q.spi(), be32(hdr, 8));
                     }
                     Protocol::Ah => {
                         assert_eq!(outer.protocol, proto::AH);
