@@ -244,6 +244,11 @@ enum BenchCmd {
         /// per row). The other numbers are measured with the probe off.
         #[arg(long)]
         costs: bool,
+        /// esp, or qesp for Q-ESP (docs/QESP.md) on the same suites (its
+        /// rows are named "qesp SUITE"; the raw cipher and the skeleton
+        /// stay ESP's).
+        #[arg(long, default_value = "esp", value_parser = ["esp", "qesp"])]
+        proto: String,
     },
     /// iperf3 between two sites in network namespaces through plain
     /// routing, espgate and (--peers) wireguard-go, strongSwan, OpenVPN:
@@ -284,13 +289,14 @@ struct BenchArgs {
 
 fn run_bench(what: BenchCmd) -> Result<ExitCode> {
     use espgate_lab::bench;
-    let (args, direction, is_esp, costs) = match what {
-        BenchCmd::Crypto { args } => (args, "both".to_string(), false, false),
+    let (args, direction, is_esp, costs, qesp) = match what {
+        BenchCmd::Crypto { args } => (args, "both".to_string(), false, false, false),
         BenchCmd::Esp {
             args,
             direction,
             costs,
-        } => (args, direction, true, costs),
+            proto,
+        } => (args, direction, true, costs, proto == "qesp"),
         BenchCmd::Tunnel(a) => return Ok(espgate_lab::bench::tunnel::main(&a)),
         BenchCmd::Parallel(a) => return espgate_lab::bench::parallel::main(&a),
         BenchCmd::Ike(a) => return espgate_lab::bench::ike::main(&a),
@@ -303,6 +309,9 @@ fn run_bench(what: BenchCmd) -> Result<ExitCode> {
         &direction,
     )?;
     p.costs = costs;
+    if qesp {
+        p.protocol = espgate_core::sa::Protocol::Qesp;
+    }
     let quiet = args.json || !std::io::IsTerminal::is_terminal(&std::io::stderr());
     let progress = |s: &str| {
         if !quiet {

@@ -125,6 +125,9 @@ pub struct Params {
     /// `bench esp --costs`: also time each stage, probe on (after the
     /// measurements with the probe off).
     pub costs: bool,
+    /// `bench esp --proto`: ESP or Q-ESP (`docs/QESP.md`); the skeleton
+    /// and the raw cipher rows are ESP's either way.
+    pub protocol: Protocol,
 }
 
 impl Params {
@@ -185,6 +188,7 @@ impl Params {
             outbound,
             inbound,
             costs: false,
+            protocol: Protocol::Esp,
         })
     }
 }
@@ -296,9 +300,13 @@ fn key(n: usize, fill: u8) -> Vec<u8> {
 }
 
 fn sa(suite: Suite, window: u32) -> Result<Sa> {
+    sa_of(Protocol::Esp, suite, window)
+}
+
+fn sa_of(protocol: Protocol, suite: Suite, window: u32) -> Result<Sa> {
     let mut c = SaConfig::new(
         0x1000,
-        Protocol::Esp,
+        protocol,
         suite,
         &key(suite.enc_key_len(), 0x5a),
         &key(suite.integ_key_len(), 0xa5),
@@ -324,11 +332,17 @@ struct Pipeline {
     ring: Vec<(Vec<u8>, Inbound)>,
     rx: Sa,
     suite: Suite,
+    protocol: Protocol,
 }
 
+/// Raw ESP and AH, ESP-in-UDP on 4500, and Q-ESP on its default number.
+const CLASSIFIER: Classifier =
+    Classifier::NAT_T.qesp(espgate_core::wire::qesp::DEFAULT_IP_PROTOCOL);
+
 impl Pipeline {
-    fn new(suite: Suite, size: usize, inbound: bool) -> Result<Pipeline> {
+    fn new(protocol: Protocol, suite: Suite, size: usize, inbound: bool) -> Result<Pipeline> {
         let clear = clear_packet(size);
+        let sa = |suite, window| sa_of(protocol, suite, window);
         let mut tx = sa(suite, 1024)?;
         let mut buf = PacketBuf::with_capacity(9216);
         let mut ring = Vec::new();
@@ -338,7 +352,7 @@ impl Pipeline {
             tx.encapsulate(&mut buf, Duration::ZERO)
                 .map_err(|d| anyhow!("{suite} outbound, {size} B: {}", d.as_str()))?;
             let wire = buf.as_slice().to_vec();
-            let Ok(Classified::Ipsec(inb)) = classify(&wire, &Classifier::NAT_T) else {
+            let Ok(Classified::Ipsec(inb)) = classify(&wire, &CLASSIFIER) else {
                 bail!("{suite}: the ESP packet does not classify as ESP");
             };
             ring.push((wire, inb));
@@ -359,6 +373,7 @@ impl Pipeline {
             ring,
             rx: sa(suite, 1024)?,
             suite,
+            protocol,
         })
     }
 
@@ -373,7 +388,7 @@ impl Pipeline {
         // The SA's 64-bit counter would take centuries to run out here,
         // but a long run must never wrap: start over with a fresh SA.
         if self.tx.next_seq() > u64::MAX / 2 {
-            self.tx = sa(self.suite, 1024)?;
+            self.tx = sa_of(self.protocol, self.suite, 1024)?;
         }
         Ok(n)
     }
@@ -392,7 +407,7 @@ impl Pipeline {
     }
 
     fn reset_rx(&mut self) -> Result<()> {
-        self.rx = sa(self.suite, 1024)?;
+        self.rx = sa_of(self.protocol, self.suite, 1024)?;
         Ok(())
     }
 }
@@ -411,11 +426,13 @@ struct Probed {
     buf: PacketBuf,
     applied: Vec<SaId>,
     suite: Suite,
+    protocol: Protocol,
 }
 
 impl Probed {
-    fn new(suite: Suite, size: usize) -> Result<Probed> {
+    fn new(protocol: Protocol, suite: Suite, size: usize) -> Result<Probed> {
         let clear = clear_packet(size);
+        let sa = |suite, window| sa_of(protocol, suite, window);
         let mut gen = sa(suite, 1024)?;
         let mut buf = PacketBuf::with_capacity(9216);
         let mut ring = Vec::with_capacity(RING);
@@ -448,6 +465,7 @@ impl Probed {
             buf,
             applied: Vec::with_capacity(espgate_core::sad::MAX_LAYERS),
             suite,
+            protocol,
         })
     }
 
@@ -486,7 +504,7 @@ impl Probed {
             c.mark(Stage::Receive);
             match self.rx.decapsulate_into_probed(
                 &mut self.buf,
-                &Classifier::NAT_T,
+                &CLASSIFIER,
                 Duration::ZERO,
                 &mut self.applied,
                 c,
@@ -500,7 +518,7 @@ impl Probed {
         self.rx.remove(self.rx_id);
         self.rx_id = self
             .rx
-            .insert(sa(self.suite, 1024)?)
+            .insert(sa_of(self.protocol, self.suite, 1024)?)
             .map_err(|e| anyhow!(e))?;
         Ok(())
     }
@@ -632,10 +650,10 @@ pub fn esp(p: &Params, mut progress: impl FnMut(&str)) -> Result<Vec<Row>> {
     let skeleton = skeleton();
     let mut rows = Vec::new();
     for &size in &p.sizes {
-        let mut skel = Pipeline::new(skeleton, size, p.inbound)?;
+        let mut skel = Pipeline::new(Protocol::Esp, skeleton, size, p.inbound)?;
         for &suite in &p.suites {
             progress(&format!("esp {suite} {size} B"));
-            let mut pipe = Pipeline::new(suite, size, p.inbound)?;
+            let mut pipe = Pipeline::new(p.protocol, suite, size, p.inbound)?;
             let mut raw = Raw::new(suite, size)?;
             let mut s = [(); 6].map(|_| Samples::default());
             let [seal_s, open_s, out_s, in_s, skel_out, skel_in] = &mut s;
@@ -662,13 +680,17 @@ pub fn esp(p: &Params, mut progress: impl FnMut(&str)) -> Result<Vec<Row>> {
             // Once more with the probe on, after the measurements above.
             let mut probed = if p.costs {
                 progress(&format!("esp {suite} {size} B: per-stage costs"));
-                Some(Probed::new(suite, size)?)
+                Some(Probed::new(p.protocol, suite, size)?)
             } else {
                 None
             };
             let probe_time = p.time * p.repeat as u32;
             let mut add = |dir: Dir, s: &Samples, sk: &Samples, raw: &Samples| -> Result<()> {
-                let mut r = row(&suite.name(), size, dir.as_str(), s);
+                let name = match p.protocol {
+                    Protocol::Qesp => format!("qesp {suite}"),
+                    _ => suite.name(),
+                };
+                let mut r = row(&name, size, dir.as_str(), s);
                 r.ratio_to_raw = Some(raw.median() / r.ns_per_packet);
                 r.crypto_share = Some((1.0 - sk.median() / r.ns_per_packet).max(0.0));
                 if let Some(pr) = probed.as_mut() {
@@ -793,7 +815,7 @@ mod tests {
         let suites = DEFAULT_SUITES.iter().map(|s| s.parse().unwrap());
         for s in suites.chain([skeleton()]) {
             for size in [28, 64, 1400] {
-                Pipeline::new(s, size, true).unwrap();
+                Pipeline::new(Protocol::Esp, s, size, true).unwrap();
                 Raw::new(s, size).unwrap();
             }
         }
@@ -828,6 +850,25 @@ mod tests {
             assert!(v[0].get(k).is_some(), "{k} missing in {}", v[0]);
         }
         assert!(table(&rows).lines().count() == 13);
+    }
+
+    #[test]
+    fn qesp_rows_measure_the_qesp_pipeline() {
+        let mut p = params(&["aes128gcm16", "aes128-sha1"], &[200], "both");
+        p.protocol = Protocol::Qesp;
+        p.costs = true;
+        let rows = esp(&p, |_| {}).unwrap();
+        let names: Vec<&str> = rows.iter().map(|r| r.suite.as_str()).collect();
+        assert!(names.contains(&"qesp aes128gcm16") && names.contains(&"qesp aes128-sha1"));
+        assert!(rows
+            .iter()
+            .filter(|r| r.suite.starts_with("qesp"))
+            .all(|r| r.stages.is_some() && r.ns_per_packet > 0.0));
+        // Q-ESP's rules hold in the bench too: no NULL encryption.
+        let mut p = params(&["null-sha256"], &[200], "out");
+        p.protocol = Protocol::Qesp;
+        let e = esp(&p, |_| {}).unwrap_err().to_string();
+        assert!(e.contains("requires encryption"), "{e}");
     }
 
     #[test]
