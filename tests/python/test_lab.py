@@ -50,7 +50,7 @@ def test_every_experiment_runs_quick_and_the_report_has_a_plot_and_seed_data_eac
     listing = subprocess.run([espgate, "lab", "list"], capture_output=True, text=True, timeout=30)
     assert listing.returncode == 0, listing.stderr
     ids = [l.split()[0] for l in listing.stdout.splitlines()[1:] if re.match(r"^00[0-4]-", l)]
-    assert len(ids) == 28, listing.stdout
+    assert len(ids) == 31, listing.stdout
     assert "001-parallel-crypto" in ids
 
     out = tmp_path / "lab"
@@ -100,6 +100,9 @@ def test_every_experiment_runs_quick_and_the_report_has_a_plot_and_seed_data_eac
     md = (out / "report.md").read_text()
     for i in ids:
         assert f"## {i}" in md, i
+    # Table I of seed 002 and the numbers of its Figure 9
+    assert "1638.127" in secs["002-throughput-esp-vs-qesp"]
+    assert "391.560" in secs["002-priority-congestion"]
     # a figure of the papers is printed beside ours: Table 3 of seed 004
     assert "345.69" in secs["004-esp-noop"] and "182.37" in secs["004-esp-noop"]
     # and the transform seed 001 used that espgate lacks is said so

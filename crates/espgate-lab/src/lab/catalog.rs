@@ -1,6 +1,7 @@
 //! The catalogue: every experiment `espgate lab` knows, with how to run it
 //! and how to judge it. The experiments themselves live in one module per
-//! paper ([`super::p000`], [`super::p001`], [`super::p004`]); this module
+//! paper ([`super::p000`], [`super::p001`], [`super::p002`],
+//! [`super::p004`]); this module
 //! holds what they share: the sweep over namespaces and the helpers that
 //! turn points into findings.
 
@@ -28,6 +29,7 @@ pub fn all() -> &'static [Entry] {
     ALL.get_or_init(|| {
         let mut v = super::p000::entries();
         v.extend(super::p001::entries());
+        v.extend(super::p002::entries());
         v.extend(super::p004::entries());
         v
     })
@@ -97,7 +99,7 @@ pub fn tcp(k: &Knobs) -> Traffic {
         len: 1024,
         bidir: false,
         secs: k.secs(),
-        udp_rate_mbit: None,
+        udp_rate_bps: None,
     }
 }
 
@@ -218,7 +220,7 @@ mod tests {
     }
 
     #[test]
-    fn every_catalogue_id_of_000_001_004_is_listed_once_with_its_seed_tables() {
+    fn every_catalogue_id_of_000_001_002_004_is_listed_once_with_its_seed_tables() {
         let ids: Vec<&str> = all().iter().map(|e| e.exp.id).collect();
         for want in [
             "000-link10-ip-vs-ipsec",
@@ -242,6 +244,9 @@ mod tests {
             "001-socket-buffers",
             "001-buffers-nofrag",
             "001-parallel-crypto",
+            "002-analytic-overhead",
+            "002-throughput-esp-vs-qesp",
+            "002-priority-congestion",
             "004-ike-timing",
             "004-ike-psk-vs-sig",
             "004-ike-aggressive",
@@ -252,7 +257,7 @@ mod tests {
         ] {
             assert_eq!(ids.iter().filter(|i| **i == want).count(), 1, "{want}");
         }
-        assert_eq!(ids.len(), 28);
+        assert_eq!(ids.len(), 31);
         for e in all() {
             assert!(!e.exp.plots.is_empty(), "{}: no plot", e.exp.id);
             assert!(!e.exp.question.is_empty() && !e.exp.our_setup.is_empty());

@@ -17,14 +17,15 @@ Examples:
   espgate lab run all --runs 12 --time 10   closer to the papers' settings (hours)
   espgate lab report lab-out                re-render report.html/report.md from results.json
 
-Experiment ids are those of the seed catalogue (000-…, 001-…, 004-…); a prefix selects
+Experiment ids are those of the seed catalogue (000-…, 001-…, 002-…, 004-…); a prefix selects
 every id that starts with it. Each point is repeated until its 95 % confidence interval
 is at most 3 % of the mean wide, at least 4 and at most 12 times (seed 000's rule;
 --runs N: at most N); past 4 runs, only while the experiment is within its expected
 time, so the default `run all` keeps to its estimate (a point cut short says so in the
 report). results.json is written after every point; Ctrl-C stops cleanly,
-removes what the run made and keeps what was measured. Needs root, iproute2, ping and
-iperf3 for the network experiments (the 004 ones run in memory).";
+removes what the run made and keeps what was measured. Needs root, iproute2, ping,
+iperf3 and (for 002-priority-congestion) nftables for the network experiments (the 004
+ones and 002-analytic-overhead run in memory).";
 
 /// `espgate lab`.
 #[derive(clap::Subcommand, Debug, Clone)]

@@ -7,7 +7,8 @@
 //! - [`seeds`]: the numbers the papers print, with their sources;
 //! - [`report`]: `report.html` (plots inline) and `report.md`;
 //! - [`catalog`]: every experiment, one module per paper ([`p000`],
-//!   [`p001`], [`p004`]);
+//!   [`p001`], [`p002`], [`p004`]);
+//! - [`probe`]: a constant-rate UDP stream with one-way latency;
 //! - [`rig`]: the namespace topology with the papers' knobs;
 //! - [`run`]: the repetition loop, progress, Ctrl-C, `results.json`.
 
@@ -17,7 +18,9 @@ pub mod experiment;
 pub mod model;
 pub mod p000;
 pub mod p001;
+pub mod p002;
 pub mod p004;
+pub mod probe;
 pub mod report;
 pub mod rig;
 pub mod run;

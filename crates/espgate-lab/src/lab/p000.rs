@@ -557,8 +557,8 @@ fn link10_findings(r: &Results) -> Vec<Finding> {
         (Some((x, gap)), Some(c)) => Finding {
             paper,
             ours: format!(
-                "tunnel mode {} % below transport mode at {x} B (ESP aes128-sha1)",
-                n(gap)
+                "tunnel mode {} transport mode at {x} B (ESP aes128-sha1)",
+                below(gap)
             ),
             verdict: judge(&c, gap),
         },
@@ -689,7 +689,7 @@ fn highend_findings(r: &Results) -> Vec<Finding> {
     v.push(match (mode_gap(&p, "ESP aes128-sha1"), c) {
         (Some((x, gap)), Some(c)) => Finding {
             paper,
-            ours: format!("tunnel mode {} % below transport at {x} B", n(gap)),
+            ours: format!("tunnel mode {} transport at {x} B", below(gap)),
             verdict: judge(&c, gap.abs()),
         },
         _ => missing(paper, "transport or tunnel series"),
@@ -808,7 +808,7 @@ fn xeon_findings(r: &Results) -> Vec<Finding> {
     v.push(match mode_gap(&p, "ESP aes128-sha1") {
         Some((x, gap)) => Finding {
             paper,
-            ours: format!("tunnel mode {} % below transport at {x} B", n(gap)),
+            ours: format!("tunnel mode {} transport at {x} B", below(gap)),
             verdict: if gap.abs() <= 5.0 {
                 Verdict::Agrees
             } else if gap.abs() <= 10.0 {
@@ -968,7 +968,7 @@ fn napi_findings(r: &Results) -> Vec<Finding> {
                 let gap = (t - u) / t * 100.0;
                 Finding {
                     paper,
-                    ours: format!("batched: tunnel {} % below transport at {x} B", n(gap)),
+                    ours: format!("batched: tunnel {} transport at {x} B", below(gap)),
                     verdict: if gap.abs() <= 5.0 {
                         Verdict::Agrees
                     } else {
@@ -1104,4 +1104,13 @@ fn mtu_findings(r: &Results) -> Vec<Finding> {
         },
     );
     v
+}
+
+/// "1.5 % below" for a positive gap (in %), "2.3 % above" for a negative one.
+fn below(gap: f64) -> String {
+    if gap >= 0.0 {
+        format!("{} % below", n(gap))
+    } else {
+        format!("{} % above", n(-gap))
+    }
 }

@@ -65,7 +65,7 @@ fn traffic(k: &Knobs, udp: bool) -> Traffic {
         len: 1024,
         bidir: true,
         secs: k.secs(),
-        udp_rate_mbit: None,
+        udp_rate_bps: None,
     }
 }
 

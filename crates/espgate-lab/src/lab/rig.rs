@@ -108,6 +108,9 @@ pub struct GwSpec {
     pub ike: Option<IkeSpec>,
     /// CPU quota of each gateway (cgroup), % of one CPU.
     pub cpu_quota_pct: Option<u32>,
+    /// Q-ESP (seed 002, `docs/QESP.md`) instead of ESP, with the `esp`
+    /// suite; raw IP (protocol 253).
+    pub qesp: bool,
 }
 
 impl GwSpec {
@@ -124,6 +127,7 @@ impl GwSpec {
             mss_clamp: true,
             ike: None,
             cpu_quota_pct: None,
+            qesp: false,
         }
     }
 
@@ -131,6 +135,7 @@ impl GwSpec {
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();
         match (&self.esp, &self.ah) {
+            (Some(e), None) if self.qesp => parts.push(format!("Q-ESP {e}")),
             (Some(e), Some(a)) => parts.push(format!("ESP {e} + AH {a}")),
             (Some(e), None) => parts.push(format!("ESP {e}")),
             (None, Some(a)) => parts.push(format!("AH {a}")),
@@ -144,7 +149,7 @@ impl GwSpec {
             .into(),
         );
         parts.push(
-            if self.udp && self.ah.is_none() {
+            if self.udp && self.ah.is_none() && !self.qesp {
                 "in UDP"
             } else {
                 "raw IP"
@@ -201,8 +206,8 @@ pub struct Traffic {
     pub bidir: bool,
     /// Seconds (`-t`).
     pub secs: f64,
-    /// UDP offered rate, Mbit/s (`-b`); `None`: as fast as it can.
-    pub udp_rate_mbit: Option<u32>,
+    /// UDP offered rate, bit/s (`-b`); `None`: as fast as it can.
+    pub udp_rate_bps: Option<u64>,
 }
 
 /// One measured run: the throughput and what was seen beside it.
@@ -390,12 +395,22 @@ impl Rig {
                     "-l",
                     "1400",
                     "-t",
-                    "100000",
+                    // iperf3's longest test (it refuses more): the rig
+                    // stops it long before.
+                    "86400",
                 ],
             )
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null()),
         )?;
+        // A flood that exits at once (a refused argument, no route) would
+        // leave the experiment measuring no flood at all.
+        std::thread::sleep(Duration::from_millis(500));
+        for what in ["flood sink", "flood"] {
+            if let Some(st) = self.lab.exited(what) {
+                bail!("the {what} (iperf3) exited at once ({st})");
+            }
+        }
         self.flood = true;
         Ok(())
     }
@@ -568,9 +583,7 @@ impl Rig {
             args.extend([
                 "-u".into(),
                 "-b".into(),
-                t.udp_rate_mbit
-                    .map(|r| format!("{r}M"))
-                    .unwrap_or("0".into()),
+                t.udp_rate_bps.map(|r| r.to_string()).unwrap_or("0".into()),
             ]);
         }
         if t.bidir {
@@ -658,7 +671,7 @@ pub fn gateway_config(
     let key = |k: &str| {
         (!k.is_empty()).then(|| value(SecretHex::new(zeroize::Zeroizing::new(k.to_string()))))
     };
-    let raw = g.ah.is_some() || !g.udp;
+    let raw = g.ah.is_some() || !g.udp || g.qesp;
     let gateway = GatewayTable {
         tun: Some(value("espgate0".into())),
         control_socket: Some(value("ctl.sock".into())),
@@ -729,6 +742,7 @@ pub fn gateway_config(
         conn.protocol = Some(value(match (&g.esp, &g.ah) {
             (Some(_), Some(_)) => Protocols::EspAh,
             (None, Some(_)) => Protocols::Ah,
+            _ if g.qesp => Protocols::Qesp,
             _ => Protocols::Esp,
         }));
     }
@@ -956,7 +970,7 @@ mod tests {
             len: 1024,
             bidir: false,
             secs: 1.0,
-            udp_rate_mbit: None,
+            udp_rate_bps: None,
         };
         let s = parse(&tcp, &t).unwrap();
         assert_eq!(s.mbps, 950.0);
