@@ -39,7 +39,7 @@ CASES = [
 
 
 def main():
-    out = ["# Q-ESP known-answer vectors (docs/QESP.md §9), made by", "# tests/python/make_qesp_vectors.py",
+    out = ["# Q-ESP known-answer vectors (docs/QESP.md §11), made by", "# tests/python/make_qesp_vectors.py",
            "# with the reference implementation. `qesp` is the Q-ESP part of the", "# packet: header to ICV.", ""]
     for name, suite, en, il, mode, outer, pkt, seq, esn, iv in CASES:
         pkt = bytes(pkt.__class__(bytes(pkt)))
