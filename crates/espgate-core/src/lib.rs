@@ -17,6 +17,7 @@ pub mod wire;
 
 pub use error::{DropReason, PResult};
 pub mod buf;
+pub mod cluster;
 pub mod sa;
 pub mod sad;
 pub mod selector;

@@ -193,7 +193,21 @@ impl Sa {
         let (hdr, rest) = e.split_at_mut(L::HEADER_LEN);
         let (iv, _) = rest.split_at_mut(iv_len);
         L::emit_header(hdr, self.cfg.spi, seq, &w.clear)?;
-        t.fill_iv(iv, seq)?;
+        let iv_value = match self.cfg.iv_source {
+            super::IvSource::Sequence => seq,
+            super::IvSource::PerNode { node } => {
+                // 48 bits of local counter: exhausted long after any
+                // lifetime, but never wrapped.
+                if self.iv_local >= 1 << 48 {
+                    return Err(DropReason::SeqExhausted);
+                }
+                let v = (u64::from(node) << 48) | self.iv_local;
+                self.iv_local += 1;
+                v
+            }
+        };
+        let t = &mut self.transform;
+        t.fill_iv(iv, iv_value)?;
         let auth = L::auth(e, seq, self.cfg.esn, &w.outer);
         probe.mark(Stage::Encap);
         t.seal_probed(e, L::HEADER_LEN, &auth.auth_ctx(), probe)

@@ -148,6 +148,31 @@ pub struct SaConfig {
     /// IP protocol number of raw packets on this SA: the protocol's own
     /// ([`Protocol::number`]) unless the gateway gives Q-ESP another.
     pub ip_protocol: u8,
+    /// Where the explicit IV of an AEAD suite comes from (seed 003's
+    /// cluster: [`IvSource::PerNode`]).
+    pub iv_source: IvSource,
+}
+
+/// Where an AEAD suite's 8-byte explicit IV comes from. RFC 4106 §3.1
+/// and RFC 7634 §2 require only that it never repeats under one key; the
+/// sequence number is the usual choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IvSource {
+    /// The 64-bit sequence number.
+    Sequence,
+    /// Cluster node `node`: the node id in the high 16 bits and a
+    /// node-local counter in the low 48. The nodes of a flat cluster share
+    /// one SA and keep its sequence numbers in step by counting the same
+    /// packets; if one misses a packet their numbers diverge, and with
+    /// [`IvSource::Sequence`] two nodes could then seal different packets
+    /// under one nonce. With this source no two nodes ever share an IV,
+    /// whatever their counters do. (The local counter starts at 1 with
+    /// the SA; a cluster keys its SAs afresh, so it is never reused under
+    /// one key.)
+    PerNode {
+        /// This node's id.
+        node: crate::cluster::NodeId,
+    },
 }
 
 impl std::fmt::Debug for SaConfig {
@@ -193,6 +218,7 @@ impl SaConfig {
             ttl: 64,
             copy_dscp: true,
             ip_protocol: protocol.number(),
+            iv_source: IvSource::Sequence,
         }
     }
 
@@ -359,6 +385,8 @@ pub struct Sa {
     counters: Arc<SaCounters>,
     events: [Option<SaEvent>; 3],
     seq_exhausted_raised: bool,
+    /// The next node-local IV counter ([`IvSource::PerNode`]).
+    iv_local: u64,
 }
 
 impl std::fmt::Debug for Sa {
@@ -465,6 +493,7 @@ impl Sa {
             counters,
             events: [None; 3],
             seq_exhausted_raised: false,
+            iv_local: 1,
             transform,
             cfg,
         })

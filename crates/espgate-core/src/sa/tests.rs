@@ -8,6 +8,7 @@ use crate::wire::checksum;
 use proptest::prelude::*;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+mod cluster_iv;
 mod qesp;
 
 const T0: Duration = Duration::ZERO;

@@ -1,0 +1,386 @@
+//! Flat-cluster dispatch (seed 003), sans-IO: every node of the cluster
+//! sees every packet, advances the SA state for it (sequence numbers,
+//! replay windows) and asks its [`Dispatcher`] whether it is the one node
+//! that does the cryptography; the others drop the packet after the
+//! state update. No message is exchanged per packet: the decision is a
+//! function of what every node sees alike — the packet's lockstep counter
+//! (the SA's sequence number), its length, its flow when known — and of
+//! the membership [`Plan`] the cluster agent learns from etcd.
+//!
+//! Schemes (seed 003 §2): by packet or by session, round-robin or
+//! shortest-queue-first. A node cannot see the others' real queues
+//! without messages, so "shortest queue" is a *virtual* queue every node
+//! keeps identically: the bytes assigned to a member minus its fair share
+//! (1/n) of the bytes the cluster has seen since. With equal nodes this
+//! balances bytes where round-robin balances packets. Session schemes
+//! need the inner flow, which an inbound ESP packet hides until it is
+//! decrypted (seed 003 says so): inbound packets use the packet scheme of
+//! the same policy.
+//!
+//! Not here: the shared segment, etcd, the agent (the cluster crate).
+
+use std::collections::HashMap;
+
+/// A node's identity in the cluster (also the high bits of its AEAD IVs,
+/// see [`crate::sa::IvSource::PerNode`]).
+pub type NodeId = u16;
+
+/// How packets are spread over the live nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dispatch {
+    /// Packet `k` of an SA to member `k mod n`.
+    PacketRr,
+    /// Each packet to the member with the shortest virtual queue.
+    PacketSqf,
+    /// Each new outbound session to the next member in turn, then kept
+    /// there; inbound by packet round-robin.
+    SessionRr,
+    /// Each new outbound session to the member with the shortest virtual
+    /// queue, then kept there; inbound by packet shortest-queue-first.
+    SessionSqf,
+}
+
+impl Dispatch {
+    /// `packet-rr`, `packet-sqf`, `session-rr`, `session-sqf`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dispatch::PacketRr => "packet-rr",
+            Dispatch::PacketSqf => "packet-sqf",
+            Dispatch::SessionRr => "session-rr",
+            Dispatch::SessionSqf => "session-sqf",
+        }
+    }
+
+    /// The scheme named `s`.
+    pub fn from_name(s: &str) -> Option<Dispatch> {
+        [
+            Dispatch::PacketRr,
+            Dispatch::PacketSqf,
+            Dispatch::SessionRr,
+            Dispatch::SessionSqf,
+        ]
+        .into_iter()
+        .find(|d| d.name() == s)
+    }
+
+    fn sqf(self) -> bool {
+        matches!(self, Dispatch::PacketSqf | Dispatch::SessionSqf)
+    }
+}
+
+/// The live members in the order every node agrees on, and the plan's
+/// epoch (it grows with every change).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Increases with every membership change.
+    pub epoch: u64,
+    /// Live members, in dispatch order, without duplicates.
+    pub members: Vec<NodeId>,
+}
+
+impl Plan {
+    /// A plan of `members` (sorted and deduplicated, so that every node
+    /// builds the same order from the same set).
+    pub fn new(epoch: u64, members: impl IntoIterator<Item = NodeId>) -> Plan {
+        let mut m: Vec<NodeId> = members.into_iter().collect();
+        m.sort_unstable();
+        m.dedup();
+        Plan { epoch, members: m }
+    }
+}
+
+/// A flow as the session schemes key it (the outbound inner packet's
+/// selector fields, hashed by the caller).
+pub type FlowKey = u64;
+
+/// What the dispatcher is told of one packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// The SA's lockstep counter for this packet: the sequence number
+    /// every node assigns (outbound) or reads (inbound).
+    pub counter: u64,
+    /// Bytes of the packet.
+    pub len: u32,
+    /// The inner flow, outbound only (`None` inbound).
+    pub flow: Option<FlowKey>,
+}
+
+/// The most sessions remembered; the least recently seen goes first
+/// (by the lockstep packet count, so every node evicts the same one).
+pub const MAX_SESSIONS: usize = 65_536;
+
+/// One node's dispatcher. Every node of a cluster runs one with the same
+/// scheme and plan, is shown the same packets, and so reaches the same
+/// decisions.
+#[derive(Debug, Clone)]
+pub struct Dispatcher {
+    scheme: Dispatch,
+    plan: Plan,
+    /// Virtual queue of each member, bytes (index as in `plan.members`).
+    backlog: Vec<u64>,
+    /// Bytes seen not yet shared out among the members (the remainder of
+    /// the division by n).
+    carry: u64,
+    /// Session → (member, last seen at packet count).
+    sessions: HashMap<FlowKey, (NodeId, u64)>,
+    /// New sessions assigned so far (session round-robin).
+    new_sessions: u64,
+    /// Packets seen.
+    seen: u64,
+}
+
+impl Dispatcher {
+    /// A dispatcher for `scheme` under `plan`.
+    pub fn new(scheme: Dispatch, plan: Plan) -> Dispatcher {
+        let n = plan.members.len();
+        Dispatcher {
+            scheme,
+            plan,
+            backlog: vec![0; n],
+            carry: 0,
+            sessions: HashMap::new(),
+            new_sessions: 0,
+            seen: 0,
+        }
+    }
+
+    /// The scheme.
+    pub fn scheme(&self) -> Dispatch {
+        self.scheme
+    }
+
+    /// The plan in force.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Installs a new plan. Virtual queues restart at zero; sessions on a
+    /// member that left are placed again by the scheme when next seen.
+    pub fn set_plan(&mut self, plan: Plan) {
+        self.backlog = vec![0; plan.members.len()];
+        self.carry = 0;
+        self.plan = plan;
+    }
+
+    /// Virtual queue of `node`, bytes (`None` when not a member).
+    pub fn backlog(&self, node: NodeId) -> Option<u64> {
+        let i = self.plan.members.iter().position(|m| *m == node)?;
+        Some(self.backlog[i])
+    }
+
+    /// The member that processes packet `p`; `None` when the plan is
+    /// empty (no node may process: the packet is dropped everywhere).
+    pub fn assign(&mut self, p: &Seen) -> Option<NodeId> {
+        let n = self.plan.members.len();
+        if n == 0 {
+            return None;
+        }
+        self.seen += 1;
+        let i = match (self.scheme, p.flow) {
+            (Dispatch::SessionRr | Dispatch::SessionSqf, Some(f)) => self.session(f),
+            _ if self.scheme.sqf() => self.shortest(),
+            _ => (p.counter % n as u64) as usize,
+        };
+        self.account(i, p.len);
+        Some(self.plan.members[i])
+    }
+
+    /// True when `me` processes packet `p` (see [`Dispatcher::assign`]).
+    pub fn is_mine(&mut self, me: NodeId, p: &Seen) -> bool {
+        self.assign(p) == Some(me)
+    }
+
+    /// The member with the shortest virtual queue (the first in plan
+    /// order on a tie).
+    fn shortest(&self) -> usize {
+        let mut best = 0;
+        for (i, b) in self.backlog.iter().enumerate() {
+            if *b < self.backlog[best] {
+                best = i;
+            }
+        }
+        best
+    }
+
+    /// The member index of session `f`, placing it when new (or when its
+    /// member left the plan).
+    fn session(&mut self, f: FlowKey) -> usize {
+        let members = &self.plan.members;
+        if let Some((node, last)) = self.sessions.get_mut(&f) {
+            if let Some(i) = members.iter().position(|m| m == node) {
+                *last = self.seen;
+                return i;
+            }
+        }
+        let i = if self.scheme.sqf() {
+            self.shortest()
+        } else {
+            let i = (self.new_sessions % members.len() as u64) as usize;
+            self.new_sessions += 1;
+            i
+        };
+        if self.sessions.len() >= MAX_SESSIONS && !self.sessions.contains_key(&f) {
+            // Deterministic eviction: the least recently seen, ties by key.
+            // A scan of the table, paid only by a new session once the
+            // table is full; an ordered index would make it O(log n) if
+            // flow churn at that scale shows up in the cluster's costs.
+            if let Some(old) = self
+                .sessions
+                .iter()
+                .min_by_key(|(k, (_, last))| (*last, **k))
+                .map(|(k, _)| *k)
+            {
+                self.sessions.remove(&old);
+            }
+        }
+        self.sessions.insert(f, (members[i], self.seen));
+        i
+    }
+
+    /// Adds `len` to member `i`'s queue and drains every queue by its
+    /// fair share of `len`.
+    fn account(&mut self, i: usize, len: u32) {
+        let n = self.backlog.len() as u64;
+        self.backlog[i] += u64::from(len);
+        let total = self.carry + u64::from(len);
+        let share = total / n;
+        self.carry = total % n;
+        for b in &mut self.backlog {
+            *b = b.saturating_sub(share);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn seen(counter: u64, len: u32, flow: Option<u64>) -> Seen {
+        Seen { counter, len, flow }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for d in [
+            Dispatch::PacketRr,
+            Dispatch::PacketSqf,
+            Dispatch::SessionRr,
+            Dispatch::SessionSqf,
+        ] {
+            assert_eq!(Dispatch::from_name(d.name()), Some(d));
+        }
+        assert_eq!(Dispatch::from_name("random"), None);
+        assert_eq!(Plan::new(1, [3, 1, 3, 2]).members, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn packet_rr_follows_the_counter() {
+        let mut d = Dispatcher::new(Dispatch::PacketRr, Plan::new(1, [10, 20, 30]));
+        let got: Vec<_> = (1..=6)
+            .map(|k| d.assign(&seen(k, 100, None)).unwrap())
+            .collect();
+        assert_eq!(got, [20, 30, 10, 20, 30, 10]);
+        let mut empty = Dispatcher::new(Dispatch::PacketRr, Plan::new(2, []));
+        assert_eq!(empty.assign(&seen(1, 1, None)), None);
+    }
+
+    #[test]
+    fn sqf_balances_bytes_where_rr_balances_packets() {
+        // Alternating 1500 and 64 bytes on two nodes: round-robin gives
+        // one node all the big packets; SQF spreads the bytes.
+        let lens = |k: u64| if k.is_multiple_of(2) { 1500 } else { 64 };
+        let bytes = |scheme| {
+            let mut d = Dispatcher::new(scheme, Plan::new(1, [1, 2]));
+            let mut per = [0u64; 2];
+            for k in 0..1000u64 {
+                let node = d.assign(&seen(k, lens(k), None)).unwrap();
+                per[usize::from(node - 1)] += u64::from(lens(k));
+            }
+            per
+        };
+        let rr = bytes(Dispatch::PacketRr);
+        let sqf = bytes(Dispatch::PacketSqf);
+        assert!(rr[0].abs_diff(rr[1]) > 700_000, "{rr:?}");
+        assert!(sqf[0].abs_diff(sqf[1]) <= 1500, "{sqf:?}");
+    }
+
+    #[test]
+    fn sqf_picks_the_shortest_virtual_queue() {
+        let mut d = Dispatcher::new(Dispatch::PacketSqf, Plan::new(1, [1, 2, 3]));
+        assert_eq!(d.assign(&seen(1, 900, None)), Some(1));
+        // 1 holds 900 - 300 = 600; 2 and 3 are empty: 2 (first on a tie).
+        assert_eq!(d.backlog(1), Some(600));
+        assert_eq!(d.assign(&seen(2, 300, None)), Some(2));
+        assert_eq!(d.assign(&seen(3, 30, None)), Some(3));
+        assert_eq!(d.backlog(9), None);
+    }
+
+    #[test]
+    fn sessions_stay_on_one_node_and_move_when_it_leaves() {
+        let mut d = Dispatcher::new(Dispatch::SessionRr, Plan::new(1, [1, 2, 3]));
+        let first: Vec<_> = (0..3)
+            .map(|f| d.assign(&seen(f, 100, Some(f))).unwrap())
+            .collect();
+        assert_eq!(first, [1, 2, 3]);
+        for k in 0..30 {
+            assert_eq!(d.assign(&seen(k, 100, Some(1))), Some(2));
+        }
+        // Inbound (no flow): packet round-robin.
+        assert_eq!(d.assign(&seen(4, 100, None)), Some(2));
+        // Node 2 leaves: its session is placed again, then stays.
+        d.set_plan(Plan::new(2, [1, 3]));
+        let moved = d.assign(&seen(50, 100, Some(1))).unwrap();
+        assert!(moved == 1 || moved == 3);
+        for k in 51..60 {
+            assert_eq!(d.assign(&seen(k, 100, Some(1))), Some(moved));
+        }
+    }
+
+    #[test]
+    fn the_session_table_is_bounded_and_evicts_alike_everywhere() {
+        let mut a = Dispatcher::new(Dispatch::SessionRr, Plan::new(1, [1, 2]));
+        let mut b = a.clone();
+        for f in 0..(MAX_SESSIONS as u64 + 10) {
+            assert_eq!(
+                a.assign(&seen(f, 64, Some(f))),
+                b.assign(&seen(f, 64, Some(f)))
+            );
+        }
+        assert_eq!(a.sessions.len(), MAX_SESSIONS);
+        assert_eq!(a.sessions.keys().min(), b.sessions.keys().min());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Every node of a cluster, shown the same packets, picks the same
+        /// single live member for each: exactly one node processes it.
+        #[test]
+        fn exactly_one_live_node_processes_each_packet(
+            scheme in 0usize..4,
+            nodes in proptest::collection::btree_set(0u16..16, 1..6),
+            packets in proptest::collection::vec((1u32..9000, proptest::option::of(0u64..20)), 1..300),
+            change_at in 0usize..300,
+        ) {
+            let scheme = [Dispatch::PacketRr, Dispatch::PacketSqf, Dispatch::SessionRr, Dispatch::SessionSqf][scheme];
+            let members: Vec<NodeId> = nodes.iter().copied().collect();
+            let plan = Plan::new(1, members.clone());
+            let mut ds: Vec<Dispatcher> = members.iter().map(|_| Dispatcher::new(scheme, plan.clone())).collect();
+            let mut live = members.clone();
+            for (k, (len, flow)) in packets.iter().enumerate() {
+                if k == change_at && live.len() > 1 {
+                    // A member leaves: every node installs the same plan.
+                    live.remove(0);
+                    for d in &mut ds {
+                        d.set_plan(Plan::new(2, live.clone()));
+                    }
+                }
+                let p = seen(k as u64 + 1, *len, *flow);
+                let picks: Vec<Option<NodeId>> = ds.iter_mut().map(|d| d.assign(&p)).collect();
+                prop_assert!(picks.windows(2).all(|w| w[0] == w[1]), "nodes disagree: {picks:?}");
+                let pick = picks[0].unwrap();
+                prop_assert!(live.contains(&pick), "{pick} is not live ({live:?})");
+            }
+        }
+    }
+}
