@@ -167,6 +167,9 @@ pub struct SaCounters {
     pub bytes: Counter,
     /// Dummy (next header 59) packets received and discarded.
     pub dummies: Counter,
+    /// Packets whose state this node kept without processing them (seed
+    /// 003's cluster: another node did the cryptography).
+    pub observed: Counter,
     /// Drops by reason.
     pub drops: DropCounters,
     /// Outbound: the next sequence number (of this copy's own counter; a

@@ -252,6 +252,45 @@ impl Sa {
         r
     }
 
+    /// Seed 003's cluster, on a node that keeps this SA's state but does
+    /// not process the packet: the replay check, the ICV and the window
+    /// update exactly as [`Sa::esp_in`] does them, then nothing more (the
+    /// packet is dropped). Returns the full sequence number.
+    pub(super) fn esp_observe<L: EspLayout>(
+        &mut self,
+        buf: &mut PacketBuf,
+        inb: &Inbound,
+        now: Duration,
+    ) -> PResult<u64> {
+        if self.life.is_hard_expired() {
+            return Err(DropReason::SaExpired);
+        }
+        let (iv_len, icv_len) = (self.transform.iv_len(), self.transform.icv_len());
+        let pkt = buf.as_mut_slice();
+        let e = pkt
+            .get_mut(inb.offset..inb.end)
+            .ok_or(DropReason::BadLength)?;
+        if e.len() < L::HEADER_LEN + iv_len + esp::TRAILER_LEN + icv_len {
+            return Err(DropReason::BadLength);
+        }
+        let (_, seq_lo) = L::parse_header(e)?;
+        let seq = self.replay.full_seq(seq_lo).ok_or(DropReason::Replay)?;
+        self.replay.check(seq)?;
+        let outer = OuterAddrs {
+            src: inb.outer.src,
+            dst: inb.outer.dst,
+        };
+        let auth = L::auth(e, seq, self.cfg.esn, &outer);
+        self.transform.verify(e, L::HEADER_LEN, &auth.auth_ctx())?;
+        self.replay.update(seq)?;
+        self.counters.replay_top.set(self.replay.top());
+        // The body length (payload, padding, trailer): what every node can
+        // count alike without decrypting, for the lifetime's byte limit.
+        let body = e.len() - L::HEADER_LEN - iv_len - icv_len;
+        self.observed(body, now);
+        Ok(seq)
+    }
+
     /// After authentication and decryption: trailer and padding, the inner
     /// packet restored, selectors, counters.
     fn esp_unframe<L: EspLayout>(

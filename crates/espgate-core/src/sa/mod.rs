@@ -635,6 +635,54 @@ impl Sa {
         }
     }
 
+    /// Counts a packet this node kept the state of without processing it
+    /// (seed 003's cluster): the lifetime advances as on the node that
+    /// processed it; `packets`/`bytes` stay this node's own work.
+    fn observed(&mut self, bytes: usize, now: Duration) {
+        self.counters.observed.incr();
+        if let Some(e) = self.life.account(bytes, now) {
+            self.raise(e);
+        }
+    }
+
+    /// Seed 003's flat cluster, outbound, on a node that does not process
+    /// this packet: takes the sequence number and advances the lifetime
+    /// exactly as [`Sa::encapsulate`] would for an inner packet of
+    /// `inner_len` bytes, and seals nothing. Returns the number taken.
+    /// (Every node peeks [`Sa::next_seq`] first, asks the dispatcher, then
+    /// encapsulates or observes.)
+    pub fn observe_outbound(&mut self, inner_len: usize, now: Duration) -> PResult<u64> {
+        let r = self.take_seq(now);
+        if r.is_ok() {
+            self.observed(inner_len, now);
+        }
+        self.count_drop(r)
+    }
+
+    /// Seed 003's flat cluster, inbound, on a node that does not process
+    /// this packet: the replay check, the ICV (without decrypting where
+    /// the suite allows, [`Transform::verify`]) and the window update, as
+    /// [`Sa::decapsulate`] does them; the packet goes no further. AH is
+    /// verified in full (it has nothing to decrypt). Returns the sequence
+    /// number.
+    pub fn observe_inbound(
+        &mut self,
+        buf: &mut PacketBuf,
+        inb: &Inbound,
+        now: Duration,
+    ) -> PResult<u64> {
+        let r = match inb.protocol {
+            Protocol::Esp => self.esp_observe::<Rfc4303>(buf, inb, now),
+            Protocol::Qesp => self.esp_observe::<Qesp>(buf, inb, now),
+            Protocol::Ah => {
+                let seq = self.replay.top();
+                self.ah_in(buf, inb, now, &mut NoProbe)
+                    .map(|_| self.replay.top().max(seq))
+            }
+        };
+        self.count_drop(r)
+    }
+
     fn count_drop<T>(&mut self, r: PResult<T>) -> PResult<T> {
         if let Err(d) = &r {
             self.counters.drops.count(*d);

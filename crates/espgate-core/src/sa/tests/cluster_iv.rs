@@ -85,3 +85,116 @@ proptest! {
         prop_assert_eq!(ivs.len(), sealed);
     }
 }
+
+/// Two nodes share one outbound SA: node 1 seals odd packets, node 2 even
+/// ones, each observes the others. Their counters stay in step, and the
+/// peer receives every number once, in order.
+#[test]
+fn observing_nodes_keep_outbound_numbers_in_step() {
+    let mut nodes = [
+        node_sa("aes128gcm16", Some(1), false),
+        node_sa("aes128gcm16", Some(2), false),
+    ];
+    let mut rx = node_sa("aes128gcm16", None, false);
+    let mut dispatcher = crate::cluster::Dispatcher::new(
+        crate::cluster::Dispatch::PacketRr,
+        crate::cluster::Plan::new(1, [1, 2]),
+    );
+    for k in 0..40usize {
+        let pkt = udp_packet(false, k, 0);
+        let counter = nodes[0].next_seq();
+        assert_eq!(counter, nodes[1].next_seq(), "lockstep");
+        let who = dispatcher
+            .assign(&crate::cluster::Seen {
+                counter,
+                len: pkt.len() as u32,
+                flow: None,
+            })
+            .unwrap();
+        let mut wire = None;
+        for (i, sa) in nodes.iter_mut().enumerate() {
+            if who == i as u16 + 1 {
+                let mut b = PacketBuf::from_packet(&pkt);
+                sa.encapsulate(&mut b, T0).unwrap();
+                wire = Some(b.as_slice().to_vec());
+            } else {
+                assert_eq!(sa.observe_outbound(pkt.len(), T0).unwrap(), counter);
+            }
+        }
+        let wire = wire.expect("one node sealed it");
+        let Classified::Ipsec(inb) = classify(&wire, &Classifier::NAT_T).unwrap() else {
+            panic!()
+        };
+        let mut b = PacketBuf::from_packet(&wire);
+        assert_eq!(rx.decapsulate(&mut b, &inb, T0), Ok(Decapsulated::Packet));
+        assert_eq!(rx.replay_top(), counter);
+    }
+    for sa in &nodes {
+        assert_eq!(sa.next_seq(), 41);
+        assert_eq!(sa.stats().packets + sa.counters().observed.get(), 40);
+    }
+}
+
+/// Inbound: the node that does not process a packet still checks its ICV
+/// and moves its replay window, so every node's window is the same, and a
+/// forged or replayed packet moves no window.
+#[test]
+fn observing_nodes_keep_replay_windows_in_step_and_refuse_forgeries() {
+    for suite in ["aes128gcm16", "aes256-sha256"] {
+        let mut tx = node_sa(suite, None, false);
+        let mut nodes = [node_sa(suite, None, false), node_sa(suite, None, false)];
+        for k in 0..20usize {
+            let pkt = udp_packet(false, k + 30, 0);
+            let mut b = PacketBuf::from_packet(&pkt);
+            tx.encapsulate(&mut b, T0).unwrap();
+            let wire = b.as_slice().to_vec();
+            let Classified::Ipsec(inb) = classify(&wire, &Classifier::NAT_T).unwrap() else {
+                panic!()
+            };
+            for (i, sa) in nodes.iter_mut().enumerate() {
+                let mut b = PacketBuf::from_packet(&wire);
+                if k % 2 == i {
+                    assert_eq!(sa.decapsulate(&mut b, &inb, T0), Ok(Decapsulated::Packet));
+                    assert_eq!(b.as_slice(), &pkt[..]);
+                } else {
+                    assert_eq!(sa.observe_inbound(&mut b, &inb, T0), Ok(k as u64 + 1));
+                    if suite.contains('-') {
+                        // A separate MAC is checked without decrypting.
+                        assert_eq!(b.as_slice(), &wire[..], "{suite}: body left as it came");
+                    }
+                }
+            }
+            assert_eq!(nodes[0].replay_top(), nodes[1].replay_top());
+            // The same packet again: a replay on both, processed or not.
+            for sa in &mut nodes {
+                let mut b = PacketBuf::from_packet(&wire);
+                assert_eq!(
+                    sa.observe_inbound(&mut b, &inb, T0),
+                    Err(DropReason::Replay)
+                );
+            }
+        }
+        // A forged packet far ahead moves no window.
+        let mut b = PacketBuf::from_packet(&udp_packet(false, 10, 0));
+        let mut far = node_sa(suite, None, false);
+        for _ in 0..5000 {
+            far.observe_outbound(10, T0).unwrap();
+        }
+        far.encapsulate(&mut b, T0).unwrap();
+        let mut forged = b.as_slice().to_vec();
+        let last = forged.len() - 1;
+        forged[last] ^= 1;
+        let Classified::Ipsec(inb) = classify(&forged, &Classifier::NAT_T).unwrap() else {
+            panic!()
+        };
+        for sa in &mut nodes {
+            let top = sa.replay_top();
+            let mut b = PacketBuf::from_packet(&forged);
+            assert_eq!(
+                sa.observe_inbound(&mut b, &inb, T0),
+                Err(DropReason::Integrity)
+            );
+            assert_eq!(sa.replay_top(), top, "{suite}: a forgery moved the window");
+        }
+    }
+}
