@@ -4,7 +4,7 @@
 
 use super::{finish_tunnel_inner, fix_transport_header, Decapsulated, Encap, Inbound, Mode, Sa};
 use crate::buf::PacketBuf;
-use crate::cost::{Probe, Stage};
+use crate::cost::{NoProbe, Probe, Stage};
 use crate::error::{DropReason, PResult};
 use crate::wire::esp::{EspAuth, EspLayout, OuterAddrs};
 use crate::wire::ip::IpInfo;
@@ -220,13 +220,49 @@ impl Sa {
         now: Duration,
         probe: &mut P,
     ) -> PResult<Decapsulated> {
+        let (_, clear, _) = self.esp_authenticate::<L, P>(buf, inb, true, probe)?;
+        let r = self.esp_unframe::<L>(buf, inb, now, &clear);
+        probe.mark(Stage::Decap);
+        r
+    }
+
+    /// Seed 003's cluster, on a node that keeps this SA's state but does
+    /// not process the packet: the replay check, the ICV and the window
+    /// update exactly as [`Sa::esp_in`] does them (without decrypting where
+    /// the suite allows), then nothing more: the packet is dropped.
+    /// Returns the full sequence number.
+    pub(super) fn esp_observe<L: EspLayout>(
+        &mut self,
+        buf: &mut PacketBuf,
+        inb: &Inbound,
+        now: Duration,
+    ) -> PResult<u64> {
+        let (seq, _, body) = self.esp_authenticate::<L, NoProbe>(buf, inb, false, &mut NoProbe)?;
+        // The body length (payload, padding, trailer): what every node can
+        // count alike without decrypting, for the lifetime's byte limit.
+        self.observed(body, now);
+        Ok(seq)
+    }
+
+    /// The common front of [`Sa::esp_in`] and [`Sa::esp_observe`]: length,
+    /// header, replay check, ICV (and decryption when `decrypt`), window
+    /// update. Returns the full sequence number, the header's clear fields
+    /// and the length of the encrypted body.
+    fn esp_authenticate<L: EspLayout, P: Probe + ?Sized>(
+        &mut self,
+        buf: &mut PacketBuf,
+        inb: &Inbound,
+        decrypt: bool,
+        probe: &mut P,
+    ) -> PResult<(u64, L::Clear, usize)> {
         if self.life.is_hard_expired() {
             return Err(DropReason::SaExpired);
         }
-        let end = inb.end;
         let (iv_len, icv_len) = (self.transform.iv_len(), self.transform.icv_len());
         let pkt = buf.as_mut_slice();
-        let e = pkt.get_mut(inb.offset..end).ok_or(DropReason::BadLength)?;
+        let e = pkt
+            .get_mut(inb.offset..inb.end)
+            .ok_or(DropReason::BadLength)?;
         if e.len() < L::HEADER_LEN + iv_len + esp::TRAILER_LEN + icv_len {
             return Err(DropReason::BadLength);
         }
@@ -241,54 +277,18 @@ impl Sa {
             dst: inb.outer.dst,
         };
         let auth = L::auth(e, seq, self.cfg.esn, &outer);
-        self.transform
-            .open_probed(e, L::HEADER_LEN, &auth.auth_ctx(), probe)?;
+        if decrypt {
+            self.transform
+                .open_probed(e, L::HEADER_LEN, &auth.auth_ctx(), probe)?;
+        } else {
+            self.transform.verify(e, L::HEADER_LEN, &auth.auth_ctx())?;
+        }
         let updated = self.replay.update(seq);
         self.counters.replay_top.set(self.replay.top());
         probe.mark(Stage::Replay);
         updated?;
-        let r = self.esp_unframe::<L>(buf, inb, now, &clear);
-        probe.mark(Stage::Decap);
-        r
-    }
-
-    /// Seed 003's cluster, on a node that keeps this SA's state but does
-    /// not process the packet: the replay check, the ICV and the window
-    /// update exactly as [`Sa::esp_in`] does them, then nothing more (the
-    /// packet is dropped). Returns the full sequence number.
-    pub(super) fn esp_observe<L: EspLayout>(
-        &mut self,
-        buf: &mut PacketBuf,
-        inb: &Inbound,
-        now: Duration,
-    ) -> PResult<u64> {
-        if self.life.is_hard_expired() {
-            return Err(DropReason::SaExpired);
-        }
-        let (iv_len, icv_len) = (self.transform.iv_len(), self.transform.icv_len());
-        let pkt = buf.as_mut_slice();
-        let e = pkt
-            .get_mut(inb.offset..inb.end)
-            .ok_or(DropReason::BadLength)?;
-        if e.len() < L::HEADER_LEN + iv_len + esp::TRAILER_LEN + icv_len {
-            return Err(DropReason::BadLength);
-        }
-        let (_, seq_lo) = L::parse_header(e)?;
-        let seq = self.replay.full_seq(seq_lo).ok_or(DropReason::Replay)?;
-        self.replay.check(seq)?;
-        let outer = OuterAddrs {
-            src: inb.outer.src,
-            dst: inb.outer.dst,
-        };
-        let auth = L::auth(e, seq, self.cfg.esn, &outer);
-        self.transform.verify(e, L::HEADER_LEN, &auth.auth_ctx())?;
-        self.replay.update(seq)?;
-        self.counters.replay_top.set(self.replay.top());
-        // The body length (payload, padding, trailer): what every node can
-        // count alike without decrypting, for the lifetime's byte limit.
         let body = e.len() - L::HEADER_LEN - iv_len - icv_len;
-        self.observed(body, now);
-        Ok(seq)
+        Ok((seq, clear, body))
     }
 
     /// After authentication and decryption: trailer and padding, the inner

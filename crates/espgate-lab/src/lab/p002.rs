@@ -4,7 +4,7 @@
 //! throughput (Table I, and at saturation), and what it buys under
 //! congestion when a DiffServ cloud can classify the protected flow.
 
-use super::catalog::{claim, judge, missing, n, pct, pts, Entry};
+use super::catalog::{at, claim, judge, missing, n, pct, pts, Entry};
 use super::experiment::{Experiment, Finding, PlotKind, PlotSpec, Verdict};
 use super::model::Results;
 use super::probe::{self, Stream};
@@ -18,7 +18,6 @@ use anyhow::{anyhow, Context, Result};
 use espgate_core::crypto::Suite;
 use espgate_core::sa::{Mode as SaMode, Protocol, Sa, SaConfig};
 use espgate_core::sad::Sad;
-use espgate_core::wire::{ipv4, proto, udp};
 use espgate_core::PacketBuf;
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -198,26 +197,6 @@ pub fn entries() -> Vec<Entry> {
 
 // ── 002-analytic-overhead ───────────────────────────────────────────────
 
-/// An IPv4/UDP packet of `total` bytes (at least 28).
-fn udp_packet(total: usize) -> Vec<u8> {
-    let total = total.max(28);
-    let mut p = vec![0u8; total];
-    ipv4::Ipv4Repr {
-        src: Ipv4Addr::new(10, 1, 0, 10),
-        dst: Ipv4Addr::new(10, 2, 0, 10),
-        protocol: proto::UDP,
-        tos: 0,
-        ident: 1,
-        dont_frag: false,
-        ttl: 64,
-        payload_len: total - 20,
-    }
-    .emit(&mut p)
-    .expect("a 20-byte header fits");
-    let _ = udp::emit(&mut p[20..], 4000, 5004, total - 28);
-    p
-}
-
 /// The wire length of `inner` protected by `layers` (innermost first: the
 /// first in tunnel mode, the next in transport mode over it).
 fn wire_len(layers: &[(Protocol, &str)], inner: &[u8]) -> Result<usize> {
@@ -274,7 +253,7 @@ fn run_overhead(ctx: &mut Ctx) -> Result<()> {
     // n+1"); Table I's powers of two all fall on the unlucky side.
     let (mut more, mut total) = (0u32, 0u32);
     for size in 64..=1500usize {
-        let inner = udp_packet(size);
+        let inner = crate::bench::clear_packet(size);
         let e = wire_len(&[(Protocol::Esp, PAPER_SUITE)], &inner)?;
         let q = wire_len(&[(Protocol::Qesp, PAPER_SUITE)], &inner)?;
         let (be, bq) = (
@@ -293,7 +272,7 @@ fn run_overhead(ctx: &mut Ctx) -> Result<()> {
         BTreeMap::new(),
     )?;
     for size in SIZES {
-        let inner = udp_packet(size as usize);
+        let inner = crate::bench::clear_packet(size as usize);
         for (name, layers) in series {
             netlab::check_interrupt()?;
             let wire = wire_len(layers, &inner)?;
@@ -515,11 +494,7 @@ fn run_throughput(ctx: &mut Ctx) -> Result<()> {
 
 fn throughput_findings(r: &Results) -> Vec<Finding> {
     let p = pts(r, "002-throughput-esp-vs-qesp");
-    let mean = |series: &str, x: f64| {
-        p.iter()
-            .find(|q| q.series == series && q.x == x)
-            .map(|q| q.mean)
-    };
+    let mean = |series: &str, x: f64| at(&p, series, x);
     let mut out = Vec::new();
     // Table I: ESP and Q-ESP within a fraction of a percent.
     let t = Seeds::get().table("002-table-I");
@@ -1166,7 +1141,7 @@ mod tests {
 
     #[test]
     fn overhead_is_computed_from_real_packets() {
-        let inner = udp_packet(100);
+        let inner = crate::bench::clear_packet(100);
         let esp = wire_len(&[(Protocol::Esp, PAPER_SUITE)], &inner).unwrap();
         let qesp = wire_len(&[(Protocol::Qesp, PAPER_SUITE)], &inner).unwrap();
         let ah = wire_len(&[(Protocol::Ah, "sha1")], &inner).unwrap();
