@@ -336,6 +336,9 @@ struct Child {
     pending_out: Option<(SaInstall, Duration)>,
     /// Our outbound SA of this child is the connection's current one.
     out_active: bool,
+    /// A newer child took over its traffic (a rekey): when it is deleted,
+    /// its inbound SA lingers for [`REKEYED_INBOUND_LINGER`].
+    replaced: bool,
     /// Nonces of the exchange that created it (rekey collisions, §2.8.1).
     nonces: (Vec<u8>, Vec<u8>),
 }
@@ -601,6 +604,14 @@ const DEFAULT_FRAGMENT_SIZE: usize = 1200;
 const RESTART_DELAY: Duration = Duration::from_secs(5);
 /// Retry a rekey that was refused or could not be started after this.
 const RETRY_DELAY: Duration = Duration::from_secs(10);
+/// After a rekeyed child's Delete, its inbound SA stays installed this
+/// long. The peer's last packets on the old SA can still be queued behind
+/// the Delete: raw ESP and IKE arrive on different sockets, read by
+/// different threads, so the Delete may be handled first (strongSwan's
+/// `delete_rekeyed_delay` answers the same race, with 5 s). A second is
+/// far beyond that reordering and stays short of the shortest rekey
+/// interval a test or lab run uses, so at most two inbound SAs per child.
+const REKEYED_INBOUND_LINGER: Duration = Duration::from_secs(1);
 
 /// The IKEv2 engine of one gateway: every connection's IKE SAs.
 pub struct Ike {
@@ -639,6 +650,8 @@ pub struct Ike {
     child_spis: HashSet<u32>,
     ike_spis: HashSet<u64>,
     restart_at: BTreeMap<usize, Duration>,
+    /// Inbound SAs of rekeyed children, removed at their deadline.
+    lingering: Vec<(Duration, Event)>,
     fragment_size: usize,
     /// Tests: [`Ike::install_ike_keys`] fails.
     #[cfg(test)]
@@ -813,6 +826,7 @@ impl Ike {
             child_spis: HashSet::new(),
             ike_spis: HashSet::new(),
             restart_at: BTreeMap::new(),
+            lingering: Vec::new(),
             fragment_size: DEFAULT_FRAGMENT_SIZE,
             #[cfg(test)]
             fail_key_install: false,
@@ -2593,6 +2607,7 @@ impl Ike {
             expire_at: (!life.is_zero()).then(|| now + life),
             pending_out: None,
             out_active: false,
+            replaced: false,
             nonces: (ni.to_vec(), nr.to_vec()),
         };
         (inbound, outbound, child)
@@ -2984,7 +2999,7 @@ impl Ike {
             }
             Req::Dpd => {}
             Req::DeleteChild { spi_in } => {
-                self.remove_child(i, spi_in);
+                self.remove_child(i, spi_in, Some(now));
             }
             Req::DeleteIke => {
                 let replaced = self.sas[i].remove_at.is_some();
@@ -3257,6 +3272,7 @@ impl Ike {
                         if old.state != ChildState::Rekeying {
                             old.state = ChildState::Rekeyed;
                         }
+                        old.replaced = true;
                         old.rekey_at = None;
                     }
                 }
@@ -3498,6 +3514,7 @@ impl Ike {
                 // The peer deletes the old SA.
                 if let Some(old) = self.sas[i].children.iter_mut().find(|c| c.spi_in == old_in) {
                     old.state = ChildState::Rekeyed;
+                    old.replaced = true;
                 }
                 // Our outbound goes on the peer's new SA.
                 self.activate_outbound(i, b_in);
@@ -3511,6 +3528,7 @@ impl Ike {
         }
         if let Some(old) = self.sas[i].children.iter_mut().find(|c| c.spi_in == old_in) {
             old.state = ChildState::Rekeyed;
+            old.replaced = true;
             old.out_active = false;
         }
         self.sas[i].tasks.push_front(Task::DeleteChild(old_in));
@@ -3933,7 +3951,7 @@ impl Ike {
                         if !we_deleting {
                             ours.push(spi_in);
                         }
-                        self.remove_child(i, spi_in);
+                        self.remove_child(i, spi_in, Some(now));
                     }
                     if !ours.is_empty() {
                         out.push(Payload::Delete(Delete::Child {
@@ -3969,19 +3987,31 @@ impl Ike {
         }
     }
 
-    fn remove_child(&mut self, i: usize, spi_in: u32) {
+    /// Removes child `spi_in` of SA `i`. With `now` (a Delete exchange, the
+    /// IKE SA stays), a child replaced by a rekey keeps its inbound SA for
+    /// [`REKEYED_INBOUND_LINGER`] more; its SPI stays reserved until then.
+    fn remove_child(&mut self, i: usize, spi_in: u32, now: Option<Duration>) {
         let ci = self.sas[i].conn;
         let Some(pos) = self.sas[i].children.iter().position(|c| c.spi_in == spi_in) else {
             return;
         };
         let c = self.sas[i].children.remove(pos);
         let name = self.conns[ci].name.clone();
-        self.events.push_back(Event::RemoveSa {
+        let inbound = Event::RemoveSa {
             conn: name.clone(),
             spi: c.spi_in,
             protocol: c.protocol,
             outbound: false,
-        });
+        };
+        match now {
+            Some(now) if c.replaced => {
+                self.lingering.push((now + REKEYED_INBOUND_LINGER, inbound));
+            }
+            _ => {
+                self.events.push_back(inbound);
+                self.child_spis.remove(&c.spi_in);
+            }
+        }
         if c.out_active {
             self.events.push_back(Event::RemoveSa {
                 conn: name,
@@ -3990,7 +4020,6 @@ impl Ike {
                 outbound: true,
             });
         }
-        self.child_spis.remove(&c.spi_in);
         self.log(
             Level::Info,
             Some(ci),
@@ -4002,7 +4031,7 @@ impl Ike {
     fn destroy(&mut self, i: usize, reason: String, down: bool) {
         let spis: Vec<u32> = self.sas[i].children.iter().map(|c| c.spi_in).collect();
         for s in spis {
-            self.remove_child(i, s);
+            self.remove_child(i, s, None);
         }
         let sa = self.remove_sa(i);
         let ci = sa.conn;
@@ -4040,11 +4069,14 @@ impl Ike {
         #[cfg(test)]
         self.check_deadlines();
         let sa = self.deadlines.first().map(|(t, _)| *t);
-        let restart = self.restart_at.values().min().copied();
-        match (sa, restart) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            sa,
+            self.restart_at.values().min().copied(),
+            self.lingering.iter().map(|(t, _)| *t).min(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Tests: every SA's filed deadline is what its state calls for (an
@@ -4071,6 +4103,18 @@ impl Ike {
     /// Retransmissions, rekeys, expiries and liveness checks due at `now`;
     /// only the SAs with a due timer are visited.
     pub fn handle_timeout(&mut self, now: Duration) {
+        let mut k = 0;
+        while k < self.lingering.len() {
+            if self.lingering[k].0 <= now {
+                let (_, ev) = self.lingering.swap_remove(k);
+                if let Event::RemoveSa { spi, .. } = &ev {
+                    self.child_spis.remove(spi);
+                }
+                self.events.push_back(ev);
+            } else {
+                k += 1;
+            }
+        }
         let due: Vec<usize> = self
             .restart_at
             .iter()

@@ -561,11 +561,24 @@ fn child_rekey_is_make_before_break() {
     let old_a_out = p.pa.current_out.unwrap();
     let old_b_out = p.pb.current_out.unwrap();
     p.pb.log.clear();
-    p.advance(Duration::from_secs(6));
+    for _ in 0..100 {
+        if p.a.counter(IkeEvent::ChildRekeys) == 1 {
+            break;
+        }
+        p.advance(Duration::from_millis(100));
+    }
     assert_eq!(p.a.counter(IkeEvent::ChildRekeys), 1);
     p.assert_matched();
     assert_ne!(p.pa.current_out, Some(old_a_out));
     assert_ne!(p.pb.current_out, Some(old_b_out));
+    // The old child is deleted, but its inbound SAs linger: packets sent
+    // on it just before the switch may still be queued behind the Delete.
+    assert_eq!(p.pa.sas.len(), 3, "{:?}", p.pa.log);
+    assert_eq!(p.pb.sas.len(), 3, "{:?}", p.pb.log);
+    assert!(!p.pb.log.iter().any(|x| x.starts_with("remove in")));
+    p.advance(REKEYED_INBOUND_LINGER - Duration::from_millis(200));
+    assert_eq!(p.pb.sas.len(), 3, "{:?}", p.pb.log);
+    p.advance(Duration::from_millis(200));
     // Only the new pair remains on both sides.
     assert_eq!(p.pa.sas.len(), 2, "{:?}", p.pa.log);
     assert_eq!(p.pb.sas.len(), 2, "{:?}", p.pb.log);
@@ -754,7 +767,7 @@ fn simultaneous_child_rekey_leaves_one_pair() {
             p.a.handle(p.now, t.remote, t.local, &t.data);
         }
         p.run();
-        p.advance(Duration::from_secs(1));
+        p.advance(Duration::from_secs(1) + REKEYED_INBOUND_LINGER);
         assert!(
             p.a.counter(IkeEvent::RekeyCollisions) + p.b.counter(IkeEvent::RekeyCollisions) >= 1
         );
@@ -1907,7 +1920,7 @@ fn qesp_child_rekey_stays_qesp() {
     p.a.initiate(p.now, "c").unwrap();
     p.run();
     let old_in = p.a.sas[0].children[0].spi_in;
-    p.advance(Duration::from_secs(6));
+    p.advance(Duration::from_secs(6) + REKEYED_INBOUND_LINGER);
     assert_eq!(p.a.counter(IkeEvent::ChildRekeys), 1);
     // The rekey names the old child with Q-ESP's Protocol ID, offers
     // Q-ESP first again (with PFS), and the new child is Q-ESP.
