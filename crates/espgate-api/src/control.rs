@@ -15,6 +15,10 @@
 //!                    -> {"ok":true,"message":"...","warnings":[]}
 //! {"cmd":"initiate","conn":"NAME"}, {"cmd":"terminate","conn":"NAME"}
 //!                    -> {"ok":true,"message":"...","warnings":[]}
+//! {"cmd":"cluster","plan":{"epoch":N,"members":[1,2]}|null,"leader":1,
+//!  "checkpoints":[{"node":2,"spi":4097,"seq":256,"digest":...}]}
+//!                    -> {"ok":true,"message":"...","warnings":[]}
+//!                                                      (cluster::ClusterUpdate)
 //! anything else      -> {"ok":false,"error":"..."}
 //! ```
 //!
@@ -37,8 +41,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use zeroize::Zeroizing;
 
-/// Longest request line accepted.
-pub const MAX_REQUEST: usize = 4096;
+/// Longest request line accepted (a cluster update carries a checkpoint
+/// per outbound SA and node: 64 KiB holds about a thousand).
+pub const MAX_REQUEST: usize = 64 << 10;
 
 /// Longest answer line a client reads.
 pub const MAX_ANSWER: u64 = 64 << 20;
@@ -152,6 +157,9 @@ pub enum Request {
         /// The connection.
         conn: String,
     },
+    /// The cluster agent's once-a-second word to a cluster node: the plan
+    /// in force, the leader and the other nodes' lockstep checkpoints.
+    Cluster(crate::cluster::ClusterUpdate),
 }
 
 /// What a command changed: one line for the operator, and warnings.
@@ -309,8 +317,8 @@ pub fn parse_request(line: &[u8]) -> Result<Request, String> {
     serde_json::from_slice::<Request>(line).map_err(|e| {
         format!(
             "bad request ({e}); send one JSON object per line, e.g. {{\"cmd\":\"status\"}}; the \
-             commands are status, sa_list, sa_add, sa_del, wireshark_keys, costs, initiate and \
-             terminate"
+             commands are status, sa_list, sa_add, sa_del, wireshark_keys, costs, initiate, \
+             terminate and cluster"
         )
     })
 }
@@ -490,6 +498,22 @@ mod tests {
             (
                 r#"{"cmd":"terminate","conn":"x"}"#,
                 Request::Terminate { conn: "x".into() },
+            ),
+            (
+                r#"{"cmd":"cluster","plan":{"epoch":3,"members":[1,3]},"leader":1,"checkpoints":[{"node":3,"spi":4097,"seq":512,"digest":99}]}"#,
+                Request::Cluster(crate::cluster::ClusterUpdate {
+                    plan: Some(crate::cluster::PlanDoc {
+                        epoch: 3,
+                        members: vec![1, 3],
+                    }),
+                    leader: Some(1),
+                    checkpoints: vec![crate::cluster::PeerCheckpoint {
+                        node: 3,
+                        spi: 4097,
+                        seq: 512,
+                        digest: 99,
+                    }],
+                }),
             ),
         ] {
             assert_eq!(parse_request(line.as_bytes()).unwrap(), req, "{line}");

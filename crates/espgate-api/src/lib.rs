@@ -12,6 +12,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cluster;
 pub mod control;
 pub mod costs;
 pub mod ike;

@@ -55,6 +55,9 @@ pub struct Status {
     /// (`gateway.cost_accounting`, `espgate costs on`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub costs: Option<crate::costs::CostsReport>,
+    /// Seed 003's flat cluster, when this gateway is a cluster node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<crate::cluster::ClusterStatus>,
 }
 
 /// The TUN device.
@@ -547,6 +550,7 @@ mod tests {
                 .into_iter()
                 .collect(),
             costs: None,
+            cluster: None,
         }
     }
 

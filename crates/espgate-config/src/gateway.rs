@@ -304,7 +304,7 @@ pub(crate) fn validate(v: &mut Validator, t: Option<&Spanned<GatewayTable>>) -> 
     })
 }
 
-fn check_ifname(s: &str) -> Result<(), String> {
+pub(crate) fn check_ifname(s: &str) -> Result<(), String> {
     if s.is_empty() || s.len() > 15 {
         return Err(format!(
             "{s:?} is {} bytes; a device name has 1-15",

@@ -23,6 +23,7 @@
 //!
 //! [`Zeroizing`]: zeroize::Zeroizing
 
+pub mod cluster;
 pub mod connection;
 pub mod diag;
 mod files;
@@ -32,6 +33,7 @@ pub mod keygen;
 pub mod sa;
 pub mod schema;
 
+pub use cluster::Cluster;
 pub use connection::{Connection, ConnectionSas, Ecn, IpProto, Keying, ManualKeys, MssClamp};
 pub use diag::{ConfigError, Diagnostic};
 pub use gateway::{Gateway, IfAddr};
@@ -53,6 +55,8 @@ pub struct LoadedConfig {
     pub gateway: Gateway,
     /// The `[[connection]]` tables, in file order.
     pub connections: Vec<Connection>,
+    /// `[cluster]`, when this gateway is a cluster node.
+    pub cluster: Option<Cluster>,
     /// Problems that do not stop the gateway (for example a key file
     /// readable by other users); the daemon should log them.
     pub warnings: Vec<String>,
@@ -74,6 +78,7 @@ impl LoadedConfig {
                 .iter()
                 .map(|c| value(c.to_table(keys)))
                 .collect(),
+            cluster: self.cluster.as_ref().map(|c| value(c.to_table())),
         }
     }
 
@@ -142,12 +147,13 @@ fn parse_inner(
             diagnostics: errors,
         });
     }
-    let (gateway, connections) = result.expect("no errors means a result");
+    let (gateway, connections, cluster) = result.expect("no errors means a result");
     Ok((
         LoadedConfig {
             source: name.to_string(),
             gateway,
             connections,
+            cluster,
             warnings: warnings.iter().map(|d| d.render(name)).collect(),
         },
         inline_keys,
@@ -156,7 +162,10 @@ fn parse_inner(
 
 /// Checks the whole file: the gateway, each connection, then the
 /// connections against the gateway and against each other.
-fn validate(v: &mut Validator, file: &ConfigFile) -> Option<(Gateway, Vec<Connection>)> {
+fn validate(
+    v: &mut Validator,
+    file: &ConfigFile,
+) -> Option<(Gateway, Vec<Connection>, Option<Cluster>)> {
     let gt = file.gateway.as_ref();
     let gateway = gateway::validate(v, gt);
     connection::duplicate_names(v, &file.connection);
@@ -178,8 +187,24 @@ fn validate(v: &mut Validator, file: &ConfigFile) -> Option<(Gateway, Vec<Connec
         connection::gateway_vs_connections(v, g, gt, &conns, &file.connection);
     }
     connection::across_connections(v, &conns, &file.connection);
+    let cluster = match &file.cluster {
+        Some(t) => {
+            let c = cluster::validate(v, t);
+            if let Some(g) = &gateway {
+                cluster::against_the_rest(v, g, gt, &conns, &file.connection);
+            }
+            Some(c?)
+        }
+        None => None,
+    };
     let gateway = gateway?;
-    all_ok.then(|| (gateway, conns.into_iter().map(|(_, c)| c).collect()))
+    all_ok.then(|| {
+        (
+            gateway,
+            conns.into_iter().map(|(_, c)| c).collect(),
+            cluster,
+        )
+    })
 }
 
 #[cfg(test)]
@@ -486,6 +511,7 @@ mod tests {
                 ..GatewayTable::default()
             })),
             connection: vec![value(c)],
+            cluster: None,
         };
         let text = toml::to_string(&file).unwrap();
         assert!(text.contains(K20A), "a tool's file needs its keys:\n{text}");

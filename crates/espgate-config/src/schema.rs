@@ -34,6 +34,41 @@ pub struct ConfigFile {
     /// `[[connection]]`, in file order.
     #[serde(default)]
     pub connection: Vec<Spanned<ConnectionTable>>,
+    /// `[cluster]`: this gateway is a node of a flat cluster (seed 003).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<Spanned<ClusterTable>>,
+}
+
+/// `[cluster]`.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterTable {
+    /// The cluster's name (its etcd key prefix).
+    pub name: Option<Spanned<String>>,
+    /// This node's id, 1 to 65535.
+    pub node: Option<Spanned<i64>>,
+    /// etcd endpoints.
+    pub etcd: Option<Vec<Spanned<String>>>,
+    /// CA of the etcd servers (TLS).
+    pub etcd_ca: Option<Spanned<String>>,
+    /// Client certificate for etcd (TLS).
+    pub etcd_cert: Option<Spanned<String>>,
+    /// Its key.
+    pub etcd_key: Option<Spanned<String>>,
+    /// etcd user.
+    pub etcd_user: Option<Spanned<String>>,
+    /// File with the etcd user's password.
+    pub etcd_password_file: Option<Spanned<String>>,
+    /// `packet-rr`, `packet-sqf`, `session-rr` or `session-sqf`.
+    pub dispatch: Option<Spanned<String>>,
+    /// Interface on the inside shared segment.
+    pub inside: Option<Spanned<String>>,
+    /// Interface on the outside shared segment.
+    pub outside: Option<Spanned<String>>,
+    /// Lease TTL.
+    pub lease_ttl: Option<Spanned<Scalar>>,
+    /// Forward on the last plan this long without etcd.
+    pub hold: Option<Spanned<Scalar>>,
 }
 
 /// `[gateway]`.

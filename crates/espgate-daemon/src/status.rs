@@ -245,5 +245,6 @@ pub fn document(
         counters,
         costs,
         ike,
+        cluster: None,
     }
 }

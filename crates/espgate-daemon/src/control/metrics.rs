@@ -820,6 +820,7 @@ mod tests {
             .into_iter()
             .collect(),
             costs: None,
+            cluster: None,
         }
     }
 

@@ -152,6 +152,9 @@ impl Control {
             Request::Costs { action } => self.costs_command(action),
             Request::Initiate { conn } => self.ike_command(|i, now| i.initiate(now, &conn)),
             Request::Terminate { conn } => self.ike_command(|i, now| i.terminate(now, &conn)),
+            Request::Cluster(_) => {
+                Response::error("this gateway is not a cluster node (no [cluster] table)")
+            }
         }
     }
 

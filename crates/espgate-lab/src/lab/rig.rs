@@ -749,6 +749,7 @@ pub fn gateway_config(
     let file = ConfigFile {
         gateway: Some(value(gateway)),
         connection: vec![value(conn)],
+        cluster: None,
     };
     let body = toml::to_string(&file).expect("a configuration of strings and integers");
     format!("# written by espgate lab\n{body}")

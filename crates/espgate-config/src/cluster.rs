@@ -1,0 +1,424 @@
+//! The `[cluster]` table: seed 003's flat cluster (`docs/CLUSTER.md`).
+//! Every node of a cluster has the same connections and the same shared
+//! addresses; this table says which cluster it belongs to, which node it
+//! is, where the cluster's etcd is and how packets are dispatched.
+
+use crate::diag::{span, At, Validator};
+use crate::files::read_secret_bytes;
+use crate::schema::{value, ClusterTable, Scalar};
+use espgate_core::cluster::{Dispatch, NodeId};
+use std::path::PathBuf;
+use std::time::Duration;
+use toml::Spanned;
+use zeroize::Zeroizing;
+
+/// The default etcd endpoint.
+pub const DEFAULT_ETCD: &str = "http://127.0.0.1:2379";
+/// The default lease TTL (a node unheard of this long leaves the plan).
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(3);
+/// The default hold: how long a node forwards on its last plan without
+/// hearing from etcd before it stops processing.
+pub const DEFAULT_HOLD: Duration = Duration::from_secs(10);
+
+/// The `[cluster]` table, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cluster {
+    /// The cluster's name: its etcd keys live under `/espgate/NAME/`.
+    pub name: String,
+    /// This node's id (also the high 16 bits of its AEAD IVs).
+    pub node: NodeId,
+    /// etcd endpoints (`http://` or `https://`).
+    pub etcd: Vec<String>,
+    /// TLS: the CA that signed the etcd servers' certificates.
+    pub etcd_ca: Option<PathBuf>,
+    /// TLS client certificate and key, for etcd's client-cert auth.
+    pub etcd_cert: Option<PathBuf>,
+    /// The client certificate's key.
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user name (etcd's password auth).
+    pub etcd_user: Option<String>,
+    /// File with the etcd user's password (mode 0600).
+    pub etcd_password_file: Option<PathBuf>,
+    /// How packets are spread over the live nodes.
+    pub dispatch: Dispatch,
+    /// The interface on the inside shared segment.
+    pub inside: Option<String>,
+    /// The interface on the outside shared segment.
+    pub outside: Option<String>,
+    /// Lease TTL: how long a silent node stays in the plan.
+    pub lease_ttl: Duration,
+    /// How long a node forwards on its last plan without etcd.
+    pub hold: Duration,
+}
+
+impl Cluster {
+    /// The etcd password, read from its file (the file is checked at
+    /// load time; it is read again when the agent connects).
+    pub fn etcd_password(&self) -> std::io::Result<Option<Zeroizing<String>>> {
+        let Some(f) = &self.etcd_password_file else {
+            return Ok(None);
+        };
+        let (data, _) = read_secret_bytes(f, 4096)?;
+        let text = String::from_utf8(data.to_vec())
+            .map_err(|_| std::io::Error::other("the password file is not UTF-8"))?;
+        Ok(Some(Zeroizing::new(
+            text.strip_suffix('\n').unwrap_or(&text).to_string(),
+        )))
+    }
+
+    /// The table that says exactly this cluster, every key given.
+    pub fn to_table(&self) -> ClusterTable {
+        let text = |s: &str| Some(value(s.to_string()));
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| value(p.display().to_string()));
+        let time = |d: Duration| Some(value(Scalar::Str(crate::schema::format_duration(d))));
+        ClusterTable {
+            name: text(&self.name),
+            node: Some(value(i64::from(self.node))),
+            etcd: Some(self.etcd.iter().map(|e| value(e.clone())).collect()),
+            etcd_ca: path(&self.etcd_ca),
+            etcd_cert: path(&self.etcd_cert),
+            etcd_key: path(&self.etcd_key),
+            etcd_user: self.etcd_user.as_deref().and_then(text),
+            etcd_password_file: path(&self.etcd_password_file),
+            dispatch: text(self.dispatch.name()),
+            inside: self.inside.as_deref().and_then(text),
+            outside: self.outside.as_deref().and_then(text),
+            lease_ttl: time(self.lease_ttl),
+            hold: time(self.hold),
+        }
+    }
+}
+
+/// Checks `[cluster]`.
+pub(crate) fn validate(v: &mut Validator, t: &Spanned<ClusterTable>) -> Option<Cluster> {
+    let before = v.error_count();
+    let base = At::root().key("cluster", Some(t.span()));
+    let c = t.get_ref();
+    let name = match &c.name {
+        Some(n) => {
+            let s = n.get_ref();
+            let ok = !s.is_empty()
+                && s.len() <= 64
+                && s.chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '-' || ch == '_' || ch == '.');
+            if !ok {
+                v.err(
+                    base.key("name", Some(n.span())),
+                    format!(
+                        "cluster name {s:?}: expected 1-64 letters, digits, '-', '_' or '.' \
+                         (it is a part of the etcd keys)"
+                    ),
+                );
+            }
+            s.clone()
+        }
+        None => {
+            v.err(
+                base.clone(),
+                "[cluster] needs name = \"NAME\": the nodes of one cluster share it",
+            );
+            String::new()
+        }
+    };
+    let node = match &c.node {
+        Some(n) => match u16::try_from(*n.get_ref()) {
+            Ok(id) if id >= 1 => id,
+            _ => {
+                v.err(
+                    base.key("node", Some(n.span())),
+                    format!(
+                        "node = {}: expected 1 to 65535 (the node id is also the high 16 \
+                         bits of this node's AEAD IVs, so it must be unique in the cluster)",
+                        n.get_ref()
+                    ),
+                );
+                0
+            }
+        },
+        None => {
+            v.err(
+                base.clone(),
+                "[cluster] needs node = N: this node's id, 1 to 65535, unique in the cluster",
+            );
+            0
+        }
+    };
+    let mut etcd = Vec::new();
+    match &c.etcd {
+        None => etcd.push(DEFAULT_ETCD.to_string()),
+        Some(list) if list.is_empty() => v.err(
+            base.key("etcd", None),
+            "etcd = []: give at least one endpoint, e.g. \"http://127.0.0.1:2379\"",
+        ),
+        Some(list) => {
+            for (i, e) in list.iter().enumerate() {
+                let s = e.get_ref();
+                let rest = s
+                    .strip_prefix("http://")
+                    .or_else(|| s.strip_prefix("https://"));
+                let ok = rest.is_some_and(|r| {
+                    r.rsplit_once(':').is_some_and(|(h, p)| {
+                        !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0)
+                    })
+                });
+                if !ok {
+                    v.err(
+                        base.key("etcd", None).index(i, Some(e.span())),
+                        format!(
+                            "etcd endpoint {s:?}: expected http://HOST:PORT or https://HOST:PORT"
+                        ),
+                    );
+                }
+                etcd.push(s.clone());
+            }
+        }
+    }
+    let file = |v: &mut Validator, k: &str, f: &Option<Spanned<String>>| -> Option<PathBuf> {
+        let f = f.as_ref()?;
+        let p = v.base_dir.join(f.get_ref());
+        if !p.is_file() {
+            v.err(
+                base.key(k, Some(f.span())),
+                format!("{k} {}: no such file", p.display()),
+            );
+        }
+        Some(p)
+    };
+    let etcd_ca = file(v, "etcd_ca", &c.etcd_ca);
+    let etcd_cert = file(v, "etcd_cert", &c.etcd_cert);
+    let etcd_key = file(v, "etcd_key", &c.etcd_key);
+    if etcd_cert.is_some() != etcd_key.is_some() {
+        v.err(
+            base.clone(),
+            "etcd_cert and etcd_key go together (a client certificate and its key)",
+        );
+    }
+    let tls = etcd_ca.is_some() || etcd_cert.is_some();
+    if tls && etcd.iter().any(|e| e.starts_with("http://")) {
+        v.err(
+            base.key("etcd", None),
+            "etcd_ca/etcd_cert are set but an endpoint is http://: use https:// endpoints with TLS",
+        );
+    }
+    let etcd_password_file = file(v, "etcd_password_file", &c.etcd_password_file);
+    if let (Some(p), Some(at)) = (&etcd_password_file, &c.etcd_password_file) {
+        if let Ok((_, mode)) = read_secret_bytes(p, 4096) {
+            if mode & 0o077 != 0 {
+                v.err(
+                    base.key("etcd_password_file", Some(at.span())),
+                    format!(
+                        "etcd_password_file {} is readable or writable by group/others \
+                         (mode {mode:04o}): chmod 600 it",
+                        p.display()
+                    ),
+                );
+            }
+        }
+    }
+    let etcd_user = c.etcd_user.as_ref().map(|u| u.get_ref().clone());
+    if etcd_user.is_some() != etcd_password_file.is_some() {
+        v.err(
+            base.clone(),
+            "etcd_user and etcd_password_file go together (etcd's password authentication)",
+        );
+    }
+    let dispatch = match &c.dispatch {
+        None => Dispatch::PacketRr,
+        Some(d) => match Dispatch::from_name(d.get_ref()) {
+            Some(x) => x,
+            None => {
+                v.err(
+                    base.key("dispatch", Some(d.span())),
+                    format!(
+                        "dispatch = {:?}: expected packet-rr, packet-sqf, session-rr or session-sqf",
+                        d.get_ref()
+                    ),
+                );
+                Dispatch::PacketRr
+            }
+        },
+    };
+    let ifname = |v: &mut Validator, k: &str, f: &Option<Spanned<String>>| -> Option<String> {
+        let f = f.as_ref()?;
+        if let Err(e) = crate::gateway::check_ifname(f.get_ref()) {
+            v.err(base.key(k, Some(f.span())), e);
+        }
+        Some(f.get_ref().clone())
+    };
+    let inside = ifname(v, "inside", &c.inside);
+    let outside = ifname(v, "outside", &c.outside);
+    let dur =
+        |v: &mut Validator, k: &str, s: &Option<Spanned<Scalar>>, d: Duration, lo: u64, hi: u64| {
+            let Some(s) = s else { return d };
+            match s.get_ref().duration() {
+                Ok(Some(x)) if (lo..=hi).contains(&x.as_secs()) => x,
+                Ok(_) => {
+                    v.err(
+                        base.key(k, Some(s.span())),
+                        format!("{k} = {}: expected {lo} to {hi} seconds", s.get_ref()),
+                    );
+                    d
+                }
+                Err(e) => {
+                    v.err(base.key(k, Some(s.span())), e);
+                    d
+                }
+            }
+        };
+    let lease_ttl = dur(v, "lease_ttl", &c.lease_ttl, DEFAULT_LEASE_TTL, 2, 60);
+    let hold = dur(v, "hold", &c.hold, DEFAULT_HOLD, 1, 3600);
+    if hold < lease_ttl {
+        v.warn(
+            base.key("hold", span(&c.hold)),
+            format!(
+                "hold ({}s) is shorter than lease_ttl ({}s): a short etcd outage stops \
+                 the node before a dead node would even leave the plan",
+                hold.as_secs(),
+                lease_ttl.as_secs()
+            ),
+        );
+    }
+    (v.error_count() == before).then_some(Cluster {
+        name,
+        node,
+        etcd,
+        etcd_ca,
+        etcd_cert,
+        etcd_key,
+        etcd_user,
+        etcd_password_file,
+        dispatch,
+        inside,
+        outside,
+        lease_ttl,
+        hold,
+    })
+}
+
+/// What a cluster node cannot run (yet, or by design), said per key.
+pub(crate) fn against_the_rest(
+    v: &mut Validator,
+    g: &crate::Gateway,
+    gt: Option<&Spanned<crate::schema::GatewayTable>>,
+    conns: &[(usize, crate::Connection)],
+    tables: &[Spanned<crate::schema::ConnectionTable>],
+) {
+    if g.workers != 1 {
+        v.err(
+            crate::gateway::at(gt).key("workers", gt.and_then(|t| span(&t.get_ref().workers))),
+            format!(
+                "workers = {} with [cluster]: a cluster node runs one data-plane worker, \
+                 because the nodes keep each SA's sequence numbers in step by counting the \
+                 same packets in the same order (docs/CLUSTER.md); scale with more nodes",
+                g.workers
+            ),
+        );
+    }
+    for (i, c) in conns {
+        let at = crate::connection::at(*i, &tables[*i]);
+        if c.ike().is_some() {
+            v.err(
+                at.clone(),
+                "[connection.ike] with [cluster]: IKE run by the cluster's leader is not \
+                 built yet; key cluster connections manually (docs/CLUSTER.md)",
+            );
+        }
+        let p = c.protocol();
+        if p.has_esp() && p.has_ah() {
+            v.err(
+                at,
+                "protocol = \"esp+ah\" with [cluster]: the lockstep counts one SA per packet; \
+                 use ESP (or Q-ESP, or AH) alone",
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::test_util::*;
+    use espgate_core::cluster::Dispatch;
+    use std::time::Duration;
+
+    #[test]
+    fn a_cluster_table_with_defaults_and_round_trip() {
+        let text = format!("{}\n[cluster]\nname = \"gw\"\nnode = 2\n", minimal());
+        let c = parse_str(&text).unwrap();
+        let k = c.cluster.clone().unwrap();
+        assert_eq!((k.name.as_str(), k.node), ("gw", 2));
+        assert_eq!(k.etcd, [super::DEFAULT_ETCD]);
+        assert_eq!(k.dispatch, Dispatch::PacketRr);
+        assert_eq!(
+            (k.lease_ttl, k.hold),
+            (Duration::from_secs(3), Duration::from_secs(10))
+        );
+        // The effective table reads back as the same cluster.
+        let again =
+            parse_str(&toml::to_string(&c.effective(crate::KeyText::Hex)).unwrap()).unwrap();
+        assert_eq!(again.cluster, c.cluster);
+        let text = format!(
+            "{}\n[cluster]\nname = \"gw\"\nnode = 7\ndispatch = \"session-sqf\"\n\
+             etcd = [\"http://10.0.0.1:2379\", \"http://10.0.0.2:2379\"]\nlease_ttl = \"5s\"\n\
+             hold = \"1m\"\ninside = \"eth1\"\noutside = \"eth0\"\n",
+            minimal()
+        );
+        let k = parse_str(&text).unwrap().cluster.unwrap();
+        assert_eq!((k.node, k.dispatch), (7, Dispatch::SessionSqf));
+        assert_eq!(k.etcd.len(), 2);
+        assert_eq!(
+            (k.lease_ttl, k.hold),
+            (Duration::from_secs(5), Duration::from_secs(60))
+        );
+        assert_eq!(
+            (k.inside.as_deref(), k.outside.as_deref()),
+            (Some("eth1"), Some("eth0"))
+        );
+    }
+
+    #[test]
+    fn bad_cluster_tables_say_why() {
+        let bad = |cluster: &str, gw: &str| {
+            err(&format!(
+                "[gateway]\n{gw}\n{}\n[cluster]\n{cluster}\n",
+                minimal()
+            ))
+        };
+        assert_has(&bad("node = 1", ""), &["needs name"]);
+        assert_has(
+            &bad("name = \"a b\"\nnode = 1", ""),
+            &["cluster name", "etcd keys"],
+        );
+        assert_has(&bad("name = \"x\"", ""), &["needs node"]);
+        assert_has(&bad("name = \"x\"\nnode = 0", ""), &["node = 0", "unique"]);
+        assert_has(&bad("name = \"x\"\nnode = 70000", ""), &["1 to 65535"]);
+        assert_has(
+            &bad("name = \"x\"\nnode = 1\ndispatch = \"random\"", ""),
+            &["dispatch", "packet-rr, packet-sqf"],
+        );
+        assert_has(
+            &bad("name = \"x\"\nnode = 1\netcd = [\"localhost\"]", ""),
+            &["http://HOST:PORT"],
+        );
+        assert_has(
+            &bad("name = \"x\"\nnode = 1\netcd = []", ""),
+            &["at least one"],
+        );
+        assert_has(
+            &bad("name = \"x\"\nnode = 1\netcd_user = \"u\"", ""),
+            &["etcd_user and etcd_password_file go together"],
+        );
+        assert_has(
+            &bad("name = \"x\"\nnode = 1\netcd_ca = \"nope.pem\"", ""),
+            &["no such file"],
+        );
+        assert_has(
+            &bad("name = \"x\"\nnode = 1\nlease_ttl = \"1s\"", ""),
+            &["2 to 60 seconds"],
+        );
+        assert_has(
+            &bad("name = \"x\"\nnode = 1", "workers = 2"),
+            &["one data-plane worker"],
+        );
+        assert_has(&bad("name = \"x\"\nnode = 1\ncolour = 3", ""), &["colour"]);
+    }
+}
