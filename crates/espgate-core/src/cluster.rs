@@ -251,6 +251,129 @@ impl Dispatcher {
     }
 }
 
+/// A 64-bit digest of a clear packet, the same on every node: a mix of
+/// its length and its first 64 bytes (for IPv4, the header with its ID
+/// and checksum, the transport header and the start of the payload).
+/// Not a cryptographic hash: it only has to tell apart the packets of
+/// one SA within a few thousand of each other. (Written here because it
+/// must be identical on every node and build: `std`'s hashers are seeded
+/// per process.)
+pub fn digest(pkt: &[u8]) -> u64 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let head = &pkt[..pkt.len().min(64)];
+    let mut h = (pkt.len() as u64).wrapping_mul(K);
+    let mut chunks = head.chunks_exact(8);
+    for c in &mut chunks {
+        let w = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+        h = (h ^ w).wrapping_mul(K).rotate_left(29);
+    }
+    let mut last = [0u8; 8];
+    last[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+    h = (h ^ u64::from_le_bytes(last)).wrapping_mul(K);
+    h ^ (h >> 32)
+}
+
+/// The session key of an outbound inner packet (addresses, protocol and
+/// ports), the same on every node.
+pub fn flow_key(f: &crate::wire::flow::Flow) -> FlowKey {
+    let mut b = [0u8; 38];
+    let put = |b: &mut [u8], a: std::net::IpAddr| match a {
+        std::net::IpAddr::V4(v) => b[..4].copy_from_slice(&v.octets()),
+        std::net::IpAddr::V6(v) => b[..16].copy_from_slice(&v.octets()),
+    };
+    put(&mut b[0..16], f.src);
+    put(&mut b[16..32], f.dst);
+    b[32] = f.proto;
+    b[33..35].copy_from_slice(&f.sport.unwrap_or(0).to_be_bytes());
+    b[35..37].copy_from_slice(&f.dport.unwrap_or(0).to_be_bytes());
+    b[37] = u8::from(f.src.is_ipv6());
+    digest(&b)
+}
+
+/// Sequence numbers remembered per outbound SA for lockstep checks.
+pub const LOCKSTEP_RING: usize = 4096;
+/// A checkpoint every this many sequence numbers.
+pub const CHECKPOINT_EVERY: u64 = 256;
+
+/// What a comparison with another node's checkpoint found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// This node gave that packet the same sequence number.
+    InStep,
+    /// This node gave that packet another number: the sequence number
+    /// must move by this much to agree.
+    Off(i64),
+    /// The packet is not among the last [`LOCKSTEP_RING`] this node saw
+    /// (too old, not yet seen, or never seen): no conclusion.
+    Unknown,
+}
+
+/// One outbound SA's recent history on this node: which inner packet got
+/// which sequence number. Every node of a flat cluster keeps one; they
+/// publish their latest checkpoint (a number and its packet's digest),
+/// and a node that finds the others' packet under another number knows
+/// by how much it is out of step — without any per-packet message.
+#[derive(Debug, Clone)]
+pub struct Lockstep {
+    /// By `seq % LOCKSTEP_RING`: (sequence number, digest).
+    ring: Box<[(u64, u64)]>,
+    checkpoint: Option<(u64, u64)>,
+}
+
+impl Default for Lockstep {
+    fn default() -> Self {
+        Lockstep::new()
+    }
+}
+
+impl Lockstep {
+    /// An empty history (allocated once, here).
+    pub fn new() -> Lockstep {
+        Lockstep {
+            ring: vec![(0, 0); LOCKSTEP_RING].into_boxed_slice(),
+            checkpoint: None,
+        }
+    }
+
+    /// Sequence number `seq` went to the packet with digest `d`.
+    pub fn record(&mut self, seq: u64, d: u64) {
+        self.ring[(seq % LOCKSTEP_RING as u64) as usize] = (seq, d);
+        if seq.is_multiple_of(CHECKPOINT_EVERY) {
+            self.checkpoint = Some((seq, d));
+        }
+    }
+
+    /// The latest checkpoint: (sequence number, digest).
+    pub fn checkpoint(&self) -> Option<(u64, u64)> {
+        self.checkpoint
+    }
+
+    /// Compares with another node's checkpoint `(seq, d)`.
+    pub fn compare(&self, seq: u64, d: u64) -> Verdict {
+        let (s, mine) = self.ring[(seq % LOCKSTEP_RING as u64) as usize];
+        if s == seq && s != 0 && mine == d {
+            return Verdict::InStep;
+        }
+        // Where did this node put that packet? The latest match wins.
+        let mut best: Option<u64> = None;
+        for &(s, x) in self.ring.iter() {
+            if s != 0 && x == d && best.is_none_or(|b| s > b) {
+                best = Some(s);
+            }
+        }
+        match best {
+            Some(s) => Verdict::Off(seq as i64 - s as i64),
+            None => Verdict::Unknown,
+        }
+    }
+
+    /// Forgets the history (after a resync renumbers what follows).
+    pub fn clear(&mut self) {
+        self.ring.fill((0, 0));
+        self.checkpoint = None;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,5 +505,53 @@ mod tests {
                 prop_assert!(live.contains(&pick), "{pick} is not live ({live:?})");
             }
         }
+    }
+
+    #[test]
+    fn lockstep_finds_an_offset_and_agrees_after_it() {
+        let pkt = |k: u64| {
+            let mut p = vec![0x45u8; 100];
+            p[4..12].copy_from_slice(&k.to_be_bytes());
+            p
+        };
+        // Node A saw every packet; node B missed packet 300.
+        let (mut a, mut b) = (Lockstep::new(), Lockstep::new());
+        let mut b_seq = 1;
+        for k in 1..=1000u64 {
+            a.record(k, digest(&pkt(k)));
+            if k != 300 {
+                b.record(b_seq, digest(&pkt(k)));
+                b_seq += 1;
+            }
+        }
+        let (s, d) = a.checkpoint().unwrap();
+        assert_eq!(s, 768);
+        assert_eq!(b.compare(s, d), Verdict::Off(1));
+        // Before the miss they agree.
+        assert_eq!(b.compare(256, digest(&pkt(256))), Verdict::InStep);
+        assert_eq!(a.compare(s, d), Verdict::InStep);
+        assert_eq!(a.compare(5000, 7), Verdict::Unknown);
+        b.clear();
+        assert_eq!(b.checkpoint(), None);
+        assert_eq!(b.compare(s, d), Verdict::Unknown);
+    }
+
+    #[test]
+    fn digests_and_flow_keys_tell_packets_apart() {
+        let a = [1u8; 64];
+        let mut b = a;
+        b[63] = 2;
+        assert_ne!(digest(&a), digest(&b));
+        assert_ne!(digest(&a[..10]), digest(&a[..11]));
+        assert_eq!(digest(&a), digest(&a));
+        let f = |sport| crate::wire::flow::Flow {
+            src: "10.1.0.1".parse().unwrap(),
+            dst: "10.2.0.1".parse().unwrap(),
+            proto: 17,
+            sport: Some(sport),
+            dport: Some(53),
+        };
+        assert_ne!(flow_key(&f(1000)), flow_key(&f(1001)));
+        assert_eq!(flow_key(&f(1000)), flow_key(&f(1000)));
     }
 }

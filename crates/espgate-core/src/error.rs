@@ -82,6 +82,14 @@ pub enum DropReason {
     /// An IKE message on the NAT-T port found the IKE engine's queue full
     /// (a flood; the peer retransmits).
     IkeQueueFull,
+    /// A cluster node (seed 003) holds no valid dispatch plan: none yet,
+    /// an empty one, or its cluster agent has not confirmed it within the
+    /// hold (etcd unreachable). Every node drops the packet after counting
+    /// it, rather than risk two nodes sending one sequence number.
+    ClusterNoPlan,
+    /// The plan gave this packet to this cluster node, but the node's
+    /// sequence numbers of the SA are out of step with the others'.
+    ClusterOutOfStep,
     /// A packet from an address family or socket no connection uses, or an
     /// internal inconsistency.
     Internal,
@@ -89,7 +97,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// All variants, for building counter tables.
-    pub const ALL: [DropReason; 29] = [
+    pub const ALL: [DropReason; 31] = [
         DropReason::BadLength,
         DropReason::BadIpVersion,
         DropReason::BadIpHeader,
@@ -118,6 +126,8 @@ impl DropReason {
         DropReason::SendError,
         DropReason::TunWrite,
         DropReason::IkeQueueFull,
+        DropReason::ClusterNoPlan,
+        DropReason::ClusterOutOfStep,
         DropReason::Internal,
     ];
 
@@ -181,6 +191,8 @@ impl DropReason {
             DropReason::SendError => "send_error",
             DropReason::TunWrite => "tun_write_error",
             DropReason::IkeQueueFull => "ike_queue_full",
+            DropReason::ClusterNoPlan => "cluster_no_plan",
+            DropReason::ClusterOutOfStep => "cluster_out_of_step",
             DropReason::Internal => "internal_error",
         }
     }

@@ -41,6 +41,21 @@ pub enum InboundOutcome {
     Ike,
     /// NAT keepalive.
     Keepalive,
+    /// A cluster node (seed 003) advanced this SA's state for the packet
+    /// and dropped it: another node processes it.
+    Observed(SaId),
+}
+
+/// A cluster node's word on an inbound packet, asked before its SA
+/// processes it ([`Sad::decapsulate_gated`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InGate {
+    /// Process it.
+    Process,
+    /// Another node processes it: replay check, ICV and window update only.
+    Observe,
+    /// Nobody may process it: observe, then count it as this drop.
+    ObserveDrop(DropReason),
 }
 
 /// An inbound failure, with the SA it happened on if one was found.
@@ -159,6 +174,9 @@ impl Sad {
                 InboundOutcome::Dummy(id) => InboundResult::Dummy(id),
                 InboundOutcome::Ike => InboundResult::Ike,
                 InboundOutcome::Keepalive => InboundResult::Keepalive,
+                // Only a gate (a cluster node) makes an SA observe; there
+                // is none here. Said as what it would be: nothing to pass on.
+                InboundOutcome::Observed(id) => InboundResult::Dummy(id),
             },
         )
     }
@@ -187,6 +205,24 @@ impl Sad {
         now: Duration,
         applied: &mut Vec<SaId>,
         probe: &mut P,
+    ) -> Result<InboundOutcome, InboundError> {
+        self.decapsulate_gated(buf, classifier, now, applied, probe, &mut |_, _, _| {
+            InGate::Process
+        })
+    }
+
+    /// [`Sad::decapsulate_into_probed`] on a cluster node: `gate` is asked,
+    /// for the outermost layer, with the SA, the low 32 bits of the
+    /// sequence number on the wire and the packet's length, whether this
+    /// node processes the packet.
+    pub fn decapsulate_gated<P: Probe + ?Sized>(
+        &mut self,
+        buf: &mut PacketBuf,
+        classifier: &Classifier,
+        now: Duration,
+        applied: &mut Vec<SaId>,
+        probe: &mut P,
+        gate: &mut dyn FnMut(SaId, u32, usize) -> InGate,
     ) -> Result<InboundOutcome, InboundError> {
         applied.clear();
         for layer in 0..MAX_LAYERS {
@@ -219,6 +255,22 @@ impl Sad {
                 .get_mut(id)
                 .ok_or_else(|| err(DropReason::UnknownSpi, None))?;
             let mode = sa.config().mode;
+            if layer == 0 {
+                let seq = inb.wire_seq(buf.as_slice()).unwrap_or(0);
+                match gate(id, seq, buf.len()) {
+                    InGate::Process => {}
+                    InGate::Observe => {
+                        sa.observe_inbound(buf, &inb, now)
+                            .map_err(|d| err(d, Some(id)))?;
+                        return Ok(InboundOutcome::Observed(id));
+                    }
+                    InGate::ObserveDrop(reason) => {
+                        sa.observe_inbound(buf, &inb, now)
+                            .map_err(|d| err(d, Some(id)))?;
+                        return Err(err(reason, Some(id)));
+                    }
+                }
+            }
             match sa
                 .decapsulate_probed(buf, &inb, now, probe)
                 .map_err(|d| err(d, Some(id)))?

@@ -308,6 +308,7 @@ impl LeaseSource for Source {
 fn leased(leases: &Arc<MemLeases>) -> EngineOptions {
     EngineOptions {
         leases: Some(Arc::new(Source(leases.clone()))),
+        cluster: None,
         ..opts()
     }
 }

@@ -653,6 +653,7 @@ mod tests {
         fn opts(leases: Option<Arc<DiskLeases>>) -> EngineOptions {
             EngineOptions {
                 leases: leases.map(|l| l as Arc<dyn LeaseSource>),
+                cluster: None,
                 ..espgate_testkit::opts()
             }
         }

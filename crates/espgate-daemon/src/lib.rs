@@ -199,6 +199,7 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
             .udp_port(g.listen.port())
             .qesp(g.qesp_protocol),
         leases: Some(leases.clone()),
+        cluster: None,
     };
     let engines =
         Engine::for_workers(&specs, &opts, Duration::ZERO, n).map_err(anyhow::Error::msg)?;

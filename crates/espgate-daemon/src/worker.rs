@@ -755,7 +755,7 @@ impl Round<'_> {
                     );
                 }
             }
-            Ok(Received::Dummy | Received::Keepalive) => {}
+            Ok(Received::Dummy | Received::Keepalive | Received::Observed) => {}
             Err(d) => self.report(&d),
         }
     }

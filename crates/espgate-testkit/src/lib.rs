@@ -209,5 +209,6 @@ pub fn opts() -> EngineOptions {
         mtu: 1500,
         classifier: Classifier::NAT_T,
         leases: None,
+        cluster: None,
     }
 }

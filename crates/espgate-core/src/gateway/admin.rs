@@ -362,6 +362,9 @@ impl Engine {
             None
         };
         let mut taken = None;
+        if let (true, Some(node)) = (outbound, self.cluster_node()) {
+            sc.iv_source = crate::sa::IvSource::PerNode { node };
+        }
         if outbound {
             let digest = key_digest(&sc);
             if let Some((id, _)) = self.sad.iter().find(|(id, sa)| {
@@ -380,7 +383,7 @@ impl Engine {
             }
             if let Some(src) = self.leases.as_ref().filter(|_| lease) {
                 let (start, l) = src.lease(&sc, &name)?;
-                sc.initial_seq = start;
+                sc.start_at_lease(start);
                 taken = Some(l);
             }
         }

@@ -19,12 +19,14 @@
 
 mod admin;
 mod all;
+mod cluster;
 mod conn;
 mod dropped;
 mod status;
 
 pub use admin::{NegotiatedSa, SaChange, SaKeyView};
 pub use all::{add_sa_all, del_sa_all, install_negotiated_all};
+pub use cluster::{ClusterOptions, ClusterReport, ClusterSaReport, LockState};
 pub use conn::{ConnSpec, Layers, MssClamp, SaSettings};
 pub use dropped::{Describe, DropContext, Dropped};
 pub use status::{SaEntry, WorkerStats};
@@ -34,7 +36,7 @@ use crate::cost::{NoProbe, Probe, Stage};
 use crate::error::DropReason;
 use crate::mss::{self, MssLimit};
 use crate::sa::{Classifier, Encap, Protocol, Sa, SaConfig, SaEvent, SeqLease};
-use crate::sad::{InboundOutcome, SaId, Sad, MAX_LAYERS};
+use crate::sad::{InGate, InboundOutcome, SaId, Sad, MAX_LAYERS};
 use crate::spd::{Action, Direction, Policy, Spd};
 use crate::wire::flow::{self, Flow};
 use std::collections::VecDeque;
@@ -61,6 +63,9 @@ pub struct EngineOptions {
     /// Where outbound SAs get their sequence numbers (none: from 1, no
     /// limit — for tests and offline tools).
     pub leases: Option<Arc<dyn LeaseSource>>,
+    /// A node of seed 003's flat cluster: its id, dispatch scheme and
+    /// hold (`None`: an ordinary gateway).
+    pub cluster: Option<ClusterOptions>,
 }
 
 impl std::fmt::Debug for EngineOptions {
@@ -69,6 +74,7 @@ impl std::fmt::Debug for EngineOptions {
             .field("mtu", &self.mtu)
             .field("classifier", &self.classifier)
             .field("leases", &self.leases.is_some())
+            .field("cluster", &self.cluster)
             .finish()
     }
 }
@@ -134,6 +140,10 @@ pub enum Received {
     Ike,
     /// A NAT keepalive, ignored (counted).
     Keepalive,
+    /// A cluster node advanced the SA's state and dropped the packet:
+    /// another node of the cluster processes it (counted per SA,
+    /// `observed`).
+    Observed,
 }
 
 /// The packet logic of one data-plane worker; see the module
@@ -159,6 +169,8 @@ pub struct Engine {
     /// This engine's worker index: with per-CPU SAs it sends on pair
     /// `worker % per_cpu_sas`.
     worker: usize,
+    /// Seed 003's cluster node state (`None`: an ordinary gateway).
+    cluster: Option<Box<cluster::ClusterNode>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -229,6 +241,7 @@ impl Engine {
             events: VecDeque::new(),
             volume_split: 1,
             worker: 0,
+            cluster: opts.cluster.map(|o| Box::new(cluster::ClusterNode::new(o))),
         };
         for (ci, c) in conns.iter().enumerate() {
             let what = |sc: &SaConfig, dir: &str| {
@@ -256,12 +269,15 @@ impl Engine {
             for sc in &c.outbound {
                 let ctx = what(sc, "outbound");
                 let mut sc = sc.clone();
+                if let Some(o) = &opts.cluster {
+                    sc.iv_source = crate::sa::IvSource::PerNode { node: o.node };
+                }
                 let lease = match e.leases.as_ref().filter(|_| take_leases) {
                     Some(src) => {
                         let (start, l) = src
                             .lease(&sc, &c.name)
                             .map_err(|err| format!("{ctx}: {err}"))?;
-                        sc.initial_seq = start;
+                        sc.start_at_lease(start);
                         Some(l)
                     }
                     None => None,
@@ -414,6 +430,28 @@ impl Engine {
             }
         }
         probe.mark(Stage::Lookup);
+        if self.cluster.is_some() {
+            if let Action::Protect(ids) = &self.spd.policies()[pi].action {
+                if let Some(&id) = ids.first() {
+                    let gate = self.cluster_outbound(id, buf.as_slice(), &f, now);
+                    if let Some(g @ (cluster::Gate::Theirs | cluster::Gate::Nobody(_))) = gate {
+                        let len = buf.len();
+                        let r = self
+                            .sad
+                            .get_mut(id)
+                            .ok_or(DropReason::UnknownSpi)
+                            .and_then(|sa| sa.observe_outbound(len, now));
+                        let (src, dst) = (f.src, f.dst);
+                        return match (r, g) {
+                            (Err(d), _) | (Ok(_), cluster::Gate::Nobody(d)) => {
+                                Err(self.count_drop(d, DropContext::Outbound { conn, src, dst }))
+                            }
+                            _ => Ok(None),
+                        };
+                    }
+                }
+            }
+        }
         let r = match &self.spd.policies()[pi].action {
             Action::Protect(ids) => self.sad.encapsulate_probed(ids, buf, now, probe),
             Action::Bypass | Action::Discard => {
@@ -449,9 +487,27 @@ impl Engine {
         probe: &mut P,
     ) -> Result<Received, Dropped> {
         self.stats.counters.net_rx.incr();
-        let r =
-            self.sad
-                .decapsulate_into_probed(buf, &self.classifier, now, &mut self.applied, probe);
+        let r = match self.cluster.as_deref_mut() {
+            None => self.sad.decapsulate_into_probed(
+                buf,
+                &self.classifier,
+                now,
+                &mut self.applied,
+                probe,
+            ),
+            Some(c) => self.sad.decapsulate_gated(
+                buf,
+                &self.classifier,
+                now,
+                &mut self.applied,
+                probe,
+                &mut |id, seq, len| match c.inbound(id, seq, len, now) {
+                    cluster::Gate::Mine => InGate::Process,
+                    cluster::Gate::Theirs => InGate::Observe,
+                    cluster::Gate::Nobody(d) => InGate::ObserveDrop(d),
+                },
+            ),
+        };
         let c = &self.stats.counters;
         match r {
             Ok(InboundOutcome::Packet) => {
@@ -499,6 +555,7 @@ impl Engine {
                 c.keepalives.incr();
                 Ok(Received::Keepalive)
             }
+            Ok(InboundOutcome::Observed(_)) => Ok(Received::Observed),
             Err(e) => {
                 let conn = e.sa.and_then(|id| self.meta_of(id)).map(|m| m.conn);
                 Err(self.count_drop(
@@ -544,7 +601,7 @@ impl Engine {
     pub fn release_leases(&mut self) {
         for (_, sa) in self.sad.iter() {
             if let Some(l) = sa.lease() {
-                l.release(sa.next_seq());
+                l.release(sa.lease_position());
             }
         }
     }
@@ -627,7 +684,7 @@ impl Engine {
         let m = self.meta.get_mut(id.0 as usize)?.take()?;
         if let Some(sa) = self.sad.remove(id) {
             if let Some(l) = sa.lease() {
-                l.release(sa.next_seq());
+                l.release(sa.lease_position());
             }
         }
         let c = &mut self.conns[m.conn];

@@ -131,6 +131,21 @@ pub struct Inbound {
     pub end: usize,
 }
 
+impl Inbound {
+    /// The low 32 bits of the sequence number in the packet's ESP, Q-ESP
+    /// or AH header (`None` when the packet is too short to hold it).
+    pub fn wire_seq(&self, pkt: &[u8]) -> Option<u32> {
+        let at = self.offset
+            + match self.protocol {
+                Protocol::Esp => 4,
+                Protocol::Qesp => 12,
+                Protocol::Ah => 8,
+            };
+        let b = pkt.get(at..at + 4)?;
+        Some(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
 /// What an inbound packet is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Classified {

@@ -201,6 +201,14 @@ impl Sa {
                 if self.iv_local >= 1 << 48 {
                     return Err(DropReason::SeqExhausted);
                 }
+                if let Some(l) = &self.lease {
+                    // The lease covers the local counter here (a restart
+                    // continues above it), not the shared sequence number.
+                    if self.iv_local >= l.limit() {
+                        return Err(DropReason::SeqNotReserved);
+                    }
+                    l.want(self.iv_local);
+                }
                 let v = (u64::from(node) << 48) | self.iv_local;
                 self.iv_local += 1;
                 v

@@ -151,6 +151,10 @@ pub struct SaConfig {
     /// Where the explicit IV of an AEAD suite comes from (seed 003's
     /// cluster: [`IvSource::PerNode`]).
     pub iv_source: IvSource,
+    /// With [`IvSource::PerNode`]: the first node-local IV counter (from
+    /// the SA's lease, so that a node that restarts under the same manual
+    /// keys never repeats an IV).
+    pub initial_iv: u64,
 }
 
 /// Where an AEAD suite's 8-byte explicit IV comes from. RFC 4106 §3.1
@@ -166,9 +170,10 @@ pub enum IvSource {
     /// packets; if one misses a packet their numbers diverge, and with
     /// [`IvSource::Sequence`] two nodes could then seal different packets
     /// under one nonce. With this source no two nodes ever share an IV,
-    /// whatever their counters do. (The local counter starts at 1 with
-    /// the SA; a cluster keys its SAs afresh, so it is never reused under
-    /// one key.)
+    /// whatever their counters do. The local counter starts at
+    /// [`SaConfig::initial_iv`]; with a [`SeqLease`] it is the local
+    /// counter, not the sequence number, that the lease covers, so a
+    /// restarted node continues above every IV it may have used.
     PerNode {
         /// This node's id.
         node: crate::cluster::NodeId,
@@ -219,6 +224,17 @@ impl SaConfig {
             copy_dscp: true,
             ip_protocol: protocol.number(),
             iv_source: IvSource::Sequence,
+            initial_iv: 1,
+        }
+    }
+
+    /// Starts where the SA's lease says: the sequence number, or with
+    /// [`IvSource::PerNode`] the node-local IV counter (see
+    /// [`Sa::lease_position`]).
+    pub fn start_at_lease(&mut self, start: u64) {
+        match self.iv_source {
+            IvSource::Sequence => self.initial_seq = start,
+            IvSource::PerNode { .. } => self.initial_iv = start,
         }
     }
 
@@ -493,7 +509,7 @@ impl Sa {
             counters,
             events: [None; 3],
             seq_exhausted_raised: false,
-            iv_local: 1,
+            iv_local: cfg.initial_iv.max(1),
             transform,
             cfg,
         })
@@ -535,6 +551,37 @@ impl Sa {
             Some(s) => s.next(),
             None => self.next_seq,
         }
+    }
+
+    /// What the SA's lease counts: the next sequence number, or with
+    /// [`IvSource::PerNode`] the next node-local IV counter. A clean stop
+    /// releases the lease at this.
+    pub fn lease_position(&self) -> u64 {
+        match self.cfg.iv_source {
+            IvSource::Sequence => self.next_seq(),
+            IvSource::PerNode { .. } => self.iv_local,
+        }
+    }
+
+    /// Seed 003's lockstep: moves this outbound SA's next sequence number
+    /// to where the other nodes of the cluster are. Only for an SA whose
+    /// IVs are per node ([`IvSource::PerNode`]): there a sequence number
+    /// used twice costs a replay drop at the peer, never a nonce. Refused
+    /// (false) otherwise, for a shared counter, and for 0 or beyond the
+    /// sequence space.
+    pub fn resync_seq(&mut self, next: u64) -> bool {
+        let max = if self.cfg.esn {
+            u64::MAX
+        } else {
+            u64::from(u32::MAX)
+        };
+        let per_node = matches!(self.cfg.iv_source, IvSource::PerNode { .. });
+        if !per_node || self.shared_seq.is_some() || next == 0 || next > max {
+            return false;
+        }
+        self.next_seq = next;
+        self.counters.next_seq.set(next);
+        true
     }
 
     /// This SA's sequence counter, made shareable: later packets take their
@@ -714,7 +761,7 @@ impl Sa {
             }
             return Err(DropReason::SeqExhausted);
         }
-        if let Some(l) = &self.lease {
+        if let (Some(l), IvSource::Sequence) = (&self.lease, self.cfg.iv_source) {
             if seq >= l.limit() {
                 return Err(DropReason::SeqNotReserved);
             }
