@@ -23,6 +23,11 @@ command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
     && [ -e /usr/lib/ipsec/plugins/libstrongswan-kernel-libipsec.so ] \
     || need_apt+=(strongswan-charon strongswan-swanctl libcharon-extra-plugins libstrongswan-standard-plugins)
 command -v pki >/dev/null 2>&1 || need_apt+=(strongswan-pki)
+# protoc builds etcd-client's gRPC code; etcd runs the cluster agent's tests
+# (crates/espgate-cluster) and etcdctl looks into a cluster by hand.
+command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
+[ -x /usr/bin/etcd ] || need_apt+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || need_apt+=(etcd-client)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: installing ${need_apt[*]}"
     export DEBIAN_FRONTEND=noninteractive

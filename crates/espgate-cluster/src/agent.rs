@@ -1,0 +1,756 @@
+//! The agent: one thread running a current-thread tokio runtime that
+//! holds the node's lease, publishes its report, campaigns for leader,
+//! writes the plan when it leads and tells its daemon the plan once a
+//! second (see the crate documentation for the layout and timings).
+
+use crate::etcd::{self, describe, Endpoints, Keys, Snapshot};
+use crate::node::{ControlNode, Node};
+use crate::report::NodeReport;
+use anyhow::{anyhow, Context, Result};
+use espgate_api::cluster::{ClusterUpdate, PlanDoc};
+use espgate_config::cluster::Cluster;
+use etcd_client::{Client, LeaderKey, PutOptions, ResignOptions, WatchFilterType, WatchOptions};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+/// How often the agent reads its daemon, publishes its report, reads the
+/// cluster and tells its daemon the plan.
+pub const PERIOD: Duration = Duration::from_secs(1);
+
+/// The longest one cycle's etcd part may take (connecting included).
+const CYCLE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The longest each of resign and revoke may take when the agent stops.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The first and the longest wait between two attempts to reconnect.
+const BACKOFF_MIN: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(4);
+
+/// Failed cycles in a row after which the connection is made anew.
+const FAILURES_BEFORE_RECONNECT: u32 = 3;
+
+/// How a stop was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Run,
+    /// Resign and revoke the lease: the others see the leave at once.
+    Leave,
+    /// Stop as a crash would: nothing more is said to etcd.
+    Abandon,
+}
+
+/// A running cluster agent (its own thread). Stop it with
+/// [`Agent::stop`]; dropping it stops it the same way.
+#[derive(Debug)]
+pub struct Agent {
+    node: u16,
+    stop: watch::Sender<Stop>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What the agent's loop needs from the configuration.
+#[derive(Debug, Clone)]
+struct Settings {
+    name: String,
+    node: u16,
+    ttl: Duration,
+    hold: Duration,
+    keys: Keys,
+}
+
+impl Agent {
+    /// Starts the agent of the node whose daemon answers on
+    /// `control_socket`. Fails only on what will not get better by
+    /// waiting (unreadable TLS or password files, no thread); an etcd or a
+    /// daemon that does not answer yet is retried for ever.
+    pub fn start(cluster: &Cluster, control_socket: PathBuf) -> Result<Agent> {
+        Agent::start_with(cluster, Arc::new(ControlNode::new(control_socket)))
+    }
+
+    /// [`Agent::start`] with the daemon side given (tests give a fake).
+    pub fn start_with(cluster: &Cluster, node: Arc<dyn Node>) -> Result<Agent> {
+        let endpoints = Endpoints::new(cluster)?;
+        let settings = Settings {
+            name: cluster.name.clone(),
+            node: cluster.node,
+            ttl: cluster.lease_ttl.max(Duration::from_secs(2)),
+            hold: cluster.hold,
+            keys: Keys::new(&cluster.name),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the cluster agent's runtime")?;
+        let (stop_tx, stop_rx) = watch::channel(Stop::Run);
+        let thread = std::thread::Builder::new()
+            .name(format!("espgate-cluster-{}", cluster.node))
+            .spawn(move || {
+                let state = State::new(settings, endpoints, node);
+                rt.block_on(run(state, stop_rx));
+                // A daemon call still blocking in the pool ends within its
+                // own timeout; do not wait for it longer than that.
+                rt.shutdown_timeout(crate::node::DAEMON_TIMEOUT);
+            })
+            .context("starting the cluster agent's thread")?;
+        Ok(Agent {
+            node: cluster.node,
+            stop: stop_tx,
+            thread: Some(thread),
+        })
+    }
+
+    /// The node this agent speaks for.
+    pub fn node(&self) -> u16 {
+        self.node
+    }
+
+    /// Leaves the cluster (resigns the leadership, revokes the lease, so
+    /// the others drop this node from the plan within a second) and
+    /// stops the thread.
+    pub fn stop(mut self) {
+        self.finish(Stop::Leave);
+    }
+
+    /// Stops the thread as a crash would: no resign, no revoke, no more
+    /// keep-alives. The node leaves the plan when its lease expires.
+    /// For failover tests and drills.
+    pub fn abandon(mut self) {
+        self.finish(Stop::Abandon);
+    }
+
+    fn finish(&mut self, how: Stop) {
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        // The loop reads the value when it sees the change; a send only
+        // fails when the loop has already ended.
+        let _ = self.stop.send(how);
+        if thread.join().is_err() {
+            tracing::error!("the cluster agent's thread panicked");
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.finish(Stop::Leave);
+    }
+}
+
+/// The agent's loop: a cycle every [`PERIOD`] or when the plan changes,
+/// until asked to stop.
+async fn run(mut st: State, mut stop: watch::Receiver<Stop>) {
+    let mut tick = tokio::time::interval(PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let wake = st.wake.clone();
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            _ = tick.tick() => {}
+            _ = wake.notified() => {}
+        }
+        tokio::select! {
+            _ = stop.changed() => break,
+            _ = st.cycle() => {}
+        }
+    }
+    let how = *stop.borrow();
+    match how {
+        Stop::Abandon => {
+            tracing::info!(
+                "cluster {}: node {}'s agent stops without leaving (its lease expires in {}s)",
+                st.cfg.name,
+                st.cfg.node,
+                st.cfg.ttl.as_secs()
+            );
+        }
+        // A dropped sender (the Agent gone without a word) is a leave too.
+        Stop::Leave | Stop::Run => st.leave().await,
+    }
+}
+
+/// One connection to etcd with this node's lease and the tasks that use it.
+struct Session {
+    client: Client,
+    lease: i64,
+    /// Set by the keeper when etcd says the lease is gone.
+    lost: Arc<AtomicBool>,
+    /// This node's election key, once elected.
+    elected: watch::Receiver<Option<LeaderKey>>,
+    elected_tx: Arc<watch::Sender<Option<LeaderKey>>>,
+    /// Runs a cycle at once (elected, or the plan changed).
+    wake: Arc<Notify>,
+    keeper: JoinHandle<()>,
+    campaign: JoinHandle<()>,
+    plan_watch: JoinHandle<()>,
+    leave_watch: JoinHandle<()>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.keeper.abort();
+        self.campaign.abort();
+        self.plan_watch.abort();
+        self.leave_watch.abort();
+    }
+}
+
+/// Is this the error of a lease etcd no longer has?
+fn lease_gone(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("not found"),
+        etcd_client::Error::GRpcStatus(s) => s.message().contains("lease not found"),
+        _ => false,
+    }
+}
+
+impl Session {
+    /// Connects, takes up lease `resume` if etcd still has it (after a
+    /// reconnect) or grants a new one, and starts the keeper, the
+    /// campaign and the watch on the plan.
+    async fn open(
+        endpoints: &Endpoints,
+        cfg: &Settings,
+        resume: Option<i64>,
+        wake: Arc<Notify>,
+    ) -> Result<Session> {
+        let mut client = endpoints.connect().await?;
+        let mut lease = None;
+        if let Some(id) = resume {
+            match client.lease_keep_alive(id).await {
+                Ok(_) => lease = Some(id),
+                Err(e) if lease_gone(&e) => {
+                    tracing::info!(
+                        "cluster {}: lease {id:x} expired while etcd was away; granting a new one",
+                        cfg.name
+                    );
+                }
+                Err(e) => return Err(anyhow!("renewing lease {id:x}: {}", describe(&e))),
+            }
+        }
+        let lease = match lease {
+            Some(id) => id,
+            None => {
+                let ttl = i64::try_from(cfg.ttl.as_secs()).unwrap_or(60);
+                client
+                    .lease_grant(ttl, None)
+                    .await
+                    .map_err(|e| anyhow!("granting a lease of {ttl}s: {}", describe(&e)))?
+                    .id()
+            }
+        };
+        let lost = Arc::new(AtomicBool::new(false));
+        let (elected_tx, elected) = watch::channel(None);
+        let elected_tx = Arc::new(elected_tx);
+        let keeper = tokio::spawn(keep_lease(client.clone(), lease, cfg.ttl, lost.clone()));
+        let campaign = tokio::spawn(campaign(
+            client.clone(),
+            cfg.keys.leader.clone(),
+            cfg.node,
+            lease,
+            elected_tx.clone(),
+            wake.clone(),
+        ));
+        let plan_watch = tokio::spawn(watch_key(
+            client.clone(),
+            cfg.keys.plan.clone(),
+            None,
+            wake.clone(),
+        ));
+        // Deletes only: every report is put once a second, but a leave or
+        // an expiry is worth a cycle at once (the leader replans).
+        let leave_watch = tokio::spawn(watch_key(
+            client.clone(),
+            cfg.keys.nodes.clone(),
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_filters([WatchFilterType::NoPut]),
+            ),
+            wake.clone(),
+        ));
+        Ok(Session {
+            client,
+            lease,
+            lost,
+            elected,
+            elected_tx,
+            wake,
+            keeper,
+            campaign,
+            plan_watch,
+            leave_watch,
+        })
+    }
+
+    /// Campaigns again (this node's election key is gone while its lease
+    /// lives: deleted by hand, say).
+    fn campaign_again(&mut self, cfg: &Settings) {
+        self.campaign.abort();
+        self.elected_tx.send_replace(None);
+        self.campaign = tokio::spawn(campaign(
+            self.client.clone(),
+            cfg.keys.leader.clone(),
+            cfg.node,
+            self.lease,
+            self.elected_tx.clone(),
+            self.wake.clone(),
+        ));
+    }
+}
+
+/// Renews lease `id` every `ttl / 3` until etcd says it is gone (then
+/// sets `lost`); a broken stream is opened again.
+async fn keep_lease(mut client: Client, id: i64, ttl: Duration, lost: Arc<AtomicBool>) {
+    let every = ttl / 3;
+    loop {
+        match tokio::time::timeout(every, client.lease_keep_alive(id)).await {
+            Ok(Ok((mut keeper, mut stream))) => loop {
+                tokio::time::sleep(every).await;
+                if keeper.keep_alive().await.is_err() {
+                    break;
+                }
+                match tokio::time::timeout(every, stream.message()).await {
+                    Ok(Ok(Some(r))) if r.ttl() > 0 => {}
+                    Ok(Ok(Some(_))) => {
+                        lost.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    _ => break,
+                }
+            },
+            Ok(Err(e)) if lease_gone(&e) => {
+                lost.store(true, Ordering::Relaxed);
+                return;
+            }
+            Ok(Err(e)) => tracing::debug!("keeping lease {id:x} alive: {}", describe(&e)),
+            Err(_) => tracing::debug!("keeping lease {id:x} alive: no answer"),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Campaigns for leader with etcd's election API until elected, then
+/// says so through `elected` and wakes the loop (`wake`), so that a new
+/// leader plans at once.
+async fn campaign(
+    mut client: Client,
+    name: String,
+    node: u16,
+    lease: i64,
+    elected: Arc<watch::Sender<Option<LeaderKey>>>,
+    wake: Arc<Notify>,
+) {
+    loop {
+        match client
+            .campaign(name.as_str(), node.to_string(), lease)
+            .await
+        {
+            Ok(mut r) => {
+                if let Some(key) = r.take_leader() {
+                    elected.send_replace(Some(key));
+                    wake.notify_one();
+                    return;
+                }
+                tracing::debug!("campaign for {name}: elected without a key; again");
+            }
+            Err(e) if lease_gone(&e) => return,
+            Err(e) => tracing::debug!("campaign for {name}: {}", describe(&e)),
+        }
+        tokio::time::sleep(PERIOD).await;
+    }
+}
+
+/// Wakes the loop on every event of `key` (with `options`); a broken
+/// watch is opened again.
+async fn watch_key(
+    mut client: Client,
+    key: String,
+    options: Option<WatchOptions>,
+    wake: Arc<Notify>,
+) {
+    loop {
+        match client.watch(key.as_str(), options.clone()).await {
+            Ok(mut stream) => loop {
+                match stream.message().await {
+                    Ok(Some(r)) if r.canceled() => break,
+                    Ok(Some(r)) => {
+                        if !r.events().is_empty() {
+                            wake.notify_one();
+                        }
+                    }
+                    Ok(None) | Err(_) => break,
+                }
+            },
+            Err(e) => tracing::debug!("watching {key}: {}", describe(&e)),
+        }
+        tokio::time::sleep(PERIOD).await;
+    }
+}
+
+/// Everything the loop keeps between cycles.
+struct State {
+    cfg: Settings,
+    endpoints: Endpoints,
+    node: Arc<dyn Node>,
+    session: Option<Session>,
+    /// The lease to take up again at the next connection.
+    resume: Option<i64>,
+    /// Not before this instant, and the wait after the next failure.
+    next_connect: Instant,
+    backoff: Duration,
+    /// Failed cycles in a row on the current session.
+    failures: u32,
+    /// Since when etcd fails (logged once when it starts and ends).
+    etcd_down: Option<Instant>,
+    /// The daemon's status call fails (logged on change).
+    daemon_down: bool,
+    /// The daemon refuses the updates (logged on change).
+    update_failing: bool,
+    /// Told once: another lease held this node's report key.
+    warned_duplicate: bool,
+    /// Last leader and plan seen, for a log line when they change.
+    last_leader: Option<Option<u16>>,
+    last_plan: Option<PlanDoc>,
+    /// Runs a cycle at once (elected, or the plan changed).
+    wake: Arc<Notify>,
+}
+
+impl State {
+    fn new(cfg: Settings, endpoints: Endpoints, node: Arc<dyn Node>) -> State {
+        State {
+            cfg,
+            endpoints,
+            node,
+            session: None,
+            resume: None,
+            next_connect: Instant::now(),
+            backoff: BACKOFF_MIN,
+            failures: 0,
+            etcd_down: None,
+            daemon_down: false,
+            update_failing: false,
+            warned_duplicate: false,
+            last_leader: None,
+            last_plan: None,
+            wake: Arc::new(Notify::new()),
+        }
+    }
+
+    /// One cycle: the daemon's status, the report, the cluster read and,
+    /// when etcd answered, the update to the daemon.
+    async fn cycle(&mut self) {
+        let node = self.node.clone();
+        let status = tokio::task::spawn_blocking(move || node.status())
+            .await
+            .unwrap_or_else(|e| Err(anyhow!("the daemon status call failed: {e}")));
+        match &status {
+            Err(e) if !self.daemon_down => {
+                tracing::warn!(
+                    "cluster {}: no status from the daemon ({e:#}); node {} reports itself \
+                     as not in step, so it leaves the plan",
+                    self.cfg.name,
+                    self.cfg.node
+                );
+                self.daemon_down = true;
+            }
+            Ok(_) if self.daemon_down => {
+                tracing::info!("cluster {}: the daemon answers again", self.cfg.name);
+                self.daemon_down = false;
+            }
+            _ => {}
+        }
+        let report = match &status {
+            Ok(s) => NodeReport::from_status(self.cfg.node, Ok(s.as_ref())),
+            Err(_) => NodeReport::from_status(self.cfg.node, Err(())),
+        };
+        let result = tokio::time::timeout(CYCLE_TIMEOUT, self.etcd_cycle(&report))
+            .await
+            .unwrap_or_else(|_| {
+                Err(anyhow!(
+                    "etcd at {} did not answer within {}s",
+                    self.endpoints.list(),
+                    CYCLE_TIMEOUT.as_secs()
+                ))
+            });
+        match result {
+            Ok(update) => {
+                self.failures = 0;
+                if let Some(since) = self.etcd_down.take() {
+                    tracing::info!(
+                        "cluster {}: etcd at {} answers again (after {:.1}s); updates to the \
+                         daemon resume",
+                        self.cfg.name,
+                        self.endpoints.list(),
+                        since.elapsed().as_secs_f64()
+                    );
+                }
+                self.send(update).await;
+            }
+            Err(e) => self.etcd_failed(e),
+        }
+    }
+
+    fn etcd_failed(&mut self, e: anyhow::Error) {
+        if self.session.is_some() {
+            self.failures += 1;
+            if self.failures >= FAILURES_BEFORE_RECONNECT {
+                // Connect anew, keeping the lease if etcd still has it.
+                self.resume = self.session.take().map(|s| s.lease);
+                self.failures = 0;
+            }
+        }
+        match self.etcd_down {
+            None => {
+                tracing::warn!(
+                    "cluster {}: {e:#}; node {} sends its daemon no cluster updates until etcd \
+                     answers (the daemon keeps forwarding on its last plan for hold = {}s, \
+                     then stops processing)",
+                    self.cfg.name,
+                    self.cfg.node,
+                    self.cfg.hold.as_secs()
+                );
+                self.etcd_down = Some(Instant::now());
+            }
+            Some(_) => tracing::debug!("cluster {}: still no etcd: {e:#}", self.cfg.name),
+        }
+    }
+
+    /// The etcd part of a cycle: (re)connect when needed, publish the
+    /// report, read the cluster, write the plan when leading; the update
+    /// for the daemon.
+    async fn etcd_cycle(&mut self, report: &NodeReport) -> Result<ClusterUpdate> {
+        if self
+            .session
+            .as_ref()
+            .is_some_and(|s| s.lost.load(Ordering::Relaxed))
+        {
+            tracing::warn!(
+                "cluster {}: etcd dropped node {}'s lease; granting a new one",
+                self.cfg.name,
+                self.cfg.node
+            );
+            self.session = None;
+            self.resume = None;
+        }
+        if self.session.is_none() {
+            let now = Instant::now();
+            if now < self.next_connect {
+                return Err(anyhow!(
+                    "etcd at {} is unreachable; next attempt in {:.1}s",
+                    self.endpoints.list(),
+                    (self.next_connect - now).as_secs_f64()
+                ));
+            }
+            let opened =
+                Session::open(&self.endpoints, &self.cfg, self.resume, self.wake.clone()).await;
+            match opened {
+                Ok(s) => {
+                    tracing::info!(
+                        "cluster {}: node {} is in etcd at {} (lease {:x}, ttl {}s)",
+                        self.cfg.name,
+                        self.cfg.node,
+                        self.endpoints.list(),
+                        s.lease,
+                        self.cfg.ttl.as_secs()
+                    );
+                    self.session = Some(s);
+                    self.resume = None;
+                    self.backoff = BACKOFF_MIN;
+                }
+                Err(e) => {
+                    self.next_connect = Instant::now() + self.backoff;
+                    self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+                    return Err(e);
+                }
+            }
+        }
+        let Some(s) = self.session.as_mut() else {
+            return Err(anyhow!("no etcd session"));
+        };
+        let value = serde_json::to_vec(report).context("encoding the node report")?;
+        let key = self.cfg.keys.node(self.cfg.node);
+        let put = s
+            .client
+            .put(
+                key.as_str(),
+                value,
+                Some(PutOptions::new().with_lease(s.lease).with_prev_key()),
+            )
+            .await;
+        match put {
+            Ok(r) => {
+                let other = r
+                    .prev_key()
+                    .map(|kv| kv.lease())
+                    .filter(|&l| l != 0 && l != s.lease);
+                if let (Some(other), false) = (other, self.warned_duplicate) {
+                    tracing::warn!(
+                        "cluster {}: {key} was held by lease {other:x}, not this agent's: \
+                         is another agent running as node {} (or did this node's previous \
+                         run not leave)?",
+                        self.cfg.name,
+                        self.cfg.node
+                    );
+                    self.warned_duplicate = true;
+                }
+            }
+            Err(e) => {
+                if lease_gone(&e) {
+                    s.lost.store(true, Ordering::Relaxed);
+                }
+                return Err(anyhow!("publishing {key}: {}", describe(&e)));
+            }
+        }
+        // Taken before the read: a node elected by then has the first
+        // election key for as long as its key exists.
+        let elected = s.elected.borrow().clone();
+        let snap = etcd::snapshot(&mut s.client, &self.cfg.keys).await?;
+        let plan = match elected {
+            Some(mine) => self.lead(&snap, &mine).await?,
+            None => snap.plan.clone(),
+        };
+        let me = self.cfg.node;
+        let leader = snap.leader.as_ref().and_then(|l| l.node);
+        if self.last_leader != Some(leader) {
+            match leader {
+                Some(l) if l == me => tracing::info!("cluster {}: this node leads", self.cfg.name),
+                Some(l) => tracing::info!("cluster {}: node {l} leads", self.cfg.name),
+                None => tracing::info!("cluster {}: no leader yet", self.cfg.name),
+            }
+            self.last_leader = Some(leader);
+        }
+        if plan.is_some() && self.last_plan != plan {
+            if let Some(p) = &plan {
+                tracing::info!(
+                    "cluster {}: plan epoch {}: members {:?}",
+                    self.cfg.name,
+                    p.epoch,
+                    p.members
+                );
+            }
+            self.last_plan = plan.clone();
+        }
+        if let Some(e) = &snap.plan_error {
+            tracing::debug!("cluster {}: {e}", self.cfg.name);
+        }
+        Ok(ClusterUpdate {
+            plan,
+            leader,
+            checkpoints: snap
+                .nodes
+                .values()
+                .filter(|r| r.node != me)
+                .flat_map(NodeReport::checkpoints)
+                .collect(),
+        })
+    }
+
+    /// When this node was elected (`mine`, its election key): writes the plan if its members changed. The
+    /// plan in force afterwards.
+    async fn lead(&mut self, snap: &Snapshot, mine: &LeaderKey) -> Result<Option<PlanDoc>> {
+        let Some(s) = self.session.as_mut() else {
+            return Ok(snap.plan.clone());
+        };
+        let leader = match &snap.leader {
+            Some(l) if l.key == mine.key() => l.clone(),
+            _ => {
+                tracing::warn!(
+                    "cluster {}: node {}'s election key is gone while its lease lives; \
+                     campaigning again",
+                    self.cfg.name,
+                    self.cfg.node
+                );
+                s.campaign_again(&self.cfg);
+                return Ok(snap.plan.clone());
+            }
+        };
+        let Some(next) = etcd::next_plan(snap) else {
+            return Ok(snap.plan.clone());
+        };
+        if etcd::write_plan(&mut s.client, &self.cfg.keys, snap, &leader, &next).await? {
+            tracing::info!(
+                "cluster {}: the leader writes plan epoch {}: members {:?}",
+                self.cfg.name,
+                next.epoch,
+                next.members
+            );
+            Ok(Some(next))
+        } else {
+            // The plan moved (or this node no longer leads) since the
+            // read: the next cycle decides on fresh data.
+            Ok(snap.plan.clone())
+        }
+    }
+
+    /// Sends the daemon its update.
+    async fn send(&mut self, update: ClusterUpdate) {
+        let node = self.node.clone();
+        let r = tokio::task::spawn_blocking(move || node.update(update))
+            .await
+            .unwrap_or_else(|e| Err(anyhow!("the daemon update call failed: {e}")));
+        match r {
+            Err(e) if !self.update_failing => {
+                tracing::warn!("cluster {}: {e:#}", self.cfg.name);
+                self.update_failing = true;
+            }
+            Ok(()) if self.update_failing => {
+                tracing::info!("cluster {}: the daemon takes updates again", self.cfg.name);
+                self.update_failing = false;
+            }
+            _ => {}
+        }
+    }
+
+    /// Resigns and revokes the lease, each bounded by [`LEAVE_TIMEOUT`].
+    async fn leave(&mut self) {
+        let Some(s) = self.session.take() else {
+            return;
+        };
+        let mut client = s.client.clone();
+        let lease = s.lease;
+        let elected = s.elected.borrow().clone();
+        // No more keep-alives or campaign from here.
+        drop(s);
+        if let Some(key) = elected {
+            let resign = client.resign(Some(ResignOptions::new().with_leader(key)));
+            match tokio::time::timeout(LEAVE_TIMEOUT, resign).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(
+                    "cluster {}: resigning the leadership: {}",
+                    self.cfg.name,
+                    describe(&e)
+                ),
+                Err(_) => tracing::warn!(
+                    "cluster {}: resigning the leadership: etcd did not answer",
+                    self.cfg.name
+                ),
+            }
+        }
+        match tokio::time::timeout(LEAVE_TIMEOUT, client.lease_revoke(lease)).await {
+            Ok(Ok(_)) => tracing::info!(
+                "cluster {}: node {} left (lease {lease:x} revoked)",
+                self.cfg.name,
+                self.cfg.node
+            ),
+            Ok(Err(e)) => tracing::warn!(
+                "cluster {}: revoking lease {lease:x}: {}; the node leaves the plan when it \
+                 expires ({}s)",
+                self.cfg.name,
+                describe(&e),
+                self.cfg.ttl.as_secs()
+            ),
+            Err(_) => tracing::warn!(
+                "cluster {}: revoking lease {lease:x}: etcd did not answer; the node leaves \
+                 the plan when it expires ({}s)",
+                self.cfg.name,
+                self.cfg.ttl.as_secs()
+            ),
+        }
+    }
+}

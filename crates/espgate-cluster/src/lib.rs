@@ -1,0 +1,64 @@
+//! The cluster agent of seed 003's flat cluster (issue 15): the one part
+//! of a node that talks to etcd. The daemon never does; the agent reads
+//! its node's status and tells it the plan over the control socket
+//! (`espgate_api::control`, the `status` and `cluster` requests).
+//!
+//! # The etcd layout
+//!
+//! Everything of cluster `NAME` lives under `/espgate/NAME/`:
+//!
+//! | key | value | lifetime |
+//! | --- | --- | --- |
+//! | `nodes/ID` | the node's [`NodeReport`] (JSON): daemon state, in step, per outbound SA the checkpoint and counts | attached to the node's lease: gone when the agent stops or dies |
+//! | `leader/LEASE` | the node id (decimal), put by etcd's election API (`Campaign` with the lease); the key created first is the leader | attached to the lease |
+//! | `plan` | the [`PlanDoc`](espgate_api::cluster::PlanDoc) `{"epoch":N,"members":[...]}` (JSON) | permanent; only the leader writes it |
+//!
+//! # Timings
+//!
+//! - Each agent holds one lease of `lease_ttl` (default 3 s), renewed every
+//!   `lease_ttl / 3`. A lost lease (etcd says it is gone) is replaced by a
+//!   new one; the report and the campaign follow it.
+//! - Every second ([`PERIOD`]) the agent reads its daemon's status,
+//!   publishes its report, reads `plan`, the leader and `nodes/` in one
+//!   transaction (one consistent snapshot), and, only when all of that
+//!   worked, sends the daemon a `cluster` update: the plan, the leader and
+//!   every other live node's checkpoints. The same cycle runs at once when
+//!   the plan changes, a report key is deleted (a node left or its lease
+//!   expired) or this node is elected (watches on `plan` and `nodes/`,
+//!   the campaign's answer). When etcd cannot be read the
+//!   daemon hears nothing; it forwards on its last plan until its `hold`
+//!   runs out (the daemon's rule).
+//! - A node that stops ([`Agent::stop`]) resigns and revokes its lease, so
+//!   it leaves the plan at once (the leader's watch sees its report go);
+//!   one that dies leaves it when its lease expires, within `lease_ttl`
+//!   (and etcd's expiry check, half a second).
+//!
+//! # The plan rule
+//!
+//! The leader's members are the sorted ids of the nodes that have a report
+//! (a live lease) whose daemon answered as a cluster node and says it is
+//! in step ([`eligible`]). The leader writes `plan` with `epoch + 1` only
+//! when that set differs from the plan's (epoch 1 when there is no plan
+//! yet), in a transaction that requires the plan's mod revision to be the
+//! one it read and its own election key to be the leader's: two leaders
+//! never both write.
+//!
+//! # Pieces
+//!
+//! - [`Agent`]: the agent thread ([`Agent::start`] for a daemon's control
+//!   socket, [`Agent::start_with`] for any [`Node`]).
+//! - [`Node`]: the daemon side, [`ControlNode`] over the control socket.
+//! - [`cluster_view`]: a one-shot read for `espgate cluster status`
+//!   ([`ClusterView`], with a text rendering).
+
+mod agent;
+mod etcd;
+mod node;
+mod report;
+mod view;
+
+pub use agent::{Agent, PERIOD};
+pub use etcd::{eligible, plan_members, Keys};
+pub use node::{ControlNode, Node};
+pub use report::{NodeReport, SaReport};
+pub use view::{cluster_view, ClusterView};
