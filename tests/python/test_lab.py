@@ -49,9 +49,17 @@ def sections(report):
 def test_every_experiment_runs_quick_and_the_report_has_a_plot_and_seed_data_each(espgate, tmp_path):
     listing = subprocess.run([espgate, "lab", "list"], capture_output=True, text=True, timeout=30)
     assert listing.returncode == 0, listing.stderr
-    ids = [l.split()[0] for l in listing.stdout.splitlines()[1:] if re.match(r"^00[0-4]-", l)]
-    assert len(ids) == 31, listing.stdout
-    assert "001-parallel-crypto" in ids
+    rows = [l for l in listing.stdout.splitlines()[1:] if re.match(r"^00[0-4]-", l)]
+    assert len(rows) == 36, listing.stdout
+    # seed 003's cluster experiments wait for their rig: listed, never run
+    waiting = [l.split()[0] for l in rows if l.rstrip().endswith("no rig")]
+    assert waiting == ["003-fixed-size-scaling", "003-real-traffic-dispatch", "003-failover"], listing.stdout
+    ids = [l.split()[0] for l in rows if l.split()[0] not in waiting]
+    assert "001-parallel-crypto" in ids and "003-capacity-model" in ids
+    r = subprocess.run([espgate, "lab", "run", "003-failover", "--quick", "--out", str(tmp_path / "no")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "not built yet" in r.stderr, r.stderr
+    assert not (tmp_path / "no").exists()
 
     out = tmp_path / "lab"
     p = subprocess.Popen([espgate, "lab", "run", "all", "--quick", "--out", str(out)],
@@ -105,6 +113,8 @@ def test_every_experiment_runs_quick_and_the_report_has_a_plot_and_seed_data_eac
     assert "391.560" in secs["002-priority-congestion"]
     # a figure of the papers is printed beside ours: Table 3 of seed 004
     assert "345.69" in secs["004-esp-noop"] and "182.37" in secs["004-esp-noop"]
+    # Table 4-1 of seed 003 beside the capacity model's prediction
+    assert "480.1" in secs["003-capacity-model"] and "predicted" in secs["003-capacity-model"]
     # and the transform seed 001 used that espgate lacks is said so
     assert "not available" in html.unescape(secs["001-cipher-sweep-tcp"])
 

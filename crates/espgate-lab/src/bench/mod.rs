@@ -268,8 +268,9 @@ impl Samples {
 
 /// Runs `chunk` (which processes `n` packets and returns `n`) until `time`
 /// has passed, after a short warm-up; returns ns per packet. Only the
-/// chunks are timed, not what runs between them.
-fn measure(time: Duration, mut chunk: impl FnMut() -> Result<usize>) -> Result<f64> {
+/// chunks are timed, not what runs between them. (Also the lab's timer
+/// for seed 003's per-packet costs.)
+pub fn measure(time: Duration, mut chunk: impl FnMut() -> Result<usize>) -> Result<f64> {
     let warm = Instant::now();
     while warm.elapsed() < time / 10 {
         chunk()?;
@@ -304,6 +305,18 @@ fn sa(suite: Suite, window: u32) -> Result<Sa> {
 }
 
 fn sa_of(protocol: Protocol, suite: Suite, window: u32) -> Result<Sa> {
+    sa_with(protocol, suite, window, |_| {})
+}
+
+/// The bench's SA (fixed keys, tunnel 192.0.2.1 → 192.0.2.2, ESN,
+/// legacy suites allowed in memory) with `tweak` applied to its
+/// configuration first (seed 003's lab sets the cluster IV source).
+pub fn sa_with(
+    protocol: Protocol,
+    suite: Suite,
+    window: u32,
+    tweak: impl FnOnce(&mut SaConfig),
+) -> Result<Sa> {
     let mut c = SaConfig::new(
         0x1000,
         protocol,
@@ -320,6 +333,7 @@ fn sa_of(protocol: Protocol, suite: Suite, window: u32) -> Result<Sa> {
     // DES, MD5) are allowed here, as `allow_insecure` allows them in a
     // configuration.
     c.allow_insecure = true;
+    tweak(&mut c);
     Sa::new(c, Duration::ZERO).map_err(|e| anyhow!("{suite}: {e}"))
 }
 

@@ -1,7 +1,7 @@
 //! The catalogue: every experiment `espgate lab` knows, with how to run it
 //! and how to judge it. The experiments themselves live in one module per
 //! paper ([`super::p000`], [`super::p001`], [`super::p002`],
-//! [`super::p004`]); this module
+//! [`super::p003`], [`super::p004`]); this module
 //! holds what they share: the sweep over namespaces and the helpers that
 //! turn points into findings.
 
@@ -30,9 +30,16 @@ pub fn all() -> &'static [Entry] {
         let mut v = super::p000::entries();
         v.extend(super::p001::entries());
         v.extend(super::p002::entries());
+        v.extend(super::p003::entries());
         v.extend(super::p004::entries());
         v
     })
+}
+
+/// Why experiment `id` cannot run on this espgate yet (a rig not built),
+/// if it cannot: `lab list` marks it, `lab run` refuses it.
+pub fn pending(id: &str) -> Option<&'static str> {
+    super::p003::pending(id)
 }
 
 /// The experiments only, for the report.
@@ -220,7 +227,7 @@ mod tests {
     }
 
     #[test]
-    fn every_catalogue_id_of_000_001_002_004_is_listed_once_with_its_seed_tables() {
+    fn every_catalogue_id_is_listed_once_with_its_seed_tables() {
         let ids: Vec<&str> = all().iter().map(|e| e.exp.id).collect();
         for want in [
             "000-link10-ip-vs-ipsec",
@@ -247,6 +254,11 @@ mod tests {
             "002-analytic-overhead",
             "002-throughput-esp-vs-qesp",
             "002-priority-congestion",
+            "003-design-comparisons",
+            "003-capacity-model",
+            "003-fixed-size-scaling",
+            "003-real-traffic-dispatch",
+            "003-failover",
             "004-ike-timing",
             "004-ike-psk-vs-sig",
             "004-ike-aggressive",
@@ -257,7 +269,20 @@ mod tests {
         ] {
             assert_eq!(ids.iter().filter(|i| **i == want).count(), 1, "{want}");
         }
-        assert_eq!(ids.len(), 31);
+        assert_eq!(ids.len(), 36);
+        let waiting: Vec<&str> = ids
+            .iter()
+            .copied()
+            .filter(|i| pending(i).is_some())
+            .collect();
+        assert_eq!(
+            waiting,
+            [
+                "003-fixed-size-scaling",
+                "003-real-traffic-dispatch",
+                "003-failover"
+            ]
+        );
         for e in all() {
             assert!(!e.exp.plots.is_empty(), "{}: no plot", e.exp.id);
             assert!(!e.exp.question.is_empty() && !e.exp.our_setup.is_empty());

@@ -7,7 +7,7 @@
 //! - [`seeds`]: the numbers the papers print, with their sources;
 //! - [`report`]: `report.html` (plots inline) and `report.md`;
 //! - [`catalog`]: every experiment, one module per paper ([`p000`],
-//!   [`p001`], [`p002`], [`p004`]);
+//!   [`p001`], [`p002`], [`p003`], [`p004`]);
 //! - [`probe`]: a constant-rate UDP stream with one-way latency;
 //! - [`rig`]: the namespace topology with the papers' knobs;
 //! - [`run`]: the repetition loop, progress, Ctrl-C, `results.json`.
@@ -19,6 +19,7 @@ pub mod model;
 pub mod p000;
 pub mod p001;
 pub mod p002;
+pub mod p003;
 pub mod p004;
 pub mod probe;
 pub mod report;
