@@ -199,7 +199,14 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
             .udp_port(g.listen.port())
             .qesp(g.qesp_protocol),
         leases: Some(leases.clone()),
-        cluster: None,
+        cluster: cfg
+            .cluster
+            .as_ref()
+            .map(|c| espgate_core::gateway::ClusterOptions {
+                node: c.node,
+                dispatch: c.dispatch,
+                hold: c.hold,
+            }),
     };
     let engines =
         Engine::for_workers(&specs, &opts, Duration::ZERO, n).map_err(anyhow::Error::msg)?;
@@ -286,6 +293,7 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
         fwmark: g.fwmark,
         state_dir: leases.dir().display().to_string(),
         offloads,
+        cluster: cfg.cluster.as_ref().map(|c| c.name.clone()),
     };
     let clock = ClockKind::best();
     let cells: Vec<Arc<CostCells>> = (0..n).map(|_| Arc::new(CostCells::new(clock))).collect();

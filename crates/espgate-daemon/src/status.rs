@@ -31,6 +31,8 @@ pub struct Info {
     pub state_dir: String,
     /// Offloads in use.
     pub offloads: Vec<String>,
+    /// `[cluster]`'s name, on a cluster node.
+    pub cluster: Option<String>,
 }
 
 /// What `espgate status` shows of a connection.

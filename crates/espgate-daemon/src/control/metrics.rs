@@ -633,7 +633,92 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
             ),
         )?;
     }
+    if let Some(c) = &s.cluster {
+        encode_cluster(c, enc)?;
+    }
     Ok(())
+}
+
+/// Seed 003's cluster node: its plan, state and per-SA share.
+fn encode_cluster(
+    c: &espgate_api::cluster::ClusterStatus,
+    enc: &mut DescriptorEncoder<'_>,
+) -> fmt::Result {
+    use Samples::{Counter, Gauge};
+    let node = || vec![("node", c.node.to_string())];
+    family(
+        enc,
+        "espgate_cluster_plan_epoch",
+        "Epoch of the cluster's dispatch plan in force on this node (0: none yet).",
+        Gauge(vec![(
+            node(),
+            gauge(c.plan.as_ref().map_or(0, |p| p.epoch)),
+        )]),
+    )?;
+    family(
+        enc,
+        "espgate_cluster_plan_members",
+        "Nodes in the dispatch plan in force.",
+        Gauge(vec![(
+            node(),
+            gauge(c.plan.as_ref().map_or(0, |p| p.members.len() as u64)),
+        )]),
+    )?;
+    family(
+        enc,
+        "espgate_cluster_plan_age_seconds",
+        "Seconds since the cluster agent last confirmed the plan (past the hold, the node stops \
+         processing).",
+        Gauge(vec![(node(), gauge(c.plan_age_ms.unwrap_or(0) / 1000))]),
+    )?;
+    family(
+        enc,
+        "espgate_cluster_in_step",
+        "1 when every outbound SA's sequence numbers agree with the other nodes'.",
+        Gauge(vec![(node(), i64::from(c.in_step))]),
+    )?;
+    family(
+        enc,
+        "espgate_cluster_processing",
+        "1 when this node holds a valid plan that names it, and is in step.",
+        Gauge(vec![(node(), i64::from(c.state == "processing"))]),
+    )?;
+    let per_sa = |f: &dyn Fn(&espgate_api::cluster::ClusterSa) -> u64| {
+        c.sas
+            .iter()
+            .map(|sa| {
+                (
+                    vec![
+                        ("connection", sa.conn.clone()),
+                        (
+                            "direction",
+                            if sa.outbound { "out" } else { "in" }.to_string(),
+                        ),
+                        ("spi", format!("{:#010x}", sa.spi)),
+                    ],
+                    f(sa),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    family(
+        enc,
+        "espgate_cluster_sa_processed_packets",
+        "Packets of the SA this node processed (encrypted or decrypted).",
+        Counter(per_sa(&|sa| sa.processed)),
+    )?;
+    family(
+        enc,
+        "espgate_cluster_sa_observed_packets",
+        "Packets of the SA this node only counted: state advanced, another node processed them.",
+        Counter(per_sa(&|sa| sa.observed)),
+    )?;
+    family(
+        enc,
+        "espgate_cluster_sa_resyncs",
+        "Times this node moved an outbound SA's sequence number to the other nodes'.",
+        Counter(per_sa(&|sa| sa.resyncs)),
+    )
 }
 
 /// Parses OpenMetrics text back into `name{labels}` → value, checking the

@@ -10,6 +10,7 @@
 //! `wireshark-keys` lock the engines, briefly.
 
 mod accept;
+mod cluster;
 pub mod ike;
 mod metrics;
 mod server;
@@ -49,6 +50,11 @@ pub struct Control {
     ike_kick: Notify,
     /// A worker stopped on an error: the daemon stops.
     pub worker_failed: Notify,
+    /// `[cluster]`'s name, on a cluster node.
+    cluster_name: Option<String>,
+    /// The engine's cluster report as of the last `cluster` request, and
+    /// when it was taken.
+    cluster_report: Mutex<Option<(espgate_core::gateway::ClusterReport, Duration)>>,
 }
 
 impl std::fmt::Debug for Control {
@@ -79,7 +85,13 @@ impl Control {
             .first()
             .map(|e| e.connections().map(ConnInfo::of).collect())
             .unwrap_or_default();
+        let cluster_report = engines
+            .first()
+            .and_then(|e| e.cluster_report(start.elapsed()))
+            .map(|r| (r, start.elapsed()));
         Control {
+            cluster_name: info.cluster.clone(),
+            cluster_report: Mutex::new(cluster_report),
             engines: engines.into_iter().map(Mutex::new).collect(),
             stats,
             conns,
@@ -101,7 +113,9 @@ impl Control {
         let now = self.now();
         let costs = self.costs_report();
         let ike = self.ike.as_ref().map(|i| locked(i).doc(now));
-        status::document(&self.info, &self.conns, &self.stats, now, costs, ike)
+        let mut s = status::document(&self.info, &self.conns, &self.stats, now, costs, ike);
+        s.cluster = self.cluster_status(now);
+        s
     }
 
     fn costs_report(&self) -> Option<CostsReport> {
@@ -152,9 +166,7 @@ impl Control {
             Request::Costs { action } => self.costs_command(action),
             Request::Initiate { conn } => self.ike_command(|i, now| i.initiate(now, &conn)),
             Request::Terminate { conn } => self.ike_command(|i, now| i.terminate(now, &conn)),
-            Request::Cluster(_) => {
-                Response::error("this gateway is not a cluster node (no [cluster] table)")
-            }
+            Request::Cluster(u) => self.cluster_update(u),
         }
     }
 

@@ -24,6 +24,7 @@ fn info() -> Info {
         fwmark: None,
         state_dir: "/nonexistent".into(),
         offloads: Vec::new(),
+        cluster: None,
     }
 }
 
@@ -418,13 +419,18 @@ mod socket {
             let _silent: Vec<UnixStream> =
                 (0..3).map(|_| UnixStream::connect(&p).unwrap()).collect();
             let mut s = UnixStream::connect(&p).unwrap();
-            s.write_all(&[b'x'; 5000]).unwrap();
+            s.write_all(&vec![b'x'; espgate_api::control::MAX_REQUEST + 1000])
+                .unwrap();
             let mut long = String::new();
             s.read_to_string(&mut long).unwrap();
             let ok = Client::new(&p, Duration::from_secs(5)).status().is_ok();
             (long, ok)
         });
-        assert!(long.contains("request longer than 4096 bytes"), "{long}");
+        let want = format!(
+            "request longer than {} bytes",
+            espgate_api::control::MAX_REQUEST
+        );
+        assert!(long.contains(&want), "{long}");
         assert!(ok);
     }
 

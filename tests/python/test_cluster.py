@@ -1,0 +1,262 @@
+"""Seed 003's flat cluster, end to end in namespaces: three espgate nodes
+share one outside and one inside address on two segments where every
+frame is flooded to every node (Linux bridges with learning off), against
+one ordinary espgate peer. Here the test itself plays the cluster agent:
+it sends each node the plan over the control socket, so that what is
+checked is the data plane (etcd and the agent have their own tests)."""
+
+import json
+import socket
+import subprocess
+import time
+
+import pytest
+
+from test_gateway import Daemon, keyhex, lab, run  # noqa: F401 (lab is a fixture)
+
+OUT_MAC, IN_MAC = "02:e5:9a:00:00:01", "02:e5:9a:00:00:02"
+
+
+def control(sock, req):
+    """One request on a daemon's control socket; returns the answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(str(sock))
+        s.sendall((json.dumps(req) + "\n").encode())
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return json.loads(data)
+
+
+class Cluster:
+    """Namespaces: sw (two flooding bridges), peer (ordinary gateway B),
+    host (the inside host 10.1.0.5) and nodes n1..nN."""
+
+    def __init__(self, lab, n=3, dispatch="packet-rr"):
+        self.lab, self.n = lab, n
+        self.sw = lab.netns("sw")
+        for br in ("swout", "swin"):
+            run("ip", "-n", self.sw, "link", "add", br, "type", "bridge")
+            run("ip", "-n", self.sw, "link", "set", br, "type", "bridge", "ageing_time", "0")
+            run("ip", "-n", self.sw, "link", "set", br, "up")
+        self.peer = lab.netns("pe")
+        self.host = lab.netns("ho")
+        self._port(self.peer, "eth0", "swout", "192.168.50.2/24")
+        self._port(self.host, "eth0", "swin", "10.1.0.5/24")
+        run("ip", "-n", self.host, "route", "add", "default", "via", "10.1.0.1")
+        self.nodes = [lab.netns(f"n{i}") for i in range(1, n + 1)]
+        for ns in self.nodes:
+            self._port(ns, "out0", "swout", "192.168.50.1/24", OUT_MAC)
+            self._port(ns, "in0", "swin", "10.1.0.1/24", IN_MAC)
+            for k in ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0",
+                      "net.ipv4.conf.default.rp_filter=0", "net.ipv4.conf.all.send_redirects=0"):
+                run("ip", "netns", "exec", ns, "sysctl", "-qw", k)
+        keys = {k: keyhex(16) for k in ("ab", "ba")}
+        salts = {k: keyhex(4) for k in ("ab", "ba")}
+        self.daemons = []
+        for i, ns in enumerate(self.nodes, 1):
+            d = lab.tmp / f"n{i}"
+            d.mkdir()
+            text = f"""[gateway]
+tun = "tunc"
+listen = "0.0.0.0:4500"
+control_socket = "ctl.sock"
+state_dir = "state"
+log = "debug"
+
+[cluster]
+name = "t"
+node = {i}
+etcd = ["http://127.0.0.1:1"]
+dispatch = "{dispatch}"
+inside = "in0"
+outside = "out0"
+hold = "5s"
+
+[[connection]]
+name = "to-b"
+local = "192.168.50.1"
+remote = "192.168.50.2"
+local_ts = ["10.1.0.0/24"]
+remote_ts = ["10.2.0.0/24"]
+
+[connection.esp]
+suite = "aes128gcm16"
+spi_in = 0x1001
+spi_out = 0x1002
+enc_in = "{keys['ba']}{salts['ba']}"
+enc_out = "{keys['ab']}{salts['ab']}"
+"""
+            (d / "gw.toml").write_text(text)
+            (d / "gw.toml").chmod(0o600)
+            self.daemons.append(Daemon(lab, ns, d / "gw.toml", d / "ctl.sock", d / "log"))
+        d = lab.tmp / "peer"
+        d.mkdir()
+        (d / "gw.toml").write_text(f"""[gateway]
+tun = "tunb"
+tun_address = ["10.2.0.1/24"]
+listen = "0.0.0.0:4500"
+control_socket = "ctl.sock"
+state_dir = "state"
+log = "debug"
+
+[[connection]]
+name = "to-cluster"
+local = "192.168.50.2"
+remote = "192.168.50.1"
+local_ts = ["10.2.0.0/24"]
+remote_ts = ["10.1.0.0/24"]
+
+[connection.esp]
+suite = "aes128gcm16"
+spi_in = 0x1002
+spi_out = 0x1001
+enc_in = "{keys['ab']}{salts['ab']}"
+enc_out = "{keys['ba']}{salts['ba']}"
+""")
+        (d / "gw.toml").chmod(0o600)
+        self.b = Daemon(lab, self.peer, d / "gw.toml", d / "ctl.sock", d / "log")
+
+    def _port(self, ns, dev, bridge, addr, mac=None):
+        """A veth from namespace `ns` (named `dev`) to `bridge` in sw, with
+        learning off on the bridge side: every frame is flooded."""
+        self.ports = getattr(self, "ports", 0) + 1
+        peer = f"p{self.ports}{dev}"[:15]
+        run("ip", "-n", ns, "link", "add", dev, "type", "veth", "peer", "name", peer, "netns", self.sw)
+        if mac:
+            run("ip", "-n", ns, "link", "set", dev, "address", mac)
+        run("ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{dev}.disable_ipv6=1")
+        run("ip", "-n", ns, "addr", "add", addr, "dev", dev)
+        run("ip", "-n", ns, "link", "set", dev, "up")
+        run("ip", "-n", self.sw, "link", "set", peer, "master", bridge)
+        run("ip", "-n", self.sw, "link", "set", peer, "type", "bridge_slave", "learning", "off")
+        run("ip", "-n", self.sw, "link", "set", peer, "up")
+
+    def start(self):
+        self.b.start()
+        for d in self.daemons:
+            d.start()
+
+    def plan(self, epoch, members, leader=1, checkpoints=True):
+        """Plays the agent: the plan, and each node the others' checkpoints."""
+        docs = [d.status()["cluster"] for d in self.daemons]
+        for i, d in enumerate(self.daemons, 1):
+            cps = []
+            if checkpoints:
+                for j, doc in enumerate(docs, 1):
+                    if j == i or j not in members:
+                        continue
+                    for sa in doc["sas"]:
+                        if sa["outbound"] and sa.get("checkpoint"):
+                            cps.append({"node": j, "spi": sa["spi"], "seq": sa["checkpoint"][0],
+                                        "digest": sa["checkpoint"][1]})
+            r = control(d.sock, {"cmd": "cluster", "plan": {"epoch": epoch, "members": members},
+                                 "leader": leader, "checkpoints": cps})
+            assert r["ok"], r
+
+
+def udp_stream(c, seconds, rate="5M", length=1000, reverse=False, port=5301):
+    iperf = run("sh", "-c", "command -v iperf3").stdout.strip()
+    server = subprocess.Popen(["ip", "netns", "exec", c.peer, iperf, "-s", "-1", "-B", "10.2.0.1", "-p", str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    c.lab.procs.append(server)
+    time.sleep(0.5)
+    args = ["ip", "netns", "exec", c.host, iperf, "-c", "10.2.0.1", "-B", "10.1.0.5", "-p", str(port), "-u",
+            "-b", rate, "-l", str(length), "-t", str(seconds), "-J"]
+    if reverse:
+        args.append("-R")
+    r = run(*args, timeout=seconds + 30, check=False)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+    return json.loads(r.stdout)["end"]["sum"]
+
+
+@pytest.mark.parametrize("dispatch", ["packet-rr", "packet-sqf", "session-rr", "session-sqf"])
+def test_three_nodes_carry_a_tunnel_as_one_gateway(lab, dispatch):
+    c = Cluster(lab, dispatch=dispatch)
+    c.start()
+    # No plan yet: nobody forwards, and says why.
+    st = c.daemons[0].status()["cluster"]
+    assert st["state"] == "waiting for a plan", st
+    c.plan(1, [1, 2, 3])
+    r = run("ip", "netns", "exec", c.host, "ping", "-c", "5", "-i", "0.2", "-W", "2", "10.2.0.1", check=False)
+    assert r.returncode == 0, r.stdout + "\n".join(d.log_text()[-3000:] for d in c.daemons)
+    # A steady UDP stream each way, the plan confirmed every second.
+    for reverse in (False, True):
+        stop = time.time() + 6
+        proc_end = {}
+
+        def confirm():
+            while time.time() < stop:
+                c.plan(1, [1, 2, 3])
+                time.sleep(1)
+
+        import threading
+        t = threading.Thread(target=confirm)
+        t.start()
+        try:
+            end = udp_stream(c, 4, reverse=reverse)
+        finally:
+            t.join()
+        proc_end[reverse] = end
+        assert end["packets"] > 2000, end
+        assert end["lost_packets"] == 0, (end, [d.status()["drops"] for d in c.daemons], c.b.status()["drops"])
+    docs = [d.status()["cluster"] for d in c.daemons]
+    for doc in docs:
+        assert doc["state"] == "processing" and doc["in_step"], doc
+    # Every node processed a share of each direction and observed the rest.
+    for direction in (True, False):
+        rows = [next(s for s in doc["sas"] if s["outbound"] == direction) for doc in docs]
+        seen = [r["processed"] + r["observed"] for r in rows]
+        assert max(seen) - min(seen) <= 2, (direction, rows)
+        assert all(r["processed"] > 0 for r in rows), (dispatch, direction, rows)
+        if dispatch.startswith("packet") or not direction:
+            # Packet schemes (and every scheme inbound) spread one stream.
+            assert all(r["processed"] > seen[0] / 6 for r in rows), (dispatch, direction, rows)
+    # The peer saw one gateway: no replay or ICV drop, no unknown SPI.
+    assert c.b.status()["drops"] == {}, c.b.status()["drops"]
+
+
+def test_a_node_that_missed_packets_resyncs_and_a_stale_plan_stops_the_node(lab):
+    c = Cluster(lab)
+    c.start()
+    c.plan(1, [1, 2, 3])
+    # Node 3 misses traffic: its outside and inside ports are cut for a while.
+    n3 = c.nodes[2]
+    run("ip", "-n", n3, "link", "set", "in0", "down")
+    run("ip", "netns", "exec", c.host, "ping", "-c", "20", "-i", "0.05", "-W", "1", "10.2.0.1", check=False)
+    run("ip", "-n", n3, "link", "set", "in0", "up")
+    run("ip", "-n", n3, "addr", "replace", "10.1.0.1/24", "dev", "in0")
+    # Node 3's next sequence number is behind; it says so nowhere yet.
+    nexts = [d.sas("out")[0]["next_seq"] for d in c.daemons]
+    assert nexts[2] < nexts[0] == nexts[1], nexts
+    # Traffic, then the checkpoints: node 3 is outvoted and moves.
+    run("ip", "netns", "exec", c.host, "ping", "-c", "300", "-i", "0.01", "-W", "1", "10.2.0.1", check=False)
+    # Status shows each node's checkpoint as of its last update (the agent
+    # runs every second): one round to publish them, one to compare.
+    c.plan(1, [1, 2, 3])
+    c.plan(1, [1, 2, 3])
+    docs = [d.status()["cluster"] for d in c.daemons]
+    sa3 = next(s for s in docs[2]["sas"] if s["outbound"])
+    assert sa3["resyncs"] == 1 and sa3["lockstep"] == "in-step", \
+        json.dumps([[s for s in d["sas"] if s["outbound"]] for d in docs])
+    assert "behind the other nodes" in c.daemons[2].log_text()
+    nexts = [d.sas("out")[0]["next_seq"] for d in c.daemons]
+    assert nexts[0] == nexts[1] == nexts[2], nexts
+    drops_before = c.b.status()["drops"]
+    r = run("ip", "netns", "exec", c.host, "ping", "-c", "30", "-i", "0.05", "-W", "1", "10.2.0.1", check=False)
+    assert r.returncode == 0 and " 0% packet loss" in r.stdout, r.stdout
+    assert c.b.status()["drops"] == drops_before
+    # No confirmation for longer than the 5 s hold: every node stops, says
+    # so, and counts what it did not forward.
+    time.sleep(5.5)
+    st = c.daemons[0].status()
+    assert st["cluster"]["state"].startswith("stopped"), st["cluster"]
+    r = run("ip", "netns", "exec", c.host, "ping", "-c", "3", "-i", "0.2", "-W", "1", "10.2.0.1", check=False)
+    assert r.returncode != 0
+    assert c.daemons[0].status()["drops"].get("cluster_no_plan", 0) >= 3
+    metrics_ok = c.daemons[0].status()["cluster"]["plan_age_ms"] >= 5000
+    assert metrics_ok
