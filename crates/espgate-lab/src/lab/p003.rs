@@ -231,34 +231,50 @@ pub fn entries() -> Vec<Entry> {
                         log_x: false,
                     },
                     PlotSpec {
-                        title: "512-byte frames, outbound: predicted μ(n) (node = 25 % of a vCPU) and Table 4-1",
+                        title: "ESP 3DES-MD5, outbound: predicted μ(n) (node = 25 % of a vCPU) and Table 4-1",
                         kind: PlotKind::Lines,
                         unit: "Mbit/s",
-                        series_prefix: "512 B out",
+                        series_prefix: "out μ ESP 3DES-MD5",
                         x_label: "nodes",
                         log_x: false,
                     },
                     PlotSpec {
-                        title: "1024-byte frames, outbound: predicted μ(n) (node = 25 % of a vCPU) and Table 4-1",
+                        title: "ESP DES-MD5, outbound: predicted μ(n) and Table 4-1",
                         kind: PlotKind::Lines,
                         unit: "Mbit/s",
-                        series_prefix: "1024 B out",
+                        series_prefix: "out μ ESP DES-MD5",
                         x_label: "nodes",
                         log_x: false,
                     },
                     PlotSpec {
-                        title: "1446-byte frames, outbound: predicted μ(n) (node = 25 % of a vCPU) and Table 4-1",
+                        title: "AH HMAC-MD5, outbound: predicted μ(n) and Table 4-1",
                         kind: PlotKind::Lines,
                         unit: "Mbit/s",
-                        series_prefix: "1446 B out",
+                        series_prefix: "out μ AH HMAC-MD5",
                         x_label: "nodes",
                         log_x: false,
                     },
                     PlotSpec {
-                        title: "1446-byte frames, inbound: predicted μ(n) (node = 25 % of a vCPU)",
+                        title: "ESP AES-128-GCM (today's suite), outbound: predicted μ(n)",
                         kind: PlotKind::Lines,
                         unit: "Mbit/s",
-                        series_prefix: "1446 B in",
+                        series_prefix: "out μ ESP AES-128-GCM",
+                        x_label: "nodes",
+                        log_x: false,
+                    },
+                    PlotSpec {
+                        title: "ESP 3DES-MD5, inbound: predicted μ(n)",
+                        kind: PlotKind::Lines,
+                        unit: "Mbit/s",
+                        series_prefix: "in μ ESP 3DES-MD5",
+                        x_label: "nodes",
+                        log_x: false,
+                    },
+                    PlotSpec {
+                        title: "ESP AES-128-GCM, inbound: predicted μ(n) (every node opens every packet)",
+                        kind: PlotKind::Lines,
+                        unit: "Mbit/s",
+                        series_prefix: "in μ ESP AES-128-GCM",
                         x_label: "nodes",
                         log_x: false,
                     },
@@ -584,8 +600,8 @@ fn run_model(ctx: &mut Ctx) -> Result<()> {
          packets takes a fresh receiving SA, its set-up inside the timing",
     );
     ctx.setup(
-        "series starting 'paper' are seed 003's Table 4-1 as printed, copied into the results \
-         so the plots can draw them beside the model: they are not measured",
+        "series ending 'paper (Table 4-1)' are seed 003's Table 4-1 as printed, copied into \
+         the results so the plots can draw them beside the model: they are not measured",
     );
     let none = BTreeMap::new();
     let time = Duration::from_secs_f64(secs);
@@ -626,7 +642,7 @@ fn run_model(ctx: &mut Ctx) -> Result<()> {
             let out = mu_mbps(n, p, s, r_out.max(0.0), *q_out);
             let inb = mu_mbps(n, p, s, r_in.max(0.0), *q_in);
             ctx.record(
-                &format!("{frame} B out · {label} predicted"),
+                &format!("out μ {label}, {frame} B, predicted"),
                 x,
                 None,
                 "Mbit/s",
@@ -634,7 +650,7 @@ fn run_model(ctx: &mut Ctx) -> Result<()> {
                 none.clone(),
             )?;
             ctx.record(
-                &format!("{frame} B in · {label} predicted"),
+                &format!("in μ {label}, {frame} B, predicted"),
                 x,
                 None,
                 "Mbit/s",
@@ -648,7 +664,7 @@ fn run_model(ctx: &mut Ctx) -> Result<()> {
             for row in 0..t.rows.len() {
                 if let (Some(nodes), Some(v)) = (t.num(row, "nodes"), t.num(row, col)) {
                     ctx.record(
-                        &format!("{frame} B out · paper {label} (Table 4-1)"),
+                        &format!("out μ {label}, {frame} B, paper (Table 4-1)"),
                         nodes,
                         None,
                         "Mbit/s",
@@ -1190,12 +1206,14 @@ mod tests {
         let model = &all[1].exp;
         assert!(model.seed_tables.contains(&"003-model"));
         assert!(model.seed_tables.contains(&"003-table-4-1"));
-        // Each prediction plot has a size of Table 4-1 (with its paper
-        // series drawn on the same axes).
-        for f in FRAMES {
-            let prefix = format!("{f} B out");
-            assert!(model.plots.iter().any(|p| p.series_prefix == prefix));
-            assert!(TABLE_4_1.iter().any(|(_, tf, _)| *tf == f));
+        // Each suite of Table 4-1 has a prediction plot whose prefix also
+        // takes the paper's series (drawn on the same axes).
+        for (_, f, label) in TABLE_4_1 {
+            let predicted = format!("out μ {label}, {f} B, predicted");
+            let paper = format!("out μ {label}, {f} B, paper (Table 4-1)");
+            assert!(model.plots.iter().any(|p| p.unit == "Mbit/s"
+                && predicted.starts_with(p.series_prefix)
+                && paper.starts_with(p.series_prefix)));
         }
         // Table 4-1's columns are those of the seed data.
         let t = Seeds::get().table("003-table-4-1").unwrap();
