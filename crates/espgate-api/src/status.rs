@@ -400,6 +400,9 @@ pub fn render_status(s: &Status) -> String {
     if let Some(ike) = &s.ike {
         render_ike(&mut out, ike);
     }
+    if let Some(c) = &s.cluster {
+        render_cluster(&mut out, c);
+    }
     let _ = writeln!(out, "\ndrops: {}", counts(&s.drops).replace(',', ", "));
     let _ = writeln!(out, "counters: {}", counts(&s.counters).replace(',', ", "));
     if let Some(c) = &s.costs {
@@ -410,6 +413,55 @@ pub fn render_status(s: &Status) -> String {
         );
     }
     out
+}
+
+fn render_cluster(out: &mut String, c: &crate::cluster::ClusterStatus) {
+    let plan = match &c.plan {
+        Some(p) => format!("plan {} {:?}", p.epoch, p.members),
+        None => "no plan".into(),
+    };
+    let age = c
+        .plan_age_ms
+        .map(|a| format!(", confirmed {:.1} s ago", a as f64 / 1000.0))
+        .unwrap_or_default();
+    let leader = c
+        .leader
+        .map(|l| format!(", leader {l}"))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "\ncluster \"{}\": node {} ({}), {}; {plan}{leader}{age}; {}",
+        c.name,
+        c.node,
+        c.dispatch,
+        c.state,
+        if c.in_step { "in step" } else { "NOT in step" }
+    );
+    for sa in &c.sas {
+        let seen = sa.processed + sa.observed;
+        let lock = match sa.lockstep {
+            Some(l) => format!(
+                ", {}",
+                serde_json::to_string(&l)
+                    .unwrap_or_default()
+                    .trim_matches('"')
+            ),
+            None => String::new(),
+        };
+        let resyncs = if sa.resyncs > 0 {
+            format!(", {} resyncs", sa.resyncs)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "  {} {} {:#010x}: processed {} of {seen} seen{lock}{resyncs}",
+            sa.conn,
+            if sa.outbound { "out" } else { "in " },
+            sa.spi,
+            sa.processed
+        );
+    }
 }
 
 /// The text of `espgate sa list`.
