@@ -138,7 +138,13 @@ impl Dispatcher {
             plan,
             backlog: vec![0; n],
             carry: 0,
-            sessions: HashMap::new(),
+            // Room for the usual number of flows up front, so that the
+            // packet path seldom grows the table (a session scheme only).
+            sessions: if matches!(scheme, Dispatch::SessionRr | Dispatch::SessionSqf) {
+                HashMap::with_capacity(4096)
+            } else {
+                HashMap::new()
+            },
             new_sessions: 0,
             seen: 0,
         }

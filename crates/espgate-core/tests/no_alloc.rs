@@ -13,15 +13,14 @@ use espgate_core::{DropReason, PacketBuf};
 use espgate_testkit::{from_a, opts, side, udp4, Shape};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 struct Counting;
 
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
 thread_local! {
     static ON: Cell<bool> = const { Cell::new(false) };
+    // Per thread: tests run in parallel and must not count each other's.
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
 }
 
 // SAFETY: every call is forwarded to the system allocator unchanged; the
@@ -29,7 +28,7 @@ thread_local! {
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         if ON.with(Cell::get) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
+            ALLOCS.with(|a| a.set(a.get() + 1));
         }
         // SAFETY: forwarded as is.
         unsafe { System.alloc(l) }
@@ -40,7 +39,7 @@ unsafe impl GlobalAlloc for Counting {
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         if ON.with(Cell::get) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
+            ALLOCS.with(|a| a.set(a.get() + 1));
         }
         // SAFETY: forwarded as is.
         unsafe { System.realloc(p, l, n) }
@@ -52,11 +51,11 @@ static GLOBAL: Counting = Counting;
 
 /// Allocations `f` makes on this thread.
 fn allocations(f: impl FnOnce()) -> u64 {
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = ALLOCS.with(Cell::get);
     ON.with(|c| c.set(true));
     f();
     ON.with(|c| c.set(false));
-    ALLOCS.load(Ordering::Relaxed) - before
+    ALLOCS.with(Cell::get) - before
 }
 
 const T: Duration = Duration::from_secs(1);
@@ -189,4 +188,76 @@ fn packet_paths_allocate_nothing_even_when_they_drop() {
     buf.load(&unknown_spi);
     let d = b.inbound(&mut buf, T, from_a()).unwrap_err();
     assert!(allocations(|| drop(b.describe(&d).to_string())) > 0);
+}
+
+#[test]
+fn cluster_paths_allocate_nothing_observed_processed_or_refused() {
+    use espgate_core::cluster::{Dispatch, Plan};
+    use espgate_core::gateway::{ClusterOptions, EngineOptions, Received};
+    let esp = Shape::new(Layers::Esp, true);
+    for dispatch in [
+        Dispatch::PacketRr,
+        Dispatch::PacketSqf,
+        Dispatch::SessionRr,
+        Dispatch::SessionSqf,
+    ] {
+        let o = EngineOptions {
+            cluster: Some(ClusterOptions {
+                node: 1,
+                dispatch,
+                hold: Duration::from_secs(10),
+            }),
+            ..opts()
+        };
+        let mut a = Engine::new(&[side(true, esp)], &o, T).unwrap();
+        a.cluster_plan(Plan::new(1, [1, 2, 3]), Some(1), T);
+        let mut peer = engine(false, esp);
+        // The peer's packets to the cluster, made before counting.
+        let mut buf = PacketBuf::with_capacity(2000);
+        let inbound: Vec<Vec<u8>> = (0..200)
+            .map(|_| {
+                buf.load(&udp4("10.2.0.9", "10.1.0.5", 100));
+                peer.outbound(&mut buf, T).unwrap();
+                buf.as_slice().to_vec()
+            })
+            .collect();
+        // One flow per packet (the source port), so that the session
+        // schemes spread them too.
+        let clear: Vec<Vec<u8>> = (0..200u16)
+            .map(|k| {
+                let mut p = udp4("10.1.0.5", "10.2.0.9", 100);
+                p[20..22].copy_from_slice(&(1000 + k).to_be_bytes());
+                p
+            })
+            .collect();
+        let late = T + Duration::from_secs(60);
+        let (mut sent, mut observed) = (0, 0);
+        let n = allocations(|| {
+            for (k, pkt) in inbound.iter().enumerate() {
+                buf.load(&clear[k]);
+                match a.outbound(&mut buf, T) {
+                    Ok(Some(_)) => sent += 1,
+                    Ok(None) => observed += 1,
+                    Err(d) => panic!("{d:?}"),
+                }
+                buf.load(pkt);
+                let r = a.inbound(&mut buf, if k < 150 { T } else { late }, from_a());
+                match (k < 150, r) {
+                    (true, Ok(Received::Packet | Received::Observed)) => {}
+                    (false, Err(d)) => assert_eq!(d.reason, DropReason::ClusterNoPlan),
+                    (_, r) => panic!("packet {k}: {r:?}"),
+                }
+                buf.load(&clear[k]);
+                assert_eq!(
+                    a.outbound(&mut buf, late).unwrap_err().reason,
+                    DropReason::ClusterNoPlan
+                );
+            }
+        });
+        assert_eq!(n, 0, "{dispatch:?}: allocations on the cluster paths");
+        assert!(
+            sent > 0 && observed > 0,
+            "{dispatch:?}: {sent} sent, {observed} observed"
+        );
+    }
 }

@@ -152,10 +152,9 @@ impl ClusterNode {
         if self.sas.len() <= i {
             self.sas.resize_with(i + 1, || None);
         }
-        let plan = self.plan.clone();
-        let scheme = self.opts.dispatch;
+        let (plan, scheme) = (&self.plan, self.opts.dispatch);
         self.sas[i].get_or_insert_with(|| SaCluster {
-            disp: Dispatcher::new(scheme, plan),
+            disp: Dispatcher::new(scheme, plan.clone()),
             lockstep: outbound.then(Lockstep::new),
             state: LockState::Unknown,
             resyncs: 0,
@@ -251,6 +250,12 @@ impl Engine {
                 s.disp.set_plan(plan.clone());
             }
             c.plan = plan;
+        }
+        // Every SA's dispatcher and history made now, off the packet path.
+        for (i, m) in self.meta.iter().enumerate() {
+            if let Some(m) = m {
+                c.sa(SaId(i as u32), m.outbound);
+            }
         }
         c.leader = leader;
         c.valid_until = Some(now + c.opts.hold);
