@@ -28,6 +28,8 @@ command -v pki >/dev/null 2>&1 || need_apt+=(strongswan-pki)
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 [ -x /usr/bin/etcd ] || need_apt+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || need_apt+=(etcd-client)
+# openssl makes the certificates of the agent's etcd-over-TLS test.
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: installing ${need_apt[*]}"
     export DEBIAN_FRONTEND=noninteractive

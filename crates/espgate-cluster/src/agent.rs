@@ -471,13 +471,7 @@ impl State {
         };
         let result = tokio::time::timeout(CYCLE_TIMEOUT, self.etcd_cycle(&report))
             .await
-            .unwrap_or_else(|_| {
-                Err(anyhow!(
-                    "etcd at {} did not answer within {}s",
-                    self.endpoints.list(),
-                    CYCLE_TIMEOUT.as_secs()
-                ))
-            });
+            .unwrap_or_else(|_| Err(anyhow!("no answer within {}s", CYCLE_TIMEOUT.as_secs())));
         match result {
             Ok(update) => {
                 self.failures = 0;
@@ -508,16 +502,21 @@ impl State {
         match self.etcd_down {
             None => {
                 tracing::warn!(
-                    "cluster {}: {e:#}; node {} sends its daemon no cluster updates until etcd \
-                     answers (the daemon keeps forwarding on its last plan for hold = {}s, \
-                     then stops processing)",
+                    "cluster {}: etcd at {}: {e:#}; node {} sends its daemon no cluster updates \
+                     until etcd answers (the daemon keeps forwarding on its last plan for \
+                     hold = {}s, then stops processing)",
                     self.cfg.name,
+                    self.endpoints.list(),
                     self.cfg.node,
                     self.cfg.hold.as_secs()
                 );
                 self.etcd_down = Some(Instant::now());
             }
-            Some(_) => tracing::debug!("cluster {}: still no etcd: {e:#}", self.cfg.name),
+            Some(_) => tracing::debug!(
+                "cluster {}: etcd at {}: {e:#}",
+                self.cfg.name,
+                self.endpoints.list()
+            ),
         }
     }
 
@@ -542,8 +541,7 @@ impl State {
             let now = Instant::now();
             if now < self.next_connect {
                 return Err(anyhow!(
-                    "etcd at {} is unreachable; next attempt in {:.1}s",
-                    self.endpoints.list(),
+                    "unreachable; next attempt in {:.1}s",
                     (self.next_connect - now).as_secs_f64()
                 ));
             }

@@ -115,7 +115,7 @@ impl Endpoints {
     pub(crate) async fn connect(&self) -> Result<Client> {
         Client::connect(&self.urls, Some(self.options.clone()))
             .await
-            .map_err(|e| anyhow!("connecting to etcd at {}: {}", self.list(), describe(&e)))
+            .map_err(|e| anyhow!("connecting: {}", describe(&e)))
     }
 }
 
@@ -123,13 +123,12 @@ impl Endpoints {
 /// errors with their cause).
 pub(crate) fn describe(e: &etcd_client::Error) -> String {
     use std::error::Error as _;
-    let mut s = match e {
+    let (mut s, mut src) = match e {
         etcd_client::Error::GRpcStatus(st) => {
-            format!("{} ({:?})", st.message(), st.code())
+            (format!("{} ({:?})", st.message(), st.code()), st.source())
         }
-        other => other.to_string(),
+        other => (other.to_string(), other.source()),
     };
-    let mut src = e.source();
     while let Some(cause) = src {
         let c = cause.to_string();
         if !s.contains(&c) {

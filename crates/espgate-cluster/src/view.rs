@@ -44,9 +44,7 @@ pub fn cluster_view(cluster: &Cluster) -> Result<ClusterView> {
         .context("starting a runtime")?;
     let read = async {
         let mut client = endpoints.connect().await?;
-        etcd::snapshot(&mut client, &keys)
-            .await
-            .with_context(|| format!("etcd at {}", endpoints.list()))
+        etcd::snapshot(&mut client, &keys).await
     };
     let snap = rt
         .block_on(async { tokio::time::timeout(VIEW_TIMEOUT, read).await })
@@ -57,7 +55,8 @@ pub fn cluster_view(cluster: &Cluster) -> Result<ClusterView> {
                 endpoints.list(),
                 VIEW_TIMEOUT.as_secs()
             )
-        })??;
+        })?
+        .with_context(|| format!("etcd at {}", endpoints.list()))?;
     let mut problems: Vec<String> = snap
         .bad
         .into_iter()

@@ -25,6 +25,85 @@ struct Etcd {
     dir: PathBuf,
     client: u16,
     peer: u16,
+    /// Serves clients over TLS with these files (made by [`make_certs`]).
+    tls: Option<Certs>,
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, in
+/// PEM files.
+#[derive(Clone)]
+struct Certs {
+    ca: PathBuf,
+    server: (PathBuf, PathBuf),
+    client: (PathBuf, PathBuf),
+}
+
+/// Makes [`Certs`] in `dir` with openssl.
+fn make_certs(dir: &std::path::Path) -> Certs {
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("running openssl (scripts/setup.sh installs it)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend(["-keyout", "ca.key", "-out", "ca.pem", "-days", "1"]);
+    ca.extend(["-subj", "/CN=espgate test CA"]);
+    openssl(&ca);
+    for (name, usage) in [("server", "serverAuth"), ("client", "clientAuth")] {
+        let (key, csr, pem, ext) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+            format!("{name}.ext"),
+        );
+        std::fs::write(
+            dir.join(&ext),
+            format!("subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n"),
+        )
+        .expect("writing an extensions file");
+        let cn = format!("/CN={name}");
+        let mut req = vec!["req"];
+        req.extend(ec);
+        req.extend(["-keyout", &key, "-out", &csr, "-subj", &cn]);
+        openssl(&req);
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &pem,
+            "-days",
+            "1",
+            "-extfile",
+            &ext,
+        ]);
+    }
+    Certs {
+        ca: dir.join("ca.pem"),
+        server: (dir.join("server.pem"), dir.join("server.key")),
+        client: (dir.join("client.pem"), dir.join("client.key")),
+    }
 }
 
 fn free_port() -> u16 {
@@ -34,6 +113,15 @@ fn free_port() -> u16 {
 
 impl Etcd {
     fn start() -> Etcd {
+        Etcd::start_with(false)
+    }
+
+    /// etcd serving clients over TLS with client certificates.
+    fn start_tls() -> Etcd {
+        Etcd::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> Etcd {
         assert!(
             std::path::Path::new(ETCD).is_file(),
             "{ETCD} is missing: the cluster agent's tests need etcd (scripts/setup.sh \
@@ -47,18 +135,21 @@ impl Etcd {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("creating etcd's directory");
+        let tls = tls.then(|| make_certs(&dir));
         let mut e = Etcd {
             child: None,
             dir,
             client: free_port(),
             peer: free_port(),
+            tls,
         };
         e.run();
         e
     }
 
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client)
     }
 
     /// Starts etcd on this directory and these ports, and waits until it
@@ -70,7 +161,17 @@ impl Etcd {
             .open(self.dir.join("etcd.log"))
             .expect("etcd's log");
         let peer = format!("http://127.0.0.1:{}", self.peer);
-        let child = Command::new(ETCD)
+        let mut cmd = Command::new(ETCD);
+        if let Some(t) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&t.server.0)
+                .arg("--key-file")
+                .arg(&t.server.1)
+                .arg("--trusted-ca-file")
+                .arg(&t.ca)
+                .arg("--client-cert-auth");
+        }
+        let child = cmd
             .args(["--name", "t", "--data-dir"])
             .arg(self.dir.join("data"))
             .args(["--listen-client-urls", &self.url()])
@@ -107,11 +208,15 @@ impl Etcd {
         );
     }
 
-    /// `GET /health` says true.
+    /// `GET /health` says true (with TLS: the port takes connections;
+    /// the test then waits for an answer through the agent's client).
     fn healthy(&self) -> bool {
         let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.client)) else {
             return false;
         };
+        if self.tls.is_some() {
+            return true;
+        }
         let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
         let req = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
         if s.write_all(req.as_bytes()).is_err() {
@@ -267,9 +372,18 @@ fn wait_for_plan(c: &Cluster, members: &[u16], limit: Duration) -> ClusterView {
     }
 }
 
-/// Every fake's updates since `from[i]` agree on `plan` and `leader` (the
-/// latest one), and each carries the other live nodes' checkpoints only.
+/// No update any fake ever got carries its own checkpoints, and the
+/// latest one of each live node carries exactly the other live nodes'.
 fn check_updates(fakes: &[Arc<Fake>], live: &[u16]) {
+    for f in fakes {
+        for u in f.updates.lock().unwrap().iter() {
+            assert!(
+                u.checkpoints.iter().all(|c| c.node != f.id),
+                "node {} was sent its own checkpoint: {u:?}",
+                f.id
+            );
+        }
+    }
     for f in fakes.iter().filter(|f| live.contains(&f.id)) {
         let u = f.last().expect("an update");
         let mut from: Vec<u16> = u.checkpoints.iter().map(|c| c.node).collect();
@@ -420,6 +534,7 @@ fn no_updates_without_etcd_and_they_resume_when_it_is_back() {
     let after: Vec<usize> = fakes.iter().map(|f| f.count()).collect();
     assert_eq!(before, after, "updates were sent while etcd was down");
     let err = cluster_view(&c[0]).expect_err("etcd is down");
+    eprintln!("etcd down: {err:#}");
     assert!(
         format!("{err:#}").contains(&etcd.url()),
         "the error names the endpoint: {err:#}"
@@ -441,4 +556,37 @@ fn no_updates_without_etcd_and_they_resume_when_it_is_back() {
     assert_eq!(v.nodes.len(), 2, "{}", v.render());
     check_updates(&fakes, &[1, 2]);
     drop(agents);
+}
+
+#[test]
+fn tls_with_client_certificates() {
+    logs();
+    let etcd = Etcd::start_tls();
+    let certs = etcd.tls.clone().unwrap();
+    let mut c = cluster(&etcd, "tls", 1);
+    c.etcd_ca = Some(certs.ca.clone());
+    c.etcd_cert = Some(certs.client.0.clone());
+    c.etcd_key = Some(certs.client.1.clone());
+    let fake = Fake::new(1, true);
+    let agent = Agent::start_with(&c, fake.clone()).expect("starting an agent");
+    let v = wait_for_plan(&c, &[1], Duration::from_secs(10));
+    assert_eq!(v.leader, Some(1));
+    wait_for("an update over TLS", Duration::from_secs(5), || {
+        (fake.count() > 0).then_some(())
+    });
+    agent.stop();
+    // Without the CA the endpoints are refused at once, saying why.
+    let mut no_ca = c.clone();
+    no_ca.etcd_ca = None;
+    let err = cluster_view(&no_ca).expect_err("no CA");
+    eprintln!("without etcd_ca: {err:#}");
+    assert!(format!("{err:#}").contains("etcd_ca"), "{err:#}");
+    // Without a client certificate etcd refuses, and the error names the
+    // endpoint.
+    let mut no_cert = c.clone();
+    no_cert.etcd_cert = None;
+    no_cert.etcd_key = None;
+    let err = cluster_view(&no_cert).expect_err("no client certificate");
+    eprintln!("without a client certificate: {err:#}");
+    assert!(format!("{err:#}").contains(&etcd.url()), "{err:#}");
 }

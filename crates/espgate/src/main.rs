@@ -44,6 +44,11 @@ enum Cmd {
     /// rules, the control socket and the pid file are removed. Under
     /// systemd (Type=notify) it reports READY=1 once up. Not built yet:
     /// per-CPU child SAs negotiated by IKE (RFC 9611).
+    ///
+    /// With a [cluster] table, this process also runs the node's cluster
+    /// agent (etcd lease, report, election, plan) from the moment the
+    /// control socket listens until the gateway has stopped; see
+    /// --no-cluster-agent.
     Up {
         /// Configuration file (docs/CONFIG.md).
         #[arg(short, long, value_name = "FILE")]
@@ -66,11 +71,22 @@ enum Cmd {
         /// for the configuration file NAME.toml].
         #[arg(long, value_name = "PATH", requires = "daemon")]
         log_file: Option<PathBuf>,
+        /// With [cluster]: do not run the cluster agent in this process
+        /// (run `espgate cluster agent` separately, or tell the daemon the
+        /// plan some other way).
+        #[arg(long)]
+        no_cluster_agent: bool,
     },
     /// Check a configuration file without running anything.
     Config {
         #[command(subcommand)]
         cmd: ConfigCmd,
+    },
+    /// Seed 003's flat cluster (a [cluster] table): its state in etcd, or
+    /// the cluster agent on its own.
+    Cluster {
+        #[command(subcommand)]
+        cmd: ClusterCmd,
     },
     /// Show the running gateway: TUN, connections, SAs, counters, drops.
     Status {
@@ -184,6 +200,135 @@ enum Cmd {
         #[command(subcommand)]
         what: espgate_lab::lab::cli::LabCmd,
     },
+}
+
+#[derive(Subcommand)]
+enum ClusterCmd {
+    /// The cluster as etcd holds it: the leader, the plan (epoch and
+    /// members) and every live node's state, whether it is in step, and per
+    /// outbound SA the packets it processed and only observed.
+    Status {
+        /// Configuration file with the [cluster] table.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// The JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run this node's cluster agent in the foreground until SIGINT,
+    /// SIGTERM or SIGHUP.
+    ///
+    /// `espgate up` runs the agent itself when the configuration has
+    /// [cluster]; this runs it as a separate process instead, beside a
+    /// daemon started with `espgate up --no-cluster-agent`.
+    Agent {
+        /// Configuration file with the [cluster] table.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// More log output (-v debug, -vv trace); RUST_LOG overrides both
+        /// this and gateway.log.
+        #[arg(short, long, action = clap::ArgAction::Count)]
+        verbose: u8,
+    },
+}
+
+/// The configuration at `path` and its [cluster] table, or the exit code
+/// after saying why not.
+fn load_cluster(path: &Path) -> Result<(config::LoadedConfig, config::Cluster), ExitCode> {
+    let cfg = match config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            eprintln!("espgate: the configuration has errors");
+            return Err(ExitCode::from(2));
+        }
+    };
+    match cfg.cluster.clone() {
+        Some(c) => Ok((cfg, c)),
+        None => {
+            eprintln!(
+                "espgate: {} has no [cluster] table: this gateway is not a cluster node",
+                path.display()
+            );
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+/// `espgate cluster status`.
+fn run_cluster_status(path: &Path, json: bool) -> ExitCode {
+    let (_, cluster) = match load_cluster(path) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    match espgate_cluster::cluster_view(&cluster) {
+        Ok(v) if json => match serde_json::to_string_pretty(&v) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("espgate: encoding the cluster view: {e}");
+                ExitCode::from(1)
+            }
+        },
+        Ok(v) => {
+            print!("{}", v.render());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("espgate: cluster {}: {e:#}", cluster.name);
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `espgate cluster agent`: the agent until a stop signal.
+fn run_cluster_agent(path: &Path, verbose: u8) -> ExitCode {
+    use nix::sys::signal::{SigSet, Signal};
+    let (cfg, cluster) = match load_cluster(path) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    init_logging(cfg.gateway.log, verbose);
+    for w in &cfg.warnings {
+        tracing::warn!("{w}");
+    }
+    // Blocked before the agent's thread starts, so that it inherits the
+    // mask and the signals wait here for sigwait.
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(s);
+    }
+    if let Err(e) = set.thread_block() {
+        eprintln!("espgate: blocking SIGINT/SIGTERM/SIGHUP: {e}");
+        return ExitCode::from(1);
+    }
+    let agent = match espgate_cluster::Agent::start(&cluster, cfg.gateway.control_socket.clone()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("espgate: cluster {}: {e:#}", cluster.name);
+            return ExitCode::from(1);
+        }
+    };
+    tracing::info!(
+        "cluster {}: node {}'s agent runs beside the daemon on {}",
+        cluster.name,
+        cluster.node,
+        cfg.gateway.control_socket.display()
+    );
+    let code = match set.wait() {
+        Ok(sig) => {
+            tracing::info!("{sig}: leaving the cluster");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!("waiting for a signal: {e}; leaving the cluster");
+            ExitCode::from(1)
+        }
+    };
+    agent.stop();
+    code
 }
 
 #[derive(Subcommand)]
@@ -514,6 +659,7 @@ struct UpOpts {
     daemon: bool,
     pid_file: Option<PathBuf>,
     log_file: Option<PathBuf>,
+    no_cluster_agent: bool,
 }
 
 /// `path` made absolute (a daemon moves to `/`).
@@ -602,10 +748,24 @@ fn run_up(opts: UpOpts) -> ExitCode {
     }
     init_logging(cfg.gateway.log, opts.verbose);
     let mut pid_guard = None;
+    // With [cluster], this node's cluster agent runs in this process (the
+    // one that stays with --daemon) from the moment the control socket
+    // listens until the daemon has stopped.
+    let cluster = cfg
+        .cluster
+        .clone()
+        .filter(|_| !opts.no_cluster_agent)
+        .map(|c| (c, cfg.gateway.control_socket.clone()));
+    let mut agent = None;
     let result = {
         let mut on_ready = || -> Result<()> {
             if let Some(p) = &pid_file {
                 pid_guard = Some(PidFile::create(p)?);
+            }
+            if let Some((c, socket)) = &cluster {
+                // Started here, after the daemon blocked its stop signals,
+                // so the agent's threads leave them to the daemon's signalfd.
+                agent = Some(espgate_cluster::Agent::start(c, socket.clone())?);
             }
             match daemon::sd_notify(&format!("READY=1\nMAINPID={}", std::process::id())) {
                 Ok(_) => {}
@@ -618,6 +778,9 @@ fn run_up(opts: UpOpts) -> ExitCode {
         };
         espgate_daemon::run_with(cfg, &mut on_ready)
     };
+    if let Some(a) = agent.take() {
+        a.stop();
+    }
     // Removed last: once it is gone, everything else is undone.
     drop(pid_guard);
     match result {
@@ -931,16 +1094,22 @@ fn main() -> ExitCode {
             daemon,
             pid_file,
             log_file,
+            no_cluster_agent,
         } => Ok(run_up(UpOpts {
             config,
             verbose,
             daemon,
             pid_file,
             log_file,
+            no_cluster_agent,
         })),
         Cmd::Config {
             cmd: ConfigCmd::Check { config, json },
         } => Ok(run_config_check(&config, json)),
+        Cmd::Cluster { cmd } => Ok(match cmd {
+            ClusterCmd::Status { config, json } => run_cluster_status(&config, json),
+            ClusterCmd::Agent { config, verbose } => run_cluster_agent(&config, verbose),
+        }),
         Cmd::Status {
             ike_costs: true,
             target,
