@@ -59,6 +59,6 @@ mod view;
 
 pub use agent::{Agent, PERIOD};
 pub use etcd::{eligible, plan_members, Keys};
-pub use node::{ControlNode, Node};
-pub use report::{NodeReport, SaReport};
-pub use view::{cluster_view, ClusterView};
+pub use node::{ControlNode, Node, DAEMON_TIMEOUT};
+pub use report::{NodeReport, SaReport, DAEMON_UNREACHABLE, NOT_A_CLUSTER_NODE};
+pub use view::{cluster_view, ClusterView, VIEW_TIMEOUT};
