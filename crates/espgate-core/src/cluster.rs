@@ -296,10 +296,15 @@ pub fn flow_key(f: &crate::wire::flow::Flow) -> FlowKey {
     digest(&b)
 }
 
-/// Sequence numbers remembered per outbound SA for lockstep checks.
-pub const LOCKSTEP_RING: usize = 4096;
-/// A checkpoint every this many sequence numbers.
-pub const CHECKPOINT_EVERY: u64 = 256;
+/// Sampled packets remembered per outbound SA for lockstep checks.
+pub const LOCKSTEP_RING: usize = 16_384;
+/// Past the first [`EARLY`] numbers, one packet in this many is sampled
+/// (by its digest, so every node samples the same packets whatever
+/// numbers it gave them).
+pub const SAMPLE_ONE_IN: u64 = 64;
+/// Every packet below this sequence number is sampled (a new SA, or a
+/// quiet one, has comparable samples at once).
+pub const EARLY: u64 = 256;
 
 /// What a comparison with another node's checkpoint found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -309,20 +314,24 @@ pub enum Verdict {
     /// This node gave that packet another number: the sequence number
     /// must move by this much to agree.
     Off(i64),
-    /// The packet is not among the last [`LOCKSTEP_RING`] this node saw
-    /// (too old, not yet seen, or never seen): no conclusion.
+    /// The packet is not among this node's samples (too old, not yet
+    /// seen, or never seen): no conclusion.
     Unknown,
 }
 
 /// One outbound SA's recent history on this node: which inner packet got
-/// which sequence number. Every node of a flat cluster keeps one; they
-/// publish their latest checkpoint (a number and its packet's digest),
-/// and a node that finds the others' packet under another number knows
-/// by how much it is out of step — without any per-packet message.
+/// which sequence number, for a sample of the packets. Every node of a
+/// flat cluster keeps one; they publish their latest sample as a
+/// checkpoint (a number and its packet's digest), and a node that finds
+/// the others' packet under another number knows by how much it is out
+/// of step — without any per-packet message. The sample is chosen by the
+/// packet's digest, so every node samples the same packets; 16,384
+/// samples of one packet in 64 cover about 10 s at 100,000 packets/s.
 #[derive(Debug, Clone)]
 pub struct Lockstep {
-    /// By `seq % LOCKSTEP_RING`: (sequence number, digest).
+    /// (sequence number, digest), a ring in the order recorded.
     ring: Box<[(u64, u64)]>,
+    next: usize,
     checkpoint: Option<(u64, u64)>,
 }
 
@@ -337,29 +346,27 @@ impl Lockstep {
     pub fn new() -> Lockstep {
         Lockstep {
             ring: vec![(0, 0); LOCKSTEP_RING].into_boxed_slice(),
+            next: 0,
             checkpoint: None,
         }
     }
 
     /// Sequence number `seq` went to the packet with digest `d`.
     pub fn record(&mut self, seq: u64, d: u64) {
-        self.ring[(seq % LOCKSTEP_RING as u64) as usize] = (seq, d);
-        if seq.is_multiple_of(CHECKPOINT_EVERY) {
+        if seq < EARLY || d.is_multiple_of(SAMPLE_ONE_IN) {
+            self.ring[self.next] = (seq, d);
+            self.next = (self.next + 1) % LOCKSTEP_RING;
             self.checkpoint = Some((seq, d));
         }
     }
 
-    /// The latest checkpoint: (sequence number, digest).
+    /// The latest sample: (sequence number, digest).
     pub fn checkpoint(&self) -> Option<(u64, u64)> {
         self.checkpoint
     }
 
     /// Compares with another node's checkpoint `(seq, d)`.
     pub fn compare(&self, seq: u64, d: u64) -> Verdict {
-        let (s, mine) = self.ring[(seq % LOCKSTEP_RING as u64) as usize];
-        if s == seq && s != 0 && mine == d {
-            return Verdict::InStep;
-        }
         // Where did this node put that packet? The latest match wins.
         let mut best: Option<u64> = None;
         for &(s, x) in self.ring.iter() {
@@ -368,6 +375,7 @@ impl Lockstep {
             }
         }
         match best {
+            Some(s) if s == seq => Verdict::InStep,
             Some(s) => Verdict::Off(seq as i64 - s as i64),
             None => Verdict::Unknown,
         }
@@ -376,6 +384,7 @@ impl Lockstep {
     /// Forgets the history (after a resync renumbers what follows).
     pub fn clear(&mut self) {
         self.ring.fill((0, 0));
+        self.next = 0;
         self.checkpoint = None;
     }
 }
@@ -531,10 +540,10 @@ mod tests {
             }
         }
         let (s, d) = a.checkpoint().unwrap();
-        assert_eq!(s, 768);
+        assert!(s > 900, "{s}");
         assert_eq!(b.compare(s, d), Verdict::Off(1));
-        // Before the miss they agree.
-        assert_eq!(b.compare(256, digest(&pkt(256))), Verdict::InStep);
+        // Before the miss they agree (every early packet is sampled).
+        assert_eq!(b.compare(200, digest(&pkt(200))), Verdict::InStep);
         assert_eq!(a.compare(s, d), Verdict::InStep);
         assert_eq!(a.compare(5000, 7), Verdict::Unknown);
         b.clear();

@@ -13,6 +13,15 @@ use std::time::Duration;
 const T: Duration = Duration::from_secs(1);
 
 fn node(id: NodeId, scheme: Dispatch) -> Engine {
+    let mut e = fresh(id, scheme);
+    e.cluster_plan(Plan::new(1, [1, 2, 3]), Some(1), T);
+    // The agent's first round: nothing sent yet anywhere, so in step.
+    assert!(e.cluster_check(&[]).is_empty());
+    e
+}
+
+/// A node just started, before the agent's first round.
+fn fresh(id: NodeId, scheme: Dispatch) -> Engine {
     let o = EngineOptions {
         cluster: Some(ClusterOptions {
             node: id,
@@ -21,9 +30,7 @@ fn node(id: NodeId, scheme: Dispatch) -> Engine {
         }),
         ..opts()
     };
-    let mut e = Engine::new(&[side(true, Shape::new(Layers::Esp, true))], &o, T).unwrap();
-    e.cluster_plan(Plan::new(1, [1, 2, 3]), Some(1), T);
-    e
+    Engine::new(&[side(true, Shape::new(Layers::Esp, true))], &o, T).unwrap()
 }
 
 fn peer() -> Engine {
@@ -222,6 +229,60 @@ fn without_a_confirmed_plan_nobody_sends_but_state_advances() {
     );
     // Confirmed again: it processes its share.
     n.cluster_plan(Plan::new(1, [1]), Some(1), late);
+    n.cluster_check(&[]);
     assert_eq!(offer(std::slice::from_mut(&mut n), &mut b, 2, 1, None), [0]);
     assert_eq!(n.cluster_report(late).unwrap().state(), "processing");
+}
+
+fn checkpoints(nodes: &[Engine], ids: &[NodeId]) -> Vec<(NodeId, u32, u64, u64)> {
+    nodes
+        .iter()
+        .zip(ids)
+        .filter_map(|(n, id)| {
+            let r = n.cluster_report(T).unwrap();
+            let sa = r.sas.iter().find(|s| s.outbound)?;
+            let (seq, d) = sa.checkpoint?;
+            Some((*id, sa.spi, seq, d))
+        })
+        .collect()
+}
+
+#[test]
+fn a_node_that_starts_late_waits_for_its_first_comparison_then_joins() {
+    let mut nodes: Vec<Engine> = (1..=2).map(|i| node(i, Dispatch::PacketRr)).collect();
+    let plan12 = Plan::new(2, [1, 2]);
+    for n in &mut nodes {
+        n.cluster_plan(plan12.clone(), Some(1), T);
+    }
+    let mut b = peer();
+    for k in 0..700u64 {
+        assert_eq!(offer(&mut nodes, &mut b, k, 1, None).len(), 1);
+    }
+    // Node 3 starts now: its numbers begin at 1, the others' at 701.
+    let mut late = fresh(3, Dispatch::PacketRr);
+    late.cluster_plan(plan12.clone(), Some(1), T);
+    let cps = checkpoints(&nodes, &[1, 2]);
+    late.cluster_check(&cps);
+    let r = late.cluster_report(T).unwrap();
+    assert!(!r.in_step() && r.state() == "resyncing", "{}", r.state());
+    nodes.push(late);
+    for k in 700..1000u64 {
+        assert_eq!(offer(&mut nodes, &mut b, k, 1, None).len(), 1, "packet {k}");
+    }
+    let cps = checkpoints(&nodes, &[1, 2, 3]);
+    let lines = nodes[2].cluster_check(&cps);
+    assert!(lines[0].contains("behind the other nodes"), "{lines:?}");
+    assert!(nodes[2].cluster_report(T).unwrap().in_step());
+    // The leader adds it: from the next packet on, three share the work.
+    for n in &mut nodes {
+        n.cluster_plan(Plan::new(3, [1, 2, 3]), Some(1), T);
+    }
+    let mut per = [0; 3];
+    for k in 1000..1300u64 {
+        let s = offer(&mut nodes, &mut b, k, 1, None);
+        assert_eq!(s.len(), 1, "packet {k}");
+        per[s[0]] += 1;
+    }
+    assert_eq!(per, [100, 100, 100]);
+    assert!(drops(&b).is_empty(), "{:?}", drops(&b));
 }

@@ -211,6 +211,7 @@ fn cluster_paths_allocate_nothing_observed_processed_or_refused() {
         };
         let mut a = Engine::new(&[side(true, esp)], &o, T).unwrap();
         a.cluster_plan(Plan::new(1, [1, 2, 3]), Some(1), T);
+        a.cluster_check(&[]);
         let mut peer = engine(false, esp);
         // The peer's packets to the cluster, made before counting.
         let mut buf = PacketBuf::with_capacity(2000);

@@ -103,11 +103,9 @@ impl ClusterReport {
     /// Every outbound SA is in step, or has had nothing to compare yet
     /// because no packet went through it.
     pub fn in_step(&self) -> bool {
-        self.sas.iter().all(|s| match s.lockstep {
-            None | Some(LockState::InStep) => true,
-            Some(LockState::Unknown) => s.checkpoint.is_none(),
-            Some(LockState::OutOfStep) => false,
-        })
+        self.sas
+            .iter()
+            .all(|s| matches!(s.lockstep, None | Some(LockState::InStep)))
     }
 
     /// `processing`, `standby`, `resyncing`, `waiting for a plan` or
@@ -206,7 +204,10 @@ impl ClusterNode {
             return Gate::Nobody(DropReason::ClusterNoPlan);
         }
         match owner {
-            Some(o) if o == me && sa.state == LockState::OutOfStep => {
+            // Not known to be in step (out of step, or not compared yet
+            // since this node started or the SA appeared): processing
+            // could send numbers another node has used.
+            Some(o) if o == me && sa.state != LockState::InStep => {
                 Gate::Nobody(DropReason::ClusterOutOfStep)
             }
             Some(o) if o == me => Gate::Mine,
@@ -272,6 +273,7 @@ impl Engine {
             return lines;
         };
         let me = c.opts.node;
+        // No other node in the plan: nobody to be out of step with.
         let alone = c.plan.members.iter().all(|m| *m == me);
         for (i, slot) in c.sas.iter_mut().enumerate() {
             let Some(sc) = slot else { continue };
@@ -286,6 +288,7 @@ impl Engine {
             let mut stay = 1usize;
             let mut offs: Vec<(i64, usize, bool)> = Vec::new();
             let mut compared = false;
+            let heard = peers.iter().any(|p| p.1 == spi && p.0 != me);
             for &(node, _, seq, d) in peers.iter().filter(|p| p.1 == spi && p.0 != me) {
                 match l.compare(seq, d) {
                     Verdict::InStep => {
@@ -336,7 +339,11 @@ impl Engine {
                     }
                 }
                 None if compared => sc.state = LockState::InStep,
-                None if alone => sc.state = LockState::InStep,
+                // Nothing to compare: in step when this node is alone, or
+                // when no node (this one included) has sent on the SA yet.
+                None if alone || (l.checkpoint().is_none() && !heard) => {
+                    sc.state = LockState::InStep
+                }
                 None => {}
             }
         }
