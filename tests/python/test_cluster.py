@@ -406,3 +406,20 @@ def test_etcd_cluster_survives_a_killed_node_the_leader_and_an_etcd_restart(lab)
     r = run("ip", "netns", "exec", c.host, "ping", "-c", "30", "-i", "0.05", "-W", "1", "10.2.0.1", check=False)
     assert " 0% packet loss" in r.stdout, r.stdout
     assert c.b.status()["drops"].get("replay", 0) == drops.get("replay", 0)
+    # A node stopped cleanly leaves the plan before it stops forwarding:
+    # a stream through the cluster loses nothing.
+    result = {}
+
+    def stream2():
+        result["end"] = udp_stream(c, 5, rate="2M", length=500, port=5303)
+
+    t = threading.Thread(target=stream2)
+    t.start()
+    time.sleep(2)
+    leaving = survivors[0]
+    assert c.daemons[leaving - 1].stop() == 0
+    t.join()
+    end = result["end"]
+    print(f"node {leaving} stopped cleanly under a stream: {end['lost_packets']} of {end['packets']} lost")
+    assert end["lost_packets"] == 0, end
+    assert "left the cluster" in c.daemons[leaving - 1].log_text()

@@ -171,6 +171,18 @@ pub fn run(cfg: LoadedConfig) -> Result<()> {
 /// start: `espgate up` writes its pid file and reports readiness there. An
 /// error from it stops the gateway the same way as a failed start.
 pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+    run_hooked(cfg, on_ready, &mut || {})
+}
+
+/// [`run_with`], also calling `on_stopping` when a stop was asked for
+/// (signal, failed worker) while the workers still forward: a cluster
+/// node's agent leaves the cluster there, so that the other nodes take
+/// over its share before it stops processing.
+pub fn run_hooked(
+    cfg: LoadedConfig,
+    on_ready: &mut dyn FnMut() -> Result<()>,
+    on_stopping: &mut dyn FnMut(),
+) -> Result<()> {
     let start = Instant::now();
     let signals = signals::Signals::block().context("blocking SIGINT/SIGTERM/SIGHUP")?;
     for w in &cfg.warnings {
@@ -370,6 +382,7 @@ pub fn run_with(cfg: LoadedConfig, on_ready: &mut dyn FnMut() -> Result<()>) -> 
                 ike_rx,
             };
             let r = control::run(ctl.clone(), listeners, &signals);
+            on_stopping();
             drop(stop_wr);
             for (k, h) in handles.into_iter().enumerate() {
                 match h.join() {

@@ -756,7 +756,7 @@ fn run_up(opts: UpOpts) -> ExitCode {
         .clone()
         .filter(|_| !opts.no_cluster_agent)
         .map(|c| (c, cfg.gateway.control_socket.clone()));
-    let mut agent = None;
+    let agent = std::cell::RefCell::new(None);
     let result = {
         let mut on_ready = || -> Result<()> {
             if let Some(p) = &pid_file {
@@ -765,7 +765,7 @@ fn run_up(opts: UpOpts) -> ExitCode {
             if let Some((c, socket)) = &cluster {
                 // Started here, after the daemon blocked its stop signals,
                 // so the agent's threads leave them to the daemon's signalfd.
-                agent = Some(espgate_cluster::Agent::start(c, socket.clone())?);
+                *agent.borrow_mut() = Some(espgate_cluster::Agent::start(c, socket.clone())?);
             }
             match daemon::sd_notify(&format!("READY=1\nMAINPID={}", std::process::id())) {
                 Ok(_) => {}
@@ -776,9 +776,22 @@ fn run_up(opts: UpOpts) -> ExitCode {
             }
             Ok(())
         };
-        espgate_daemon::run_with(cfg, &mut on_ready)
+        // Leave the cluster while the workers still forward: the agent
+        // revokes its lease, the leader plans without this node, and the
+        // others take over its share (a watch round, tens of ms; half a
+        // second of margin) before this node stops processing.
+        let mut on_stopping = || {
+            if let Some(a) = agent.borrow_mut().take() {
+                a.stop();
+                tracing::info!(
+                    "left the cluster; forwarding 0.5 s more while the others take over"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+        };
+        espgate_daemon::run_hooked(cfg, &mut on_ready, &mut on_stopping)
     };
-    if let Some(a) = agent.take() {
+    if let Some(a) = agent.borrow_mut().take() {
         a.stop();
     }
     // Removed last: once it is gone, everything else is undone.
