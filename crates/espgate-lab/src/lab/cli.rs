@@ -19,14 +19,16 @@ Examples:
 
 Experiment ids are those of the seed catalogue (000-… to 004-…); a prefix selects
 every id that starts with it. Those listed with `no rig` wait for a rig not built yet (seed
-003's cluster): `all` and prefixes leave them out, and naming one alone says why. Each point is repeated until its 95 % confidence interval
+003's failover, which needs etcd and the cluster agent): `all` and prefixes leave them out,
+and naming one alone says why. Each point is repeated until its 95 % confidence interval
 is at most 3 % of the mean wide, at least 4 and at most 12 times (seed 000's rule;
 --runs N: at most N); past 4 runs, only while the experiment is within its expected
 time, so the default `run all` keeps to its estimate (a point cut short says so in the
 report). results.json is written after every point; Ctrl-C stops cleanly,
 removes what the run made and keeps what was measured. Needs root, iproute2, ping,
 iperf3 and (for 002-priority-congestion) nftables for the network experiments (the 004
-ones, 002-analytic-overhead and 003-capacity-model|design-comparisons run in memory).";
+ones, 002-analytic-overhead and 003-capacity-model|design-comparisons run in memory; seed
+003's cluster experiments run up to 6 espgate nodes in namespaces with CPU cgroups).";
 
 /// `espgate lab`.
 #[derive(clap::Subcommand, Debug, Clone)]

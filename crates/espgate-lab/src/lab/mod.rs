@@ -10,10 +10,14 @@
 //!   [`p001`], [`p002`], [`p003`], [`p004`]);
 //! - [`probe`]: a constant-rate UDP stream with one-way latency;
 //! - [`rig`]: the namespace topology with the papers' knobs;
+//! - [`cluster_rig`]: seed 003's flat cluster of n nodes on flooding
+//!   bridges, with the lab as the cluster agent;
+//! - [`trace`]: a synthetic trace with seed 003's traffic statistics;
 //! - [`run`]: the repetition loop, progress, Ctrl-C, `results.json`.
 
 pub mod catalog;
 pub mod cli;
+pub mod cluster_rig;
 pub mod experiment;
 pub mod model;
 pub mod p000;
@@ -27,3 +31,4 @@ pub mod rig;
 pub mod run;
 pub mod seeds;
 pub mod stats;
+pub mod trace;

@@ -16,11 +16,13 @@
 //! they are listed, and `lab run` refuses them with that reason
 //! ([`pending`]).
 
-use super::catalog::{judge, missing, n, pts, Entry};
+use super::catalog::{judge, missing, n, pct, pts, Entry};
+use super::cluster_rig::{ClusterRig, ClusterSpec, Search, Send, Trial};
 use super::experiment::{Experiment, Finding, PlotKind, PlotSpec, Verdict};
 use super::model::{self, Results};
 use super::run::{Ctx, Plan};
 use super::seeds::{Claim, Seeds};
+use super::trace::{self, Trace};
 use crate::bench;
 use anyhow::{anyhow, bail, Result};
 use espgate_core::cluster::{Dispatch, Dispatcher, Plan as Members, Seen};
@@ -61,17 +63,14 @@ const TABLE_4_1: [(&str, u32, &str); 5] = [
     ("ah_md5_1446B_mbps", 1446, "AH HMAC-MD5"),
 ];
 
-/// Why the rig experiments do not run yet.
-pub const RIG_PENDING: &str = "needs seed 003's multi-node cluster rig (n espgate nodes in \
-    network namespaces on a bridge that floods every frame to all of them, with etcd for the \
-    membership), which is not built yet; nothing was run";
+/// Why 003-failover does not run yet.
+pub const RIG_PENDING: &str = "needs etcd and the cluster agent (espgate-cluster) in the \
+    cluster rig, so that a node's lease can run out and the leader write a new plan; the rig \
+    that the other two cluster experiments use plays the agent itself, so failover is not \
+    built yet; nothing was run";
 
-/// The experiments that wait for the cluster rig.
-const PENDING: [&str; 3] = [
-    "003-fixed-size-scaling",
-    "003-real-traffic-dispatch",
-    "003-failover",
-];
+/// The experiments that wait for more of the cluster rig.
+const PENDING: [&str; 1] = ["003-failover"];
 
 /// Why experiment `id` cannot run yet, if it cannot.
 pub fn pending(id: &str) -> Option<&'static str> {
@@ -300,25 +299,47 @@ pub fn entries() -> Vec<Entry> {
                     packet round-robin; a SmartBits-200 offers 30 s bursts of 512, 1024 and \
                     1446-byte frames, and a rate passes when nothing is lost; all six nodes \
                     act as the encrypting gateway.",
-                our_setup: "Not built yet: n espgate nodes (network namespaces) on a bridge \
-                    that floods every frame to all of them, each CPU-capped to 25 % of a \
-                    vCPU, the outside link capped at 1 Gbit/s, and a zero-loss binary search \
-                    at each frame size.",
+                our_setup: "n espgate nodes (1 to 6, network namespaces) share one outside \
+                    and one inside address and MAC on two Linux bridges with learning off, so \
+                    every frame floods to every node; each node's espgate is CPU-capped to 25 % \
+                    of one vCPU (its \"hardware\"), dispatch packet round-robin, manual keys, \
+                    ESP in UDP; the lab plays the cluster agent (plan and checkpoints every \
+                    second on the control socket). The lab's paced UDP generator sends one \
+                    flow of fixed-size packets (UDP payload = frame − 42 B) and an ESP counter \
+                    at the peer's address counts distinct ESP sequence numbers, where the paper \
+                    measured (after encryption). Loss-free rate by binary search with short \
+                    zero-loss trials.",
                 varies: "nodes 1..6; frame size; suite",
-                measures: "loss-free throughput, Mbit/s",
+                measures: "loss-free throughput, Mbit/s (IPv4 bits: frame − 14 B, as the paper)",
                 seed_tables: &["003-table-4-1", "003-settings"],
-                plots: &[PlotSpec {
-                    title: "Loss-free throughput vs nodes",
-                    kind: PlotKind::Lines,
-                    unit: "Mbit/s",
-                    series_prefix: "",
-                    x_label: "nodes",
-                    log_x: false,
-                }],
-                findings: |_| rig_findings("003-table-4-1"),
+                plots: &[
+                    PlotSpec {
+                        title: "ESP 3DES-MD5: loss-free throughput vs nodes (ours, Table 4-1, model)",
+                        kind: PlotKind::Lines,
+                        unit: "Mbit/s",
+                        series_prefix: "ESP 3DES-MD5",
+                        x_label: "nodes",
+                        log_x: false,
+                    },
+                    PlotSpec {
+                        title: "ESP AES-128-GCM (today's suite): loss-free throughput vs nodes",
+                        kind: PlotKind::Lines,
+                        unit: "Mbit/s",
+                        series_prefix: "ESP AES-128-GCM",
+                        x_label: "nodes",
+                        log_x: false,
+                    },
+                ],
+                findings: fixed_findings,
             },
-            plan: |_| Plan::default(),
-            run: |ctx| bail!("{}: {RIG_PENDING}", ctx.id()),
+            plan: |k| Plan {
+                rigs: if k.quick { 3 } else { 12 },
+                // One binary search per point (each step a trial and a
+                // settle), counted as search steps.
+                points: if k.quick { 3 * 5 } else { 6 * 4 * 9 },
+                sample_s: k.secs() + 1.0,
+            },
+            run: run_fixed,
         },
         Entry {
             exp: Experiment {
@@ -330,25 +351,41 @@ pub fn entries() -> Vec<Entry> {
                 paper_setup: "The same cluster, a campus backbone trace (headers only, \
                     replayed by the SmartBits at the chosen rate), four dispatch schemes, 1 \
                     to 6 nodes; no suite is named for this table.",
-                our_setup: "Not built yet: the cluster rig of 003-fixed-size-scaling, \
-                    replaying a synthetic trace with the printed statistics (the campus \
-                    trace is not available), with dispatch = packet or session × \
-                    round-robin or shortest virtual queue.",
+                our_setup: "The cluster rig of 003-fixed-size-scaling (ESP 3DES-MD5, nodes \
+                    at 25 % of a vCPU), replaying a synthetic trace with the paper's printed \
+                    statistics (the campus trace is not available), one UDP flow per session \
+                    (its own destination port), paced by bytes; [cluster] dispatch = packet or \
+                    session × round-robin or shortest virtual queue. Loss-free here means at \
+                    most 0.1 % lost (the paper names no criterion for this table).",
                 varies: "nodes 1..6; dispatch scheme",
-                measures: "throughput, Mbit/s",
+                measures: "throughput at ≤ 0.1 % loss, Mbit/s; each node's share of the packets",
                 seed_tables: &["003-table-4-2", "003-text-4.2-trace"],
-                plots: &[PlotSpec {
-                    title: "Throughput vs nodes by dispatch scheme",
-                    kind: PlotKind::Lines,
-                    unit: "Mbit/s",
-                    series_prefix: "",
-                    x_label: "nodes",
-                    log_x: false,
-                }],
-                findings: |_| rig_findings("003-table-4-2"),
+                plots: &[
+                    PlotSpec {
+                        title: "Throughput vs nodes by dispatch scheme (synthetic trace), and Table 4-2",
+                        kind: PlotKind::Lines,
+                        unit: "Mbit/s",
+                        series_prefix: "",
+                        x_label: "nodes",
+                        log_x: false,
+                    },
+                    PlotSpec {
+                        title: "The busiest node's share of the packets (fair: 100/n %)",
+                        kind: PlotKind::Lines,
+                        unit: "%",
+                        series_prefix: "busiest node",
+                        x_label: "nodes",
+                        log_x: false,
+                    },
+                ],
+                findings: trace_findings,
             },
-            plan: |_| Plan::default(),
-            run: |ctx| bail!("{}: {RIG_PENDING}", ctx.id()),
+            plan: |k| Plan {
+                rigs: if k.quick { 5 } else { 21 },
+                points: if k.quick { 5 * 5 } else { 21 * 8 },
+                sample_s: k.secs() + 1.0,
+            },
+            run: run_trace,
         },
         Entry {
             exp: Experiment {
@@ -361,8 +398,9 @@ pub fn entries() -> Vec<Entry> {
                 paper_setup: "Design only: a default host sends heartbeats, the others \
                     re-elect when they stop, and a new dispatching plan goes out in the \
                     heartbeats. No period, timeout or measurement is given.",
-                our_setup: "Not built yet: the cluster rig with etcd leases for membership; \
-                    one node is stopped under a constant load and the loss and the time \
+                our_setup: "Not built yet: the cluster rig (003-fixed-size-scaling's) with \
+                    etcd and the cluster agent for membership; one node is stopped under a \
+                    constant load and the loss and the time \
                     until the new plan serves every packet are measured.",
                 varies: "which node fails",
                 measures: "packets lost and time to recover",
@@ -380,7 +418,7 @@ pub fn entries() -> Vec<Entry> {
                         "The flat cluster tolerates faults well (Table 1-1: good against bad \
                          for a cluster behind a dispatcher); nothing is measured"
                             .into(),
-                        "the cluster rig is not built yet",
+                        "needs etcd and the cluster agent in the rig, not built yet",
                     )]
                 },
             },
@@ -390,9 +428,10 @@ pub fn entries() -> Vec<Entry> {
     ]
 }
 
-fn rig_findings(table: &str) -> Vec<Finding> {
-    let paper = if table == "003-table-4-1" {
-        let t = Seeds::get().table(table);
+/// The paper's claim for Table 4-1 or 4-2, with its numbers.
+fn paper_claim(table: &str) -> String {
+    let t = Seeds::get().table(table);
+    if table == "003-table-4-1" {
         let cell = |row: &str, col: &str| {
             t.and_then(|t| t.num(t.row_by_key(row)?, col))
                 .map_or("?".into(), n)
@@ -406,7 +445,6 @@ fn rig_findings(table: &str) -> Vec<Finding> {
             cell("4", "ah_md5_1446B_mbps")
         )
     } else {
-        let t = Seeds::get().table(table);
         let cell = |col: &str| {
             t.and_then(|t| t.num(t.row_by_key("6")?, col))
                 .map_or("?".into(), n)
@@ -420,8 +458,641 @@ fn rig_findings(table: &str) -> Vec<Finding> {
             cell("session_rr_mbps"),
             cell("session_sqf_mbps")
         )
+    }
+}
+
+// ── the cluster rig: 003-fixed-size-scaling, 003-real-traffic-dispatch ──
+
+/// The paper's trial length, s.
+const PAPER_TRIAL_S: f64 = 30.0;
+/// Where each search starts, Mbit/s (the paper's gigabit wire).
+const START_MBPS: f64 = 1000.0;
+/// A search stops when its bracket is this narrow (relative).
+const RESOLUTION: f64 = 0.03;
+/// The synthetic trace's seed.
+const TRACE_SEED: u64 = 2003;
+/// Packets of one trial at most (bounds memory and time whatever the rate).
+const MAX_TRIAL_PACKETS: usize = 2_000_000;
+
+/// What one binary search found.
+struct Found {
+    /// Highest rate that passed, Mbit/s (0: none).
+    mbps: f64,
+    /// Trials run.
+    trials: usize,
+    /// A trial failed only because the generator fell behind.
+    generator_limited: bool,
+    /// Each node's share of the packets processed in the last passing
+    /// trial, % (from status.cluster.sas: processed, outbound SA).
+    shares: Vec<f64>,
+    /// Nodes not in step after the last settle.
+    not_in_step: usize,
+    /// Duplicate ESP sequence numbers seen in all trials.
+    duplicates: u64,
+}
+
+/// Binary search of the offered rate on `rig`: `sends(rate_bps)` is what
+/// a trial at that rate sends; a trial passes when at most
+/// `max_loss_pct` % is lost and the generator kept to its schedule.
+fn search(
+    rig: &mut ClusterRig,
+    sends: &dyn Fn(f64) -> Vec<Send>,
+    max_loss_pct: f64,
+    steps: usize,
+) -> Result<Found> {
+    let mut s = Search::new(START_MBPS, steps, RESOLUTION);
+    let mut f = Found {
+        mbps: 0.0,
+        trials: 0,
+        generator_limited: false,
+        shares: Vec::new(),
+        not_in_step: 0,
+        duplicates: 0,
     };
-    vec![missing(paper, "the cluster rig is not built yet")]
+    while let Some(rate) = s.next() {
+        let list = sends(rate * 1e6);
+        let c0 = rig.outbound_counts()?;
+        let t: Trial = rig.trial(&list, rate * 1e6)?;
+        let c1 = rig.outbound_counts()?;
+        f.trials += 1;
+        f.duplicates += t.duplicates;
+        let lost_ok = if max_loss_pct <= 0.0 {
+            t.received >= t.sent && t.send_errors == 0
+        } else {
+            t.loss_pct() <= max_loss_pct
+        };
+        let pass = lost_ok && t.on_schedule();
+        if lost_ok && !t.on_schedule() {
+            f.generator_limited = true;
+        }
+        let delivered = t.offered_mbps() * t.received as f64 / t.sent.max(1) as f64;
+        s.record(rate, pass, delivered);
+        if pass {
+            let d: Vec<f64> = c1
+                .iter()
+                .zip(&c0)
+                .map(|(a, b)| a.0.saturating_sub(b.0) as f64)
+                .collect();
+            let total: f64 = d.iter().sum();
+            if total > 0.0 {
+                f.shares = d.iter().map(|x| x / total * 100.0).collect();
+            }
+        }
+        f.not_in_step = rig.settle()?;
+    }
+    f.mbps = s.result();
+    Ok(f)
+}
+
+/// Extra measurements of a point from a search.
+fn found_extra(f: &Found, spec: &ClusterSpec) -> BTreeMap<String, f64> {
+    let mut e = BTreeMap::new();
+    e.insert("trials".into(), f.trials as f64);
+    e.insert(
+        "generator_limited".into(),
+        f64::from(u8::from(f.generator_limited)),
+    );
+    e.insert("not_in_step_after".into(), f.not_in_step as f64);
+    e.insert("duplicate_esp_seqs".into(), f.duplicates as f64);
+    e.insert(
+        "quota_sum_pct_of_machine".into(),
+        f64::from(spec.nodes) * f64::from(spec.cpu_pct) / machine_cpus() / 100.0 * 100.0,
+    );
+    for (i, sh) in f.shares.iter().enumerate() {
+        e.insert(format!("node{}.share_pct", i + 1), *sh);
+    }
+    e
+}
+
+fn machine_cpus() -> f64 {
+    std::thread::available_parallelism()
+        .map(|n| n.get() as f64)
+        .unwrap_or(1.0)
+}
+
+fn rig_setup(ctx: &mut Ctx, steps: usize) {
+    let secs = ctx.knobs.secs();
+    ctx.setup(
+        "the cluster rig (lab/cluster_rig.rs): namespaces sw (two bridges, ageing time 0, \
+         learning off on every port: every frame floods to every node), pe (the peer), ho (the \
+         traffic source 10.1.0.5) and n1..nN; the nodes share 192.168.50.1 / 10.1.0.1 and their \
+         MACs; each node is `espgate up` with a [cluster] table (etcd pointing nowhere), one \
+         worker, ESP in UDP with manual keys; the lab is the agent: plan (members = the N \
+         nodes, epoch 1, leader 1) and the other nodes' checkpoints to every node once a second",
+    );
+    ctx.setup(format!(
+        "a node's \"hardware\": its espgate process in a cgroup capped at {NODE_CPU_PCT} % of \
+         one vCPU (cfs quota, {} ms period); the kernel's share of a node (bridge flooding, \
+         forwarding into its TUN, softirq) is not in that cgroup and comes out of the shared \
+         machine; this machine has {} vCPU(s), and the lab's generator and counter run on them \
+         too, so n × {NODE_CPU_PCT} % plus that kernel work is what bounds the top of the curve",
+        super::cluster_rig::NODE_PERIOD_US / 1000,
+        machine_cpus()
+    ));
+    ctx.setup(
+        "measured where the paper measured (after encryption): an ESP counter bound to the \
+         peer's UDP port 4500 counts distinct ESP sequence numbers (a number seen twice would be \
+         two nodes out of step); nothing decrypts, because one decrypting peer on the same \
+         machine would need as much CPU as the whole cluster",
+    );
+    ctx.setup(format!(
+        "traffic: the lab's paced UDP generator in ho (one thread, each packet due at the IPv4 \
+         bits before it ÷ the rate) to 10.2.0.10; rates are IPv4 bits per second, the paper's \
+         'Databits/sec less the 14-byte Ethernet header'; a binary search of the offered rate \
+         from {START_MBPS} Mbit/s, at most {steps} trials per point, each {secs} s (the paper: \
+         {PAPER_TRIAL_S} s bursts), stopping when the bracket is within {} %; after an overload \
+         a trial fails and the next tries 95 % of what got through; between trials the rig \
+         waits until every node says it is in step. A trial also fails if the generator could \
+         not keep its schedule (then the point is generator-limited, marked in its extras). One \
+         search per point: the runs column is 1",
+        RESOLUTION * 100.0
+    ));
+}
+
+fn run_fixed(ctx: &mut Ctx) -> Result<()> {
+    let quick = ctx.knobs.quick;
+    let nodes: Vec<u16> = if quick {
+        (1..=3).collect()
+    } else {
+        (1..=6).collect()
+    };
+    let suites: Vec<(&str, &str, Vec<u32>)> = if quick {
+        vec![("ESP 3DES-MD5", "3des-md5", vec![1446])]
+    } else {
+        vec![
+            ("ESP 3DES-MD5", "3des-md5", FRAMES.to_vec()),
+            ("ESP AES-128-GCM", "aes128gcm16", vec![1446]),
+        ]
+    };
+    let steps = if quick { 4 } else { 8 };
+    rig_setup(ctx, steps);
+    ctx.setup(format!(
+        "frames of {} B: one UDP flow of IPv4 packets of frame − {ETHERNET} B, UDP payload = \
+         frame − {} B (Ethernet 14 + IPv4 20 + UDP 8); dispatch packet-rr; zero loss to pass",
+        FRAMES.map(|f| f.to_string()).join(", "),
+        ETHERNET + IPV4_UDP
+    ));
+    ctx.setup(
+        "series 'paper (Table 4-1)' are seed 003's numbers as printed; 'predicted' is \
+         003-capacity-model's μ(n,s) = n·P·s/(R+n·Q) with Q and R timed in memory here \
+         (outbound, P = 0.25): neither is measured on the rig",
+    );
+    let none = BTreeMap::new();
+    let t41 = Seeds::get().table("003-table-4-1");
+    let (secs, reps) = if quick { (0.01, 3) } else { (0.03, 5) };
+    for (label, suite, frames) in &suites {
+        let su: Suite = suite.parse().map_err(|e| anyhow!("{suite}: {e}"))?;
+        for frame in frames {
+            let mut node = Node::new(Protocol::Esp, su, inner_len(*frame))?;
+            let t = time_node(&mut node, Duration::from_secs_f64(secs), reps)?;
+            let (q, r) = (median(&t[0]), (median(&t[1]) - median(&t[0])).max(0.0));
+            for n in 1..=NODES {
+                let mu = mu_mbps(n, f64::from(NODE_CPU_PCT) / 100.0, inner_len(*frame), r, q);
+                ctx.record(
+                    &format!("{label}, {frame} B, predicted (capacity model)"),
+                    f64::from(n),
+                    None,
+                    "Mbit/s",
+                    &[mu],
+                    none.clone(),
+                )?;
+            }
+            let col = format!("esp_3des_md5_{frame}B_mbps");
+            if *suite == "3des-md5" {
+                if let Some(t) = t41 {
+                    for row in 0..t.rows.len() {
+                        if let (Some(x), Some(v)) = (t.num(row, "nodes"), t.num(row, &col)) {
+                            ctx.record(
+                                &format!("{label}, {frame} B, paper (Table 4-1)"),
+                                x,
+                                None,
+                                "Mbit/s",
+                                &[v],
+                                none.clone(),
+                            )?;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let prefix = format!("{}-c", ctx.prefix);
+    let secs = ctx.knobs.secs();
+    for (label, suite, frames) in &suites {
+        for &nn in &nodes {
+            let spec = ClusterSpec {
+                nodes: nn,
+                suite: suite.to_string(),
+                dispatch: Dispatch::PacketRr,
+                cpu_pct: NODE_CPU_PCT,
+            };
+            ctx.setup(format!("rig: {}", spec.describe()));
+            let mut rig = ClusterRig::up(&prefix, &spec, &ctx.knobs.exe)?;
+            for &frame in frames {
+                let ip_len = inner_len(frame) as u16;
+                let sends = move |bps: f64| {
+                    let count = ((bps * secs / (f64::from(ip_len) * 8.0)).ceil() as usize)
+                        .clamp(1, MAX_TRIAL_PACKETS);
+                    vec![Send { port: 5001, ip_len }; count]
+                };
+                let f = search(&mut rig, &sends, 0.0, steps)?;
+                let (rounds, errors, last) = rig.agent_stats();
+                if errors > 0 {
+                    ctx.note(format!(
+                        "{label} {frame} B, {nn} node(s): {errors} of {rounds} agent rounds had \
+                         an error (last: {})",
+                        last.unwrap_or_default()
+                    ));
+                }
+                if f.generator_limited {
+                    ctx.note(format!(
+                        "{label} {frame} B, {nn} node(s): the generator could not keep the \
+                         schedule at some rate: the point is a lower bound"
+                    ));
+                }
+                ctx.record(
+                    &format!("{label}, {frame} B, measured"),
+                    f64::from(nn),
+                    None,
+                    "Mbit/s",
+                    &[f.mbps],
+                    found_extra(&f, &spec),
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The first `n` at which each node gives less than 90 % of what one node
+/// alone gives, from (n, Mbit/s) points sorted by n.
+pub fn bends_at(points: &[(f64, f64)]) -> Option<f64> {
+    let (_, one) = *points.iter().find(|(x, _)| *x == 1.0)?;
+    points
+        .iter()
+        .find(|(x, v)| *x > 1.0 && *v / (x * one) < 0.9)
+        .map(|(x, _)| *x)
+}
+
+fn fixed_findings(r: &Results) -> Vec<Finding> {
+    let p = pts(r, "003-fixed-size-scaling");
+    let curve = |series: &str| -> Vec<(f64, f64)> {
+        super::model::series(&p, series)
+            .iter()
+            .map(|q| (q.x, q.mean))
+            .collect()
+    };
+    let mut out = Vec::new();
+    let t = Seeds::get().table("003-table-4-1");
+    let paper_at =
+        |nodes: f64, col: &str| t.and_then(|t| t.num(t.row_by_key(&format!("{nodes}"))?, col));
+    let claim = paper_claim("003-table-4-1");
+    let c = curve("ESP 3DES-MD5, 1446 B, measured");
+    match (c.first(), c.last()) {
+        (Some(&(1.0, one)), Some(&(nmax, top))) if nmax > 1.0 && one > 0.0 => {
+            let k = top / one;
+            let col = "esp_3des_md5_1446B_mbps";
+            let kp = paper_at(nmax, col)
+                .zip(paper_at(1.0, col))
+                .map(|(a, b)| a / b);
+            let bend = bends_at(&c).map_or(
+                format!(
+                    "does not bend up to {nmax} nodes (each \
+                node gives ≥ 90 % of one alone)"
+                ),
+                |b| format!("bends at {b} nodes (each node gives < 90 % of one alone)"),
+            );
+            let quota = nmax * f64::from(NODE_CPU_PCT);
+            out.push(Finding {
+                paper: claim.clone(),
+                ours: format!(
+                    "ESP 3DES-MD5 at 1446 B: {} Mbit/s with 1 node, {} with {nmax}: × {} (the \
+                     paper: × {} at {nmax}); the curve {bend}. The {nmax} nodes' quotas sum to \
+                     {} % of one vCPU on a {}-vCPU machine that also carries the kernel's \
+                     flooding, the generator and the counter",
+                    n(one),
+                    n(top),
+                    n(k),
+                    kp.map_or("?".into(), n),
+                    n(quota),
+                    machine_cpus()
+                ),
+                verdict: match kp {
+                    Some(kp) if k >= 0.85 * kp => Verdict::Agrees,
+                    Some(kp) if k >= 0.6 * kp => Verdict::Partly,
+                    Some(_) => Verdict::Differs,
+                    None => Verdict::NotMeasured,
+                },
+            });
+        }
+        _ => out.push(missing(
+            claim,
+            "no ESP 3DES-MD5 1446 B points from 1 node up",
+        )),
+    }
+    // Frame sizes: fewer bits per packet, less throughput (per-packet costs).
+    let paper = "Smaller frames carry less: at 6 nodes ESP 3DES-MD5 gives 265.5, 387.9 and \
+                 480.1 Mbit/s at 512, 1024 and 1446 B (Table 4-1)"
+        .to_string();
+    let tops: Vec<Option<(f64, f64)>> = FRAMES
+        .iter()
+        .map(|f| {
+            curve(&format!("ESP 3DES-MD5, {f} B, measured"))
+                .last()
+                .copied()
+        })
+        .collect();
+    match tops[..] {
+        [Some((x1, a)), Some((x2, b)), Some((x3, c))] if x1 == x2 && x2 == x3 => {
+            out.push(Finding {
+                paper,
+                ours: format!(
+                    "at {x1} nodes: {}, {} and {} Mbit/s at 512, 1024 and 1446 B",
+                    n(a),
+                    n(b),
+                    n(c)
+                ),
+                verdict: if a < b && b < c {
+                    Verdict::Agrees
+                } else if a < c {
+                    Verdict::Partly
+                } else {
+                    Verdict::Differs
+                },
+            })
+        }
+        _ => out.push(missing(paper, "one frame size only (--quick)")),
+    }
+    let paper = "Near-linear scaling holds while the work every node does on every packet is \
+                 small beside a node's power (§2.3); with today's AEAD the crypto per node is \
+                 far cheaper"
+        .to_string();
+    let g = curve("ESP AES-128-GCM, 1446 B, measured");
+    match (g.first(), g.last()) {
+        (Some(&(1.0, one)), Some(&(nmax, top))) if nmax > 1.0 && one > 0.0 => {
+            let k = top / one;
+            out.push(Finding {
+                paper,
+                ours: format!(
+                    "ESP AES-128-GCM at 1446 B: {} Mbit/s with 1 node, {} with {nmax}: × {}; \
+                     the curve {}",
+                    n(one),
+                    n(top),
+                    n(k),
+                    bends_at(&g).map_or("does not bend".into(), |b| format!("bends at {b} nodes"))
+                ),
+                verdict: if k >= 0.85 * nmax {
+                    Verdict::Agrees
+                } else if k >= 0.5 * nmax {
+                    Verdict::Partly
+                } else {
+                    Verdict::Differs
+                },
+            });
+        }
+        _ => out.push(missing(paper, "AES-128-GCM runs only without --quick")),
+    }
+    out
+}
+
+/// The sends of a trace trial at `bps` for `secs`: from a quarter of the
+/// way in (past the start, when few sessions are open), one flow per
+/// session (destination port 1024 + session mod 60,000).
+pub fn trace_sends(t: &Trace, bps: f64, secs: f64) -> Vec<Send> {
+    let budget = (bps * secs) as u64;
+    let mut bits = 0u64;
+    let mut out = Vec::new();
+    for p in t.window(t.packets.len() / 4, MAX_TRIAL_PACKETS) {
+        if bits >= budget {
+            break;
+        }
+        bits += u64::from(p.size) * 8;
+        out.push(Send {
+            port: 1024 + (p.session % 60_000) as u16,
+            ip_len: p.size,
+        });
+    }
+    out
+}
+
+fn run_trace(ctx: &mut Ctx) -> Result<()> {
+    let quick = ctx.knobs.quick;
+    let nodes: Vec<u16> = if quick { vec![1, 3] } else { (1..=6).collect() };
+    let sessions = if quick { 2000 } else { trace::SESSIONS };
+    let steps = if quick { 4 } else { 8 };
+    rig_setup(ctx, steps);
+    let tr = Trace::synthesize(sessions, TRACE_SEED);
+    let (pm, ps) = tr.packet_moments();
+    let (sm, ss) = tr.session_moments();
+    ctx.setup(format!(
+        "SYNTHETIC trace (seed {TRACE_SEED}; the paper's campus trace is not available): \
+         {sessions} sessions, {} packets, {} bytes; packet sizes {} % at 1500 B, the rest \
+         uniform 40..{} B: mean {} B, sd {} B (paper: 1187.8, 524.6); session sizes lognormal \
+         by stratified quantiles: mean {} B, sd {} B (paper: 72,615.0, 460,311.3); sessions \
+         arrive as a Poisson process, each sending evenly at a rate ∝ √(its packets), about {} \
+         open at once (ours: the paper gives no timing)",
+        tr.packets.len(),
+        tr.bytes(),
+        n(tr.mix.p * 100.0),
+        tr.mix.hi,
+        n(pm),
+        n(ps),
+        n(sm),
+        n(ss),
+        trace::CONCURRENT
+    ));
+    ctx.setup(format!(
+        "each trial replays the same stretch of the trace from packet {} on (a quarter of the \
+         way in), as many packets as the rate × trial time take, one UDP flow per session; ESP \
+         3DES-MD5 (the paper names no suite for Table 4-2; its 1-node 83.4 Mbit/s is close to \
+         its 3DES-MD5 1446 B 87.2); a trial passes at ≤ 0.1 % loss; with 1 node every scheme \
+         is the same (one node takes every packet), so n = 1 is measured once (packet-rr) and \
+         shown for every scheme",
+        tr.packets.len() / 4
+    ));
+    ctx.setup(
+        "per-node shares: each node's processed packets on the outbound SA \
+         (status.cluster.sas) during the last passing trial, % of all processed; 'busiest \
+         node' is the largest share (fair: 100/n %)",
+    );
+    let none = BTreeMap::new();
+    if let Some(t) = Seeds::get().table("003-table-4-2") {
+        for s in SCHEMES {
+            let col = format!("{}_mbps", s.name().replace('-', "_"));
+            for row in 0..t.rows.len() {
+                if let (Some(x), Some(v)) = (t.num(row, "nodes"), t.num(row, &col)) {
+                    ctx.record(
+                        &format!("{}, paper (Table 4-2)", s.name()),
+                        x,
+                        None,
+                        "Mbit/s",
+                        &[v],
+                        none.clone(),
+                    )?;
+                }
+            }
+        }
+    }
+    let prefix = format!("{}-c", ctx.prefix);
+    let secs = ctx.knobs.secs();
+    let tr = &tr;
+    for &nn in &nodes {
+        let schemes: &[Dispatch] = if nn == 1 { &SCHEMES[..1] } else { &SCHEMES };
+        for &scheme in schemes {
+            let spec = ClusterSpec {
+                nodes: nn,
+                suite: "3des-md5".into(),
+                dispatch: scheme,
+                cpu_pct: NODE_CPU_PCT,
+            };
+            ctx.setup(format!("rig: {}", spec.describe()));
+            let mut rig = ClusterRig::up(&prefix, &spec, &ctx.knobs.exe)?;
+            let sends = |bps: f64| trace_sends(tr, bps, secs);
+            let f = search(&mut rig, &sends, 0.1, steps)?;
+            drop(rig);
+            if f.generator_limited {
+                ctx.note(format!(
+                    "{} with {nn} node(s): the generator could not keep the schedule at some \
+                     rate: the point is a lower bound",
+                    scheme.name()
+                ));
+            }
+            let extra = found_extra(&f, &spec);
+            let busiest = f.shares.iter().copied().fold(f64::NAN, f64::max);
+            let targets: Vec<Dispatch> = if nn == 1 {
+                SCHEMES.to_vec()
+            } else {
+                vec![scheme]
+            };
+            for s in targets {
+                ctx.record(
+                    &format!("{}, measured", s.name()),
+                    f64::from(nn),
+                    None,
+                    "Mbit/s",
+                    &[f.mbps],
+                    extra.clone(),
+                )?;
+                if busiest.is_finite() {
+                    ctx.record(
+                        &format!("busiest node · {}", s.name()),
+                        f64::from(nn),
+                        None,
+                        "%",
+                        &[busiest],
+                        none.clone(),
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn trace_findings(r: &Results) -> Vec<Finding> {
+    let p = pts(r, "003-real-traffic-dispatch");
+    let top = |series: &str| {
+        super::model::series(&p, series)
+            .last()
+            .map(|q| (q.x, q.mean))
+    };
+    let got: Vec<Option<(f64, f64)>> = SCHEMES
+        .iter()
+        .map(|s| top(&format!("{}, measured", s.name())))
+        .collect();
+    let mut out = Vec::new();
+    let claim = paper_claim("003-table-4-2");
+    let nmax = got.iter().flatten().map(|g| g.0).fold(0.0, f64::max);
+    let at_max: Vec<Option<f64>> = got
+        .iter()
+        .map(|g| g.filter(|g| g.0 == nmax && nmax > 1.0).map(|g| g.1))
+        .collect();
+    match at_max[..] {
+        [Some(prr), Some(psqf), Some(srr), Some(ssqf)] => {
+            let one = top_at(&p, "packet-rr, measured", 1.0);
+            out.push(Finding {
+                paper: claim,
+                ours: format!(
+                    "synthetic trace, {nmax} nodes: {} / {} Mbit/s by packet (round-robin / \
+                     shortest queue) against {} / {} by session{}",
+                    n(prr),
+                    n(psqf),
+                    n(srr),
+                    n(ssqf),
+                    one.map_or(String::new(), |o| format!(
+                        " (1 node: {}; × {} / {} / {} / {})",
+                        n(o),
+                        n(prr / o),
+                        n(psqf / o),
+                        n(srr / o),
+                        n(ssqf / o)
+                    ))
+                ),
+                verdict: if prr.min(psqf) > srr.max(ssqf) {
+                    Verdict::Agrees
+                } else if prr + psqf > srr + ssqf {
+                    Verdict::Partly
+                } else {
+                    Verdict::Differs
+                },
+            });
+            let paper = "Shortest queue first helps session dispatch (362.2 against 311.0 Mbit/s \
+                         at 6 nodes) and makes no difference by packet (432.0 against 431.8)"
+                .to_string();
+            out.push(Finding {
+                paper,
+                ours: format!(
+                    "at {nmax} nodes: session-sqf {} against session-rr {} Mbit/s ({}); \
+                     packet-sqf {} against packet-rr {} ({})",
+                    n(ssqf),
+                    n(srr),
+                    pct(srr, ssqf),
+                    n(psqf),
+                    n(prr),
+                    pct(prr, psqf)
+                ),
+                verdict: if ssqf > srr && (psqf - prr).abs() <= 0.1 * prr {
+                    Verdict::Agrees
+                } else if ssqf > srr || (psqf - prr).abs() <= 0.1 * prr {
+                    Verdict::Partly
+                } else {
+                    Verdict::Differs
+                },
+            });
+        }
+        _ => out.push(missing(claim, "no run of every scheme above 1 node")),
+    }
+    let paper = "By session, one bursty session is limited to one node; by packet, it uses \
+                 all (Table 3-1): the load is spread unevenly by session"
+        .to_string();
+    let busy = |s: &str| top_at(&p, &format!("busiest node · {s}"), nmax);
+    match (busy("packet-rr"), busy("session-rr"), busy("session-sqf")) {
+        (Some(prr), Some(srr), Some(ssqf)) if nmax > 1.0 => out.push(Finding {
+            paper,
+            ours: format!(
+                "at {nmax} nodes the busiest node processed {} % of the packets by packet \
+                 round-robin, {} % by session round-robin and {} % by session shortest queue \
+                 (fair: {} %; from status.cluster.sas)",
+                n(prr),
+                n(srr),
+                n(ssqf),
+                n(100.0 / nmax)
+            ),
+            verdict: if srr > prr * 1.05 && ssqf > prr * 1.05 {
+                Verdict::Agrees
+            } else if srr > prr || ssqf > prr {
+                Verdict::Partly
+            } else {
+                Verdict::Differs
+            },
+        }),
+        _ => out.push(missing(paper, "no per-node shares above 1 node")),
+    }
+    out
+}
+
+fn top_at(p: &[&super::model::Point], series: &str, x: f64) -> Option<f64> {
+    super::catalog::at(p, series, x)
 }
 
 // ── 003-capacity-model ──────────────────────────────────────────────────
@@ -1117,11 +1788,70 @@ mod tests {
     }
 
     #[test]
+    fn where_a_curve_bends_and_what_a_trace_trial_sends() {
+        let linear: Vec<(f64, f64)> = (1..=6)
+            .map(|n| (f64::from(n), 100.0 * f64::from(n)))
+            .collect();
+        assert_eq!(bends_at(&linear), None);
+        let bent = [(1.0, 100.0), (2.0, 195.0), (3.0, 260.0), (4.0, 300.0)];
+        assert_eq!(bends_at(&bent), Some(3.0));
+        assert_eq!(bends_at(&bent[1..]), None);
+        let t = Trace::synthesize(300, 1);
+        // 1 Mbit/s for 1 s: about a million bits of packets, one flow per session.
+        let s = trace_sends(&t, 1e6, 1.0);
+        let bits: u64 = s.iter().map(|x| u64::from(x.ip_len) * 8).sum();
+        assert!((1_000_000..1_000_000 + 1500 * 8).contains(&bits), "{bits}");
+        let start = t.packets.len() / 4;
+        assert_eq!(s[0].ip_len, t.packets[start].size);
+        assert_eq!(s[0].port, 1024 + t.packets[start].session as u16);
+        let ports: std::collections::BTreeSet<u16> = s.iter().map(|x| x.port).collect();
+        assert!(ports.len() > 10, "{}", ports.len());
+    }
+
+    #[test]
+    fn rig_findings_from_fixed_points() {
+        let mut pts = Vec::new();
+        for (x, v) in [(1.0, 40.0), (2.0, 78.0), (3.0, 100.0)] {
+            let mut p = point("ESP 3DES-MD5, 1446 B, measured", x, v, "Mbit/s");
+            p.experiment = "003-fixed-size-scaling".into();
+            pts.push(p);
+        }
+        let f = fixed_findings(&results(pts));
+        assert_eq!(f.len(), 3, "{f:?}");
+        // × 2.5 at 3 nodes against the paper's 253.7 / 87.2 = × 2.91.
+        assert_eq!(f[0].verdict, Verdict::Agrees, "{:?}", f[0]);
+        assert!(f[0].ours.contains("bends at 3"), "{}", f[0].ours);
+        assert_eq!(f[1].verdict, Verdict::NotMeasured);
+        let mut pts = Vec::new();
+        for (s, v, busy) in [
+            ("packet-rr", 90.0, 34.0),
+            ("packet-sqf", 91.0, 33.5),
+            ("session-rr", 60.0, 55.0),
+            ("session-sqf", 75.0, 40.0),
+        ] {
+            for (x, v, b) in [(1.0, 35.0, 100.0), (3.0, v, busy)] {
+                let mut p = point(&format!("{s}, measured"), x, v, "Mbit/s");
+                p.experiment = "003-real-traffic-dispatch".into();
+                pts.push(p);
+                let mut p = point(&format!("busiest node · {s}"), x, b, "%");
+                p.experiment = "003-real-traffic-dispatch".into();
+                pts.push(p);
+            }
+        }
+        let f = trace_findings(&results(pts));
+        assert_eq!(f.len(), 3, "{f:?}");
+        assert!(f.iter().all(|x| x.verdict == Verdict::Agrees), "{f:?}");
+        assert!(f[2].ours.contains("55"), "{}", f[2].ours);
+    }
+
+    #[test]
     fn the_rig_experiments_say_why_they_do_not_run() {
         for id in PENDING {
             assert!(pending(id).unwrap().contains("not built yet"));
         }
         assert!(pending("003-capacity-model").is_none());
+        assert!(pending("003-fixed-size-scaling").is_none());
+        assert!(pending("003-real-traffic-dispatch").is_none());
         assert!(pending("003-design-comparisons").is_none());
     }
 

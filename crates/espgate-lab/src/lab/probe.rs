@@ -48,7 +48,7 @@ pub struct Stream {
 }
 
 /// Moves the calling thread into network namespace `ns`.
-fn enter(ns: &str) -> Result<()> {
+pub(crate) fn enter(ns: &str) -> Result<()> {
     let f = std::fs::File::open(format!("/run/netns/{ns}"))
         .with_context(|| format!("opening namespace {ns}"))?;
     rustix::thread::move_into_link_name_space(

@@ -803,8 +803,13 @@ fn tune_tcp(lab: &Lab, ns: &str, t: TcpTuning) -> Result<()> {
 /// at `pct` % of one CPU: cgroup v1 `cpu.cfs_quota_us` when mounted, else
 /// v2 `cpu.max`. Returns the group's directory (removed by the caller).
 pub fn cpu_cap(name: &str, pct: u32, pid: u32) -> Result<PathBuf> {
+    cpu_cap_period(name, pct, pid, 100_000)
+}
+
+/// [`cpu_cap`] with a cfs period of `period` µs (a shorter period makes
+/// a throttled process stall for shorter stretches at the same share).
+pub fn cpu_cap_period(name: &str, pct: u32, pid: u32, period: u64) -> Result<PathBuf> {
     ensure!(pct > 0, "a CPU quota of 0 % stops the gateway");
-    let period = 100_000u64;
     let quota = period * u64::from(pct) / 100;
     let v1 = Path::new("/sys/fs/cgroup/cpu");
     let (dir, files): (PathBuf, Vec<(&str, String)>) = if v1.join("cpu.cfs_quota_us").exists() {
