@@ -57,19 +57,45 @@ class Cluster:
             for k in ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0",
                       "net.ipv4.conf.default.rp_filter=0", "net.ipv4.conf.all.send_redirects=0"):
                 run("ip", "netns", "exec", ns, "sysctl", "-qw", k)
-        keys = {k: keyhex(16) for k in ("ab", "ba")}
-        salts = {k: keyhex(4) for k in ("ab", "ba")}
-        self.daemons = []
-        for i, ns in enumerate(self.nodes, 1):
-            d = lab.tmp / f"n{i}"
-            d.mkdir()
-            text = f"""[gateway]
-tun = "tunc"
+        keys = {k: keyhex(16) + keyhex(4) for k in ("ab", "ba")}  # AES-128 key and GCM salt
+
+        def gateway(tun, tun_address, cluster, conn, local, remote, lts, rts, spis, sends):
+            """One gateway's configuration: the cluster's side sends with
+            the "ab" keys, the peer with "ba"."""
+            recv = "ba" if sends == "ab" else "ab"
+            return f"""[gateway]
+tun = "{tun}"
+{tun_address}
 listen = "0.0.0.0:4500"
 control_socket = "ctl.sock"
 state_dir = "state"
 log = "debug"
+{cluster}
+[[connection]]
+name = "{conn}"
+local = "{local}"
+remote = "{remote}"
+local_ts = ["{lts}"]
+remote_ts = ["{rts}"]
 
+[connection.esp]
+suite = "aes128gcm16"
+spi_in = {spis[0]:#x}
+spi_out = {spis[1]:#x}
+enc_in = "{keys[recv]}"
+enc_out = "{keys[sends]}"
+"""
+
+        def write(name, text):
+            d = lab.tmp / name
+            d.mkdir()
+            (d / "gw.toml").write_text(text)
+            (d / "gw.toml").chmod(0o600)
+            return d
+
+        self.daemons = []
+        for i, ns in enumerate(self.nodes, 1):
+            cluster = f"""
 [cluster]
 name = "t"
 node = {i}
@@ -78,49 +104,12 @@ dispatch = "{dispatch}"
 inside = "in0"
 outside = "out0"
 hold = "5s"
-
-[[connection]]
-name = "to-b"
-local = "192.168.50.1"
-remote = "192.168.50.2"
-local_ts = ["10.1.0.0/24"]
-remote_ts = ["10.2.0.0/24"]
-
-[connection.esp]
-suite = "aes128gcm16"
-spi_in = 0x1001
-spi_out = 0x1002
-enc_in = "{keys['ba']}{salts['ba']}"
-enc_out = "{keys['ab']}{salts['ab']}"
 """
-            (d / "gw.toml").write_text(text)
-            (d / "gw.toml").chmod(0o600)
+            d = write(f"n{i}", gateway("tunc", "", cluster, "to-b", "192.168.50.1", "192.168.50.2",
+                                       "10.1.0.0/24", "10.2.0.0/24", (0x1001, 0x1002), "ab"))
             self.daemons.append(Daemon(lab, ns, d / "gw.toml", d / "ctl.sock", d / "log"))
-        d = lab.tmp / "peer"
-        d.mkdir()
-        (d / "gw.toml").write_text(f"""[gateway]
-tun = "tunb"
-tun_address = ["10.2.0.1/24"]
-listen = "0.0.0.0:4500"
-control_socket = "ctl.sock"
-state_dir = "state"
-log = "debug"
-
-[[connection]]
-name = "to-cluster"
-local = "192.168.50.2"
-remote = "192.168.50.1"
-local_ts = ["10.2.0.0/24"]
-remote_ts = ["10.1.0.0/24"]
-
-[connection.esp]
-suite = "aes128gcm16"
-spi_in = 0x1002
-spi_out = 0x1001
-enc_in = "{keys['ab']}{salts['ab']}"
-enc_out = "{keys['ba']}{salts['ba']}"
-""")
-        (d / "gw.toml").chmod(0o600)
+        d = write("peer", gateway("tunb", 'tun_address = ["10.2.0.1/24"]', "", "to-cluster", "192.168.50.2",
+                                  "192.168.50.1", "10.2.0.0/24", "10.1.0.0/24", (0x1002, 0x1001), "ba"))
         self.b = Daemon(lab, self.peer, d / "gw.toml", d / "ctl.sock", d / "log")
 
     def _port(self, ns, dev, bridge, addr, mac=None):

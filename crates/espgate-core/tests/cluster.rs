@@ -6,7 +6,7 @@
 use espgate_core::buf::PacketBuf;
 use espgate_core::cluster::{Dispatch, NodeId, Plan};
 use espgate_core::gateway::{ClusterOptions, Engine, EngineOptions, Layers, LockState, Received};
-use espgate_testkit::{from_a, opts, side, udp4, Shape};
+use espgate_testkit::{drops, from_a, opts, side, udp4, Shape};
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -52,16 +52,6 @@ fn next_out(e: &Engine) -> u64 {
         .find(|s| s.outbound)
         .unwrap()
         .next_seq()
-}
-
-fn drops(e: &Engine) -> Vec<(&'static str, u64)> {
-    e.stats()
-        .counters
-        .drops
-        .all()
-        .filter(|(_, n)| *n > 0)
-        .map(|(d, n)| (d.as_str(), n))
-        .collect()
 }
 
 /// Offers packet `k` to every node (but `skip`); returns the senders and

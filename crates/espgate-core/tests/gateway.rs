@@ -8,7 +8,7 @@ use espgate_core::wire::flow::Flow;
 use espgate_core::wire::ip;
 use espgate_core::{DropReason, PacketBuf};
 use espgate_testkit::keys::*;
-use espgate_testkit::{from_a, opts, side, tcp_syn4, udp4, Shape, B};
+use espgate_testkit::{drops, from_a, opts, side, tcp_syn4, udp4, Shape, B};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -43,17 +43,6 @@ fn send_one(a: &mut Engine, b: &mut Engine) -> bool {
         return false;
     }
     b.inbound(&mut buf, T, from_a()) == Ok(Received::Packet)
-}
-
-/// The drops of `e` by name, non-zero only.
-fn drops(e: &Engine) -> Vec<(&'static str, u64)> {
-    e.stats()
-        .counters
-        .drops
-        .all()
-        .filter(|(_, n)| *n > 0)
-        .map(|(d, n)| (d.as_str(), n))
-        .collect()
 }
 
 /// `(direction, spi)` of the SAs in `e`'s directory.

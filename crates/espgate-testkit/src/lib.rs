@@ -9,7 +9,7 @@
 //! SPI 0x1002 (AH: those plus 0x100), with the keys of [`keys`].
 
 use espgate_core::crypto::Suite;
-use espgate_core::gateway::{ConnSpec, EngineOptions, Layers, MssClamp, SaSettings};
+use espgate_core::gateway::{ConnSpec, Engine, EngineOptions, Layers, MssClamp, SaSettings};
 use espgate_core::sa::{per_cpu_key, Classifier, Lifetime, Mode, Protocol, SaConfig};
 use espgate_core::selector::{PortRange, Prefix, TrafficSelector};
 use espgate_core::wire::{ipv4, proto, udp};
@@ -211,4 +211,15 @@ pub fn opts() -> EngineOptions {
         leases: None,
         cluster: None,
     }
+}
+
+/// The drops of `e` by name, non-zero only.
+pub fn drops(e: &Engine) -> Vec<(&'static str, u64)> {
+    e.stats()
+        .counters
+        .drops
+        .all()
+        .filter(|(_, n)| *n > 0)
+        .map(|(d, n)| (d.as_str(), n))
+        .collect()
 }
