@@ -487,15 +487,55 @@ struct Found {
     shares: Vec<f64>,
     /// Nodes not in step after the last settle.
     not_in_step: usize,
-    /// Duplicate ESP sequence numbers seen in all trials.
+    /// Duplicate ESP sequence numbers seen in the search's trials.
     duplicates: u64,
+    /// Rigs built anew after a lossy trial (stateful schemes).
+    rebuilds: usize,
+    /// Low-rate check trials after a lossy one that still lost or
+    /// duplicated packets: the nodes' dispatch state had diverged.
+    diverged: usize,
+    /// Each trial: rate, Mbit/s; passed; loss %; duplicates.
+    log: Vec<(f64, bool, f64, u64)>,
 }
 
-/// Binary search of the offered rate on `rig`: `sends(rate_bps)` is what
-/// a trial at that rate sends; a trial passes when at most
-/// `max_loss_pct` % is lost and the generator kept to its schedule.
+impl Found {
+    /// The trials in one line, for a note.
+    fn describe(&self) -> String {
+        self.log
+            .iter()
+            .map(|(r, ok, l, d)| {
+                format!(
+                    "{} {}{}",
+                    n(*r),
+                    if *ok { "✓" } else { "✗" },
+                    if *ok {
+                        String::new()
+                    } else if *d > 0 {
+                        format!(" ({} % lost, {d} dup)", n(*l))
+                    } else {
+                        format!(" ({} % lost)", n(*l))
+                    }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Binary search of the offered rate on the cluster `spec`:
+/// `sends(rate_bps)` is what a trial at that rate sends; a trial passes
+/// when at most `max_loss_pct` % is lost and the generator kept to its
+/// schedule. Under packet-rr the rig is kept, and after a lossy trial it
+/// waits until the checkpoints have put every node back in step (the
+/// dispatch depends on the sequence number only). Under the other schemes
+/// the dispatch also depends on what each node has seen (virtual queues,
+/// the session table), which a node that missed packets under overload
+/// gets wrong for good; so after a lossy trial a low-rate check trial
+/// records whether that happened, and the next trial runs on a new rig.
 fn search(
-    rig: &mut ClusterRig,
+    prefix: &str,
+    spec: &ClusterSpec,
+    exe: &std::path::Path,
     sends: &dyn Fn(f64) -> Vec<Send>,
     max_loss_pct: f64,
     steps: usize,
@@ -508,12 +548,24 @@ fn search(
         shares: Vec::new(),
         not_in_step: 0,
         duplicates: 0,
+        rebuilds: 0,
+        diverged: 0,
+        log: Vec::new(),
     };
+    let stateful = spec.dispatch != Dispatch::PacketRr;
+    let mut rig: Option<ClusterRig> = None;
     while let Some(rate) = s.next() {
+        if rig.is_none() {
+            if f.trials > 0 {
+                f.rebuilds += 1;
+            }
+            rig = Some(ClusterRig::up(prefix, spec, exe)?);
+        }
+        let r = rig.as_mut().expect("built above");
         let list = sends(rate * 1e6);
-        let c0 = rig.outbound_counts()?;
-        let t: Trial = rig.trial(&list, rate * 1e6)?;
-        let c1 = rig.outbound_counts()?;
+        let c0 = r.outbound_counts()?;
+        let t: Trial = r.trial(&list, rate * 1e6)?;
+        let c1 = r.outbound_counts()?;
         f.trials += 1;
         f.duplicates += t.duplicates;
         let lost_ok = if max_loss_pct <= 0.0 {
@@ -525,6 +577,7 @@ fn search(
         if lost_ok && !t.on_schedule() {
             f.generator_limited = true;
         }
+        f.log.push((rate, pass, t.loss_pct(), t.duplicates));
         let delivered = t.offered_mbps() * t.received as f64 / t.sent.max(1) as f64;
         s.record(rate, pass, delivered);
         if pass {
@@ -538,7 +591,23 @@ fn search(
                 f.shares = d.iter().map(|x| x / total * 100.0).collect();
             }
         }
-        f.not_in_step = rig.settle()?;
+        let clean = t.received >= t.sent && t.duplicates == 0;
+        if stateful && !clean {
+            let check = vec![
+                Send {
+                    port: 5001,
+                    ip_len: 500
+                };
+                1000
+            ];
+            let c = r.trial(&check, 4e6)?;
+            if c.received < c.sent || c.duplicates > 0 {
+                f.diverged += 1;
+            }
+            rig = None;
+        } else {
+            f.not_in_step = r.settle()?;
+        }
     }
     f.mbps = s.result();
     Ok(f)
@@ -554,6 +623,8 @@ fn found_extra(f: &Found, spec: &ClusterSpec) -> BTreeMap<String, f64> {
     );
     e.insert("not_in_step_after".into(), f.not_in_step as f64);
     e.insert("duplicate_esp_seqs".into(), f.duplicates as f64);
+    e.insert("rigs_rebuilt".into(), f.rebuilds as f64);
+    e.insert("diverged_after_loss".into(), f.diverged as f64);
     e.insert(
         "quota_sum_pct_of_machine".into(),
         f64::from(spec.nodes) * f64::from(spec.cpu_pct) / machine_cpus() / 100.0 * 100.0,
@@ -624,7 +695,7 @@ fn run_fixed(ctx: &mut Ctx) -> Result<()> {
             ("ESP AES-128-GCM", "aes128gcm16", vec![1446]),
         ]
     };
-    let steps = if quick { 4 } else { 8 };
+    let steps = if quick { 5 } else { 8 };
     rig_setup(ctx, steps);
     ctx.setup(format!(
         "frames of {} B: one UDP flow of IPv4 packets of frame − {ETHERNET} B, UDP payload = \
@@ -687,7 +758,6 @@ fn run_fixed(ctx: &mut Ctx) -> Result<()> {
                 cpu_pct: NODE_CPU_PCT,
             };
             ctx.setup(format!("rig: {}", spec.describe()));
-            let mut rig = ClusterRig::up(&prefix, &spec, &ctx.knobs.exe)?;
             for &frame in frames {
                 let ip_len = inner_len(frame) as u16;
                 let sends = move |bps: f64| {
@@ -695,15 +765,11 @@ fn run_fixed(ctx: &mut Ctx) -> Result<()> {
                         .clamp(1, MAX_TRIAL_PACKETS);
                     vec![Send { port: 5001, ip_len }; count]
                 };
-                let f = search(&mut rig, &sends, 0.0, steps)?;
-                let (rounds, errors, last) = rig.agent_stats();
-                if errors > 0 {
-                    ctx.note(format!(
-                        "{label} {frame} B, {nn} node(s): {errors} of {rounds} agent rounds had \
-                         an error (last: {})",
-                        last.unwrap_or_default()
-                    ));
-                }
+                let f = search(&prefix, &spec, &ctx.knobs.exe, &sends, 0.0, steps)?;
+                ctx.note(format!(
+                    "{label} {frame} B, {nn} node(s), trials (Mbit/s): {}",
+                    f.describe()
+                ));
                 if f.generator_limited {
                     ctx.note(format!(
                         "{label} {frame} B, {nn} node(s): the generator could not keep the \
@@ -879,7 +945,7 @@ fn run_trace(ctx: &mut Ctx) -> Result<()> {
     let quick = ctx.knobs.quick;
     let nodes: Vec<u16> = if quick { vec![1, 3] } else { (1..=6).collect() };
     let sessions = if quick { 2000 } else { trace::SESSIONS };
-    let steps = if quick { 4 } else { 8 };
+    let steps = if quick { 5 } else { 8 };
     rig_setup(ctx, steps);
     let tr = Trace::synthesize(sessions, TRACE_SEED);
     let (pm, ps) = tr.packet_moments();
@@ -946,10 +1012,22 @@ fn run_trace(ctx: &mut Ctx) -> Result<()> {
                 cpu_pct: NODE_CPU_PCT,
             };
             ctx.setup(format!("rig: {}", spec.describe()));
-            let mut rig = ClusterRig::up(&prefix, &spec, &ctx.knobs.exe)?;
             let sends = |bps: f64| trace_sends(tr, bps, secs);
-            let f = search(&mut rig, &sends, 0.1, steps)?;
-            drop(rig);
+            let f = search(&prefix, &spec, &ctx.knobs.exe, &sends, 0.1, steps)?;
+            ctx.note(format!(
+                "{} with {nn} node(s), trials (Mbit/s): {}{}",
+                scheme.name(),
+                f.describe(),
+                if f.rebuilds > 0 {
+                    format!(
+                        "; rig rebuilt {} time(s) after a lossy trial, and {} low-rate check(s) \
+                         right after one still lost or duplicated packets",
+                        f.rebuilds, f.diverged
+                    )
+                } else {
+                    String::new()
+                }
+            ));
             if f.generator_limited {
                 ctx.note(format!(
                     "{} with {nn} node(s): the generator could not keep the schedule at some \
