@@ -259,23 +259,31 @@ ETCD = "/usr/bin/etcd"
 
 class Etcd:
     """One etcd member in its own namespace on the management segment,
-    its data in the test's temp dir; stopped and removed by the test."""
+    its data in the test's temp dir; stopped and removed by the test.
+    `peers`: every member's (name, address), for a multi-member etcd."""
 
-    def __init__(self, lab, ns, addr):
-        self.lab, self.ns, self.addr = lab, ns, addr
-        self.data = lab.tmp / "etcd"
+    def __init__(self, lab, ns, addr, name="t", peers=None):
+        self.lab, self.ns, self.addr, self.name = lab, ns, addr, name
+        self.peers = peers or [(name, addr)]
+        self.data = lab.tmp / f"etcd-{name}"
         self.proc = None
 
-    def start(self):
+    def start(self, wait=True):
         url = f"http://{self.addr}"
-        self.log = open(self.lab.tmp / "etcd.log", "ab")
+        initial = ",".join(f"{n}=http://{a}:2380" for n, a in self.peers)
+        self.log = open(self.lab.tmp / f"etcd-{self.name}.log", "ab")
         self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.ns, ETCD, "--name", "t", "--data-dir", str(self.data),
+            ["ip", "netns", "exec", self.ns, ETCD, "--name", self.name, "--data-dir", str(self.data),
              "--listen-client-urls", f"{url}:2379", "--advertise-client-urls", f"{url}:2379",
              "--listen-peer-urls", f"{url}:2380", "--initial-advertise-peer-urls", f"{url}:2380",
-             "--initial-cluster", f"t={url}:2380", "--heartbeat-interval", "50", "--election-timeout", "500"],
+             "--initial-cluster", initial, "--heartbeat-interval", "50", "--election-timeout", "500"],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.lab.procs.append(self.proc)
+        if wait:
+            self.wait()
+
+    def wait(self):
+        url = f"http://{self.addr}"
         deadline = time.time() + 15
         while time.time() < deadline:
             r = run("ip", "netns", "exec", self.ns, "etcdctl", "--endpoints", f"{url}:2379",
@@ -283,32 +291,37 @@ class Etcd:
             if r.returncode == 0:
                 return
             time.sleep(0.2)
-        pytest.fail("etcd did not come up:\n" + (self.lab.tmp / "etcd.log").read_text()[-3000:])
+        pytest.fail("etcd did not come up:\n" + (self.lab.tmp / f"etcd-{self.name}.log").read_text()[-3000:])
 
     def kill(self):
         self.proc.kill()
         self.proc.wait(timeout=10)
 
 
-def etcd_cluster(lab, n=3):
-    """The cluster of `Cluster`, plus a management segment with etcd on
-    it; the nodes' agents (run by `espgate up`) use that etcd."""
+def etcd_cluster(lab, n=3, members=1):
+    """The cluster of `Cluster`, plus a management segment with an etcd of
+    `members` members on it; the nodes' agents (run by `espgate up`) use
+    every member as an endpoint."""
     if not pathlib.Path(ETCD).exists():
         pytest.fail(f"{ETCD} is missing: scripts/setup.sh installs etcd-server")
     c = Cluster(lab, n=n)
     run("ip", "-n", c.sw, "link", "add", "swmgmt", "type", "bridge")
     run("ip", "-n", c.sw, "link", "set", "swmgmt", "up")
-    ens = lab.netns("et")
-    c._port(ens, "eth0", "swmgmt", "10.99.0.100/24")
+    peers = [(f"e{k}", f"10.99.0.{100 + k}") for k in range(members)]
+    etcds = []
+    for name, addr in peers:
+        ens = lab.netns("et")
+        c._port(ens, "eth0", "swmgmt", f"{addr}/24")
+        etcds.append(Etcd(lab, ens, addr, name, peers))
     for i, ns in enumerate(c.nodes, 1):
         c._port(ns, "mgmt0", "swmgmt", f"10.99.0.{i}/24")
+    endpoints = ", ".join(f'"http://{a}:2379"' for _, a in peers)
     # The nodes' configs point at it, with a 2 s lease and a 6 s hold.
     for d in c.daemons:
-        text = d.cfg.read_text().replace('etcd = ["http://127.0.0.1:1"]', 'etcd = ["http://10.99.0.100:2379"]')
+        text = d.cfg.read_text().replace('etcd = ["http://127.0.0.1:1"]', f"etcd = [{endpoints}]")
         text = text.replace('hold = "5s"', 'hold = "6s"\nlease_ttl = "2s"')
         d.cfg.write_text(text)
-    e = Etcd(lab, ens, "10.99.0.100")
-    return c, e
+    return c, etcds
 
 
 def wait_plan(c, members, timeout, daemons=None):
@@ -326,7 +339,7 @@ def wait_plan(c, members, timeout, daemons=None):
 
 
 def test_etcd_cluster_survives_a_killed_node_the_leader_and_an_etcd_restart(lab):
-    c, e = etcd_cluster(lab)
+    c, (e,) = etcd_cluster(lab)
     e.start()
     c.start()
     docs = wait_plan(c, [1, 2, 3], 20)
@@ -412,3 +425,33 @@ def test_etcd_cluster_survives_a_killed_node_the_leader_and_an_etcd_restart(lab)
     print(f"node {leaving} stopped cleanly under a stream: {end['lost_packets']} of {end['packets']} lost")
     assert end["lost_packets"] == 0, end
     assert "left the cluster" in c.daemons[leaving - 1].log_text()
+
+
+def test_a_three_member_etcd_loses_a_member_and_the_cluster_does_not_notice(lab):
+    c, etcds = etcd_cluster(lab, members=3)
+    for e in etcds:
+        e.start(wait=False)
+    for e in etcds:
+        e.wait()
+    c.start()
+    docs = wait_plan(c, [1, 2, 3], 20)
+    result = {}
+
+    def stream():
+        result["end"] = udp_stream(c, 10, rate="2M", length=500, port=5304)
+
+    t = threading.Thread(target=stream)
+    t.start()
+    time.sleep(3)
+    # Kill the member every agent lists first, then wait past the hold:
+    # the agents carry on with the other two.
+    etcds[0].kill()
+    time.sleep(6.5)
+    t.join()
+    end = result["end"]
+    print(f"\netcd member killed: {end['lost_packets']} of {end['packets']} datagrams lost")
+    assert end["lost_packets"] == 0, end
+    for d in c.daemons:
+        st = d.status()["cluster"]
+        assert st["state"] == "processing" and st["plan_age_ms"] < 3000, st
+    assert docs[0]["plan"]["members"] == [1, 2, 3]

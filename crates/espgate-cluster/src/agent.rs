@@ -31,8 +31,10 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(1);
 const BACKOFF_MIN: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(4);
 
-/// Failed cycles in a row after which the connection is made anew.
-const FAILURES_BEFORE_RECONNECT: u32 = 3;
+/// Failed cycles in a row after which the connection is made anew (to
+/// the next endpoint that answers, at once: a lease lasts only a few
+/// seconds).
+const FAILURES_BEFORE_RECONNECT: u32 = 1;
 
 /// How a stop was asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -494,9 +496,11 @@ impl State {
         if self.session.is_some() {
             self.failures += 1;
             if self.failures >= FAILURES_BEFORE_RECONNECT {
-                // Connect anew, keeping the lease if etcd still has it.
+                // Connect anew, keeping the lease if etcd still has it,
+                // in a cycle of its own right away.
                 self.resume = self.session.take().map(|s| s.lease);
                 self.failures = 0;
+                self.wake.notify_one();
             }
         }
         match self.etcd_down {

@@ -53,6 +53,8 @@ impl Keys {
 pub(crate) struct Endpoints {
     pub(crate) urls: Vec<String>,
     options: ConnectOptions,
+    /// The endpoint to try first (the last one that answered).
+    next: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Endpoints {
@@ -102,6 +104,7 @@ impl Endpoints {
         Ok(Endpoints {
             urls: c.etcd.clone(),
             options,
+            next: Default::default(),
         })
     }
 
@@ -110,12 +113,33 @@ impl Endpoints {
         self.urls.join(", ")
     }
 
-    /// A client (the connection itself may be made lazily, at the first
-    /// request).
+    /// A client of one endpoint that answers, tried in turn from the one
+    /// that answered last. One endpoint per client, not etcd-client's
+    /// balanced list: with a member down, the balanced channel kept
+    /// sending some requests to it for seconds (longer than a lease), so
+    /// one dead member of three took nodes out of the plan.
     pub(crate) async fn connect(&self) -> Result<Client> {
-        Client::connect(&self.urls, Some(self.options.clone()))
-            .await
-            .map_err(|e| anyhow!("connecting: {}", describe(&e)))
+        let n = self.urls.len();
+        let first = self.next.load(std::sync::atomic::Ordering::Relaxed) % n.max(1);
+        let mut why = Vec::new();
+        for k in 0..n {
+            let i = (first + k) % n;
+            let url = &self.urls[i];
+            let tried = async {
+                let mut c = Client::connect([url.as_str()], Some(self.options.clone())).await?;
+                c.status().await?;
+                Ok::<Client, etcd_client::Error>(c)
+            };
+            match tokio::time::timeout(Duration::from_secs(2), tried).await {
+                Ok(Ok(c)) => {
+                    self.next.store(i, std::sync::atomic::Ordering::Relaxed);
+                    return Ok(c);
+                }
+                Ok(Err(e)) => why.push(format!("{url}: {}", describe(&e))),
+                Err(_) => why.push(format!("{url}: no answer within 2s")),
+            }
+        }
+        Err(anyhow!("connecting: {}", why.join("; ")))
     }
 }
 
