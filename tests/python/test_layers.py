@@ -19,8 +19,10 @@ ALLOWED = {
     "espgate-api": {"espgate-core"},
     "espgate-daemon": {"espgate-core", "espgate-ike", "espgate-config", "espgate-api"},
     "espgate-lab": {"espgate-core", "espgate-ike", "espgate-config", "espgate-api"},
+    # The cluster agent talks to its daemon through the control API only.
+    "espgate-cluster": {"espgate-core", "espgate-config", "espgate-api"},
     "espgate": {"espgate-core", "espgate-ike", "espgate-config", "espgate-api", "espgate-daemon",
-                "espgate-lab"},
+                "espgate-lab", "espgate-cluster"},
     "espgate-testkit": {"espgate-core"},
 }
 

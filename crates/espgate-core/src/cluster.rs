@@ -106,8 +106,19 @@ pub struct Seen {
 }
 
 /// The most sessions remembered; the least recently seen goes first
-/// (by the lockstep packet count, so every node evicts the same one).
+/// (by the lockstep counter, so every node evicts the same one).
 pub const MAX_SESSIONS: usize = 65_536;
+
+/// Every this many packets of an SA (at lockstep counters that are
+/// multiples of it), the dispatch state that depends on history — the
+/// virtual queues and the session table — starts afresh on every node.
+/// Round-robin needs nothing; shortest-queue and session schemes would
+/// otherwise stay split for good after a node missed packets (found by
+/// the lab under overload: thousands of duplicate sequence numbers).
+/// Sessions may change node at these points; at 100,000 packets/s that
+/// is every 1.3 s, at 1,000 every two minutes. (Twice the session
+/// table, so a full table can live between two of them.)
+pub const REALIGN_EVERY: u64 = 2 * MAX_SESSIONS as u64;
 
 /// One node's dispatcher. Every node of a cluster runs one with the same
 /// scheme and plan, is shown the same packets, and so reaches the same
@@ -121,12 +132,8 @@ pub struct Dispatcher {
     /// Bytes seen not yet shared out among the members (the remainder of
     /// the division by n).
     carry: u64,
-    /// Session → (member, last seen at packet count).
+    /// Session → (member, last seen at lockstep counter).
     sessions: HashMap<FlowKey, (NodeId, u64)>,
-    /// New sessions assigned so far (session round-robin).
-    new_sessions: u64,
-    /// Packets seen.
-    seen: u64,
 }
 
 impl Dispatcher {
@@ -145,8 +152,6 @@ impl Dispatcher {
             } else {
                 HashMap::new()
             },
-            new_sessions: 0,
-            seen: 0,
         }
     }
 
@@ -181,14 +186,27 @@ impl Dispatcher {
         if n == 0 {
             return None;
         }
-        self.seen += 1;
+        if p.counter.is_multiple_of(REALIGN_EVERY) {
+            self.realign();
+        }
         let i = match (self.scheme, p.flow) {
-            (Dispatch::SessionRr | Dispatch::SessionSqf, Some(f)) => self.session(f),
+            (Dispatch::SessionRr | Dispatch::SessionSqf, Some(f)) => self.session(f, p.counter),
             _ if self.scheme.sqf() => self.shortest(),
             _ => (p.counter % n as u64) as usize,
         };
         self.account(i, p.len);
         Some(self.plan.members[i])
+    }
+
+    /// Starts the state that depends on what this node saw afresh: the
+    /// virtual queues and the session table (its room is kept). Every
+    /// node does it at the same lockstep counter, so a node that missed
+    /// packets — and so placed sessions or filled queues differently —
+    /// agrees with the others again from there.
+    fn realign(&mut self) {
+        self.backlog.fill(0);
+        self.carry = 0;
+        self.sessions.clear();
     }
 
     /// True when `me` processes packet `p` (see [`Dispatcher::assign`]).
@@ -210,20 +228,21 @@ impl Dispatcher {
 
     /// The member index of session `f`, placing it when new (or when its
     /// member left the plan).
-    fn session(&mut self, f: FlowKey) -> usize {
+    fn session(&mut self, f: FlowKey, counter: u64) -> usize {
         let members = &self.plan.members;
         if let Some((node, last)) = self.sessions.get_mut(&f) {
             if let Some(i) = members.iter().position(|m| m == node) {
-                *last = self.seen;
+                *last = counter;
                 return i;
             }
         }
+        // Round-robin by the lockstep counter of the session's first
+        // packet (not by a count of sessions, which a node that missed a
+        // first packet would have wrong).
         let i = if self.scheme.sqf() {
             self.shortest()
         } else {
-            let i = (self.new_sessions % members.len() as u64) as usize;
-            self.new_sessions += 1;
-            i
+            (counter % members.len() as u64) as usize
         };
         if self.sessions.len() >= MAX_SESSIONS && !self.sessions.contains_key(&f) {
             // Deterministic eviction: the least recently seen, ties by key.
@@ -239,7 +258,7 @@ impl Dispatcher {
                 self.sessions.remove(&old);
             }
         }
-        self.sessions.insert(f, (members[i], self.seen));
+        self.sessions.insert(f, (members[i], counter));
         i
     }
 
@@ -457,15 +476,16 @@ mod tests {
     #[test]
     fn sessions_stay_on_one_node_and_move_when_it_leaves() {
         let mut d = Dispatcher::new(Dispatch::SessionRr, Plan::new(1, [1, 2, 3]));
-        let first: Vec<_> = (0..3)
-            .map(|f| d.assign(&seen(f, 100, Some(f))).unwrap())
+        // New sessions by the counter of their first packet.
+        let first: Vec<_> = (1..=3)
+            .map(|k| d.assign(&seen(k, 100, Some(k))).unwrap())
             .collect();
-        assert_eq!(first, [1, 2, 3]);
-        for k in 0..30 {
+        assert_eq!(first, [2, 3, 1]);
+        for k in 4..34 {
             assert_eq!(d.assign(&seen(k, 100, Some(1))), Some(2));
         }
         // Inbound (no flow): packet round-robin.
-        assert_eq!(d.assign(&seen(4, 100, None)), Some(2));
+        assert_eq!(d.assign(&seen(34, 100, None)), Some(2));
         // Node 2 leaves: its session is placed again, then stays.
         d.set_plan(Plan::new(2, [1, 3]));
         let moved = d.assign(&seen(50, 100, Some(1))).unwrap();
@@ -479,14 +499,48 @@ mod tests {
     fn the_session_table_is_bounded_and_evicts_alike_everywhere() {
         let mut a = Dispatcher::new(Dispatch::SessionRr, Plan::new(1, [1, 2]));
         let mut b = a.clone();
+        // Counters between two realignments.
         for f in 0..(MAX_SESSIONS as u64 + 10) {
+            let k = REALIGN_EVERY + 1 + f;
             assert_eq!(
-                a.assign(&seen(f, 64, Some(f))),
-                b.assign(&seen(f, 64, Some(f)))
+                a.assign(&seen(k, 64, Some(f))),
+                b.assign(&seen(k, 64, Some(f)))
             );
         }
         assert_eq!(a.sessions.len(), MAX_SESSIONS);
         assert_eq!(a.sessions.keys().min(), b.sessions.keys().min());
+    }
+
+    #[test]
+    fn nodes_that_saw_different_packets_agree_again_after_a_realignment() {
+        for scheme in [
+            Dispatch::PacketSqf,
+            Dispatch::SessionRr,
+            Dispatch::SessionSqf,
+        ] {
+            let plan = Plan::new(1, [1, 2, 3]);
+            let (mut a, mut b) = (
+                Dispatcher::new(scheme, plan.clone()),
+                Dispatcher::new(scheme, plan),
+            );
+            let pkt = |k: u64| seen(k, 64 + (k * 37 % 1400) as u32, Some(k % 50));
+            // B misses one packet in seven before the realignment.
+            let mut split = 0;
+            for k in 1..REALIGN_EVERY {
+                let pa = a.assign(&pkt(k));
+                if k % 7 != 0 && b.assign(&pkt(k)) != pa {
+                    split += 1;
+                }
+            }
+            assert!(split > 0, "{scheme:?}: the miss should have split them");
+            for k in REALIGN_EVERY..REALIGN_EVERY + 5000 {
+                assert_eq!(
+                    a.assign(&pkt(k)),
+                    b.assign(&pkt(k)),
+                    "{scheme:?}, packet {k}"
+                );
+            }
+        }
     }
 
     proptest! {
@@ -529,7 +583,12 @@ mod tests {
                 let k = (1..=n).filter(|k| !missed.contains(k)).nth(s as usize - 1).unwrap();
                 let behind = missed.iter().filter(|m| **m < k).count() as i64;
                 let want = if behind == 0 { Verdict::InStep } else { Verdict::Off(-behind) };
-                prop_assert_eq!(a.compare(s, d), want);
+                match a.compare(s, d) {
+                    // B sampled it for its early number; A numbered it past
+                    // the early ones and only samples one in 64 there.
+                    Verdict::Unknown => prop_assert!(s < EARLY && k >= EARLY, "{} {}", s, k),
+                    v => prop_assert_eq!(v, want),
+                }
             }
         }
 
