@@ -275,7 +275,7 @@ mod tests {
             .copied()
             .filter(|i| pending(i).is_some())
             .collect();
-        assert_eq!(waiting, ["003-failover"]);
+        assert!(waiting.is_empty(), "{waiting:?}");
         for e in all() {
             assert!(!e.exp.plots.is_empty(), "{}: no plot", e.exp.id);
             assert!(!e.exp.question.is_empty() && !e.exp.our_setup.is_empty());

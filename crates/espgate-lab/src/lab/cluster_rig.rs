@@ -25,7 +25,16 @@
 //!
 //! Each node's espgate process runs in a CPU cgroup capped at
 //! `cpu_pct` % of one vCPU (the node's "hardware"), with a 10 ms period
-//! so that a throttled node stalls for milliseconds, not for tens of them.
+//! so that a throttled node stalls for milliseconds, not for tens of them
+//! (`cpu_pct` 0: no cap).
+//!
+//! With `etcd_members` > 0 the rig is no agent: it starts an etcd of that
+//! many members ([`ETCD`], each in its own namespace on a third bridge,
+//! `swmgmt`, 10.99.0.0/24, data in the work directory), the nodes'
+//! `[cluster]` tables point at every member with a [`LEASE_TTL`] lease and
+//! a [`HOLD`] hold, and each node's `espgate up` runs the real agent, as
+//! `test_cluster.py`'s `etcd_cluster()` does.
+//!
 //! Everything is removed on drop: on success, on error and after Ctrl-C.
 
 use crate::netlab::{self, in_ns, ip, random_hex, spawn_gateway, write_private, Lab};
@@ -72,6 +81,19 @@ const SPI_IN: u32 = 0x1001;
 const OUTSIDE_MTU: u32 = 1600;
 /// How long after the last packet the counter keeps counting.
 const DRAIN: Duration = Duration::from_millis(300);
+/// The etcd server the rig starts (scripts/setup.sh installs etcd-server).
+pub const ETCD: &str = "/usr/bin/etcd";
+/// `[cluster] lease_ttl` of a rig with etcd.
+pub const LEASE_TTL: &str = "2s";
+/// `[cluster] hold` of a rig with etcd.
+pub const HOLD: &str = "6s";
+/// The most etcd members a rig starts.
+pub const MAX_ETCD: u16 = 5;
+
+/// The address of etcd member `k` (0-based) on the management bridge.
+pub fn etcd_addr(k: u16) -> String {
+    format!("10.99.0.{}", 100 + k)
+}
 
 /// One cluster.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,21 +104,39 @@ pub struct ClusterSpec {
     pub suite: String,
     /// `[cluster] dispatch`.
     pub dispatch: Dispatch,
-    /// CPU quota of each node's espgate, % of one vCPU.
+    /// CPU quota of each node's espgate, % of one vCPU (0: none).
     pub cpu_pct: u32,
+    /// Members of the etcd the rig starts; 0: no etcd, the rig plays the
+    /// agent.
+    pub etcd_members: u16,
 }
 
 impl ClusterSpec {
     /// A one-line description for the report.
     pub fn describe(&self) -> String {
+        let cap = if self.cpu_pct == 0 {
+            "no CPU cap on the nodes".to_string()
+        } else {
+            format!(
+                "each node's espgate capped at {} % of one vCPU (cfs quota, {} ms period)",
+                self.cpu_pct,
+                NODE_PERIOD_US / 1000
+            )
+        };
+        let agent = if self.etcd_members == 0 {
+            String::new()
+        } else {
+            format!(
+                ", etcd of {} member(s) and the nodes' own agents (lease_ttl {LEASE_TTL}, \
+                 hold {HOLD})",
+                self.etcd_members
+            )
+        };
         format!(
-            "{} node(s), ESP {} in UDP, tunnel mode, manual keys, dispatch {}, each node's \
-             espgate capped at {} % of one vCPU (cfs quota, {} ms period)",
+            "{} node(s), ESP {} in UDP, tunnel mode, manual keys, dispatch {}, {cap}{agent}",
             self.nodes,
             self.suite,
             self.dispatch.name(),
-            self.cpu_pct,
-            NODE_PERIOD_US / 1000
         )
     }
 }
@@ -164,15 +204,24 @@ pub fn node_config(
     esp.integ_out = key(&k_out.1);
     conn.esp = Some(value(esp));
     let cluster = node.map(|id| {
+        let (etcd, lease_ttl, hold) = if spec.etcd_members == 0 {
+            // Nowhere: the lab is the agent and sends the plan itself.
+            (vec![value("http://127.0.0.1:1".into())], None, "10s")
+        } else {
+            let eps = (0..spec.etcd_members)
+                .map(|k| value(format!("http://{}:2379", etcd_addr(k))))
+                .collect();
+            (eps, Some(value(Scalar::Str(LEASE_TTL.into()))), HOLD)
+        };
         value(ClusterTable {
             name: Some(value("lab".into())),
             node: Some(value(id.into())),
-            // Nowhere: the lab is the agent and sends the plan itself.
-            etcd: Some(vec![value("http://127.0.0.1:1".into())]),
+            etcd: Some(etcd),
             dispatch: Some(value(spec.dispatch.name().into())),
             inside: Some(value("in0".into())),
             outside: Some(value("out0".into())),
-            hold: Some(value(Scalar::Str("10s".into()))),
+            lease_ttl,
+            hold: Some(value(Scalar::Str(hold.into()))),
             ..ClusterTable::default()
         })
     });
@@ -390,11 +439,70 @@ impl Search {
     }
 }
 
-/// The ESP counter at the peer: distinct sequence numbers while armed.
+/// An ESP datagram at the peer: its sequence number and arrival time.
+pub type Arrival = (u32, Instant);
+/// A stream's first and last send.
+pub type Span = (Instant, Instant);
+
+/// The ESP counter at the peer: each ESP datagram's sequence number and
+/// arrival time while armed.
 struct Counter {
     armed: AtomicBool,
-    seqs: Mutex<Vec<u32>>,
+    seqs: Mutex<Vec<(u32, Instant)>>,
     other: AtomicU64,
+}
+
+/// The first arrival of each distinct sequence number, in order of
+/// sequence number.
+pub fn first_arrivals(arrivals: &[(u32, Instant)]) -> Vec<(u32, Instant)> {
+    let mut v = arrivals.to_vec();
+    v.sort_unstable();
+    v.dedup_by_key(|a| a.0);
+    v
+}
+
+/// The longest silence at the peer between `from` (the stream's first
+/// send) and `to` (its last): the largest interval between consecutive
+/// first arrivals of distinct sequence numbers, counting the intervals
+/// from `from` to the first arrival and from the last to `to` (arrivals
+/// outside the window are not counted; nothing at all: `to − from`).
+pub fn longest_gap(arrivals: &[(u32, Instant)], from: Instant, to: Instant) -> Duration {
+    let mut times: Vec<Instant> = first_arrivals(arrivals)
+        .into_iter()
+        .map(|a| a.1)
+        .filter(|t| *t >= from && *t <= to)
+        .collect();
+    times.sort_unstable();
+    let mut prev = from;
+    let mut gap = Duration::ZERO;
+    for t in times.into_iter().chain(std::iter::once(to)) {
+        gap = gap.max(t.saturating_duration_since(prev));
+        prev = t;
+    }
+    gap
+}
+
+/// The loss window: the sequence numbers missing between the lowest and
+/// the highest that arrived, and the time from the arrival of the last
+/// number before the first hole to that of the first after the last hole
+/// (`None` when nothing is missing). The nodes number every packet in
+/// lockstep, so a missing number is a lost packet.
+pub fn loss_window(arrivals: &[(u32, Instant)]) -> (u64, Option<Duration>) {
+    let v = first_arrivals(arrivals);
+    let mut missing = 0u64;
+    let (mut before, mut after): (Option<Instant>, Option<Instant>) = (None, None);
+    for w in v.windows(2) {
+        let hole = u64::from(w[1].0 - w[0].0 - 1);
+        if hole > 0 {
+            missing += hole;
+            before.get_or_insert(w[0].1);
+            after = Some(w[1].1);
+        }
+    }
+    let span = before
+        .zip(after)
+        .map(|(b, a)| a.saturating_duration_since(b));
+    (missing, span)
 }
 
 /// Seed 003's cluster of n espgate nodes, up and carrying a tunnel.
@@ -412,6 +520,8 @@ pub struct ClusterRig {
     /// The nodes' namespaces.
     pub nodes: Vec<String>,
     sockets: Vec<PathBuf>,
+    pids: Vec<u32>,
+    etcd_pids: Vec<u32>,
     cgroups: Vec<PathBuf>,
     ports: usize,
     plan: PlanDoc,
@@ -420,6 +530,8 @@ pub struct ClusterRig {
     agent_state: Arc<AgentState>,
     counter: Arc<Counter>,
     sink: Option<JoinHandle<Result<()>>>,
+    /// The last trial's arrivals at the peer and its first and last send.
+    last: (Vec<Arrival>, Option<Span>),
 }
 
 impl ClusterRig {
@@ -432,6 +544,14 @@ impl ClusterRig {
             "a cluster rig has 1 to {MAX_NODES} nodes, not {}",
             spec.nodes
         );
+        ensure!(
+            spec.etcd_members <= MAX_ETCD,
+            "a cluster rig starts at most {MAX_ETCD} etcd members, not {}",
+            spec.etcd_members
+        );
+        if spec.etcd_members > 0 && !Path::new(ETCD).exists() {
+            bail!("{ETCD} is missing: scripts/setup.sh installs etcd-server");
+        }
         let work = std::env::temp_dir().join(format!("{prefix}-work"));
         let lab = Lab::new(prefix, work)?;
         let members: Vec<u16> = (1..=spec.nodes).collect();
@@ -444,6 +564,8 @@ impl ClusterRig {
             host: format!("{prefix}-ho"),
             nodes: members.iter().map(|i| format!("{prefix}-n{i}")).collect(),
             sockets: Vec::new(),
+            pids: Vec::new(),
+            etcd_pids: Vec::new(),
             cgroups: Vec::new(),
             ports: 0,
             plan: PlanDoc { epoch: 1, members },
@@ -456,13 +578,193 @@ impl ClusterRig {
                 other: AtomicU64::new(0),
             }),
             sink: None,
+            last: (Vec::new(), None),
         };
         rig.build()?;
+        if spec.etcd_members > 0 {
+            rig.start_etcd()?;
+        }
         rig.start_nodes(exe)?;
         rig.start_sink()?;
-        rig.start_agent()?;
+        if spec.etcd_members > 0 {
+            let all: Vec<u16> = (1..=spec.nodes).collect();
+            rig.wait_plan(&all, &all, Duration::from_secs(30))?;
+        } else {
+            rig.start_agent()?;
+        }
         rig.wait_flowing()?;
         Ok(rig)
+    }
+
+    /// The etcd members, each in its namespace on `swmgmt`, and the
+    /// nodes' `mgmt0` ports; returns when every member says it is healthy.
+    fn start_etcd(&mut self) -> Result<()> {
+        let sw = self.sw.clone();
+        ip(&["-n", &sw, "link", "add", "swmgmt", "type", "bridge"])?;
+        ip(&["-n", &sw, "link", "set", "swmgmt", "up"])?;
+        for (i, ns) in self.nodes.clone().iter().enumerate() {
+            self.port(
+                ns,
+                "mgmt0",
+                "swmgmt",
+                &format!("10.99.0.{}/24", i + 1),
+                None,
+                1500,
+            )?;
+        }
+        let k_all = self.spec.etcd_members;
+        let initial = (0..k_all)
+            .map(|k| format!("e{k}=http://{}:2380", etcd_addr(k)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut started = Vec::new();
+        for k in 0..k_all {
+            let ns = format!("{}-e{k}", self.prefix);
+            self.lab.netns(&ns)?;
+            let addr = etcd_addr(k);
+            self.port(&ns, "eth0", "swmgmt", &format!("{addr}/24"), None, 1500)?;
+            let data = self.lab.work.join(format!("etcd-e{k}"));
+            let log = std::fs::File::create(self.lab.work.join(format!("etcd-e{k}.log")))?;
+            let url = format!("http://{addr}");
+            let (client, peer) = (format!("{url}:2379"), format!("{url}:2380"));
+            let what = format!("etcd e{k}");
+            let pid = self.lab.spawn(
+                &what,
+                in_ns(
+                    &ns,
+                    &[
+                        ETCD,
+                        "--name",
+                        &format!("e{k}"),
+                        "--data-dir",
+                        &data.to_string_lossy(),
+                        "--listen-client-urls",
+                        &client,
+                        "--advertise-client-urls",
+                        &client,
+                        "--listen-peer-urls",
+                        &peer,
+                        "--initial-advertise-peer-urls",
+                        &peer,
+                        "--initial-cluster",
+                        &initial,
+                        "--heartbeat-interval",
+                        "50",
+                        "--election-timeout",
+                        "500",
+                    ],
+                )
+                .stdin(std::process::Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log),
+            )?;
+            self.etcd_pids.push(pid);
+            started.push((k, ns, what));
+        }
+        for (k, ns, what) in started {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                netlab::check_interrupt()?;
+                if etcd_healthy(&ns, &etcd_addr(k)) {
+                    break;
+                }
+                let log = self.lab.work.join(format!("etcd-e{k}.log"));
+                if let Some(st) = self.lab.exited(&what) {
+                    bail!("{what} exited ({st}): {}", tail(&log));
+                }
+                ensure!(
+                    Instant::now() < deadline,
+                    "{what} was not healthy within 20 s: {}",
+                    tail(&log)
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits (at most `limit`) until each node of `asked` has the plan
+    /// `members` and is processing; returns their statuses.
+    pub fn wait_plan(
+        &self,
+        asked: &[u16],
+        members: &[u16],
+        limit: Duration,
+    ) -> Result<Vec<ClusterStatus>> {
+        let deadline = Instant::now() + limit;
+        loop {
+            netlab::check_interrupt()?;
+            let docs: Vec<Option<ClusterStatus>> = asked
+                .iter()
+                .map(|id| self.cluster_status(*id).ok())
+                .collect();
+            let good = docs.iter().all(|d| {
+                d.as_ref().is_some_and(|d| {
+                    d.state == "processing" && d.plan.as_ref().is_some_and(|p| p.members == members)
+                })
+            });
+            if good {
+                return Ok(docs.into_iter().flatten().collect());
+            }
+            if Instant::now() >= deadline {
+                let seen: Vec<String> = docs
+                    .iter()
+                    .zip(asked)
+                    .map(|(d, id)| match d {
+                        Some(d) => format!(
+                            "node {id}: {} plan {:?}",
+                            d.state,
+                            d.plan.as_ref().map(|p| &p.members)
+                        ),
+                        None => format!("node {id}: no status"),
+                    })
+                    .collect();
+                let logs: Vec<String> = asked.iter().map(|id| self.node_log(*id)).collect();
+                bail!(
+                    "no plan {members:?} on nodes {asked:?} within {} s ({}; node logs: {})",
+                    limit.as_secs(),
+                    seen.join(", "),
+                    logs.join(" | ")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Node `id`'s cluster status.
+    pub fn cluster_status(&self, id: u16) -> Result<ClusterStatus> {
+        let sock = self
+            .sockets
+            .get(usize::from(id).wrapping_sub(1))
+            .ok_or_else(|| anyhow!("no node {id}"))?;
+        Client::new(sock, Duration::from_secs(2))
+            .status()
+            .map_err(|e| anyhow!("node {id}: {e}"))?
+            .cluster
+            .ok_or_else(|| anyhow!("node {id} has no cluster status"))
+    }
+
+    /// Node `id`'s control socket.
+    pub fn socket(&self, id: u16) -> Option<PathBuf> {
+        self.sockets.get(usize::from(id).wrapping_sub(1)).cloned()
+    }
+
+    /// The process id of node `id`'s espgate (a child of the rig: after a
+    /// kill it stays a zombie until the rig reaps it, so the id is not
+    /// reused meanwhile).
+    pub fn node_pid(&self, id: u16) -> Option<u32> {
+        self.pids.get(usize::from(id).wrapping_sub(1)).copied()
+    }
+
+    /// The process id of etcd member `k` (0-based), as [`Self::node_pid`].
+    pub fn etcd_pid(&self, k: u16) -> Option<u32> {
+        self.etcd_pids.get(usize::from(k)).copied()
+    }
+
+    /// The last trial's arrivals at the peer (sequence number, time) and
+    /// the times of its first and last send.
+    pub fn last_arrivals(&self) -> (&[Arrival], Option<Span>) {
+        (&self.last.0, self.last.1)
     }
 
     fn build(&mut self) -> Result<()> {
@@ -589,6 +891,7 @@ impl ClusterRig {
             let what = format!("espgate node {id}");
             let pid = spawn_gateway(&mut self.lab, &what, ns, exe, &cfg, &dir.join("log"))?;
             pids.push((id, pid));
+            self.pids.push(pid);
             self.sockets.push(dir.join("ctl.sock"));
         }
         for (id, _) in &pids {
@@ -615,6 +918,9 @@ impl ClusterRig {
             }
         }
         for (id, pid) in pids {
+            if self.spec.cpu_pct == 0 {
+                continue;
+            }
             let name = format!("{}-n{id}", self.prefix);
             let cg = super::rig::cpu_cap_period(&name, self.spec.cpu_pct, pid, NODE_PERIOD_US)?;
             self.cgroups.push(cg);
@@ -654,7 +960,8 @@ impl ClusterRig {
                     Ok(n) if n >= 8 && buf[..4] != [0; 4] => {
                         if counter.armed.load(Ordering::Relaxed) {
                             let seq = u32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]);
-                            counter.seqs.lock().expect("counter lock").push(seq);
+                            let at = Instant::now();
+                            counter.seqs.lock().expect("counter lock").push((seq, at));
                         }
                     }
                     Ok(_) => {
@@ -760,7 +1067,7 @@ impl ClusterRig {
         self.counter.armed.store(true, Ordering::SeqCst);
         let host = self.host.clone();
         let list: Vec<Send> = sends.to_vec();
-        let gen = std::thread::spawn(move || -> Result<Trial> {
+        let gen = std::thread::spawn(move || -> Result<(Trial, Instant, Instant)> {
             super::probe::enter(&host)?;
             let sock = UdpSocket::bind(SocketAddrV4::new(HOST, 0))?;
             let mut buf = [0u8; 1500];
@@ -789,10 +1096,11 @@ impl ClusterRig {
                 }
                 bits += u64::from(s.ip_len) * 8;
             }
-            t.actual_s = start.elapsed().as_secs_f64();
+            let end = Instant::now();
+            t.actual_s = (end - start).as_secs_f64();
             t.bits = bits;
             t.planned_s = bits as f64 / rate_bps;
-            Ok(t)
+            Ok((t, start, end))
         });
         let r = gen
             .join()
@@ -800,8 +1108,10 @@ impl ClusterRig {
             .and_then(|r| r);
         std::thread::sleep(DRAIN);
         self.counter.armed.store(false, Ordering::SeqCst);
-        let mut seqs = std::mem::take(&mut *self.counter.seqs.lock().expect("counter lock"));
-        let mut t = r?;
+        let arrivals = std::mem::take(&mut *self.counter.seqs.lock().expect("counter lock"));
+        let (mut t, start, end) = r?;
+        let mut seqs: Vec<u32> = arrivals.iter().map(|a| a.0).collect();
+        self.last = (arrivals, Some((start, end)));
         let all = seqs.len() as u64;
         seqs.sort_unstable();
         seqs.dedup();
@@ -915,6 +1225,37 @@ fn tail(path: &Path) -> String {
     lines.into_iter().rev().collect::<Vec<_>>().join(" / ")
 }
 
+/// An etcd member answers `/health` with `"health":"true"` (a plain
+/// HTTP/1.0 request from a thread in its namespace).
+fn etcd_healthy(ns: &str, addr: &str) -> bool {
+    use std::io::{Read, Write};
+    let (ns, addr) = (ns.to_string(), addr.to_string());
+    let h = std::thread::spawn(move || -> Result<String> {
+        super::probe::enter(&ns)?;
+        let sa: std::net::SocketAddr = format!("{addr}:2379").parse()?;
+        let mut s = std::net::TcpStream::connect_timeout(&sa, Duration::from_secs(1))?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        s.write_all(format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
+        let mut body = String::new();
+        s.take(65536).read_to_string(&mut body)?;
+        Ok(body)
+    });
+    h.join()
+        .ok()
+        .and_then(|r| r.ok())
+        .is_some_and(|b| b.replace(' ', "").contains("\"health\":\"true\""))
+}
+
+/// SIGKILL to `pid` (a child of this process, not reaped yet).
+pub fn kill9(pid: u32) -> Result<()> {
+    let p = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| anyhow!("no process {pid}"))?;
+    rustix::process::kill_process(p, rustix::process::Signal::KILL)
+        .map_err(|e| anyhow!("kill -9 {pid}: {e}"))
+}
+
 /// Runs `cmd` in `ns` (for callers that need a one-off command).
 pub fn ns_run(ns: &str, args: &[&str]) -> Result<String> {
     netlab::run(&mut in_ns(ns, args))
@@ -934,9 +1275,9 @@ mod tests {
                 .map(|j| format!("{:02x}", (j * 37 + seed * 11 + 1) as u8))
                 .collect()
         };
-        for (suite, d) in [
-            ("3des-md5", Dispatch::PacketRr),
-            ("aes128gcm16", Dispatch::SessionSqf),
+        for (suite, d, node_etcd) in [
+            ("3des-md5", Dispatch::PacketRr, false),
+            ("aes128gcm16", Dispatch::SessionSqf, true),
         ] {
             let s: espgate_core::crypto::Suite = suite.parse().unwrap();
             let k = |seed| (pat(s.enc_key_len(), seed), pat(s.integ_key_len(), seed + 1));
@@ -945,6 +1286,7 @@ mod tests {
                 suite: suite.into(),
                 dispatch: d,
                 cpu_pct: 25,
+                etcd_members: if node_etcd { 3 } else { 0 },
             };
             for node in [Some(1), Some(3), None] {
                 let text = node_config(&spec, node, &k(1), &k(5));
@@ -959,9 +1301,19 @@ mod tests {
                         text.contains(d.name()) && text.contains("[cluster]"),
                         "{text}"
                     );
+                    // With etcd: every member an endpoint, the lease and hold.
+                    assert_eq!(
+                        text.contains("http://10.99.0.102:2379")
+                            && text.contains("lease_ttl = \"2s\"")
+                            && text.contains("hold = \"6s\""),
+                        node_etcd,
+                        "{text}"
+                    );
+                    assert_eq!(text.contains("127.0.0.1:1"), !node_etcd, "{text}");
                 }
             }
             assert!(spec.describe().contains("25 %"));
+            assert_eq!(spec.describe().contains("lease_ttl 2s"), node_etcd);
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -1026,6 +1378,44 @@ mod tests {
             .iter()
             .all(|c| c.node == 1));
         assert_eq!(checkpoints_for(3, &members, &docs).len(), 2);
+    }
+
+    #[test]
+    fn the_longest_gap_and_the_loss_window_from_arrivals() {
+        let t0 = Instant::now();
+        let ms = |m: u64| t0 + Duration::from_millis(m);
+        // Every 1 ms, numbers 100.. ; 105..=108 lost (a hole of 4), 103
+        // arrived twice (its second arrival does not count), 110 late.
+        let mut a: Vec<(u32, Instant)> = (0..20u32)
+            .filter(|i| !(5..=8).contains(i))
+            .map(|i| (100 + i, ms(10 + u64::from(i))))
+            .collect();
+        a.push((103, ms(30)));
+        a.retain(|x| x.0 != 110);
+        a.push((110, ms(40)));
+        // Gaps: 10 ms from the start to 100's arrival; 104 at 14 → 109 at
+        // 19 is 5 ms; 111 at 21 … but 110 arrives at 40 (after 119 at
+        // 29): 29 → 40 is 11 ms; then 40 → the end at 45 is 5 ms.
+        assert_eq!(longest_gap(&a, ms(0), ms(45)), Duration::from_millis(11));
+        // Without the start's silence and the late one: 5 ms.
+        let b: Vec<(u32, Instant)> = a.iter().copied().filter(|x| x.0 != 110).collect();
+        assert_eq!(longest_gap(&b, ms(10), ms(29)), Duration::from_millis(5));
+        // Nothing arrived: the whole window.
+        assert_eq!(longest_gap(&[], ms(0), ms(7)), Duration::from_millis(7));
+        // Arrivals outside the window are left out.
+        assert_eq!(longest_gap(&b, ms(50), ms(52)), Duration::from_millis(2));
+        // The window: from 104 (14 ms) to 109 (19 ms), 4 missing; 110
+        // arrived, so no hole there.
+        assert_eq!(loss_window(&a), (4, Some(Duration::from_millis(5))));
+        // Two holes: from before the first to after the last.
+        let mut c = b.clone();
+        c.retain(|x| x.0 != 115);
+        assert_eq!(loss_window(&c), (6, Some(Duration::from_millis(26 - 14))));
+        // Nothing missing.
+        let d: Vec<(u32, Instant)> = (0..5).map(|i| (i, ms(u64::from(i)))).collect();
+        assert_eq!(loss_window(&d), (0, None));
+        assert_eq!(loss_window(&[]), (0, None));
+        assert_eq!(first_arrivals(&a).len(), 20 - 4);
     }
 
     #[test]
