@@ -424,7 +424,7 @@ def test_etcd_cluster_survives_a_killed_node_the_leader_and_an_etcd_restart(lab)
     end = result["end"]
     print(f"node {leaving} stopped cleanly under a stream: {end['lost_packets']} of {end['packets']} lost")
     assert end["lost_packets"] == 0, end
-    assert "left the cluster" in c.daemons[leaving - 1].log_text()
+    assert "the plan no longer names it" in c.daemons[leaving - 1].log_text()
 
 
 def test_a_three_member_etcd_loses_a_member_and_the_cluster_does_not_notice(lab):

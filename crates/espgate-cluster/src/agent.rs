@@ -26,6 +26,10 @@ const CYCLE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The longest each of resign and revoke may take when the agent stops.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(1);
+/// After the plan stopped naming a leaving node: time for the other
+/// agents (they watch the plan) to give it to their daemons before this
+/// node stops forwarding.
+const TAKEOVER_MARGIN: Duration = Duration::from_millis(300);
 
 /// The first and the longest wait between two attempts to reconnect.
 const BACKOFF_MIN: Duration = Duration::from_millis(500);
@@ -735,11 +739,43 @@ impl State {
             }
         }
         match tokio::time::timeout(LEAVE_TIMEOUT, client.lease_revoke(lease)).await {
-            Ok(Ok(_)) => tracing::info!(
-                "cluster {}: node {} left (lease {lease:x} revoked)",
-                self.cfg.name,
-                self.cfg.node
-            ),
+            Ok(Ok(_)) => {
+                // The daemon still forwards: wait (bounded) until the plan
+                // no longer names this node, then a moment for the other
+                // agents, which watch the plan, to hand it to their daemons.
+                let t0 = Instant::now();
+                let limit = self.cfg.ttl + Duration::from_secs(1);
+                let me = self.cfg.node;
+                let mut out = false;
+                while t0.elapsed() < limit {
+                    let read = tokio::time::timeout(
+                        LEAVE_TIMEOUT,
+                        crate::etcd::snapshot(&mut client, &self.cfg.keys),
+                    )
+                    .await;
+                    if let Ok(Ok(snap)) = read {
+                        if snap.plan.as_ref().is_none_or(|p| !p.members.contains(&me)) {
+                            out = true;
+                            break;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                if out {
+                    tokio::time::sleep(TAKEOVER_MARGIN).await;
+                }
+                tracing::info!(
+                    "cluster {}: node {} left (lease {lease:x} revoked); {} after {} ms",
+                    self.cfg.name,
+                    self.cfg.node,
+                    if out {
+                        "the plan no longer names it"
+                    } else {
+                        "the plan still named it"
+                    },
+                    t0.elapsed().as_millis()
+                )
+            }
             Ok(Err(e)) => tracing::warn!(
                 "cluster {}: revoking lease {lease:x}: {}; the node leaves the plan when it \
                  expires ({}s)",

@@ -777,16 +777,12 @@ fn run_up(opts: UpOpts) -> ExitCode {
             Ok(())
         };
         // Leave the cluster while the workers still forward: the agent
-        // revokes its lease, the leader plans without this node, and the
-        // others take over its share (a watch round, tens of ms; half a
-        // second of margin) before this node stops processing.
+        // revokes its lease and returns once the plan no longer names
+        // this node and the others have had a moment to take over its
+        // share (bounded by the lease TTL).
         let mut on_stopping = || {
             if let Some(a) = agent.borrow_mut().take() {
                 a.stop();
-                tracing::info!(
-                    "left the cluster; forwarding 0.5 s more while the others take over"
-                );
-                std::thread::sleep(std::time::Duration::from_millis(500));
             }
         };
         espgate_daemon::run_hooked(cfg, &mut on_ready, &mut on_stopping)
