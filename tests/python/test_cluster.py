@@ -200,10 +200,13 @@ def test_three_nodes_carry_a_tunnel_as_one_gateway(lab, dispatch):
         rows = [next(s for s in doc["sas"] if s["outbound"] == direction) for doc in docs]
         seen = [r["processed"] + r["observed"] for r in rows]
         assert max(seen) - min(seen) <= 2, (direction, rows)
-        assert all(r["processed"] > 0 for r in rows), (dispatch, direction, rows)
         if dispatch.startswith("packet") or not direction:
             # Packet schemes (and every scheme inbound) spread one stream.
             assert all(r["processed"] > seen[0] / 6 for r in rows), (dispatch, direction, rows)
+        else:
+            # Session schemes keep each flow (ping, iperf3's control and
+            # data) on one node: the stream's node did nearly all of it.
+            assert max(r["processed"] for r in rows) > seen[0] * 0.9, (dispatch, direction, rows)
     # The peer saw one gateway: no replay or ICV drop, no unknown SPI.
     assert c.b.status()["drops"] == {}, c.b.status()["drops"]
     text = run(c.lab.espgate, "status", "-s", str(c.daemons[0].sock)).stdout
