@@ -934,26 +934,13 @@ impl ClusterRig {
         let stop = self.stop.clone();
         let counter = self.counter.clone();
         let h = std::thread::spawn(move || -> Result<()> {
-            let sock = (|| -> Result<UdpSocket> {
-                super::probe::enter(&ns)?;
-                let s = UdpSocket::bind(SocketAddrV4::new(PEER, 4500))
-                    .with_context(|| format!("binding {PEER}:4500 in {ns}"))?;
-                // Root may exceed rmem_max: room for a burst while this
-                // thread waits for a CPU.
-                rustix::net::sockopt::set_socket_recv_buffer_size_force(&s, 32 << 20)?;
-                s.set_read_timeout(Some(Duration::from_millis(50)))?;
-                Ok(s)
-            })();
-            let sock = match sock {
-                Ok(s) => {
-                    let _ = ready_tx.send(Ok(()));
-                    s
-                }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(anyhow!("{e:#}")));
-                    return Err(e);
-                }
-            };
+            // 32 MiB: room for a burst while this thread waits for a CPU.
+            let sock = super::probe::bind_in(
+                &ns,
+                SocketAddrV4::new(PEER, 4500),
+                Some(32 << 20),
+                &ready_tx,
+            )?;
             let mut buf = [0u8; 2048];
             while !stop.load(Ordering::Relaxed) {
                 match sock.recv(&mut buf) {

@@ -714,6 +714,17 @@ fn rig_setup(ctx: &mut Ctx, steps: usize) {
     ));
 }
 
+/// Records column `col` of a seed table by its `nodes` column, in
+/// Mbit/s, as series `series` (the paper's points beside ours).
+fn record_paper(ctx: &mut Ctx, t: &super::seeds::SeedTable, col: &str, series: &str) -> Result<()> {
+    for row in 0..t.rows.len() {
+        if let (Some(x), Some(v)) = (t.num(row, "nodes"), t.num(row, col)) {
+            ctx.record(series, x, None, "Mbit/s", &[v], BTreeMap::new())?;
+        }
+    }
+    Ok(())
+}
+
 fn run_fixed(ctx: &mut Ctx) -> Result<()> {
     let quick = ctx.knobs.quick;
     let nodes: Vec<u16> = if quick {
@@ -765,18 +776,12 @@ fn run_fixed(ctx: &mut Ctx) -> Result<()> {
             let col = format!("esp_3des_md5_{frame}B_mbps");
             if *suite == "3des-md5" {
                 if let Some(t) = t41 {
-                    for row in 0..t.rows.len() {
-                        if let (Some(x), Some(v)) = (t.num(row, "nodes"), t.num(row, &col)) {
-                            ctx.record(
-                                &format!("{label}, {frame} B, paper (Table 4-1)"),
-                                x,
-                                None,
-                                "Mbit/s",
-                                &[v],
-                                none.clone(),
-                            )?;
-                        }
-                    }
+                    record_paper(
+                        ctx,
+                        t,
+                        &col,
+                        &format!("{label}, {frame} B, paper (Table 4-1)"),
+                    )?;
                 }
             }
         }
@@ -1020,18 +1025,7 @@ fn run_trace(ctx: &mut Ctx) -> Result<()> {
     if let Some(t) = Seeds::get().table("003-table-4-2") {
         for s in SCHEMES {
             let col = format!("{}_mbps", s.name().replace('-', "_"));
-            for row in 0..t.rows.len() {
-                if let (Some(x), Some(v)) = (t.num(row, "nodes"), t.num(row, &col)) {
-                    ctx.record(
-                        &format!("{}, paper (Table 4-2)", s.name()),
-                        x,
-                        None,
-                        "Mbit/s",
-                        &[v],
-                        none.clone(),
-                    )?;
-                }
-            }
+            record_paper(ctx, t, &col, &format!("{}, paper (Table 4-2)", s.name()))?;
         }
     }
     let prefix = format!("{}-c", ctx.prefix);
@@ -1446,18 +1440,12 @@ fn run_model(ctx: &mut Ctx) -> Result<()> {
     }
     if let Some(t) = Seeds::get().table("003-table-4-1") {
         for (col, frame, label) in TABLE_4_1 {
-            for row in 0..t.rows.len() {
-                if let (Some(nodes), Some(v)) = (t.num(row, "nodes"), t.num(row, col)) {
-                    ctx.record(
-                        &format!("out μ {label}, {frame} B, paper (Table 4-1)"),
-                        nodes,
-                        None,
-                        "Mbit/s",
-                        &[v],
-                        none.clone(),
-                    )?;
-                }
-            }
+            record_paper(
+                ctx,
+                t,
+                col,
+                &format!("out μ {label}, {frame} B, paper (Table 4-1)"),
+            )?;
         }
     }
     Ok(())

@@ -47,6 +47,30 @@ pub struct Stream {
     pub port: u16,
 }
 
+/// A UDP socket bound to `addr` inside namespace `ns` (the calling
+/// thread enters it), with a 50 ms read timeout and, when given, a receive
+/// buffer of `rcvbuf` bytes (forced: root may exceed `rmem_max`). The
+/// outcome also goes to `ready`, so that the thread that started this one
+/// knows when to begin sending.
+pub(super) fn bind_in(
+    ns: &str,
+    addr: SocketAddrV4,
+    rcvbuf: Option<usize>,
+    ready: &mpsc::Sender<Result<()>>,
+) -> Result<UdpSocket> {
+    let sock = (|| -> Result<UdpSocket> {
+        enter(ns)?;
+        let sock = UdpSocket::bind(addr).with_context(|| format!("binding {addr} in {ns}"))?;
+        if let Some(n) = rcvbuf {
+            rustix::net::sockopt::set_socket_recv_buffer_size_force(&sock, n)?;
+        }
+        sock.set_read_timeout(Some(Duration::from_millis(50)))?;
+        Ok(sock)
+    })();
+    let _ = ready.send(sock.as_ref().map(|_| ()).map_err(|e| anyhow!("{e:#}")));
+    sock
+}
+
 /// Moves the calling thread into network namespace `ns`.
 pub(crate) fn enter(ns: &str) -> Result<()> {
     let f = std::fs::File::open(format!("/run/netns/{ns}"))
@@ -77,23 +101,7 @@ pub fn run(from: &str, to: &str, to_addr: Ipv4Addr, s: Stream) -> Result<ProbeRe
     let to_ns = to.to_string();
     let stop_rx = stop.clone();
     let receiver = std::thread::spawn(move || -> Result<Vec<(u64, u64, u64)>> {
-        let sock = (|| -> Result<UdpSocket> {
-            enter(&to_ns)?;
-            let sock = UdpSocket::bind(SocketAddrV4::new(to_addr, s.port))
-                .with_context(|| format!("binding {to_addr}:{} in {to_ns}", s.port))?;
-            sock.set_read_timeout(Some(Duration::from_millis(50)))?;
-            Ok(sock)
-        })();
-        let sock = match sock {
-            Ok(x) => {
-                let _ = ready_tx.send(Ok(()));
-                x
-            }
-            Err(e) => {
-                let _ = ready_tx.send(Err(anyhow!("{e:#}")));
-                return Err(e);
-            }
-        };
+        let sock = bind_in(&to_ns, SocketAddrV4::new(to_addr, s.port), None, &ready_tx)?;
         // (sequence, sent ns, received ns), preallocated for the run.
         let mut got = Vec::with_capacity(n as usize + 16);
         let mut buf = [0u8; 2048];
