@@ -6,6 +6,8 @@
 //! plane and never talks to etcd. `docs/CLUSTER.md` has the whole design.
 
 use serde::{Deserialize, Serialize};
+use std::fmt;
+use zeroize::Zeroize;
 
 /// The dispatch plan: the live members in dispatch order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,6 +43,96 @@ pub struct ClusterUpdate {
     /// The other live nodes' latest checkpoints.
     #[serde(default)]
     pub checkpoints: Vec<PeerCheckpoint>,
+    /// Every SA the leader's IKE negotiated for the cluster, as etcd holds
+    /// it (decrypted by the agent): the node installs those it lacks and
+    /// removes the shared SAs no longer listed. `None`: the agent did not
+    /// read them this time (no change is made).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sas: Option<Vec<SharedSa>>,
+}
+
+/// An SA negotiated by the leader's IKE and shared with every node of the
+/// cluster. It carries the SA's keys: it travels only on the control
+/// socket (mode 0600, lines wiped) and, encrypted under the cluster key,
+/// in etcd; its keys are wiped on drop and never printed.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedSa {
+    /// The connection (every node runs the same configuration).
+    pub conn: String,
+    /// We send on it (else we receive on it).
+    pub outbound: bool,
+    /// `esp` or `qesp`.
+    pub protocol: String,
+    /// SPI.
+    pub spi: u32,
+    /// Suite name, as in `espgate sa add` (`aes128gcm16`, ...).
+    pub suite: String,
+    /// Encryption key in hex (with the salt for AEAD suites).
+    pub enc_key: String,
+    /// Integrity key in hex (empty for AEAD suites).
+    pub integ_key: String,
+    /// 64-bit sequence numbers.
+    pub esn: bool,
+    /// UDP encapsulation ports (ours, the peer's), when NAT-T is in use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encap: Option<(u16, u16)>,
+    /// The node whose IKE negotiated it: it alone processes the SA's
+    /// packets until `share_from`.
+    pub owner: u16,
+    /// The counter (outbound: sequence number; inbound: the wire sequence
+    /// number) from which the SA's packets are dispatched over the plan
+    /// like any other; `None`: not yet (the other nodes are still
+    /// installing it and catching up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_from: Option<u64>,
+}
+
+impl fmt::Debug for SharedSa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedSa")
+            .field("conn", &self.conn)
+            .field("outbound", &self.outbound)
+            .field("protocol", &self.protocol)
+            .field("spi", &format_args!("{:#010x}", self.spi))
+            .field("suite", &self.suite)
+            .field("keys", &"(not shown)")
+            .field("esn", &self.esn)
+            .field("encap", &self.encap)
+            .field("owner", &self.owner)
+            .field("share_from", &self.share_from)
+            .finish()
+    }
+}
+
+impl Drop for SharedSa {
+    fn drop(&mut self) {
+        self.enc_key.zeroize();
+        self.integ_key.zeroize();
+    }
+}
+
+impl SharedSa {
+    /// Its key in etcd and in logs: `0x0000c0de-out`.
+    pub fn name(&self) -> String {
+        format!(
+            "{:#010x}-{}",
+            self.spi,
+            if self.outbound { "out" } else { "in" }
+        )
+    }
+}
+
+/// The SAs a node shares with the cluster (the answer to `cluster_export`
+/// and `cluster_share`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ClusterSas {
+    /// Grows with every change of the list, so that an agent polling it
+    /// often can tell when to write etcd.
+    pub generation: u64,
+    /// The SAs: those this node's IKE negotiated, and those it installed
+    /// from etcd (a new leader keeps publishing them until its own IKE
+    /// replaces them).
+    pub sas: Vec<SharedSa>,
 }
 
 /// Lockstep health of one outbound SA on this node.
@@ -78,6 +170,25 @@ pub struct ClusterSa {
     /// Outbound: times this node moved its sequence number to the others'.
     #[serde(default)]
     pub resyncs: u64,
+    /// Negotiated by the leader's IKE and shared through etcd (else a
+    /// manual SA from the configuration).
+    #[serde(default)]
+    pub shared: bool,
+    /// While only this node processes the SA (it was just negotiated): the
+    /// node that does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub solo: Option<u16>,
+    /// The counter from which the SA is dispatched over the plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_from: Option<u64>,
+}
+
+impl ClusterSa {
+    /// Installed here and able to take its share: inbound at once,
+    /// outbound once in step with the others.
+    pub fn ready(&self) -> bool {
+        !self.outbound || self.lockstep == Some(Lockstep::InStep)
+    }
 }
 
 /// The `cluster` part of a node's status document.

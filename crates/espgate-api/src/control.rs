@@ -19,6 +19,9 @@
 //!  "checkpoints":[{"node":2,"spi":4097,"seq":256,"digest":...}]}
 //!                    -> {"ok":true,"message":"...","warnings":[]}
 //!                                                      (cluster::ClusterUpdate)
+//! {"cmd":"cluster_export"}, {"cmd":"cluster_share","spi":4097,"outbound":true}
+//!                    -> {"ok":true,"generation":N,"sas":[{...,"enc_key":"hex",...}]}
+//!                                                      (cluster::ClusterSas)
 //! anything else      -> {"ok":false,"error":"..."}
 //! ```
 //!
@@ -26,8 +29,9 @@
 //! answers every request with one `handle(Request) -> Response`, and
 //! [`Client`] is the blocking client the command line, the lab and the
 //! cluster agent use. `sa_add` / `sa_del` change the daemon's SAs until it
-//! stops (never the configuration file). `wireshark_keys` is the only
-//! command answered with key material; the socket is mode 0600 in a
+//! stops (never the configuration file). `wireshark_keys`, `cluster_export` and
+//! `cluster_share` are the commands answered with key material (and
+//! `cluster` the other that carries it); the socket is mode 0600 in a
 //! root-owned directory, and both sides wipe the lines that carry keys
 //! (an `sa_add` request, a `wireshark_keys` answer) once parsed.
 
@@ -160,6 +164,18 @@ pub enum Request {
     /// The cluster agent's once-a-second word to a cluster node: the plan
     /// in force, the leader and the other nodes' lockstep checkpoints.
     Cluster(crate::cluster::ClusterUpdate),
+    /// The SAs this node shares with the cluster, keys included (the
+    /// leader's agent writes them to etcd, encrypted).
+    ClusterExport,
+    /// Start dispatching a shared SA over the plan: the node picks the
+    /// counter to do it from (ahead of its own, by about a second of
+    /// traffic) and answers with the updated list.
+    ClusterShare {
+        /// The SA's SPI.
+        spi: u32,
+        /// Its direction.
+        outbound: bool,
+    },
 }
 
 /// What a command changed: one line for the operator, and warnings.
@@ -183,6 +199,8 @@ pub enum Response {
     Keys(Vec<SaKeys>),
     /// To the commands that change something.
     Changed(Change),
+    /// To `cluster_export` and `cluster_share`.
+    ClusterSas(crate::cluster::ClusterSas),
     /// The request was refused.
     Error(String),
 }
@@ -270,6 +288,7 @@ impl Response {
                 pretty,
             ),
             Response::Changed(c) => enc(&Ok { ok: true, body: c }, pretty),
+            Response::ClusterSas(c) => enc(&Ok { ok: true, body: c }, pretty),
             Response::Error(e) => enc(
                 &Refusal {
                     ok: false,
@@ -307,6 +326,9 @@ impl Response {
                     .map_err(bad)?
                     .sas,
             ),
+            Request::ClusterExport | Request::ClusterShare { .. } => {
+                Response::ClusterSas(serde_json::from_slice(line).map_err(bad)?)
+            }
             _ => Response::Changed(serde_json::from_slice(line).map_err(bad)?),
         })
     }
@@ -318,7 +340,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, String> {
         format!(
             "bad request ({e}); send one JSON object per line, e.g. {{\"cmd\":\"status\"}}; the \
              commands are status, sa_list, sa_add, sa_del, wireshark_keys, costs, initiate, \
-             terminate and cluster"
+             terminate, cluster, cluster_export and cluster_share"
         )
     })
 }
@@ -435,6 +457,14 @@ impl Client {
         }
     }
 
+    /// The SAs a cluster node shares (`cluster_export`, `cluster_share`).
+    pub fn cluster_sas(&self, req: &Request) -> Result<crate::cluster::ClusterSas, ClientError> {
+        match self.call(req)? {
+            Response::ClusterSas(c) => Ok(c),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// A command that changes something (`sa_add`, `sa_del`, `costs`,
     /// `initiate`, `terminate`).
     pub fn change(&self, req: &Request) -> Result<Change, ClientError> {
@@ -451,6 +481,7 @@ fn unexpected(r: &Response) -> ClientError {
         Response::Sas(_) => "an SA list",
         Response::Keys(_) => "SA keys",
         Response::Changed(_) => "a change",
+        Response::ClusterSas(_) => "a cluster SA list",
         Response::Error(_) => "an error",
     };
     ClientError::Other(format!(
@@ -513,12 +544,55 @@ mod tests {
                         seq: 512,
                         digest: 99,
                     }],
+                    sas: None,
                 }),
+            ),
+            (r#"{"cmd":"cluster_export"}"#, Request::ClusterExport),
+            (
+                r#"{"cmd":"cluster_share","spi":4097,"outbound":true}"#,
+                Request::ClusterShare {
+                    spi: 4097,
+                    outbound: true,
+                },
             ),
         ] {
             assert_eq!(parse_request(line.as_bytes()).unwrap(), req, "{line}");
             assert_eq!(serde_json::to_string(&req).unwrap(), line);
         }
+    }
+
+    #[test]
+    fn a_shared_sa_travels_with_its_keys_but_never_prints_them() {
+        let sa = crate::cluster::SharedSa {
+            conn: "site".into(),
+            outbound: true,
+            protocol: "esp".into(),
+            spi: 0xc0de,
+            suite: "aes128gcm16".into(),
+            enc_key: "00112233445566778899aabbccddeeff01020304".into(),
+            integ_key: String::new(),
+            esn: true,
+            encap: Some((4500, 4500)),
+            owner: 2,
+            share_from: None,
+        };
+        let shown = format!("{sa:?}");
+        assert!(!shown.contains("001122"), "{shown}");
+        assert_eq!(sa.name(), "0x0000c0de-out");
+        let answer = Response::ClusterSas(crate::cluster::ClusterSas {
+            generation: 7,
+            sas: vec![sa.clone()],
+        });
+        let back = Response::parse(&Request::ClusterExport, answer.to_line().as_bytes()).unwrap();
+        assert_eq!(back, answer);
+        let update = Request::Cluster(crate::cluster::ClusterUpdate {
+            plan: None,
+            leader: Some(2),
+            checkpoints: vec![],
+            sas: Some(vec![sa]),
+        });
+        let line = serde_json::to_string(&update).unwrap();
+        assert_eq!(parse_request(line.as_bytes()).unwrap(), update);
     }
 
     #[test]

@@ -117,6 +117,9 @@ mod tests {
             checkpoint,
             lockstep: outbound.then_some(Lockstep::InStep),
             resyncs: 0,
+            shared: false,
+            solo: None,
+            share_from: None,
         }
     }
 

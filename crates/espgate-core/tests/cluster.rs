@@ -276,3 +276,102 @@ fn a_node_that_starts_late_waits_for_its_first_comparison_then_joins() {
     assert_eq!(per, [100, 100, 100]);
     assert!(drops(&b).is_empty(), "{:?}", drops(&b));
 }
+
+/// The SPI of `e`'s SA in direction `outbound`.
+fn spi_of(e: &Engine, outbound: bool) -> u32 {
+    let r = e.cluster_report(T).unwrap();
+    r.sas.iter().find(|s| s.outbound == outbound).unwrap().spi
+}
+
+#[test]
+fn a_solo_sa_is_sent_by_its_owner_alone_until_shared_and_late_nodes_catch_up() {
+    let mut nodes: Vec<Engine> = (1..=3).map(|i| node(i, Dispatch::PacketRr)).collect();
+    let spi = spi_of(&nodes[0], true);
+    // Node 1's IKE negotiated it; nodes 2 and 3 install it from etcd, node
+    // 3 only after the first 50 packets (it misses them).
+    for n in &mut nodes {
+        assert_eq!(n.cluster_solo(spi, true, 1, None), Ok(None));
+    }
+    let mut b = peer();
+    for k in 0..400u64 {
+        let skip = (k < 50).then_some(2);
+        assert_eq!(offer(&mut nodes, &mut b, k, 1, skip), [0], "packet {k}");
+    }
+    // The followers vote with the owner only: node 3 moves by 50, node 2
+    // stays; the owner never moves.
+    let cps = checkpoints(&nodes, &[1, 2, 3]);
+    assert!(nodes[0].cluster_check(&cps).is_empty());
+    assert!(nodes[1].cluster_check(&cps).is_empty());
+    let lines = nodes[2].cluster_check(&cps);
+    assert!(lines[0].contains("50 packet(s) behind"), "{lines:?}");
+    let nexts: Vec<u64> = nodes.iter().map(next_out).collect();
+    assert_eq!(nexts, [401, 401, 401]);
+    // All are ready: the owner shares from 100 packets ahead.
+    let from = nodes[0].cluster_share(spi, true, 100).unwrap();
+    assert_eq!(from, 501);
+    assert_eq!(nodes[0].cluster_share(spi, true, 7), Ok(501), "shared once");
+    for n in &mut nodes[1..] {
+        assert_eq!(n.cluster_solo(spi, true, 1, Some(from)), Ok(None));
+    }
+    let mut per = [0; 3];
+    for k in 400..700u64 {
+        let s = offer(&mut nodes, &mut b, k, 1, None);
+        assert_eq!(s.len(), 1, "packet {k}");
+        if k < 500 {
+            assert_eq!(s, [0], "packet {k} is before the share");
+        }
+        per[s[0]] += 1;
+    }
+    assert_eq!(per, [100 + 67, 67, 66]);
+    assert!(drops(&b).is_empty(), "{:?}", drops(&b));
+    let r = nodes[1].cluster_report(T).unwrap();
+    let sa = r.sas.iter().find(|s| s.outbound).unwrap();
+    assert_eq!((sa.solo, sa.share_from), (Some(1), Some(501)));
+}
+
+#[test]
+fn a_node_that_learns_the_share_too_late_says_what_it_missed() {
+    let mut nodes: Vec<Engine> = (1..=2).map(|i| node(i, Dispatch::PacketRr)).collect();
+    for n in &mut nodes {
+        n.cluster_plan(Plan::new(2, [1, 2]), Some(1), T);
+    }
+    let spi = spi_of(&nodes[0], false);
+    let mut b = peer();
+    for n in &mut nodes {
+        n.cluster_solo(spi, false, 1, None).unwrap();
+    }
+    let b_addr: IpAddr = espgate_testkit::B.into();
+    let mut send = |nodes: &mut [Engine], k: u64| -> Vec<usize> {
+        let mut buf = PacketBuf::with_capacity(2000);
+        buf.load(&udp4("10.2.0.9", "10.1.0.5", 40 + (k % 5) as usize));
+        assert_eq!(b.outbound(&mut buf, T), Ok(Some(0)));
+        let wire = buf.as_slice().to_vec();
+        let mut got = Vec::new();
+        for (i, n) in nodes.iter_mut().enumerate() {
+            let mut x = PacketBuf::with_capacity(2000);
+            x.load(&wire);
+            if n.inbound(&mut x, T, b_addr) == Ok(Received::Packet) {
+                got.push(i);
+            }
+        }
+        got
+    };
+    for k in 1..=100 {
+        assert_eq!(send(&mut nodes, k), [0], "inbound {k} is the owner's");
+    }
+    // Shared from 110; node 2 hears of it at 120.
+    assert_eq!(nodes[0].cluster_share(spi, false, 10), Ok(110));
+    for k in 101..=120 {
+        let got = send(&mut nodes, k);
+        assert!(got.len() <= 1, "{k}: {got:?}");
+    }
+    let w = nodes[1].cluster_solo(spi, false, 1, Some(110)).unwrap();
+    assert!(
+        w.as_deref()
+            .is_some_and(|w| w.contains("from 110, learnt at 120")),
+        "{w:?}"
+    );
+    for k in 121..=200 {
+        assert_eq!(send(&mut nodes, k).len(), 1, "inbound {k}");
+    }
+}

@@ -304,7 +304,11 @@ impl Engine {
         // Negotiated, not configured.
         sc.esn = s.esn;
         sc.allow_insecure = false;
-        let change = self.install_sa(ci, s.outbound, sc, false, now)?;
+        // A cluster node may install the same negotiated keys again after
+        // a restart (from etcd): its per-node IV counter must then go on
+        // from where it was, so it takes a lease as manual keys do.
+        let lease = self.cluster.is_some();
+        let change = self.install_sa(ci, s.outbound, sc, lease, now)?;
         if s.outbound && self.conns[ci].spec.layers != layers {
             // The new outbound SA replaced the other protocol's: the
             // connection now sends this one.

@@ -50,6 +50,20 @@ struct SaCluster {
     lockstep: Option<Lockstep>,
     state: LockState,
     resyncs: u64,
+    /// Shared by the leader's IKE: the node that negotiated it processes
+    /// every packet below `share_from` (all of them while it is `None`),
+    /// so that the other nodes can install the SA and catch up first.
+    solo: Option<NodeId>,
+    share_from: Option<u64>,
+}
+
+impl SaCluster {
+    /// While the SA is solo at `counter` (and its owner is in the plan):
+    /// the owner.
+    fn solo_owner(&self, counter: u64, plan: &[NodeId]) -> Option<NodeId> {
+        let o = self.solo?;
+        (counter < self.share_from.unwrap_or(u64::MAX) && plan.contains(&o)).then_some(o)
+    }
 }
 
 /// The engine's cluster state.
@@ -80,6 +94,10 @@ pub struct ClusterSaReport {
     pub lockstep: Option<LockState>,
     /// Resynchronisations so far.
     pub resyncs: u64,
+    /// Solo: the node that alone processes it (below `share_from`).
+    pub solo: Option<NodeId>,
+    /// From this counter the SA is dispatched over the plan.
+    pub share_from: Option<u64>,
 }
 
 /// What the shell reports of the node.
@@ -156,11 +174,21 @@ impl ClusterNode {
             lockstep: outbound.then(Lockstep::new),
             state: LockState::Unknown,
             resyncs: 0,
+            solo: None,
+            share_from: None,
         })
     }
 
     fn plan_valid(&self, now: Duration) -> bool {
         self.valid_until.is_some_and(|t| now <= t) && !self.plan.members.is_empty()
+    }
+}
+
+fn dir(outbound: bool) -> &'static str {
+    if outbound {
+        "outbound"
+    } else {
+        "inbound"
     }
 }
 
@@ -203,6 +231,11 @@ impl ClusterNode {
         if !valid {
             return Gate::Nobody(DropReason::ClusterNoPlan);
         }
+        // Solo: the owner sends every packet and numbers them itself (the
+        // others count along and catch up through the checkpoints).
+        if let Some(o) = sa.solo_owner(seq, &sa.disp.plan().members) {
+            return if o == me { Gate::Mine } else { Gate::Theirs };
+        }
         match owner {
             // Not known to be in step (out of step, or not compared yet
             // since this node started or the SA appeared): processing
@@ -229,6 +262,9 @@ impl ClusterNode {
         });
         if !valid {
             return Gate::Nobody(DropReason::ClusterNoPlan);
+        }
+        if let Some(o) = sa.solo_owner(u64::from(seq), &sa.disp.plan().members) {
+            return if o == me { Gate::Mine } else { Gate::Theirs };
         }
         if owner == Some(me) {
             Gate::Mine
@@ -277,19 +313,27 @@ impl Engine {
         let alone = c.plan.members.iter().all(|m| *m == me);
         for (i, slot) in c.sas.iter_mut().enumerate() {
             let Some(sc) = slot else { continue };
-            let Some(l) = &mut sc.lockstep else { continue };
             let id = SaId(i as u32);
             let Some(sa) = self.sad.get_mut(id) else {
                 continue;
             };
             let spi = sa.config().spi;
+            // A solo SA is numbered by its owner: the owner never moves,
+            // the others follow the owner alone.
+            let solo = sc.solo_owner(sa.next_seq(), &c.plan.members);
+            let Some(l) = &mut sc.lockstep else { continue };
+            if solo == Some(me) {
+                sc.state = LockState::InStep;
+                continue;
+            }
+            let counts = |node: NodeId| node != me && solo.is_none_or(|o| o == node);
             // Votes: this node and every peer that saw the packet in step
             // count for "stay"; peers that put it elsewhere vote for an offset.
             let mut stay = 1usize;
             let mut offs: Vec<(i64, usize, bool)> = Vec::new();
             let mut compared = false;
-            let heard = peers.iter().any(|p| p.1 == spi && p.0 != me);
-            for &(node, _, seq, d) in peers.iter().filter(|p| p.1 == spi && p.0 != me) {
+            let heard = peers.iter().any(|p| p.1 == spi && counts(p.0));
+            for &(node, _, seq, d) in peers.iter().filter(|p| p.1 == spi && counts(p.0)) {
                 match l.compare(seq, d) {
                     Verdict::InStep => {
                         stay += 1;
@@ -312,6 +356,7 @@ impl Engine {
             let best = offs.iter().max_by_key(|o| (o.1, o.2)).copied();
             let i_lead = c.leader == Some(me);
             let move_by = match best {
+                Some((k, _, _)) if solo.is_some() => Some(k),
                 Some((k, n, leader)) if n > stay || (n == stay && leader && !i_lead) => Some(k),
                 _ => None,
             };
@@ -350,6 +395,83 @@ impl Engine {
         lines
     }
 
+    /// The SA with `spi` in direction `outbound`.
+    fn cluster_find(&self, spi: u32, outbound: bool) -> Option<SaId> {
+        self.sad.iter().find_map(|(id, sa)| {
+            (sa.config().spi == spi && self.meta_of(id).is_some_and(|m| m.outbound == outbound))
+                .then_some(id)
+        })
+    }
+
+    /// Marks a shared SA (negotiated by `owner`'s IKE) as processed by
+    /// `owner` alone below `share_from` (`None`: for now, every packet).
+    /// Returns a warning when this node learns `share_from` only after its
+    /// counter passed it: the packets the plan gave this node in between
+    /// were processed by nobody.
+    pub fn cluster_solo(
+        &mut self,
+        spi: u32,
+        outbound: bool,
+        owner: NodeId,
+        share_from: Option<u64>,
+    ) -> Result<Option<String>, String> {
+        let id = self
+            .cluster_find(spi, outbound)
+            .ok_or_else(|| format!("no {} SA {spi:#010x}", dir(outbound)))?;
+        let counter = self.cluster_counter(id);
+        let c = self
+            .cluster
+            .as_deref_mut()
+            .ok_or("this gateway is not a cluster node")?;
+        let me = c.opts.node;
+        let sc = c.sa(id, outbound);
+        let was = sc.share_from;
+        sc.solo = Some(owner);
+        sc.share_from = share_from;
+        Ok(match share_from {
+            Some(from) if was.is_none() && owner != me && counter > from => Some(format!(
+                "cluster: {} SA {spi:#010x} is dispatched over the plan from {from}, learnt at \
+                 {counter}: this node's share of the {} packet(s) in between went unprocessed",
+                dir(outbound),
+                counter - from
+            )),
+            _ => None,
+        })
+    }
+
+    /// The counter a shared SA's dispatch runs on: outbound, the next
+    /// sequence number; inbound, the highest received.
+    fn cluster_counter(&self, id: SaId) -> u64 {
+        match (self.sad.get(id), self.meta_of(id)) {
+            (Some(sa), Some(m)) if m.outbound => sa.next_seq(),
+            (Some(sa), Some(_)) => sa.replay_top() & 0xffff_ffff,
+            _ => 0,
+        }
+    }
+
+    /// On the SA's owner: starts dispatching it over the plan `margin`
+    /// packets ahead of its counter now (time for the other nodes to hear
+    /// of it), and returns that counter.
+    pub fn cluster_share(&mut self, spi: u32, outbound: bool, margin: u64) -> Result<u64, String> {
+        let id = self
+            .cluster_find(spi, outbound)
+            .ok_or_else(|| format!("no {} SA {spi:#010x}", dir(outbound)))?;
+        let counter = self.cluster_counter(id);
+        let c = self
+            .cluster
+            .as_deref_mut()
+            .ok_or("this gateway is not a cluster node")?;
+        let me = c.opts.node;
+        let sc = c.sa(id, outbound);
+        if let Some(from) = sc.share_from {
+            return Ok(from);
+        }
+        let from = counter.saturating_add(margin);
+        sc.solo.get_or_insert(me);
+        sc.share_from = Some(from);
+        Ok(from)
+    }
+
     /// This node's id (`None`: not a cluster node).
     pub fn cluster_node(&self) -> Option<NodeId> {
         self.cluster.as_deref().map(|c| c.opts.node)
@@ -376,6 +498,8 @@ impl Engine {
                     .and_then(Lockstep::checkpoint),
                 lockstep: outbound.then(|| sc.map_or(LockState::Unknown, |s| s.state)),
                 resyncs: sc.map_or(0, |s| s.resyncs),
+                solo: sc.and_then(|s| s.solo),
+                share_from: sc.and_then(|s| s.share_from),
             });
         }
         Some(ClusterReport {

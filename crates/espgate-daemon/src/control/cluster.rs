@@ -6,10 +6,12 @@
 //! takes the engine's lock.
 
 use super::{locked, Control};
-use espgate_api::cluster::{ClusterSa, ClusterStatus, ClusterUpdate, Lockstep, PlanDoc};
+use espgate_api::cluster::{
+    ClusterSa, ClusterSas, ClusterStatus, ClusterUpdate, Lockstep, PlanDoc,
+};
 use espgate_api::control::{Change, Response};
 use espgate_core::cluster::Plan;
-use espgate_core::gateway::{ClusterReport, LockState};
+use espgate_core::gateway::{ClusterReport, Engine, LockState};
 use std::time::Duration;
 
 impl Control {
@@ -24,12 +26,30 @@ impl Control {
             .iter()
             .map(|c| (c.node, c.spi, c.seq, c.digest))
             .collect();
+        // IKE first (the driver's lock before the engines', as its task
+        // takes them): who runs it, and the SAs the leader shares.
+        let mut shared_lines = Vec::new();
+        if let Some(i) = &self.ike {
+            let mut d = locked(i);
+            let kick = d.set_leader(u.leader, now);
+            if let (Some(list), Some(c)) = (&u.sas, d.cluster()) {
+                let mut guards = super::ike::lock_all(&self.engines);
+                let mut refs: Vec<&mut Engine> = guards.iter_mut().map(|g| &mut **g).collect();
+                c.shared.prune(&mut refs, now);
+                shared_lines = c.shared.reconcile(&mut refs, list, now);
+            }
+            drop(d);
+            if kick {
+                self.ike_kick.notify_one();
+            }
+        }
         // A cluster node runs one worker (the configuration says so).
         let mut e = crate::worker::lock(&self.engines[0]);
         if let Some(p) = &u.plan {
             e.cluster_plan(Plan::new(p.epoch, p.members.iter().copied()), u.leader, now);
         }
-        let lines = e.cluster_check(&peers);
+        let mut lines = e.cluster_check(&peers);
+        lines.extend(shared_lines);
         let report = e.cluster_report(now);
         drop(e);
         for l in &lines {
@@ -67,6 +87,50 @@ impl Control {
         })
     }
 
+    /// `cluster_export`, and `cluster_share` when `share` names an SA.
+    pub(super) fn cluster_export(&self, share: Option<(u32, bool)>) -> Response {
+        if self.cluster_name.is_none() {
+            return Response::error("this gateway is not a cluster node (no [cluster] table)");
+        }
+        let Some(i) = &self.ike else {
+            // No IKE connection: nothing is negotiated, nothing shared.
+            return match share {
+                None => Response::ClusterSas(ClusterSas::default()),
+                Some((spi, _)) => Response::error(format!(
+                    "SA {spi:#010x} is not shared: no connection of this gateway uses IKE"
+                )),
+            };
+        };
+        let now = self.now();
+        let packets = share.map_or(0, |(spi, outbound)| {
+            let (p, o) = self.sa_counters(spi, outbound);
+            p + o
+        });
+        let mut d = locked(i);
+        let Some(c) = d.cluster() else {
+            return Response::error("this gateway is not a cluster node");
+        };
+        let mut guards = super::ike::lock_all(&self.engines);
+        let mut refs: Vec<&mut Engine> = guards.iter_mut().map(|g| &mut **g).collect();
+        c.shared.prune(&mut refs, now);
+        if let (Some((spi, outbound)), Some(e)) = (share, refs.first_mut()) {
+            if let Err(err) = c.shared.share(e, spi, outbound, packets, now) {
+                return Response::error(err);
+            }
+        }
+        Response::ClusterSas(c.shared.export())
+    }
+
+    /// An SA's packets (processed, observed) from the workers' counters.
+    fn sa_counters(&self, spi: u32, outbound: bool) -> (u64, u64) {
+        self.stats
+            .iter()
+            .flat_map(|s| s.sas().iter().cloned().collect::<Vec<_>>())
+            .find(|e| e.spi == spi && e.outbound == outbound)
+            .map(|e| (e.counters.packets.get(), e.counters.observed.get()))
+            .unwrap_or_default()
+    }
+
     /// The `cluster` part of the status document.
     pub(super) fn cluster_status(&self, now: Duration) -> Option<ClusterStatus> {
         let name = self.cluster_name.clone()?;
@@ -77,13 +141,19 @@ impl Control {
             r.plan_age = Some(now.saturating_sub(confirmed));
             r.plan_valid = r.plan_valid && now <= confirmed + r.opts.hold;
         }
-        let counters = |spi: u32, outbound: bool| {
-            self.stats
-                .iter()
-                .flat_map(|s| s.sas().iter().cloned().collect::<Vec<_>>())
-                .find(|e| e.spi == spi && e.outbound == outbound)
-                .map(|e| (e.counters.packets.get(), e.counters.observed.get()))
-                .unwrap_or_default()
+        let counters = |spi: u32, outbound: bool| self.sa_counters(spi, outbound);
+        let shared: Vec<(u32, bool)> = match &self.ike {
+            Some(i) => {
+                let mut d = locked(i);
+                d.cluster().map_or_else(Vec::new, |c| {
+                    r.sas
+                        .iter()
+                        .filter(|s| c.shared.has(s.spi, s.outbound))
+                        .map(|s| (s.spi, s.outbound))
+                        .collect()
+                })
+            }
+            None => Vec::new(),
         };
         let sas = r
             .sas
@@ -103,6 +173,9 @@ impl Control {
                         LockState::OutOfStep => Lockstep::OutOfStep,
                     }),
                     resyncs: s.resyncs,
+                    shared: shared.contains(&(s.spi, s.outbound)),
+                    solo: s.solo,
+                    share_from: s.share_from,
                 }
             })
             .collect();

@@ -4,6 +4,7 @@
 //! socket and hand those datagrams over a queue); negotiated child SAs are
 //! installed into every worker's engine as they come.
 
+use super::shared::SharedSas;
 use crate::ratelimit::RateLimiter;
 use crate::sockets::UdpSock;
 use crate::worker::lock;
@@ -31,6 +32,20 @@ pub struct IkeDriver {
     /// many were suppressed since (a flood of IKE_SA_INIT from a spoofed
     /// peer address must not flood the log).
     log_limit: RateLimiter<String>,
+    /// On a cluster node: whether it leads, and the SAs it shares.
+    cluster: Option<ClusterIke>,
+}
+
+/// The IKE side of a cluster node: only the leader runs IKE (the others
+/// see the same datagrams on the shared segment and leave them).
+#[derive(Debug)]
+pub struct ClusterIke {
+    /// This node leads: its IKE runs.
+    active: bool,
+    /// The SAs it shares with the other nodes.
+    pub shared: SharedSas,
+    /// IKE datagrams left because another node leads.
+    ignored: u64,
 }
 
 /// One log line per kind (its first 48 bytes) per second.
@@ -107,6 +122,11 @@ impl IkeDriver {
             to_start,
             buf: vec![0; 65536],
             log_limit: RateLimiter::new(LOG_PERIOD),
+            cluster: cfg.cluster.as_ref().map(|c| ClusterIke {
+                active: false,
+                shared: SharedSas::new(c.node),
+                ignored: 0,
+            }),
         }))
     }
 
@@ -115,8 +135,63 @@ impl IkeDriver {
         &self.sock
     }
 
+    /// A cluster node that does not lead: its IKE waits.
+    fn passive(&self) -> bool {
+        self.cluster.as_ref().is_some_and(|c| !c.active)
+    }
+
+    /// The cluster side (`None`: not a cluster node).
+    pub fn cluster(&mut self) -> Option<&mut ClusterIke> {
+        self.cluster.as_mut()
+    }
+
+    /// The cluster agent named the leader: IKE runs here only while this
+    /// node leads. A node that takes over re-establishes the connections
+    /// whose SAs it installed from etcd (the old leader's IKE SAs are not
+    /// carried over: docs/CLUSTER.md §8). True when IKE has work now.
+    pub fn set_leader(&mut self, leader: Option<u16>, now: Duration) -> bool {
+        let Some(c) = self.cluster.as_mut() else {
+            return false;
+        };
+        let me = c.shared.node();
+        let lead = leader == Some(me);
+        if lead == c.active {
+            return false;
+        }
+        c.active = lead;
+        if !lead {
+            tracing::warn!(
+                "cluster: node {me} no longer leads ({}): its IKE stops answering; the                  leader's IKE runs the tunnels",
+                leader.map_or("no leader".to_string(), |l| format!("node {l} leads"))
+            );
+            return false;
+        }
+        let again = c.shared.imported_conns();
+        tracing::info!(
+            "cluster: node {me} leads: IKE runs here{}",
+            if again.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; re-establishing {} (their SAs came from the previous leader)",
+                    again.join(", ")
+                )
+            }
+        );
+        for name in again {
+            if !self.to_start.contains(&name) {
+                self.to_start.push(name);
+            }
+        }
+        self.start(now);
+        true
+    }
+
     /// Initiates the `start_action = "start"` connections (once).
     pub fn start(&mut self, now: Duration) {
+        if self.passive() {
+            return;
+        }
         for name in std::mem::take(&mut self.to_start) {
             if let Err(e) = self.ike.initiate(now, &name) {
                 tracing::warn!("ike: {e}");
@@ -129,6 +204,11 @@ impl IkeDriver {
     pub fn on_readable(&mut self, now: Duration) -> bool {
         for _ in 0..64 {
             match self.sock.recv(&mut self.buf) {
+                Ok(_) if self.passive() => {
+                    if let Some(c) = self.cluster.as_mut() {
+                        c.ignored += 1;
+                    }
+                }
                 Ok((n, meta)) => {
                     let Some(src) = meta.src else { continue };
                     let src = SocketAddr::new(src.ip().to_canonical(), src.port());
@@ -150,6 +230,12 @@ impl IkeDriver {
 
     /// An IKE message from the NAT-T socket (non-ESP marker removed).
     pub fn handle(&mut self, now: Duration, local: SocketAddr, remote: SocketAddr, data: &[u8]) {
+        if self.passive() {
+            if let Some(c) = self.cluster.as_mut() {
+                c.ignored += 1;
+            }
+            return;
+        }
         self.ike.handle(now, local, remote, data);
     }
 
@@ -157,6 +243,9 @@ impl IkeDriver {
     /// events to the data plane. `engines`: every worker's engine (worker 0
     /// first), locked only when the IKE engine has SA changes for them.
     pub fn pump(&mut self, engines: &[Mutex<Engine>], now: Duration) {
+        if self.passive() {
+            return;
+        }
         if self.ike.poll_timeout().is_some_and(|t| t <= now) {
             self.ike.handle_timeout(now);
         }
@@ -178,6 +267,9 @@ impl IkeDriver {
                     let mut refs: Vec<&mut Engine> = guards.iter_mut().map(|g| &mut **g).collect();
                     match install_negotiated_all(&mut refs, &sa, now) {
                         Ok(c) => {
+                            if let (Some(cl), Some(e)) = (self.cluster.as_mut(), refs.first_mut()) {
+                                cl.shared.negotiated(e, &sa, now);
+                            }
                             tracing::info!("ike: {}", c.message);
                             for w in &c.warnings {
                                 tracing::warn!("{w}");
@@ -272,6 +364,9 @@ impl IkeDriver {
 
     /// When the engine next needs [`IkeDriver::pump`] without input.
     pub fn next_timeout(&self) -> Option<Duration> {
+        if self.passive() {
+            return None;
+        }
         self.ike.poll_timeout()
     }
 
@@ -298,11 +393,16 @@ impl IkeDriver {
 
     /// Engine counters and global costs, for status and metrics.
     pub fn counters(&self) -> std::collections::BTreeMap<String, u64> {
-        self.ike
+        let mut m: std::collections::BTreeMap<String, u64> = self
+            .ike
             .counters()
             .nonzero()
             .map(|(e, v)| (e.as_str().to_string(), v))
-            .collect()
+            .collect();
+        if let Some(c) = self.cluster.as_ref().filter(|c| c.ignored > 0) {
+            m.insert("not_leader".into(), c.ignored);
+        }
+        m
     }
 
     /// Global per-operation costs.

@@ -14,6 +14,7 @@ mod cluster;
 pub mod ike;
 mod metrics;
 mod server;
+mod shared;
 #[cfg(test)]
 mod tests;
 
@@ -167,6 +168,8 @@ impl Control {
             Request::Initiate { conn } => self.ike_command(|i, now| i.initiate(now, &conn)),
             Request::Terminate { conn } => self.ike_command(|i, now| i.terminate(now, &conn)),
             Request::Cluster(u) => self.cluster_update(u),
+            Request::ClusterExport => self.cluster_export(None),
+            Request::ClusterShare { spi, outbound } => self.cluster_export(Some((spi, outbound))),
         }
     }
 

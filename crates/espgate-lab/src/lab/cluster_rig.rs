@@ -262,6 +262,7 @@ pub fn agent_round(
             plan: Some(plan.clone()),
             leader: Some(leader),
             checkpoints,
+            sas: None,
         });
         match c.call(&req) {
             Ok(Response::Changed(_)) => {}

@@ -1,0 +1,304 @@
+//! Seed 003's cluster with IKE: only the leader's daemon runs IKE, and
+//! every child SA it negotiates reaches the other nodes through its
+//! cluster agent and etcd (encrypted under the cluster key there). This
+//! table is the node's side of that: the SAs it shares (those its own IKE
+//! negotiated, and those it installed from etcd), the export the leader's
+//! agent publishes, the share step, and the reconciliation a follower
+//! runs on each update. `docs/CLUSTER.md` §8 has the whole protocol.
+
+use espgate_api::cluster::{ClusterSas, SharedSa};
+use espgate_core::cluster::NodeId;
+use espgate_core::crypto::Suite;
+use espgate_core::gateway::{del_sa_all, install_negotiated_all, Engine, NegotiatedSa};
+use espgate_core::sa::Protocol;
+use std::time::Duration;
+use zeroize::Zeroizing;
+
+/// How long an SA installed from etcd lives on after this node's own IKE
+/// negotiated a new one for its connection (a new leader re-establishes
+/// the tunnel): the peer may still send on the old one for a moment.
+pub const RETIRE_AFTER: Duration = Duration::from_secs(2);
+
+/// The least a share point lies ahead of the owner's counter, packets.
+pub const SHARE_MARGIN_MIN: u64 = 1024;
+
+/// One shared SA on this node.
+#[derive(Debug)]
+struct Entry {
+    sa: SharedSa,
+    /// When it was installed here (engine time).
+    installed: Duration,
+    /// Installed from etcd (else negotiated by this node's IKE).
+    imported: bool,
+    /// Removed at this time (an imported SA that this node's own IKE
+    /// replaced).
+    retire_at: Option<Duration>,
+}
+
+/// The SAs a cluster node shares.
+#[derive(Debug)]
+pub struct SharedSas {
+    me: NodeId,
+    entries: Vec<Entry>,
+    generation: u64,
+}
+
+fn find(engines: &[&mut Engine], spi: u32, outbound: bool) -> bool {
+    engines.first().is_some_and(|e| {
+        e.cluster_report(Duration::ZERO)
+            .is_some_and(|r| r.sas.iter().any(|s| s.spi == spi && s.outbound == outbound))
+    })
+}
+
+impl SharedSas {
+    /// The table of node `me`.
+    pub fn new(me: NodeId) -> SharedSas {
+        SharedSas {
+            me,
+            entries: Vec::new(),
+            generation: 1,
+        }
+    }
+
+    /// This node.
+    pub fn node(&self) -> NodeId {
+        self.me
+    }
+
+    /// Whether `(spi, outbound)` is a shared SA here.
+    pub fn has(&self, spi: u32, outbound: bool) -> bool {
+        self.entries
+            .iter()
+            .any(|e| e.sa.spi == spi && e.sa.outbound == outbound)
+    }
+
+    /// Connections with an SA installed from etcd (a new leader
+    /// re-establishes them).
+    pub fn imported_conns(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|e| e.imported)
+            .map(|e| e.sa.conn.clone())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// This node's IKE installed `s`: it is processed here alone until the
+    /// other nodes have it; imported SAs of the same connection retire.
+    pub fn negotiated(&mut self, e: &mut Engine, s: &NegotiatedSa<'_>, now: Duration) {
+        if let Err(err) = e.cluster_solo(s.spi, s.outbound, self.me, None) {
+            tracing::warn!("cluster: SA {:#010x}: {err}", s.spi);
+        }
+        for old in self
+            .entries
+            .iter_mut()
+            .filter(|x| x.imported && x.sa.conn == s.conn && x.retire_at.is_none())
+        {
+            old.retire_at = Some(now + RETIRE_AFTER);
+        }
+        self.entries
+            .retain(|x| !(x.sa.spi == s.spi && x.sa.outbound == s.outbound));
+        self.entries.push(Entry {
+            sa: SharedSa {
+                conn: s.conn.to_string(),
+                outbound: s.outbound,
+                protocol: s.protocol.name().to_string(),
+                spi: s.spi,
+                suite: s.suite.name(),
+                enc_key: hex::encode(s.enc_key),
+                integ_key: hex::encode(s.integ_key),
+                esn: s.esn,
+                encap: s.encap,
+                owner: self.me,
+                share_from: None,
+            },
+            installed: now,
+            imported: false,
+            retire_at: None,
+        });
+        self.generation += 1;
+    }
+
+    /// Drops the entries whose SA is gone from the engine (removed by IKE,
+    /// or replaced by a newer outbound SA), and removes the retired ones
+    /// that are due.
+    pub fn prune(&mut self, engines: &mut [&mut Engine], now: Duration) {
+        for x in &self.entries {
+            if x.retire_at.is_some_and(|t| t <= now) {
+                match del_sa_all(
+                    engines,
+                    x.sa.spi,
+                    None,
+                    Some(x.sa.outbound),
+                    Some(&x.sa.conn),
+                ) {
+                    Ok(c) => tracing::info!(
+                        "cluster: {} (installed from etcd, replaced by this node's IKE)",
+                        c.message
+                    ),
+                    Err(e) => tracing::debug!("cluster: retiring {}: {e}", x.sa.name()),
+                }
+            }
+        }
+        let before = self.entries.len();
+        self.entries.retain(|x| {
+            find(engines, x.sa.spi, x.sa.outbound) && x.retire_at.is_none_or(|t| t > now)
+        });
+        if self.entries.len() != before {
+            self.generation += 1;
+        }
+    }
+
+    /// What the leader's agent publishes.
+    pub fn export(&self) -> ClusterSas {
+        ClusterSas {
+            generation: self.generation,
+            sas: self
+                .entries
+                .iter()
+                .filter(|x| x.retire_at.is_none())
+                .map(|x| x.sa.clone())
+                .collect(),
+        }
+    }
+
+    /// The share step on the owner: from about a second of the SA's
+    /// traffic ahead (at least [`SHARE_MARGIN_MIN`] packets), every node
+    /// takes its share. `packets`: what the SA has seen so far here.
+    pub fn share(
+        &mut self,
+        e: &mut Engine,
+        spi: u32,
+        outbound: bool,
+        packets: u64,
+        now: Duration,
+    ) -> Result<u64, String> {
+        let x = self
+            .entries
+            .iter_mut()
+            .find(|x| x.sa.spi == spi && x.sa.outbound == outbound)
+            .ok_or_else(|| format!("SA {spi:#010x} is not shared by this node"))?;
+        let secs = now.saturating_sub(x.installed).as_secs_f64().max(0.1);
+        let margin = ((packets as f64 / secs) as u64).max(SHARE_MARGIN_MIN);
+        let from = e.cluster_share(spi, outbound, margin)?;
+        if x.sa.share_from != Some(from) {
+            x.sa.share_from = Some(from);
+            self.generation += 1;
+            tracing::info!(
+                "cluster: {} SA {spi:#010x} of connection \"{}\" is dispatched over the plan \
+                 from {from} on",
+                if outbound { "outbound" } else { "inbound" },
+                x.sa.conn
+            );
+        }
+        Ok(from)
+    }
+
+    /// A follower's reconciliation with the list etcd holds: installs the
+    /// SAs it lacks, applies share points, removes the shared SAs no longer
+    /// listed (never the ones its own IKE negotiated, which the leader —
+    /// this node or the one after it — may not have published yet).
+    /// Returns warnings for the log.
+    pub fn reconcile(
+        &mut self,
+        engines: &mut [&mut Engine],
+        list: &[SharedSa],
+        now: Duration,
+    ) -> Vec<String> {
+        let mut lines = Vec::new();
+        for s in list {
+            if let Some(x) = self
+                .entries
+                .iter_mut()
+                .find(|x| x.sa.spi == s.spi && x.sa.outbound == s.outbound)
+            {
+                if x.imported && x.sa.share_from != s.share_from {
+                    x.sa.share_from = s.share_from;
+                    self.generation += 1;
+                    if let Some(e) = engines.first_mut() {
+                        match e.cluster_solo(s.spi, s.outbound, s.owner, s.share_from) {
+                            Ok(Some(w)) => lines.push(w),
+                            Ok(None) => {}
+                            Err(err) => lines.push(format!("cluster: {}: {err}", s.name())),
+                        }
+                    }
+                }
+                continue;
+            }
+            if s.owner == self.me || find(engines, s.spi, s.outbound) {
+                // Its own (from before a restart, and gone), or an SA of the
+                // same SPI configured here: not ours to install.
+                continue;
+            }
+            match install(engines, s, now) {
+                Ok(msg) => {
+                    tracing::info!("cluster: {msg} (from etcd; negotiated by node {})", s.owner);
+                    if let Some(e) = engines.first_mut() {
+                        if let Ok(Some(w)) =
+                            e.cluster_solo(s.spi, s.outbound, s.owner, s.share_from)
+                        {
+                            lines.push(w);
+                        }
+                    }
+                    self.entries.push(Entry {
+                        sa: s.clone(),
+                        installed: now,
+                        imported: true,
+                        retire_at: None,
+                    });
+                    self.generation += 1;
+                }
+                Err(e) => lines.push(format!("cluster: installing {} from etcd: {e}", s.name())),
+            }
+        }
+        let listed = |x: &Entry| {
+            list.iter()
+                .any(|s| s.spi == x.sa.spi && s.outbound == x.sa.outbound)
+        };
+        for x in self.entries.iter().filter(|x| x.imported && !listed(x)) {
+            match del_sa_all(
+                engines,
+                x.sa.spi,
+                None,
+                Some(x.sa.outbound),
+                Some(&x.sa.conn),
+            ) {
+                Ok(c) => tracing::info!("cluster: {} (no longer in etcd)", c.message),
+                Err(e) => tracing::debug!("cluster: removing {}: {e}", x.sa.name()),
+            }
+        }
+        let before = self.entries.len();
+        self.entries.retain(|x| !x.imported || listed(x));
+        if before != self.entries.len() {
+            self.generation += 1;
+        }
+        lines
+    }
+}
+
+/// Installs the shared SA `s` on every engine.
+fn install(engines: &mut [&mut Engine], s: &SharedSa, now: Duration) -> Result<String, String> {
+    let protocol = Protocol::from_name(&s.protocol)
+        .ok_or_else(|| format!("unknown protocol {:?}", s.protocol))?;
+    let suite: Suite = s
+        .suite
+        .parse()
+        .map_err(|e| format!("suite {:?}: {e}", s.suite))?;
+    let enc = Zeroizing::new(hex::decode(&s.enc_key).map_err(|_| "bad enc_key hex")?);
+    let integ = Zeroizing::new(hex::decode(&s.integ_key).map_err(|_| "bad integ_key hex")?);
+    let sa = NegotiatedSa {
+        conn: &s.conn,
+        outbound: s.outbound,
+        protocol,
+        spi: s.spi,
+        suite,
+        enc_key: &enc,
+        integ_key: &integ,
+        esn: s.esn,
+        encap: s.encap,
+    };
+    install_negotiated_all(engines, &sa, now).map(|c| c.message)
+}
