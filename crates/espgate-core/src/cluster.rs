@@ -204,6 +204,13 @@ impl Dispatcher {
     /// packets — and so placed sessions or filled queues differently —
     /// agrees with the others again from there.
     fn realign(&mut self) {
+        self.restart();
+    }
+
+    /// Forgets what this node saw (virtual queues, sessions) at a counter
+    /// every node agrees on: [`REALIGN_EVERY`], and the point from which a
+    /// solo SA is shared (its followers saw only part of what came before).
+    pub fn restart(&mut self) {
         self.backlog.fill(0);
         self.carry = 0;
         self.sessions.clear();

@@ -227,6 +227,9 @@ impl ClusterNode {
             len: pkt.len() as u32,
             flow: Some(flow),
         };
+        if sa.share_from == Some(seq) {
+            sa.disp.restart();
+        }
         let owner = sa.disp.assign(&seen);
         if !valid {
             return Gate::Nobody(DropReason::ClusterNoPlan);
@@ -255,6 +258,9 @@ impl ClusterNode {
         let valid = self.plan_valid(now);
         let me = self.opts.node;
         let sa = self.sa(id, false);
+        if sa.share_from == Some(u64::from(seq)) {
+            sa.disp.restart();
+        }
         let owner = sa.disp.assign(&Seen {
             counter: u64::from(seq),
             len: len as u32,
