@@ -7,7 +7,8 @@ use crate::diag::{span, At, Validator};
 use crate::files::read_secret_bytes;
 use crate::schema::{value, ClusterTable, Scalar};
 use espgate_core::cluster::{Dispatch, NodeId};
-use std::path::PathBuf;
+use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use toml::Spanned;
 use zeroize::Zeroizing;
@@ -19,6 +20,63 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(3);
 /// The default hold: how long a node forwards on its last plan without
 /// hearing from etcd before it stops processing.
 pub const DEFAULT_HOLD: Duration = Duration::from_secs(10);
+
+/// The largest `key_file` read (the key is 64 hex characters; a little
+/// room for whitespace).
+const MAX_CLUSTER_KEY_FILE_BYTES: u64 = 4096;
+
+/// The cluster key: 32 bytes shared by every node (from `key_file`). The
+/// SAs the leader's IKE negotiates are kept in etcd encrypted under it
+/// (AES-256-GCM). Wiped on drop; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterKey(Zeroizing<[u8; 32]>);
+
+impl ClusterKey {
+    /// The key of these bytes.
+    pub fn new(bytes: [u8; 32]) -> ClusterKey {
+        ClusterKey(Zeroizing::new(bytes))
+    }
+
+    /// The key bytes.
+    pub fn bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Reads a key file: 64 hex characters (surrounding whitespace
+    /// ignored), the file not accessible to group or others. The error
+    /// names the file and says what is wrong, never what it holds.
+    pub fn read(path: &Path) -> Result<ClusterKey, String> {
+        let (data, mode) = read_secret_bytes(path, MAX_CLUSTER_KEY_FILE_BYTES)
+            .map_err(|e| format!("cannot read key_file {}: {e}", path.display()))?;
+        if mode & 0o077 != 0 {
+            return Err(format!(
+                "key_file {} is readable or writable by group/others (mode {mode:04o}); the \
+                 cluster key must be private: chmod 600 it",
+                path.display()
+            ));
+        }
+        let text = data.trim_ascii();
+        let expected = "expected 64 hex characters (a 32-byte key; `openssl rand -hex 32` \
+                        makes one)";
+        if text.len() != 64 {
+            return Err(format!(
+                "key_file {}: {} characters; {expected}",
+                path.display(),
+                text.len()
+            ));
+        }
+        let mut key = Zeroizing::new([0u8; 32]);
+        hex::decode_to_slice(text, &mut key[..])
+            .map_err(|_| format!("key_file {}: not hex; {expected}", path.display()))?;
+        Ok(ClusterKey(key))
+    }
+}
+
+impl fmt::Debug for ClusterKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ClusterKey(not shown)")
+    }
+}
 
 /// The `[cluster]` table, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +97,12 @@ pub struct Cluster {
     pub etcd_user: Option<String>,
     /// File with the etcd user's password (mode 0600).
     pub etcd_password_file: Option<PathBuf>,
+    /// File with the cluster key (mode 0600).
+    pub key_file: Option<PathBuf>,
+    /// The cluster key, read from `key_file` at load time: required when
+    /// a connection runs IKE (the leader's negotiated SAs are kept in etcd
+    /// encrypted under it).
+    pub key: Option<ClusterKey>,
     /// How packets are spread over the live nodes.
     pub dispatch: Dispatch,
     /// The interface on the inside shared segment.
@@ -80,6 +144,7 @@ impl Cluster {
             etcd_key: path(&self.etcd_key),
             etcd_user: self.etcd_user.as_deref().and_then(text),
             etcd_password_file: path(&self.etcd_password_file),
+            key_file: path(&self.key_file),
             dispatch: text(self.dispatch.name()),
             inside: self.inside.as_deref().and_then(text),
             outside: self.outside.as_deref().and_then(text),
@@ -215,6 +280,14 @@ pub(crate) fn validate(v: &mut Validator, t: &Spanned<ClusterTable>) -> Option<C
             }
         }
     }
+    let (key_file, key) = match &c.key_file {
+        None => (None, None),
+        Some(f) => {
+            let p = v.base_dir.join(f.get_ref());
+            let key = v.check(base.key("key_file", Some(f.span())), ClusterKey::read(&p));
+            (Some(p), key)
+        }
+    };
     let etcd_user = c.etcd_user.as_ref().map(|u| u.get_ref().clone());
     if etcd_user.is_some() != etcd_password_file.is_some() {
         v.err(
@@ -287,6 +360,8 @@ pub(crate) fn validate(v: &mut Validator, t: &Spanned<ClusterTable>) -> Option<C
         etcd_key,
         etcd_user,
         etcd_password_file,
+        key_file,
+        key,
         dispatch,
         inside,
         outside,
@@ -295,9 +370,11 @@ pub(crate) fn validate(v: &mut Validator, t: &Spanned<ClusterTable>) -> Option<C
     })
 }
 
-/// What a cluster node cannot run (yet, or by design), said per key.
+/// What a cluster node cannot run (yet, or by design), or needs for what
+/// it runs, said per key.
 pub(crate) fn against_the_rest(
     v: &mut Validator,
+    t: &Spanned<ClusterTable>,
     g: &crate::Gateway,
     gt: Option<&Spanned<crate::schema::GatewayTable>>,
     conns: &[(usize, crate::Connection)],
@@ -314,15 +391,23 @@ pub(crate) fn against_the_rest(
             ),
         );
     }
-    for (i, c) in conns {
-        let at = crate::connection::at(*i, &tables[*i]);
-        if c.ike().is_some() {
+    if t.get_ref().key_file.is_none() {
+        if let Some((_, c)) = conns.iter().find(|(_, c)| c.ike().is_some()) {
             v.err(
-                at.clone(),
-                "[connection.ike] with [cluster]: IKE run by the cluster's leader is not \
-                 built yet; key cluster connections manually (docs/CLUSTER.md)",
+                At::root().key("cluster", Some(t.span())),
+                format!(
+                    "[cluster] needs key_file = \"PATH\" because connection {:?} has \
+                     [connection.ike]: the leader's IKE negotiates the child SAs for every \
+                     node, and their keys are stored in etcd encrypted under this cluster key \
+                     (a file of 64 hex characters, mode 0600, the same on every node; \
+                     `openssl rand -hex 32` makes one)",
+                    c.name
+                ),
             );
         }
+    }
+    for (i, c) in conns {
+        let at = crate::connection::at(*i, &tables[*i]);
         let p = c.protocol();
         if p.has_esp() && p.has_ah() {
             v.err(
@@ -420,5 +505,159 @@ mod tests {
             &["one data-plane worker"],
         );
         assert_has(&bad("name = \"x\"\nnode = 1\ncolour = 3", ""), &["colour"]);
+        // An esp+ah bundle: the lockstep counts one SA per packet.
+        let bundle = format!(
+            "{}[connection.ah]\nsuite = \"sha1\"\nspi_in = 0x3001\nspi_out = 0x3002\n\
+             integ_in = \"{K20A}\"\ninteg_out = \"{K20B}\"\n\n[cluster]\nname = \"x\"\nnode = 1\n",
+            minimal().replace(
+                "name = \"b\"",
+                "name = \"b\"\nprotocol = \"esp+ah\"\nencap = \"none\""
+            )
+        );
+        assert_has(&err(&bundle), &["esp+ah", "one SA per packet"]);
+    }
+
+    /// A 32-byte cluster key as hex.
+    const KEY_HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+    fn write_mode(dir: &Path, name: &str, data: &str, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join(name);
+        std::fs::write(&p, data).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    /// A temp dir with a PSK (`psk`) and a cluster key (`cluster.key`,
+    /// `key` with `mode`).
+    fn key_dir(key: &str, mode: u32) -> PathBuf {
+        let d = temp_dir();
+        write_mode(
+            &d,
+            "psk",
+            "0x00112233445566778899aabbccddeeff0011223344556677\n",
+            0o600,
+        );
+        write_mode(&d, "cluster.key", key, mode);
+        d
+    }
+
+    /// An IKE connection and `[cluster]` with `extra`.
+    fn ike_cluster(extra: &str) -> String {
+        format!(
+            r#"
+[[connection]]
+name = "ik"
+local = "192.0.2.1"
+remote = "198.51.100.2"
+local_ts = ["10.1.0.0/16"]
+remote_ts = ["10.2.0.0/16"]
+
+[connection.ike]
+psk_file = "psk"
+
+[cluster]
+name = "gw"
+node = 1
+{extra}
+"#
+        )
+    }
+
+    #[test]
+    fn ike_with_a_cluster_key_loads_and_never_shows_the_key() {
+        let d = key_dir(&format!("  {KEY_HEX}\n\n"), 0o600);
+        let c = parse(&ike_cluster("key_file = \"cluster.key\""), &d, "t.toml")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.connections[0].ike().is_some());
+        let k = c.cluster.as_ref().unwrap();
+        assert_eq!(k.key_file.as_deref(), Some(d.join("cluster.key").as_path()));
+        let key = k.key.as_ref().expect("the key is read at load");
+        assert_eq!(hex::encode(key.bytes()), KEY_HEX);
+        let shown = format!("{c:?}");
+        assert!(!shown.contains(&KEY_HEX[..16]), "{shown}");
+        assert!(shown.contains("ClusterKey(not shown)"), "{shown}");
+        let eff = c.effective_toml();
+        assert!(
+            eff.contains("key_file") && !eff.contains(&KEY_HEX[..16]),
+            "{eff}"
+        );
+        // The effective table names the file, so it reads back the same.
+        let again = parse(&eff, &d, "again.toml").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(again.cluster, c.cluster);
+        // Without IKE the key is optional, and read when given.
+        let text = format!(
+            "{}\n[cluster]\nname = \"gw\"\nnode = 2\nkey_file = \"cluster.key\"\n",
+            minimal()
+        );
+        let k = parse(&text, &d, "t.toml").unwrap().cluster.unwrap();
+        assert!(k.key.is_some());
+        assert!(parse_str(&format!(
+            "{}\n[cluster]\nname = \"gw\"\nnode = 2\n",
+            minimal()
+        ))
+        .unwrap()
+        .cluster
+        .unwrap()
+        .key
+        .is_none());
+    }
+
+    #[test]
+    fn ike_without_a_cluster_key_is_refused_saying_why() {
+        let d = key_dir(KEY_HEX, 0o600);
+        let e = parse(&ike_cluster(""), &d, "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert_has(
+            &e,
+            &[
+                "needs key_file",
+                "\"ik\"",
+                "[connection.ike]",
+                "etcd encrypted",
+            ],
+        );
+        assert!(!e.contains("not built yet"), "{e}");
+    }
+
+    #[test]
+    fn bad_cluster_key_files_are_refused_with_the_path_and_why() {
+        let refused = |key: &str, mode: u32, file: &str| {
+            let d = key_dir(key, mode);
+            let e = parse(
+                &ike_cluster(&format!("key_file = \"{file}\"")),
+                &d,
+                "t.toml",
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains(&d.join(file).display().to_string()), "{e}");
+            assert!(e.contains("key_file"), "{e}");
+            assert!(!e.contains(&KEY_HEX[..16]), "the error shows the key: {e}");
+            e
+        };
+        assert_has(&refused(KEY_HEX, 0o600, "missing.key"), &["cannot read"]);
+        assert_has(
+            &refused(&KEY_HEX[..62], 0o600, "cluster.key"),
+            &["62 characters", "expected 64 hex characters"],
+        );
+        assert_has(
+            &refused(&format!("{KEY_HEX}00"), 0o600, "cluster.key"),
+            &["66 characters"],
+        );
+        let not_hex = format!("{}zz", &KEY_HEX[..62]);
+        assert_has(&refused(&not_hex, 0o600, "cluster.key"), &["not hex"]);
+        assert_has(
+            &refused(KEY_HEX, 0o640, "cluster.key"),
+            &["group/others", "mode 0640", "chmod 600"],
+        );
+        assert_has(&refused(KEY_HEX, 0o604, "cluster.key"), &["mode 0604"]);
+        // A directory is not a key file.
+        let d = key_dir(KEY_HEX, 0o600);
+        std::fs::create_dir(d.join("dir.key")).unwrap();
+        let e = parse(&ike_cluster("key_file = \"dir.key\""), &d, "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert_has(&e, &["key_file", "is a directory"]);
     }
 }

@@ -191,7 +191,7 @@ fn validate(
         Some(t) => {
             let c = cluster::validate(v, t);
             if let Some(g) = &gateway {
-                cluster::against_the_rest(v, g, gt, &conns, &file.connection);
+                cluster::against_the_rest(v, t, g, gt, &conns, &file.connection);
             }
             Some(c?)
         }

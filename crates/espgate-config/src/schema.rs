@@ -59,6 +59,9 @@ pub struct ClusterTable {
     pub etcd_user: Option<Spanned<String>>,
     /// File with the etcd user's password.
     pub etcd_password_file: Option<Spanned<String>>,
+    /// File with the cluster key (64 hex characters, mode 0600): the
+    /// SAs the leader's IKE negotiates are kept in etcd encrypted under it.
+    pub key_file: Option<Spanned<String>>,
     /// `packet-rr`, `packet-sqf`, `session-rr` or `session-sqf`.
     pub dispatch: Option<Spanned<String>>,
     /// Interface on the inside shared segment.
