@@ -55,10 +55,12 @@ mod agent;
 mod etcd;
 mod node;
 mod report;
+mod sealed;
 mod view;
 
 pub use agent::{Agent, PERIOD};
 pub use etcd::{eligible, plan_members, Keys};
 pub use node::{ControlNode, Node, DAEMON_TIMEOUT};
 pub use report::{NodeReport, SaReport, DAEMON_UNREACHABLE, NOT_A_CLUSTER_NODE};
+pub use sealed::Sealer;
 pub use view::{cluster_view, ClusterView, VIEW_TIMEOUT};
