@@ -3,13 +3,15 @@
 //! writes the plan when it leads and tells its daemon the plan once a
 //! second (see the crate documentation for the layout and timings).
 
-use crate::etcd::{self, describe, Endpoints, Keys, Snapshot};
+use crate::etcd::{self, describe, Endpoints, Keys, Leader, SaWrite, Snapshot};
 use crate::node::{ControlNode, Node};
 use crate::report::NodeReport;
+use crate::sealed::Sealer;
 use anyhow::{anyhow, Context, Result};
-use espgate_api::cluster::{ClusterUpdate, PlanDoc};
+use espgate_api::cluster::{ClusterSas, ClusterUpdate, PlanDoc, SharedSa};
 use espgate_config::cluster::Cluster;
 use etcd_client::{Client, LeaderKey, PutOptions, ResignOptions, WatchFilterType, WatchOptions};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,6 +22,16 @@ use tokio::task::JoinHandle;
 /// How often the agent reads its daemon, publishes its report, reads the
 /// cluster and tells its daemon the plan.
 pub const PERIOD: Duration = Duration::from_secs(1);
+
+/// How often the leader asks its daemon whether its shared SAs changed
+/// (with a cluster key): a rekey's new SA reaches etcd, and so the other
+/// nodes, within this, not within a [`PERIOD`].
+pub const SA_POLL: Duration = Duration::from_millis(100);
+
+/// For this long after one of its SAs is found waiting to be shared, the
+/// leader also reads the other nodes' reports every [`SA_POLL`] to share
+/// it as soon as they have it ready; then only once a [`PERIOD`].
+const SHARE_POLL_FOR: Duration = Duration::from_secs(10);
 
 /// The longest one cycle's etcd part may take (connecting included).
 const CYCLE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -67,6 +79,8 @@ struct Settings {
     ttl: Duration,
     hold: Duration,
     keys: Keys,
+    /// Seals and opens the shared SAs (with a cluster key).
+    sealer: Option<Arc<Sealer>>,
 }
 
 impl Agent {
@@ -87,6 +101,13 @@ impl Agent {
             ttl: cluster.lease_ttl.max(Duration::from_secs(2)),
             hold: cluster.hold,
             keys: Keys::new(&cluster.name),
+            sealer: cluster
+                .key
+                .as_ref()
+                .map(Sealer::new)
+                .transpose()
+                .context("the cluster key")?
+                .map(Arc::new),
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -149,20 +170,30 @@ impl Drop for Agent {
 }
 
 /// The agent's loop: a cycle every [`PERIOD`] or when the plan changes,
-/// until asked to stop.
+/// and on the leader with a cluster key a look at its shared SAs every
+/// [`SA_POLL`], until asked to stop.
 async fn run(mut st: State, mut stop: watch::Receiver<Stop>) {
     let mut tick = tokio::time::interval(PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut poll = tokio::time::interval(SA_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let wake = st.wake.clone();
     loop {
+        let full = tokio::select! {
+            _ = stop.changed() => break,
+            _ = tick.tick() => true,
+            _ = wake.notified() => true,
+            _ = poll.tick(), if st.polls_sas() => false,
+        };
         tokio::select! {
             _ = stop.changed() => break,
-            _ = tick.tick() => {}
-            _ = wake.notified() => {}
-        }
-        tokio::select! {
-            _ = stop.changed() => break,
-            _ = st.cycle() => {}
+            _ = async {
+                if full {
+                    st.cycle().await
+                } else {
+                    st.poll_sas().await
+                }
+            } => {}
         }
     }
     let how = *stop.borrow();
@@ -195,6 +226,9 @@ struct Session {
     campaign: JoinHandle<()>,
     plan_watch: JoinHandle<()>,
     leave_watch: JoinHandle<()>,
+    /// With a cluster key: any change of `sas/` (a follower installs a
+    /// new SA at once).
+    sas_watch: Option<JoinHandle<()>>,
 }
 
 impl Drop for Session {
@@ -203,6 +237,9 @@ impl Drop for Session {
         self.campaign.abort();
         self.plan_watch.abort();
         self.leave_watch.abort();
+        if let Some(w) = &self.sas_watch {
+            w.abort();
+        }
     }
 }
 
@@ -280,6 +317,14 @@ impl Session {
             ),
             wake.clone(),
         ));
+        let sas_watch = cfg.sealer.is_some().then(|| {
+            tokio::spawn(watch_key(
+                client.clone(),
+                cfg.keys.sas.clone(),
+                Some(WatchOptions::new().with_prefix()),
+                wake.clone(),
+            ))
+        });
         Ok(Session {
             client,
             lease,
@@ -291,6 +336,7 @@ impl Session {
             campaign,
             plan_watch,
             leave_watch,
+            sas_watch,
         })
     }
 
@@ -425,6 +471,38 @@ struct State {
     last_plan: Option<PlanDoc>,
     /// Runs a cycle at once (elected, or the plan changed).
     wake: Arc<Notify>,
+    /// The shared SAs as etcd holds them, by key: from the latest read,
+    /// and on the leader its own writes since.
+    sas: BTreeMap<String, Held>,
+    /// Entries that did not open, told once each: key, mod revision.
+    warned_sas: BTreeMap<String, i64>,
+    /// While this node leads: its election key, which guards its writes.
+    leading: Option<Leader>,
+    /// The export generation whose SAs are all in etcd.
+    written_generation: Option<u64>,
+    /// The shared SAs last given to the daemon.
+    sent_sas: Option<Vec<SharedSa>>,
+    /// The daemon took an update carrying the shared SAs (so its export
+    /// holds those it could install: until then the leader deletes
+    /// nothing from etcd).
+    daemon_has_sas: bool,
+    /// This node's SAs that wait for the others to be ready, since when.
+    share_waiting: BTreeMap<(u32, bool), Instant>,
+    /// The export call fails (logged on change).
+    export_failing: bool,
+    /// The SAs whose share call failed (logged once each; retried).
+    share_failing: BTreeSet<(u32, bool)>,
+    /// Publishing the shared SAs fails (logged on change).
+    publish_failing: bool,
+}
+
+/// A `sas/` entry as this agent last knew it.
+#[derive(Debug, Clone)]
+struct Held {
+    /// Its mod revision when read (0: written by this agent since).
+    mod_rev: i64,
+    /// The SA; `None`: it did not open.
+    sa: Option<SharedSa>,
 }
 
 impl State {
@@ -445,6 +523,16 @@ impl State {
             last_leader: None,
             last_plan: None,
             wake: Arc::new(Notify::new()),
+            sas: BTreeMap::new(),
+            warned_sas: BTreeMap::new(),
+            leading: None,
+            written_generation: None,
+            sent_sas: None,
+            daemon_has_sas: false,
+            share_waiting: BTreeMap::new(),
+            export_failing: false,
+            share_failing: BTreeSet::new(),
+            publish_failing: false,
         }
     }
 
@@ -471,15 +559,26 @@ impl State {
             }
             _ => {}
         }
+        if status.is_err() {
+            // It may come back without the SAs it had installed.
+            self.daemon_has_sas = false;
+        }
         let report = match &status {
             Ok(s) => NodeReport::from_status(self.cfg.node, Ok(s.as_ref())),
             Err(_) => NodeReport::from_status(self.cfg.node, Err(())),
         };
-        let result = tokio::time::timeout(CYCLE_TIMEOUT, self.etcd_cycle(&report))
+        // The leader's shared SAs, read before the etcd part so that a
+        // slow daemon does not count as an etcd failure.
+        let export = if self.cfg.sealer.is_some() && self.elected() {
+            self.export().await
+        } else {
+            None
+        };
+        let result = tokio::time::timeout(CYCLE_TIMEOUT, self.etcd_cycle(&report, export))
             .await
             .unwrap_or_else(|_| Err(anyhow!("no answer within {}s", CYCLE_TIMEOUT.as_secs())));
         match result {
-            Ok(update) => {
+            Ok((mut update, to_share)) => {
                 self.failures = 0;
                 if let Some(since) = self.etcd_down.take() {
                     tracing::info!(
@@ -489,6 +588,13 @@ impl State {
                         self.endpoints.list(),
                         since.elapsed().as_secs_f64()
                     );
+                }
+                if !to_share.is_empty() {
+                    self.share(to_share).await;
+                }
+                if let Some(list) = update.sas.as_mut() {
+                    // With the writes of this cycle.
+                    *list = self.shared_list();
                 }
                 self.send(update).await;
             }
@@ -529,9 +635,14 @@ impl State {
     }
 
     /// The etcd part of a cycle: (re)connect when needed, publish the
-    /// report, read the cluster, write the plan when leading; the update
-    /// for the daemon.
-    async fn etcd_cycle(&mut self, report: &NodeReport) -> Result<ClusterUpdate> {
+    /// report, read the cluster, write the plan and the shared SAs
+    /// (`export`) when leading; the update for the daemon, and the SAs to
+    /// share now.
+    async fn etcd_cycle(
+        &mut self,
+        report: &NodeReport,
+        export: Option<ClusterSas>,
+    ) -> Result<(ClusterUpdate, Vec<(u32, bool)>)> {
         if self
             .session
             .as_ref()
@@ -546,6 +657,7 @@ impl State {
             self.resume = None;
         }
         if self.session.is_none() {
+            self.leading = None;
             let now = Instant::now();
             if now < self.next_connect {
                 return Err(anyhow!(
@@ -617,9 +729,20 @@ impl State {
         // election key for as long as its key exists.
         let elected = s.elected.borrow().clone();
         let snap = etcd::snapshot(&mut s.client, &self.cfg.keys).await?;
+        self.open_sas(&snap);
         let plan = match elected {
             Some(mine) => self.lead(&snap, &mine).await?,
-            None => snap.plan.clone(),
+            None => {
+                self.leading = None;
+                snap.plan.clone()
+            }
+        };
+        let to_share = match export {
+            Some(export) if self.leading.is_some() => {
+                self.publish_or_warn(&export).await;
+                self.shareable(&export, plan.as_ref(), &snap.nodes)
+            }
+            _ => Vec::new(),
         };
         let me = self.cfg.node;
         let leader = snap.leader.as_ref().and_then(|l| l.node);
@@ -645,7 +768,7 @@ impl State {
         if let Some(e) = &snap.plan_error {
             tracing::debug!("cluster {}: {e}", self.cfg.name);
         }
-        Ok(ClusterUpdate {
+        let update = ClusterUpdate {
             plan,
             leader,
             checkpoints: snap
@@ -654,7 +777,9 @@ impl State {
                 .filter(|r| r.node != me)
                 .flat_map(NodeReport::checkpoints)
                 .collect(),
-        })
+            sas: self.cfg.sealer.is_some().then(|| self.shared_list()),
+        };
+        Ok((update, to_share))
     }
 
     /// When this node was elected (`mine`, its election key): writes the plan if its members changed. The
@@ -666,6 +791,7 @@ impl State {
         let leader = match &snap.leader {
             Some(l) if l.key == mine.key() => l.clone(),
             _ => {
+                self.leading = None;
                 tracing::warn!(
                     "cluster {}: node {}'s election key is gone while its lease lives; \
                      campaigning again",
@@ -676,6 +802,7 @@ impl State {
                 return Ok(snap.plan.clone());
             }
         };
+        self.leading = Some(leader.clone());
         let Some(next) = etcd::next_plan(snap) else {
             return Ok(snap.plan.clone());
         };
@@ -697,9 +824,20 @@ impl State {
     /// Sends the daemon its update.
     async fn send(&mut self, update: ClusterUpdate) {
         let node = self.node.clone();
+        let sas = update.sas.clone();
         let r = tokio::task::spawn_blocking(move || node.update(update))
             .await
             .unwrap_or_else(|e| Err(anyhow!("the daemon update call failed: {e}")));
+        if r.is_ok() && sas.is_some() {
+            self.daemon_has_sas = true;
+            if self.sent_sas != sas {
+                // A new list: once more at once, so that the report says
+                // which of the SAs the daemon has now installed (the
+                // leader waits for that to share them).
+                self.sent_sas = sas;
+                self.wake.notify_one();
+            }
+        }
         match r {
             Err(e) if !self.update_failing => {
                 tracing::warn!("cluster {}: {e:#}", self.cfg.name);
@@ -710,6 +848,357 @@ impl State {
                 self.update_failing = false;
             }
             _ => {}
+        }
+    }
+
+    /// Whether this node's campaign has won (as far as this agent knows).
+    fn elected(&self) -> bool {
+        self.session
+            .as_ref()
+            .is_some_and(|s| s.elected.borrow().is_some())
+    }
+
+    /// Whether to look at the daemon's shared SAs every [`SA_POLL`]: this
+    /// node leads, with a cluster key, and etcd answers.
+    fn polls_sas(&self) -> bool {
+        self.cfg.sealer.is_some()
+            && self.leading.is_some()
+            && self.session.is_some()
+            && self.etcd_down.is_none()
+    }
+
+    /// The daemon's shared SAs (`None` when it did not answer: logged on
+    /// change).
+    async fn export(&mut self) -> Option<ClusterSas> {
+        let node = self.node.clone();
+        let r = tokio::task::spawn_blocking(move || node.export())
+            .await
+            .unwrap_or_else(|e| Err(anyhow!("the daemon export call failed: {e}")));
+        match r {
+            Ok(x) => {
+                if self.export_failing {
+                    tracing::info!(
+                        "cluster {}: the daemon exports its shared SAs again",
+                        self.cfg.name
+                    );
+                    self.export_failing = false;
+                }
+                Some(x)
+            }
+            Err(e) => {
+                if !self.export_failing {
+                    tracing::warn!(
+                        "cluster {}: {e:#}; the leader publishes no SA changes until it answers",
+                        self.cfg.name
+                    );
+                    self.export_failing = true;
+                }
+                None
+            }
+        }
+    }
+
+    /// Every [`SA_POLL`] on the leader: when the daemon's shared SAs
+    /// changed, publishes them at once (and shares those ready); while one
+    /// waits to be shared, checks the other nodes' reports too.
+    async fn poll_sas(&mut self) {
+        let Some(export) = self.export().await else {
+            return;
+        };
+        let changed = self.written_generation != Some(export.generation);
+        let waiting = self
+            .share_waiting
+            .values()
+            .any(|t| t.elapsed() < SHARE_POLL_FOR);
+        if !changed && !waiting {
+            return;
+        }
+        let step = tokio::time::timeout(CYCLE_TIMEOUT, self.lead_sas(&export)).await;
+        match step {
+            Ok(Ok(to_share)) if !to_share.is_empty() => self.share(to_share).await,
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::debug!("cluster {}: {e:#}", self.cfg.name),
+            Err(_) => tracing::debug!(
+                "cluster {}: publishing the shared SAs: no answer within {}s",
+                self.cfg.name,
+                CYCLE_TIMEOUT.as_secs()
+            ),
+        }
+    }
+
+    /// [`poll_sas`](State::poll_sas)'s etcd part: a fresh read (the
+    /// leadership, the entries, the reports), the writes; the SAs to
+    /// share now.
+    async fn lead_sas(&mut self, export: &ClusterSas) -> Result<Vec<(u32, bool)>> {
+        let Some(s) = self.session.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let snap = etcd::snapshot(&mut s.client, &self.cfg.keys).await?;
+        self.open_sas(&snap);
+        let still = match (&self.leading, &snap.leader) {
+            (Some(mine), Some(l)) => mine.key == l.key && mine.create_rev == l.create_rev,
+            _ => false,
+        };
+        if !still {
+            // The next cycle finds out who leads.
+            self.leading = None;
+            return Ok(Vec::new());
+        }
+        self.publish(export).await?;
+        Ok(self.shareable(export, snap.plan.as_ref(), &snap.nodes))
+    }
+
+    /// Takes the `sas/` entries of `snap`, opening those that are new or
+    /// changed; an entry that does not open is kept as such (the leader
+    /// deletes it if its daemon does not export it) and told once.
+    fn open_sas(&mut self, snap: &Snapshot) {
+        let Some(sealer) = self.cfg.sealer.clone() else {
+            return;
+        };
+        let mut now = BTreeMap::new();
+        for e in &snap.sas {
+            if let Some(h) = self.sas.get(&e.key).filter(|h| h.mod_rev == e.mod_rev) {
+                now.insert(e.key.clone(), h.clone());
+                continue;
+            }
+            let opened = sealer.open(&e.key, &e.value).and_then(|sa| {
+                let named = self.cfg.keys.sa(&sa.name());
+                if named == e.key {
+                    Ok(sa)
+                } else {
+                    Err(anyhow!(
+                        "it holds SA {}, not the one its key names",
+                        sa.name()
+                    ))
+                }
+            });
+            let sa = match opened {
+                Ok(sa) => {
+                    self.warned_sas.remove(&e.key);
+                    Some(sa)
+                }
+                Err(err) => {
+                    if self.warned_sas.get(&e.key) != Some(&e.mod_rev) {
+                        tracing::warn!(
+                            "cluster {}: skipping {}: {err:#}; is key_file the same on every \
+                             node?",
+                            self.cfg.name,
+                            e.key
+                        );
+                        self.warned_sas.insert(e.key.clone(), e.mod_rev);
+                    }
+                    None
+                }
+            };
+            now.insert(
+                e.key.clone(),
+                Held {
+                    mod_rev: e.mod_rev,
+                    sa,
+                },
+            );
+        }
+        self.warned_sas.retain(|k, _| now.contains_key(k));
+        self.sas = now;
+    }
+
+    /// The shared SAs for the daemon: every entry that opened.
+    fn shared_list(&self) -> Vec<SharedSa> {
+        self.sas.values().filter_map(|h| h.sa.clone()).collect()
+    }
+
+    /// [`publish`](State::publish), a failure logged (on change) rather
+    /// than failing the cycle: the plan's confirmation still goes out.
+    async fn publish_or_warn(&mut self, export: &ClusterSas) {
+        match self.publish(export).await {
+            Ok(()) if self.publish_failing => {
+                tracing::info!(
+                    "cluster {}: the shared SAs are published again",
+                    self.cfg.name
+                );
+                self.publish_failing = false;
+            }
+            Ok(()) => {}
+            Err(e) => {
+                if !self.publish_failing {
+                    tracing::warn!("cluster {}: {e:#}", self.cfg.name);
+                    self.publish_failing = true;
+                }
+            }
+        }
+    }
+
+    /// On the leader: makes `sas/` hold exactly the daemon's export (puts
+    /// the SAs whose entry is missing or differs, deletes the entries it
+    /// does not list), guarded by this node's election key. Everything is
+    /// sealed before anything is written: a sealing failure writes
+    /// nothing.
+    async fn publish(&mut self, export: &ClusterSas) -> Result<()> {
+        let (Some(sealer), Some(leader)) = (self.cfg.sealer.clone(), self.leading.clone()) else {
+            return Ok(());
+        };
+        let me = self.cfg.node;
+        let want: BTreeMap<String, &SharedSa> = export
+            .sas
+            .iter()
+            .map(|sa| (self.cfg.keys.sa(&sa.name()), sa))
+            .collect();
+        let mut changes = Vec::new();
+        let mut lines = Vec::new();
+        for (k, sa) in &want {
+            let had = self.sas.get(k).and_then(|h| h.sa.as_ref());
+            if had == Some(*sa) {
+                continue;
+            }
+            changes.push(SaWrite::Put(k.clone(), sealer.seal(k, sa)?));
+            let from = sa
+                .share_from
+                .map_or_else(|| "not yet".to_string(), |f| f.to_string());
+            lines.push(match had {
+                Some(h) if h.share_from.is_none() && sa.share_from.is_some() => format!(
+                    "SA {} of connection \"{}\" is shared over the plan (share_from {from})",
+                    sa.name(),
+                    sa.conn
+                ),
+                Some(_) => format!(
+                    "updates SA {} of connection \"{}\" (share_from {from})",
+                    sa.name(),
+                    sa.conn
+                ),
+                None => format!(
+                    "publishes SA {} of connection \"{}\" (negotiated by node {}{}; \
+                     share_from {from})",
+                    sa.name(),
+                    sa.conn,
+                    sa.owner,
+                    if sa.owner == me { ", this one" } else { "" }
+                ),
+            });
+        }
+        if self.daemon_has_sas {
+            for (k, h) in &self.sas {
+                if want.contains_key(k) {
+                    continue;
+                }
+                changes.push(SaWrite::Delete(k.clone()));
+                lines.push(match &h.sa {
+                    Some(sa) => format!(
+                        "removes SA {} of connection \"{}\" (share_from {}): the leader's \
+                         daemon no longer has it",
+                        sa.name(),
+                        sa.conn,
+                        sa.share_from
+                            .map_or_else(|| "not yet".to_string(), |f| f.to_string())
+                    ),
+                    None => format!("removes {k}: it did not open, and no daemon exports it"),
+                });
+            }
+        }
+        if !changes.is_empty() {
+            let Some(s) = self.session.as_mut() else {
+                return Ok(());
+            };
+            if !etcd::write_sas(&mut s.client, &leader, &changes).await? {
+                tracing::info!(
+                    "cluster {}: the shared SAs were not written: node {} no longer leads",
+                    self.cfg.name,
+                    me
+                );
+                self.leading = None;
+                return Ok(());
+            }
+            for c in &changes {
+                match c {
+                    SaWrite::Put(k, _) => {
+                        let sa = want.get(k).map(|sa| (*sa).clone());
+                        self.sas.insert(k.clone(), Held { mod_rev: 0, sa });
+                    }
+                    SaWrite::Delete(k) => {
+                        self.sas.remove(k);
+                    }
+                }
+            }
+            for l in lines {
+                tracing::info!("cluster {}: {l}", self.cfg.name);
+            }
+        }
+        // Deletions held back (see `daemon_has_sas`) are left to the next
+        // cycle.
+        self.written_generation = Some(export.generation);
+        Ok(())
+    }
+
+    /// The SAs of `export` to share now: this node's own, not shared yet,
+    /// that every other member of `plan` reports ready (at once when the
+    /// plan names only this node). Notes since when each other one waits.
+    fn shareable(
+        &mut self,
+        export: &ClusterSas,
+        plan: Option<&PlanDoc>,
+        nodes: &BTreeMap<u16, NodeReport>,
+    ) -> Vec<(u32, bool)> {
+        let me = self.cfg.node;
+        let mut now = Vec::new();
+        let mut waiting = BTreeMap::new();
+        for sa in export
+            .sas
+            .iter()
+            .filter(|sa| sa.owner == me && sa.share_from.is_none())
+        {
+            let ready = plan.is_some_and(|p| {
+                p.members.iter().filter(|&&m| m != me).all(|m| {
+                    nodes
+                        .get(m)
+                        .is_some_and(|r| r.is_ready(sa.spi, sa.outbound))
+                })
+            });
+            let id = (sa.spi, sa.outbound);
+            if ready {
+                now.push(id);
+            } else {
+                let since = self.share_waiting.get(&id).copied();
+                waiting.insert(id, since.unwrap_or_else(Instant::now));
+            }
+        }
+        self.share_waiting = waiting;
+        now
+    }
+
+    /// Asks the daemon to share each SA of `list`, then publishes the
+    /// updated list at once.
+    async fn share(&mut self, list: Vec<(u32, bool)>) {
+        let mut latest = None;
+        for (spi, outbound) in list {
+            let node = self.node.clone();
+            let r = tokio::task::spawn_blocking(move || node.share(spi, outbound))
+                .await
+                .unwrap_or_else(|e| Err(anyhow!("the daemon share call failed: {e}")));
+            match r {
+                Ok(x) => {
+                    self.share_failing.remove(&(spi, outbound));
+                    latest = Some(x);
+                }
+                Err(e) if self.share_failing.insert((spi, outbound)) => {
+                    tracing::warn!(
+                        "cluster {}: {e:#} (tried again while it waits)",
+                        self.cfg.name
+                    )
+                }
+                Err(e) => tracing::debug!("cluster {}: {e:#}", self.cfg.name),
+            }
+        }
+        let Some(export) = latest else {
+            return;
+        };
+        let r = tokio::time::timeout(CYCLE_TIMEOUT, self.publish(&export)).await;
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("cluster {}: {e:#}", self.cfg.name),
+            Err(_) => tracing::warn!(
+                "cluster {}: publishing the shared SAs: no answer within {}s",
+                self.cfg.name,
+                CYCLE_TIMEOUT.as_secs()
+            ),
         }
     }
 

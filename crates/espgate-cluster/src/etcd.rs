@@ -23,6 +23,8 @@ pub struct Keys {
     pub leader: String,
     /// `/espgate/NAME/plan`.
     pub plan: String,
+    /// `/espgate/NAME/sas/`: the shared SAs, sealed under the cluster key.
+    pub sas: String,
 }
 
 impl Keys {
@@ -33,7 +35,13 @@ impl Keys {
             nodes: format!("{base}nodes/"),
             leader: format!("{base}leader"),
             plan: format!("{base}plan"),
+            sas: format!("{base}sas/"),
         }
+    }
+
+    /// The key of the shared SA named `name` ([`SharedSa::name`](espgate_api::cluster::SharedSa::name)).
+    pub fn sa(&self, name: &str) -> String {
+        format!("{}{name}", self.sas)
     }
 
     /// The report key of node `id`.
@@ -179,6 +187,16 @@ pub(crate) struct Snapshot {
     pub(crate) nodes: BTreeMap<u16, NodeReport>,
     /// Report keys that could not be read: (key, why).
     pub(crate) bad: Vec<(String, String)>,
+    /// Every `sas/` entry as stored (sealed).
+    pub(crate) sas: Vec<SealedEntry>,
+}
+
+/// One `sas/` entry as etcd holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SealedEntry {
+    pub(crate) key: String,
+    pub(crate) value: Vec<u8>,
+    pub(crate) mod_rev: i64,
 }
 
 /// The elected leader as the snapshot shows it.
@@ -189,7 +207,8 @@ pub(crate) struct Leader {
     pub(crate) create_rev: i64,
 }
 
-/// Reads `plan`, the leader and every report in one transaction.
+/// Reads `plan`, the leader, every report and every shared SA in one
+/// transaction.
 pub(crate) async fn snapshot(client: &mut Client, keys: &Keys) -> Result<Snapshot> {
     let leader_opts = GetOptions::new()
         .with_prefix()
@@ -199,6 +218,7 @@ pub(crate) async fn snapshot(client: &mut Client, keys: &Keys) -> Result<Snapsho
         TxnOp::get(keys.plan.as_str(), None),
         TxnOp::get(keys.leader_prefix(), Some(leader_opts)),
         TxnOp::get(keys.nodes.as_str(), Some(GetOptions::new().with_prefix())),
+        TxnOp::get(keys.sas.as_str(), Some(GetOptions::new().with_prefix())),
     ]);
     let resp = client
         .txn(txn)
@@ -212,9 +232,9 @@ pub(crate) async fn snapshot(client: &mut Client, keys: &Keys) -> Result<Snapsho
             _ => None,
         })
         .collect();
-    let [plan, leader, nodes] = &gets[..] else {
+    let [plan, leader, nodes, sas] = &gets[..] else {
         bail!(
-            "etcd answered the cluster read with {} parts, not 3",
+            "etcd answered the cluster read with {} parts, not 4",
             gets.len()
         );
     };
@@ -250,6 +270,15 @@ pub(crate) async fn snapshot(client: &mut Client, keys: &Keys) -> Result<Snapsho
             (_, Err(e)) => snap.bad.push((key, format!("not a node report: {e}"))),
         }
     }
+    snap.sas = sas
+        .kvs()
+        .iter()
+        .map(|kv| SealedEntry {
+            key: String::from_utf8_lossy(kv.key()).into_owned(),
+            value: kv.value().to_vec(),
+            mod_rev: kv.mod_revision(),
+        })
+        .collect();
     Ok(snap)
 }
 
@@ -310,6 +339,53 @@ pub(crate) async fn write_plan(
     Ok(resp.succeeded())
 }
 
+/// One change of a `sas/` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SaWrite {
+    /// Put this (sealed) value at this key.
+    Put(String, Vec<u8>),
+    /// Delete this key.
+    Delete(String),
+}
+
+/// The most operations in one transaction (etcd's default limit is 128).
+const MAX_TXN_OPS: usize = 100;
+
+/// Writes `changes` while `leader`'s election key still exists as created
+/// (as [`write_plan`] does, so that a deposed leader cannot write): true
+/// when all were written. More than [`MAX_TXN_OPS`] changes go in several
+/// transactions, each guarded the same way.
+pub(crate) async fn write_sas(
+    client: &mut Client,
+    leader: &Leader,
+    changes: &[SaWrite],
+) -> Result<bool> {
+    for chunk in changes.chunks(MAX_TXN_OPS) {
+        let ops: Vec<TxnOp> = chunk
+            .iter()
+            .map(|c| match c {
+                SaWrite::Put(k, v) => TxnOp::put(k.as_str(), v.clone(), None),
+                SaWrite::Delete(k) => TxnOp::delete(k.as_str(), None),
+            })
+            .collect();
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                leader.key.clone(),
+                CompareOp::Equal,
+                leader.create_rev,
+            )])
+            .and_then(ops);
+        let resp = client
+            .txn(txn)
+            .await
+            .map_err(|e| anyhow!("writing the shared SAs: {}", describe(&e)))?;
+        if !resp.succeeded() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,6 +397,7 @@ mod tests {
             daemon: true,
             in_step,
             sas: Vec::new(),
+            ready: Vec::new(),
         }
     }
 
@@ -330,6 +407,7 @@ mod tests {
         assert_eq!(k.node(3), "/espgate/gw/nodes/3");
         assert_eq!(k.leader_prefix(), "/espgate/gw/leader/");
         assert_eq!(k.plan, "/espgate/gw/plan");
+        assert_eq!(k.sa("0x0000c0de-out"), "/espgate/gw/sas/0x0000c0de-out");
     }
 
     #[test]

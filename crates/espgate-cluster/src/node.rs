@@ -3,7 +3,7 @@
 //! give a fake.
 
 use anyhow::{Context, Result};
-use espgate_api::cluster::{ClusterStatus, ClusterUpdate};
+use espgate_api::cluster::{ClusterSas, ClusterStatus, ClusterUpdate};
 use espgate_api::control::{Client, Request};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use std::time::Duration;
 /// How long the agent waits for one answer of its daemon.
 pub const DAEMON_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The node's daemon as the agent sees it. Both calls block (the agent
+/// The node's daemon as the agent sees it. Every call blocks (the agent
 /// makes them off its runtime thread) and should answer within a second
 /// or two.
 pub trait Node: Send + Sync + 'static {
@@ -21,6 +21,14 @@ pub trait Node: Send + Sync + 'static {
     /// Tells the node the plan, the leader and the other nodes'
     /// checkpoints.
     fn update(&self, update: ClusterUpdate) -> Result<()>;
+    /// The SAs the node shares with the cluster, keys included: those its
+    /// IKE negotiated and those it installed from etcd (the leader's agent
+    /// publishes them).
+    fn export(&self) -> Result<ClusterSas>;
+    /// Shares the SA `(spi, outbound)` over the plan (on its owner, once
+    /// every other member has it ready): the node picks the counter from
+    /// which it is dispatched and answers with the updated list.
+    fn share(&self, spi: u32, outbound: bool) -> Result<ClusterSas>;
 }
 
 /// A daemon behind its control socket.
@@ -52,5 +60,17 @@ impl Node for ControlNode {
             .change(&Request::Cluster(update))
             .context("sending the daemon its cluster update")?;
         Ok(())
+    }
+
+    fn export(&self) -> Result<ClusterSas> {
+        self.client
+            .cluster_sas(&Request::ClusterExport)
+            .context("reading the daemon's shared SAs")
+    }
+
+    fn share(&self, spi: u32, outbound: bool) -> Result<ClusterSas> {
+        self.client
+            .cluster_sas(&Request::ClusterShare { spi, outbound })
+            .with_context(|| format!("asking the daemon to share SA {spi:#010x}"))
     }
 }

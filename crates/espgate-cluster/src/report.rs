@@ -25,6 +25,11 @@ pub struct NodeReport {
     /// Per outbound SA.
     #[serde(default)]
     pub sas: Vec<SaReport>,
+    /// `(spi, outbound)` of every shared SA (negotiated by the leader's
+    /// IKE) that is installed here and able to take its share: what the
+    /// leader waits for before it shares a new SA over the plan.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ready: Vec<(u32, bool)>,
 }
 
 /// One outbound SA of a node's report.
@@ -70,6 +75,12 @@ impl NodeReport {
                         lockstep: s.lockstep,
                     })
                     .collect(),
+                ready: c
+                    .sas
+                    .iter()
+                    .filter(|s| s.shared && s.ready())
+                    .map(|s| (s.spi, s.outbound))
+                    .collect(),
             },
             Ok(None) => NodeReport {
                 node,
@@ -77,6 +88,7 @@ impl NodeReport {
                 daemon: true,
                 in_step: false,
                 sas: Vec::new(),
+                ready: Vec::new(),
             },
             Err(()) => NodeReport {
                 node,
@@ -84,8 +96,14 @@ impl NodeReport {
                 daemon: false,
                 in_step: false,
                 sas: Vec::new(),
+                ready: Vec::new(),
             },
         }
+    }
+
+    /// Whether the shared SA `(spi, outbound)` is installed and ready here.
+    pub fn is_ready(&self, spi: u32, outbound: bool) -> bool {
+        self.ready.contains(&(spi, outbound))
     }
 
     /// This node's checkpoints, one per outbound SA that has one, as
@@ -160,5 +178,47 @@ mod tests {
         assert_eq!(down.state, DAEMON_UNREACHABLE);
         let plain = NodeReport::from_status(2, Ok(None));
         assert!(!plain.in_step && plain.daemon);
+        // No shared SA: no `ready` in the report (older agents read it).
+        assert!(!text.contains("ready"), "{text}");
+    }
+
+    #[test]
+    fn a_report_lists_the_shared_sas_ready_here() {
+        let shared = |spi, outbound, lockstep| ClusterSa {
+            shared: true,
+            lockstep,
+            ..sa(spi, outbound, None)
+        };
+        let status = ClusterStatus {
+            name: "gw".into(),
+            node: 3,
+            dispatch: "packet-rr".into(),
+            plan: None,
+            leader: None,
+            plan_age_ms: None,
+            state: "processing".into(),
+            in_step: true,
+            sas: vec![
+                // Manual SAs are never listed.
+                sa(1, true, None),
+                sa(2, false, None),
+                // Inbound: ready once installed; outbound: once in step.
+                shared(0x10, false, None),
+                shared(0x11, true, Some(Lockstep::InStep)),
+                shared(0x12, true, Some(Lockstep::Unknown)),
+                shared(0x13, true, Some(Lockstep::OutOfStep)),
+            ],
+        };
+        let r = NodeReport::from_status(3, Ok(Some(&status)));
+        assert_eq!(r.ready, [(0x10, false), (0x11, true)]);
+        assert!(r.is_ready(0x11, true) && !r.is_ready(0x11, false) && !r.is_ready(0x12, true));
+        let text = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<NodeReport>(&text).unwrap(), r);
+        // A report from before `ready` existed still reads.
+        let old = r#"{"node":3,"state":"standby","daemon":true,"in_step":true}"#;
+        assert!(serde_json::from_str::<NodeReport>(old)
+            .unwrap()
+            .ready
+            .is_empty());
     }
 }

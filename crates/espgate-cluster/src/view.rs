@@ -219,6 +219,7 @@ mod tests {
                 observed: 150,
                 lockstep: Some(Lockstep::InStep),
             }],
+            ready: Vec::new(),
         };
         let v = ClusterView {
             name: "gw".into(),

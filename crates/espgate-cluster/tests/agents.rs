@@ -1,11 +1,14 @@
 //! Agents against a real etcd (`/usr/bin/etcd`, started per test on free
 //! 127.0.0.1 ports in a temporary directory) and fake daemons: election,
-//! the plan rule, leaving, crashing, checkpoints, an etcd outage.
+//! the plan rule, leaving, crashing, checkpoints, an etcd outage, and the
+//! SAs of the leader's IKE shared through etcd.
 
-use anyhow::Result;
-use espgate_api::cluster::{ClusterSa, ClusterStatus, ClusterUpdate, Lockstep};
-use espgate_cluster::{cluster_view, Agent, ClusterView, Node};
-use espgate_config::cluster::Cluster;
+use anyhow::{bail, Result};
+use espgate_api::cluster::{
+    ClusterSa, ClusterSas, ClusterStatus, ClusterUpdate, Lockstep, SharedSa,
+};
+use espgate_cluster::{cluster_view, Agent, ClusterView, Keys, Node};
+use espgate_config::cluster::{Cluster, ClusterKey};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -251,7 +254,16 @@ struct Fake {
     id: u16,
     in_step: AtomicBool,
     updates: Mutex<Vec<ClusterUpdate>>,
+    /// What it exports (as the leader's daemon would: its IKE's SAs).
+    export: Mutex<ClusterSas>,
+    /// The shared SAs its status says are installed and ready.
+    ready: Mutex<Vec<(u32, bool)>>,
+    /// The share calls it got.
+    shares: Mutex<Vec<(u32, bool)>>,
 }
+
+/// The counter a fake daemon shares its SAs from.
+const SHARE_FROM: u64 = 5000;
 
 impl Fake {
     fn new(id: u16, in_step: bool) -> Arc<Fake> {
@@ -259,7 +271,17 @@ impl Fake {
             id,
             in_step: AtomicBool::new(in_step),
             updates: Mutex::new(Vec::new()),
+            export: Mutex::new(ClusterSas::default()),
+            ready: Mutex::new(Vec::new()),
+            shares: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Exports `sas` from now on (a new generation).
+    fn set_export(&self, sas: Vec<SharedSa>) {
+        let mut x = self.export.lock().unwrap();
+        x.generation += 1;
+        x.sas = sas;
     }
 
     fn count(&self) -> usize {
@@ -283,7 +305,7 @@ impl Node for Fake {
             plan_age_ms: None,
             state: if in_step { "processing" } else { "resyncing" }.into(),
             in_step,
-            sas: vec![ClusterSa {
+            sas: std::iter::once(ClusterSa {
                 conn: "site".into(),
                 spi: SPI,
                 outbound: true,
@@ -296,13 +318,55 @@ impl Node for Fake {
                     Lockstep::OutOfStep
                 }),
                 resyncs: 0,
-            }],
+                shared: false,
+                solo: None,
+                share_from: None,
+            })
+            .chain(
+                self.ready
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .map(|&(spi, outbound)| ClusterSa {
+                        conn: "ike".into(),
+                        spi,
+                        outbound,
+                        processed: 0,
+                        observed: 0,
+                        checkpoint: None,
+                        lockstep: outbound.then_some(Lockstep::InStep),
+                        resyncs: 0,
+                        shared: true,
+                        solo: None,
+                        share_from: None,
+                    }),
+            )
+            .collect(),
         }))
     }
 
     fn update(&self, update: ClusterUpdate) -> Result<()> {
         self.updates.lock().unwrap().push(update);
         Ok(())
+    }
+
+    fn export(&self) -> Result<ClusterSas> {
+        Ok(self.export.lock().unwrap().clone())
+    }
+
+    fn share(&self, spi: u32, outbound: bool) -> Result<ClusterSas> {
+        self.shares.lock().unwrap().push((spi, outbound));
+        let mut x = self.export.lock().unwrap();
+        let Some(sa) = x
+            .sas
+            .iter_mut()
+            .find(|s| s.spi == spi && s.outbound == outbound)
+        else {
+            bail!("SA {spi:#x} is not shared by this node");
+        };
+        sa.share_from = Some(SHARE_FROM);
+        x.generation += 1;
+        Ok(x.clone())
     }
 }
 
@@ -316,6 +380,8 @@ fn cluster(etcd: &Etcd, name: &str, node: u16) -> Cluster {
         etcd_key: None,
         etcd_user: None,
         etcd_password_file: None,
+        key_file: None,
+        key: None,
         dispatch: espgate_core::cluster::Dispatch::PacketRr,
         inside: None,
         outside: None,
@@ -372,8 +438,9 @@ fn wait_for_plan(c: &Cluster, members: &[u16], limit: Duration) -> ClusterView {
     }
 }
 
-/// No update any fake ever got carries its own checkpoints, and the
-/// latest one of each live node carries exactly the other live nodes'.
+/// No update any fake ever got carries its own checkpoints (nor shared
+/// SAs: these clusters have no key), and the latest one of each live node
+/// carries exactly the other live nodes'.
 fn check_updates(fakes: &[Arc<Fake>], live: &[u16]) {
     for f in fakes {
         for u in f.updates.lock().unwrap().iter() {
@@ -382,6 +449,7 @@ fn check_updates(fakes: &[Arc<Fake>], live: &[u16]) {
                 "node {} was sent its own checkpoint: {u:?}",
                 f.id
             );
+            assert!(u.sas.is_none(), "no cluster key, yet SAs: {u:?}");
         }
     }
     for f in fakes.iter().filter(|f| live.contains(&f.id)) {
@@ -589,4 +657,227 @@ fn tls_with_client_certificates() {
     let err = cluster_view(&no_cert).expect_err("no client certificate");
     eprintln!("without a client certificate: {err:#}");
     assert!(format!("{err:#}").contains(&etcd.url()), "{err:#}");
+}
+
+/// The cluster key of the SA tests, as hex.
+const CLUSTER_KEY: &str = "c0c1c2c3c4c5c6c7c8c9cacbcccdcecfd0d1d2d3d4d5d6d7d8d9dadbdcdddedf";
+
+fn key(hex_text: &str) -> ClusterKey {
+    let mut b = [0u8; 32];
+    for (i, byte) in b.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex_text[2 * i..2 * i + 2], 16).unwrap();
+    }
+    ClusterKey::new(b)
+}
+
+fn keyed(etcd: &Etcd, name: &str, node: u16) -> Cluster {
+    Cluster {
+        key: Some(key(CLUSTER_KEY)),
+        ..cluster(etcd, name, node)
+    }
+}
+
+/// An SA the leader's IKE negotiated.
+fn negotiated(owner: u16, spi: u32, outbound: bool, enc_key: &str) -> SharedSa {
+    SharedSa {
+        conn: "ike-site".into(),
+        outbound,
+        protocol: "esp".into(),
+        spi,
+        suite: "aes256gcm16".into(),
+        enc_key: enc_key.into(),
+        integ_key: String::new(),
+        esn: true,
+        encap: None,
+        owner,
+        share_from: None,
+    }
+}
+
+/// Every key under `prefix` in etcd, with its value and mod revision.
+fn etcd_entries(etcd: &Etcd, prefix: &str) -> Vec<(String, String, i64)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = etcd_client::Client::connect([etcd.url()], None)
+            .await
+            .expect("connecting to etcd");
+        let r = c
+            .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+            .await
+            .expect("reading etcd");
+        r.kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(kv.key()).into_owned(),
+                    String::from_utf8_lossy(kv.value()).into_owned(),
+                    kv.mod_revision(),
+                )
+            })
+            .collect()
+    })
+}
+
+/// The shared SAs of `f`'s latest update, if it carried them.
+fn last_sas(f: &Fake) -> Option<Vec<SharedSa>> {
+    f.last().and_then(|u| u.sas)
+}
+
+#[test]
+fn the_leaders_sas_reach_every_node_encrypted_and_are_shared_when_ready() {
+    logs();
+    let etcd = Etcd::start();
+    let c: Vec<Cluster> = (1..=3).map(|n| keyed(&etcd, "sas", n)).collect();
+    let fakes = [Fake::new(1, true), Fake::new(2, true), Fake::new(3, true)];
+    let agents: Vec<Agent> = c
+        .iter()
+        .zip(&fakes)
+        .map(|(c, f)| Agent::start_with(c, f.clone()).expect("starting an agent"))
+        .collect();
+    let v = wait_for_plan(&c[0], &[1, 2, 3], Duration::from_secs(10));
+    let leader = v.leader.unwrap();
+    let lf = &fakes[usize::from(leader - 1)];
+    let followers: Vec<&Arc<Fake>> = fakes.iter().filter(|f| f.id != leader).collect();
+    // With a key, every update carries the list (empty so far).
+    wait_for("empty SA lists", Duration::from_secs(5), || {
+        fakes
+            .iter()
+            .all(|f| last_sas(f).is_some_and(|l| l.is_empty()))
+            .then_some(())
+    });
+
+    // The leader's IKE negotiates an outbound and an inbound SA.
+    let out_key = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff01020304";
+    let in_key = "ffeeddccbbaa99887766554433221100ffeeddccbbaa9988776655443322110005060708";
+    let sas = vec![
+        negotiated(leader, 0xc0de, true, out_key),
+        negotiated(leader, 0xc0df, false, in_key),
+    ];
+    let t0 = Instant::now();
+    lf.set_export(sas.clone());
+    wait_for(
+        "the followers told the new SAs",
+        Duration::from_secs(5),
+        || {
+            followers
+                .iter()
+                .all(|f| last_sas(f).is_some_and(|l| l == sas))
+                .then_some(())
+        },
+    );
+    eprintln!("a new SA reached the followers in {:?}", t0.elapsed());
+    assert!(
+        lf.shares.lock().unwrap().is_empty(),
+        "shared before the followers were ready"
+    );
+
+    // etcd holds them sealed: no key, no connection name in clear.
+    let keys = Keys::new("sas");
+    let stored = etcd_entries(&etcd, &keys.sas);
+    let names: Vec<&str> = stored.iter().map(|(k, _, _)| k.as_str()).collect();
+    assert_eq!(names, [keys.sa("0x0000c0de-out"), keys.sa("0x0000c0df-in")]);
+    for (k, v, _) in &stored {
+        for secret in [out_key, in_key, &out_key[..16], &in_key[..16], CLUSTER_KEY] {
+            assert!(!v.contains(secret), "{k} shows a key in clear: {v}");
+        }
+        assert!(!v.contains("ike-site"), "{k}: {v}");
+        let doc: serde_json::Value = serde_json::from_str(v).unwrap();
+        assert_eq!(doc["v"], 1, "{v}");
+        assert!(doc["nonce"].is_string() && doc["ct"].is_string(), "{v}");
+    }
+    // Published once, not rewritten every second.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(etcd_entries(&etcd, &keys.sas), stored, "rewritten");
+
+    // One follower is ready: still no share. Both are: the leader shares
+    // both SAs, and the followers hear share_from.
+    let ready = vec![(0xc0de, true), (0xc0df, false)];
+    *followers[0].ready.lock().unwrap() = ready.clone();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(lf.shares.lock().unwrap().is_empty(), "shared too early");
+    let t0 = Instant::now();
+    *followers[1].ready.lock().unwrap() = ready.clone();
+    wait_for("both SAs shared", Duration::from_secs(5), || {
+        let mut s = lf.shares.lock().unwrap().clone();
+        s.sort_unstable();
+        (s == [(0xc0de, true), (0xc0df, false)]).then_some(())
+    });
+    wait_for(
+        "the followers told share_from",
+        Duration::from_secs(5),
+        || {
+            followers
+                .iter()
+                .all(|f| {
+                    last_sas(f).is_some_and(|l| {
+                        l.len() == 2 && l.iter().all(|s| s.share_from == Some(SHARE_FROM))
+                    })
+                })
+                .then_some(())
+        },
+    );
+    eprintln!("ready to shared on every node in {:?}", t0.elapsed());
+    // Each SA was shared once.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(lf.shares.lock().unwrap().len(), 2);
+    // The leader's own daemon hears the list too.
+    assert!(last_sas(lf).is_some_and(|l| l.iter().all(|s| s.share_from == Some(SHARE_FROM))));
+
+    // A node with another key skips the entries (and says so) and is told
+    // an empty list.
+    let mut wrong = keyed(&etcd, "sas", 4);
+    wrong.key = Some(key(&CLUSTER_KEY.replace('c', "d")));
+    let f4 = Fake::new(4, true);
+    let a4 = Agent::start_with(&wrong, f4.clone()).expect("starting an agent");
+    wait_for("node 4 told", Duration::from_secs(5), || {
+        last_sas(&f4).is_some_and(|l| l.is_empty()).then_some(())
+    });
+    a4.stop();
+
+    // The inbound SA is gone from the leader's daemon: gone from etcd and
+    // from the followers' lists.
+    let t0 = Instant::now();
+    let mut rest = lf.export.lock().unwrap().sas.clone();
+    rest.retain(|s| s.outbound);
+    lf.set_export(rest.clone());
+    wait_for(
+        "the followers told the removal",
+        Duration::from_secs(5),
+        || {
+            followers
+                .iter()
+                .all(|f| last_sas(f).is_some_and(|l| l == rest))
+                .then_some(())
+        },
+    );
+    eprintln!("a removal reached the followers in {:?}", t0.elapsed());
+    let names: Vec<String> = etcd_entries(&etcd, &keys.sas)
+        .into_iter()
+        .map(|(k, _, _)| k)
+        .collect();
+    assert_eq!(names, [keys.sa("0x0000c0de-out")]);
+    drop(agents);
+}
+
+#[test]
+fn a_lone_leader_shares_its_sas_at_once() {
+    logs();
+    let etcd = Etcd::start();
+    let c = keyed(&etcd, "alone", 1);
+    let fake = Fake::new(1, true);
+    let agent = Agent::start_with(&c, fake.clone()).expect("starting an agent");
+    wait_for_plan(&c, &[1], Duration::from_secs(10));
+    fake.set_export(vec![negotiated(1, 0xabc, true, "0011")]);
+    wait_for("shared", Duration::from_secs(3), || {
+        (fake.shares.lock().unwrap().as_slice() == [(0xabc, true)]).then_some(())
+    });
+    wait_for("the entry says share_from", Duration::from_secs(3), || {
+        last_sas(&fake)
+            .is_some_and(|l| l.len() == 1 && l[0].share_from == Some(SHARE_FROM) && l[0].owner == 1)
+            .then_some(())
+    });
+    agent.stop();
 }
