@@ -17,11 +17,13 @@
 //! Traffic is the lab's own: a paced UDP generator in `ho` sends to
 //! 10.2.0.10 (the peer's inside network), and an ESP counter in `pe`,
 //! bound to the peer's UDP port 4500, counts the ESP-in-UDP datagrams the
-//! cluster delivers, by distinct sequence number. That is where seed 003
-//! measured (on delivery to the router, after encryption); nothing on
-//! this machine decrypts, because one decrypting peer on the same two
-//! vCPUs would need as much CPU as the whole cluster and become the
-//! bound.
+//! cluster delivers, by distinct sequence number. An AH cluster sends raw
+//! AH (IP protocol 51, `encap = "none"`: RFC 3948 encapsulates ESP only),
+//! and the counter is then a raw AH socket bound to the peer's address.
+//! That is where seed 003 measured (on delivery to the router, after
+//! encryption); nothing on this machine decrypts, because one decrypting
+//! peer on the same two vCPUs would need as much CPU as the whole cluster
+//! and become the bound.
 //!
 //! Each node's espgate process runs in a CPU cgroup capped at
 //! `cpu_pct` % of one vCPU (the node's "hardware"), with a 10 ms period
@@ -46,7 +48,9 @@ use espgate_config::schema::{
     Protocols, SaTable, Scalar, SecretHex,
 };
 use espgate_core::cluster::Dispatch;
+use espgate_core::sa::Protocol;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -100,7 +104,10 @@ pub fn etcd_addr(k: u16) -> String {
 pub struct ClusterSpec {
     /// Nodes, 1..=[`MAX_NODES`].
     pub nodes: u16,
-    /// ESP suite (espgate's name, e.g. `3des-md5`, `aes128gcm16`).
+    /// ESP (in UDP) or AH (raw IP, `encap = "none"`); not Q-ESP.
+    pub protocol: Protocol,
+    /// The suite (espgate's name: ESP e.g. `3des-md5`, `aes128gcm16`; AH
+    /// e.g. `md5`, `sha256`).
     pub suite: String,
     /// `[cluster] dispatch`.
     pub dispatch: Dispatch,
@@ -132,10 +139,13 @@ impl ClusterSpec {
                 self.etcd_members
             )
         };
+        let carrier = match self.protocol {
+            Protocol::Ah => format!("AH {} on raw IP (encap none)", self.suite),
+            _ => format!("ESP {} in UDP", self.suite),
+        };
         format!(
-            "{} node(s), ESP {} in UDP, tunnel mode, manual keys, dispatch {}, {cap}{agent}",
+            "{} node(s), {carrier}, tunnel mode, manual keys, dispatch {}, {cap}{agent}",
             self.nodes,
-            self.suite,
             self.dispatch.name(),
         )
     }
@@ -152,7 +162,9 @@ fn legacy(suite: &str) -> bool {
 
 /// The configuration file of node `node` (or of an ordinary peer when
 /// `node` is `None`, with the directions swapped): `keys_out` seal what
-/// the cluster sends, `keys_in` what it receives.
+/// the cluster sends, `keys_in` what it receives. ESP goes in UDP with a
+/// `[connection.esp]` table; AH on raw IP (`encap = "none"`, as espgate
+/// requires for AH) with a `[connection.ah]` table.
 pub fn node_config(
     spec: &ClusterSpec,
     node: Option<u16>,
@@ -162,13 +174,18 @@ pub fn node_config(
     let key = |k: &str| {
         (!k.is_empty()).then(|| value(SecretHex::new(zeroize::Zeroizing::new(k.to_string()))))
     };
+    let ah = spec.protocol == Protocol::Ah;
     let gateway = GatewayTable {
         tun: Some(value("tunc".into())),
         listen: Some(value("0.0.0.0:4500".into())),
         control_socket: Some(value("ctl.sock".into())),
         state_dir: Some(value("state".into())),
         mtu: Some(value(OUTSIDE_MTU.into())),
-        encap: Some(Encapsulation::Udp),
+        encap: Some(if ah {
+            Encapsulation::None
+        } else {
+            Encapsulation::Udp
+        }),
         ..GatewayTable::default()
     };
     let (local, remote, lts, rts) = match node {
@@ -189,7 +206,7 @@ pub fn node_config(
     conn.mode = Some(ModeName::Tunnel);
     conn.local_ts = Some(value(vec![value(lts.to_string())]));
     conn.remote_ts = Some(value(vec![value(rts.to_string())]));
-    conn.protocol = Some(value(Protocols::Esp));
+    conn.protocol = Some(value(if ah { Protocols::Ah } else { Protocols::Esp }));
     if legacy(&spec.suite) {
         conn.allow_insecure = Some(true);
     }
@@ -197,12 +214,16 @@ pub fn node_config(
         Some(_) => ((SPI_IN, SPI_OUT), keys_in, keys_out),
         None => ((SPI_OUT, SPI_IN), keys_out, keys_in),
     };
-    let mut esp = SaTable::new(&spec.suite, spis.0, spis.1);
-    esp.enc_in = key(&k_in.0);
-    esp.integ_in = key(&k_in.1);
-    esp.enc_out = key(&k_out.0);
-    esp.integ_out = key(&k_out.1);
-    conn.esp = Some(value(esp));
+    let mut sa = SaTable::new(&spec.suite, spis.0, spis.1);
+    sa.enc_in = key(&k_in.0);
+    sa.integ_in = key(&k_in.1);
+    sa.enc_out = key(&k_out.0);
+    sa.integ_out = key(&k_out.1);
+    if ah {
+        conn.ah = Some(value(sa));
+    } else {
+        conn.esp = Some(value(sa));
+    }
     let cluster = node.map(|id| {
         let (etcd, lease_ttl, hold) = if spec.etcd_members == 0 {
             // Nowhere: the lab is the agent and sends the plan itself.
@@ -544,6 +565,11 @@ impl ClusterRig {
             (1..=MAX_NODES).contains(&spec.nodes),
             "a cluster rig has 1 to {MAX_NODES} nodes, not {}",
             spec.nodes
+        );
+        ensure!(
+            matches!(spec.protocol, Protocol::Esp | Protocol::Ah),
+            "a cluster rig runs ESP or AH, not {:?}",
+            spec.protocol
         );
         ensure!(
             spec.etcd_members <= MAX_ETCD,
@@ -934,33 +960,35 @@ impl ClusterRig {
         let ns = self.peer.clone();
         let stop = self.stop.clone();
         let counter = self.counter.clone();
+        let protocol = self.spec.protocol;
         let h = std::thread::spawn(move || -> Result<()> {
             // 32 MiB: room for a burst while this thread waits for a CPU.
-            let sock = super::probe::bind_in(
-                &ns,
-                SocketAddrV4::new(PEER, 4500),
-                Some(32 << 20),
-                &ready_tx,
-            )?;
+            let sock: OwnedFd = match protocol {
+                Protocol::Ah => raw_ah_in(&ns, PEER, 32 << 20, &ready_tx)?,
+                _ => super::probe::bind_in(
+                    &ns,
+                    SocketAddrV4::new(PEER, 4500),
+                    Some(32 << 20),
+                    &ready_tx,
+                )?
+                .into(),
+            };
             let mut buf = [0u8; 2048];
             while !stop.load(Ordering::Relaxed) {
-                match sock.recv(&mut buf) {
-                    Ok(n) if n >= 8 && buf[..4] != [0; 4] => {
-                        if counter.armed.load(Ordering::Relaxed) {
-                            let seq = u32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]);
-                            let at = Instant::now();
-                            counter.seqs.lock().expect("counter lock").push((seq, at));
+                match rustix::net::recv(&sock, &mut buf, rustix::net::RecvFlags::empty()) {
+                    Ok((got, _)) => match seq_of(protocol, &buf[..got]) {
+                        Some(seq) => {
+                            if counter.armed.load(Ordering::Relaxed) {
+                                let at = Instant::now();
+                                counter.seqs.lock().expect("counter lock").push((seq, at));
+                            }
                         }
-                    }
-                    Ok(_) => {
-                        counter.other.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                        ) => {}
-                    Err(e) => return Err(e.into()),
+                        None => {
+                            counter.other.fetch_add(1, Ordering::Relaxed);
+                        }
+                    },
+                    Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(std::io::Error::from(e).into()),
                 }
             }
             Ok(())
@@ -1206,6 +1234,52 @@ impl Drop for ClusterRig {
     }
 }
 
+/// The sequence number of what the counter received, if it is the
+/// cluster's: for ESP a UDP payload with a non-zero SPI (not a keepalive
+/// or an IKE message behind the non-ESP marker); for AH a whole IPv4
+/// packet (a raw socket delivers the header) of protocol 51 with a
+/// non-zero SPI.
+pub fn seq_of(protocol: Protocol, d: &[u8]) -> Option<u32> {
+    let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    match protocol {
+        Protocol::Ah => {
+            let ihl = usize::from(*d.first()? & 0x0f) * 4;
+            let ok = d[0] >> 4 == 4 && ihl >= 20 && d.len() >= ihl + 12 && d[9] == 51;
+            (ok && be(&d[ihl + 4..]) != 0).then(|| be(&d[ihl + 8..]))
+        }
+        _ => (d.len() >= 8 && be(d) != 0).then(|| be(&d[4..])),
+    }
+}
+
+/// A raw AH socket bound to `addr` inside namespace `ns` (the calling
+/// thread enters it), with a 50 ms read timeout and a receive buffer of
+/// `rcvbuf` bytes, as [`super::probe::bind_in`] makes the ESP counter's
+/// UDP socket; the outcome also goes to `ready`.
+fn raw_ah_in(
+    ns: &str,
+    addr: Ipv4Addr,
+    rcvbuf: usize,
+    ready: &std::sync::mpsc::Sender<Result<()>>,
+) -> Result<OwnedFd> {
+    use rustix::net::{sockopt, AddressFamily, SocketType};
+    let sock = (|| -> Result<OwnedFd> {
+        super::probe::enter(ns)?;
+        let fd = rustix::net::socket(
+            AddressFamily::INET,
+            SocketType::RAW,
+            Some(rustix::net::ipproto::AH),
+        )
+        .with_context(|| format!("a raw AH socket in {ns}"))?;
+        rustix::net::bind(&fd, &SocketAddrV4::new(addr, 0))
+            .with_context(|| format!("binding the raw AH socket to {addr} in {ns}"))?;
+        sockopt::set_socket_recv_buffer_size_force(&fd, rcvbuf)?;
+        sockopt::set_socket_timeout(&fd, sockopt::Timeout::Recv, Some(Duration::from_millis(50)))?;
+        Ok(fd)
+    })();
+    let _ = ready.send(sock.as_ref().map(|_| ()).map_err(|e| anyhow!("{e:#}")));
+    sock
+}
+
 /// The last lines of a log file, on one line.
 fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -1263,14 +1337,19 @@ mod tests {
                 .map(|j| format!("{:02x}", (j * 37 + seed * 11 + 1) as u8))
                 .collect()
         };
-        for (suite, d, node_etcd) in [
-            ("3des-md5", Dispatch::PacketRr, false),
-            ("aes128gcm16", Dispatch::SessionSqf, true),
+        // Table 4-1's ESP 3DES-MD5, ESP DES-MD5 and AH-MD5, and today's
+        // AEAD.
+        for (protocol, suite, d, node_etcd) in [
+            (Protocol::Esp, "3des-md5", Dispatch::PacketRr, false),
+            (Protocol::Esp, "des-md5", Dispatch::PacketRr, false),
+            (Protocol::Ah, "md5", Dispatch::PacketRr, true),
+            (Protocol::Esp, "aes128gcm16", Dispatch::SessionSqf, true),
         ] {
             let s: espgate_core::crypto::Suite = suite.parse().unwrap();
             let k = |seed| (pat(s.enc_key_len(), seed), pat(s.integ_key_len(), seed + 1));
             let spec = ClusterSpec {
                 nodes: 3,
+                protocol,
                 suite: suite.into(),
                 dispatch: d,
                 cpu_pct: 25,
@@ -1284,6 +1363,21 @@ mod tests {
                     "{suite} {node:?}\n{text}\n{:?}",
                     parsed.err()
                 );
+                // ESP in UDP with [connection.esp]; AH on raw IP with
+                // [connection.ah] (espgate has no AH in UDP).
+                let ah = protocol == Protocol::Ah;
+                assert_eq!(text.contains("[connection.ah]"), ah, "{text}");
+                assert_eq!(text.contains("[connection.esp]"), !ah, "{text}");
+                assert_eq!(text.contains("protocol = \"ah\""), ah, "{text}");
+                assert_eq!(text.contains("encap = \"none\""), ah, "{text}");
+                assert_eq!(text.contains("encap = \"udp\""), !ah, "{text}");
+                // The paper's suites are legacy ones.
+                assert_eq!(
+                    text.contains("allow_insecure = true"),
+                    suite != "aes128gcm16",
+                    "{text}"
+                );
+                assert!(text.contains(&format!("suite = \"{suite}\"")), "{text}");
                 if node.is_some() {
                     assert!(
                         text.contains(d.name()) && text.contains("[cluster]"),
@@ -1302,8 +1396,46 @@ mod tests {
             }
             assert!(spec.describe().contains("25 %"));
             assert_eq!(spec.describe().contains("lease_ttl 2s"), node_etcd);
+            let carrier = match protocol {
+                Protocol::Ah => format!("AH {suite} on raw IP"),
+                _ => format!("ESP {suite} in UDP"),
+            };
+            assert!(spec.describe().contains(&carrier), "{}", spec.describe());
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_counter_reads_esp_in_udp_and_raw_ah_sequence_numbers() {
+        // ESP in UDP: SPI, then the sequence number.
+        let esp = [0, 0, 0x10, 0x02, 0, 0, 1, 0x2c, 0xaa, 0xbb];
+        assert_eq!(seq_of(Protocol::Esp, &esp), Some(300));
+        // A keepalive and an IKE message behind the non-ESP marker.
+        assert_eq!(seq_of(Protocol::Esp, &[0xff]), None);
+        assert_eq!(seq_of(Protocol::Esp, &[0, 0, 0, 0, 1, 2, 3, 4]), None);
+        // Raw AH: the IPv4 header (20 bytes, or 24 with an option), then
+        // next header, length, reserved, SPI, sequence number.
+        let ah = |ihl: u8, proto: u8, spi: u32, seq: u32| {
+            let mut p = vec![0u8; usize::from(ihl) * 4];
+            p[0] = 0x40 | ihl;
+            p[9] = proto;
+            p.extend_from_slice(&[4, 4, 0, 0]);
+            p.extend_from_slice(&spi.to_be_bytes());
+            p.extend_from_slice(&seq.to_be_bytes());
+            p.extend_from_slice(&[0x55; 12]);
+            p
+        };
+        assert_eq!(seq_of(Protocol::Ah, &ah(5, 51, SPI_OUT, 7)), Some(7));
+        assert_eq!(
+            seq_of(Protocol::Ah, &ah(6, 51, SPI_OUT, 70_000)),
+            Some(70_000)
+        );
+        assert_eq!(seq_of(Protocol::Ah, &ah(5, 50, SPI_OUT, 7)), None);
+        assert_eq!(seq_of(Protocol::Ah, &ah(5, 51, 0, 7)), None);
+        assert_eq!(seq_of(Protocol::Ah, &ah(5, 51, SPI_OUT, 7)[..31]), None);
+        assert_eq!(seq_of(Protocol::Ah, &[]), None);
+        // An ESP counter does not read AH, nor the other way round.
+        assert_eq!(seq_of(Protocol::Ah, &esp), None);
     }
 
     fn doc(node: u16, cp: Option<(u64, u64)>) -> ClusterStatus {
@@ -1326,6 +1458,9 @@ mod tests {
                     checkpoint: cp,
                     lockstep: None,
                     resyncs: 0,
+                    shared: false,
+                    solo: None,
+                    share_from: None,
                 },
                 ClusterSa {
                     conn: "lab".into(),
@@ -1336,6 +1471,9 @@ mod tests {
                     checkpoint: Some((9, 9)),
                     lockstep: None,
                     resyncs: 0,
+                    shared: false,
+                    solo: None,
+                    share_from: None,
                 },
             ],
         }
