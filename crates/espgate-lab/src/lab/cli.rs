@@ -18,9 +18,9 @@ Examples:
   espgate lab report lab-out                re-render report.html/report.md from results.json
 
 Experiment ids are those of the seed catalogue (000-… to 004-…); a prefix selects
-every id that starts with it. Those listed with `no rig` wait for a rig not built yet (seed
-003's failover, which needs etcd and the cluster agent): `all` and prefixes leave them out,
-and naming one alone says why. Each point is repeated until its 95 % confidence interval
+every id that starts with it. Every experiment has its rig now; one listed with `no rig`
+would wait for a rig not built yet: `all` and prefixes would leave it out, and naming it
+alone would say why. Each point is repeated until its 95 % confidence interval
 is at most 3 % of the mean wide, at least 4 and at most 12 times (seed 000's rule;
 --runs N: at most N); past 4 runs, only while the experiment is within its expected
 time, so the default `run all` keeps to its estimate (a point cut short says so in the
