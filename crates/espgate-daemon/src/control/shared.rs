@@ -35,12 +35,20 @@ struct Entry {
     retire_at: Option<Duration>,
 }
 
+/// How many removed SAs a node remembers, so that an etcd list that still
+/// names one (the leader has not published its removal yet) does not bring
+/// it back.
+const GONE_MAX: usize = 256;
+
 /// The SAs a cluster node shares.
 #[derive(Debug)]
 pub struct SharedSas {
     me: NodeId,
     entries: Vec<Entry>,
     generation: u64,
+    /// `(spi, outbound)` of shared SAs removed here (replaced by a newer
+    /// outbound SA, deleted by IKE, retired): never installed again.
+    gone: std::collections::VecDeque<(u32, bool)>,
 }
 
 fn find(engines: &[&mut Engine], spi: u32, outbound: bool) -> bool {
@@ -57,6 +65,7 @@ impl SharedSas {
             me,
             entries: Vec::new(),
             generation: 1,
+            gone: std::collections::VecDeque::new(),
         }
     }
 
@@ -144,24 +153,39 @@ impl SharedSas {
             }
         }
         let before = self.entries.len();
+        let mut gone = Vec::new();
         self.entries.retain(|x| {
-            find(engines, x.sa.spi, x.sa.outbound) && x.retire_at.is_none_or(|t| t > now)
+            let keep =
+                find(engines, x.sa.spi, x.sa.outbound) && x.retire_at.is_none_or(|t| t > now);
+            if !keep {
+                gone.push((x.sa.spi, x.sa.outbound));
+            }
+            keep
         });
+        for g in gone {
+            self.bury(g);
+        }
         if self.entries.len() != before {
             self.generation += 1;
         }
     }
 
-    /// What the leader's agent publishes.
+    /// Remembers a removed SA.
+    fn bury(&mut self, g: (u32, bool)) {
+        if !self.gone.contains(&g) {
+            if self.gone.len() == GONE_MAX {
+                self.gone.pop_front();
+            }
+            self.gone.push_back(g);
+        }
+    }
+
+    /// What the leader's agent publishes (retiring SAs included: the
+    /// followers keep them as long as this node does).
     pub fn export(&self) -> ClusterSas {
         ClusterSas {
             generation: self.generation,
-            sas: self
-                .entries
-                .iter()
-                .filter(|x| x.retire_at.is_none())
-                .map(|x| x.sa.clone())
-                .collect(),
+            sas: self.entries.iter().map(|x| x.sa.clone()).collect(),
         }
     }
 
@@ -228,9 +252,12 @@ impl SharedSas {
                 }
                 continue;
             }
-            if s.owner == self.me || find(engines, s.spi, s.outbound) {
-                // Its own (from before a restart, and gone), or an SA of the
-                // same SPI configured here: not ours to install.
+            if self.gone.contains(&(s.spi, s.outbound)) || find(engines, s.spi, s.outbound) {
+                // Removed here while etcd still lists it for a moment (the
+                // leader publishes the removal next), or an SA of the same
+                // SPI configured here: not to install. (An SA this node
+                // negotiated before a restart is installed again: its
+                // lease keeps the per-node IVs fresh.)
                 continue;
             }
             match install(engines, s, now) {
@@ -270,10 +297,18 @@ impl SharedSas {
                 Err(e) => tracing::debug!("cluster: removing {}: {e}", x.sa.name()),
             }
         }
-        let before = self.entries.len();
+        let dropped: Vec<(u32, bool)> = self
+            .entries
+            .iter()
+            .filter(|x| x.imported && !listed(x))
+            .map(|x| (x.sa.spi, x.sa.outbound))
+            .collect();
         self.entries.retain(|x| !x.imported || listed(x));
-        if before != self.entries.len() {
+        if !dropped.is_empty() {
             self.generation += 1;
+        }
+        for g in dropped {
+            self.bury(g);
         }
         lines
     }
