@@ -49,6 +49,41 @@ pub struct ClusterUpdate {
     /// read them this time (no change is made).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sas: Option<Vec<SharedSa>>,
+    /// The leader's IKE SAs as etcd holds them (decrypted by the agent): a
+    /// node that becomes the leader continues them instead of negotiating
+    /// anew. `None`: not read this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ike: Option<Vec<SharedIke>>,
+}
+
+/// The state of one IKE SA of the leader (keys included), as a new leader
+/// needs it to continue the IKE SA without a new handshake. Opaque to
+/// everything but the IKE engine; sealed in etcd like [`SharedSa`]; wiped
+/// on drop and never printed.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedIke {
+    /// The connection (one IKE SA per connection).
+    pub conn: String,
+    /// The node whose IKE runs it.
+    pub owner: u16,
+    /// The IKE engine's snapshot (JSON).
+    pub state: String,
+}
+
+impl fmt::Debug for SharedIke {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedIke")
+            .field("conn", &self.conn)
+            .field("owner", &self.owner)
+            .field("state", &"(not shown: keys)")
+            .finish()
+    }
+}
+
+impl Drop for SharedIke {
+    fn drop(&mut self) {
+        self.state.zeroize();
+    }
 }
 
 /// An SA negotiated by the leader's IKE and shared with every node of the
@@ -133,6 +168,9 @@ pub struct ClusterSas {
     /// from etcd (a new leader keeps publishing them until its own IKE
     /// replaces them).
     pub sas: Vec<SharedSa>,
+    /// The IKE SAs this node runs (only while it leads).
+    #[serde(default)]
+    pub ike: Vec<SharedIke>,
 }
 
 /// Lockstep health of one outbound SA on this node.

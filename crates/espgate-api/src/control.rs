@@ -545,6 +545,7 @@ mod tests {
                         digest: 99,
                     }],
                     sas: None,
+                    ike: None,
                 }),
             ),
             (r#"{"cmd":"cluster_export"}"#, Request::ClusterExport),
@@ -582,6 +583,7 @@ mod tests {
         let answer = Response::ClusterSas(crate::cluster::ClusterSas {
             generation: 7,
             sas: vec![sa.clone()],
+            ike: vec![],
         });
         let back = Response::parse(&Request::ClusterExport, answer.to_line().as_bytes()).unwrap();
         assert_eq!(back, answer);
@@ -590,6 +592,7 @@ mod tests {
             leader: Some(2),
             checkpoints: vec![],
             sas: Some(vec![sa]),
+            ike: None,
         });
         let line = serde_json::to_string(&update).unwrap();
         assert_eq!(parse_request(line.as_bytes()).unwrap(), update);

@@ -778,6 +778,7 @@ impl State {
                 .flat_map(NodeReport::checkpoints)
                 .collect(),
             sas: self.cfg.sealer.is_some().then(|| self.shared_list()),
+            ike: None,
         };
         Ok((update, to_share))
     }

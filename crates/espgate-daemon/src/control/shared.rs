@@ -186,6 +186,7 @@ impl SharedSas {
         ClusterSas {
             generation: self.generation,
             sas: self.entries.iter().map(|x| x.sa.clone()).collect(),
+            ike: Vec::new(),
         }
     }
 

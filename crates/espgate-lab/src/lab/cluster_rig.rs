@@ -284,6 +284,7 @@ pub fn agent_round(
             leader: Some(leader),
             checkpoints,
             sas: None,
+            ike: None,
         });
         match c.call(&req) {
             Ok(Response::Changed(_)) => {}
