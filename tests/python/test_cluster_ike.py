@@ -19,6 +19,7 @@ import pytest
 
 from test_cluster import etcd_cluster, udp_stream, wait_plan
 from test_gateway import lab, run  # noqa: F401 (lab is a fixture)
+from test_ike import wait_for
 from test_ike_strongswan import CHARON, PLUGINS, Charon
 
 PSK = "cluster interop pre-shared key, test only"
@@ -37,13 +38,7 @@ def story(daemons, charon=None):
 
 
 def wait(what, pred, timeout, daemons, charon=None):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.1)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}\n{story(daemons, charon)}")
+    return wait_for(what, pred, timeout, explain=lambda: story(daemons, charon))
 
 
 def ike_section(extra=""):

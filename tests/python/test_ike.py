@@ -83,14 +83,16 @@ def ike_status(d):
     return d.status().get("ike") or {"sas": [], "counters": {}, "costs": []}
 
 
-def wait_for(what, pred, timeout, daemons=()):
+def wait_for(what, pred, timeout, daemons=(), explain=None):
+    """Polls `pred` until it is true; on timeout fails with the daemons' log
+    tails, or with `explain()` when given."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         v = pred()
         if v:
             return v
         time.sleep(0.1)
-    logs = "\n".join(f"--- {d.ns} ---\n{d.log_text()[-6000:]}" for d in daemons)
+    logs = explain() if explain else "\n".join(f"--- {d.ns} ---\n{d.log_text()[-6000:]}" for d in daemons)
     pytest.fail(f"timed out after {timeout} s waiting for {what}\n{logs}")
 
 

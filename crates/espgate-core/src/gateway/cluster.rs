@@ -421,16 +421,7 @@ impl Engine {
         owner: NodeId,
         share_from: Option<u64>,
     ) -> Result<Option<String>, String> {
-        let id = self
-            .cluster_find(spi, outbound)
-            .ok_or_else(|| format!("no {} SA {spi:#010x}", dir(outbound)))?;
-        let counter = self.cluster_counter(id);
-        let c = self
-            .cluster
-            .as_deref_mut()
-            .ok_or("this gateway is not a cluster node")?;
-        let me = c.opts.node;
-        let sc = c.sa(id, outbound);
+        let (sc, me, counter) = self.cluster_sa(spi, outbound)?;
         let was = sc.share_from;
         sc.solo = Some(owner);
         sc.share_from = share_from;
@@ -443,6 +434,25 @@ impl Engine {
             )),
             _ => None,
         })
+    }
+
+    /// The cluster state of the SA `(spi, outbound)`, this node's id and
+    /// the SA's dispatch counter.
+    fn cluster_sa(
+        &mut self,
+        spi: u32,
+        outbound: bool,
+    ) -> Result<(&mut SaCluster, NodeId, u64), String> {
+        let id = self
+            .cluster_find(spi, outbound)
+            .ok_or_else(|| format!("no {} SA {spi:#010x}", dir(outbound)))?;
+        let counter = self.cluster_counter(id);
+        let c = self
+            .cluster
+            .as_deref_mut()
+            .ok_or("this gateway is not a cluster node")?;
+        let me = c.opts.node;
+        Ok((c.sa(id, outbound), me, counter))
     }
 
     /// The counter a shared SA's dispatch runs on: outbound, the next
@@ -459,16 +469,7 @@ impl Engine {
     /// packets ahead of its counter now (time for the other nodes to hear
     /// of it), and returns that counter.
     pub fn cluster_share(&mut self, spi: u32, outbound: bool, margin: u64) -> Result<u64, String> {
-        let id = self
-            .cluster_find(spi, outbound)
-            .ok_or_else(|| format!("no {} SA {spi:#010x}", dir(outbound)))?;
-        let counter = self.cluster_counter(id);
-        let c = self
-            .cluster
-            .as_deref_mut()
-            .ok_or("this gateway is not a cluster node")?;
-        let me = c.opts.node;
-        let sc = c.sa(id, outbound);
+        let (sc, me, counter) = self.cluster_sa(spi, outbound)?;
         if let Some(from) = sc.share_from {
             return Ok(from);
         }

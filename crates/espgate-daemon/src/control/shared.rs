@@ -135,22 +135,16 @@ impl SharedSas {
     /// or replaced by a newer outbound SA), and removes the retired ones
     /// that are due.
     pub fn prune(&mut self, engines: &mut [&mut Engine], now: Duration) {
-        for x in &self.entries {
-            if x.retire_at.is_some_and(|t| t <= now) {
-                match del_sa_all(
-                    engines,
-                    x.sa.spi,
-                    None,
-                    Some(x.sa.outbound),
-                    Some(&x.sa.conn),
-                ) {
-                    Ok(c) => tracing::info!(
-                        "cluster: {} (installed from etcd, replaced by this node's IKE)",
-                        c.message
-                    ),
-                    Err(e) => tracing::debug!("cluster: retiring {}: {e}", x.sa.name()),
-                }
-            }
+        for x in self
+            .entries
+            .iter()
+            .filter(|x| x.retire_at.is_some_and(|t| t <= now))
+        {
+            remove(
+                engines,
+                &x.sa,
+                "installed from etcd, replaced by this node's IKE",
+            );
         }
         let before = self.entries.len();
         let mut gone = Vec::new();
@@ -287,16 +281,7 @@ impl SharedSas {
                 .any(|s| s.spi == x.sa.spi && s.outbound == x.sa.outbound)
         };
         for x in self.entries.iter().filter(|x| x.imported && !listed(x)) {
-            match del_sa_all(
-                engines,
-                x.sa.spi,
-                None,
-                Some(x.sa.outbound),
-                Some(&x.sa.conn),
-            ) {
-                Ok(c) => tracing::info!("cluster: {} (no longer in etcd)", c.message),
-                Err(e) => tracing::debug!("cluster: removing {}: {e}", x.sa.name()),
-            }
+            remove(engines, &x.sa, "no longer in etcd");
         }
         let dropped: Vec<(u32, bool)> = self
             .entries
@@ -312,6 +297,14 @@ impl SharedSas {
             self.bury(g);
         }
         lines
+    }
+}
+
+/// Removes the shared SA `s` from every engine, saying `why` in the log.
+fn remove(engines: &mut [&mut Engine], s: &SharedSa, why: &str) {
+    match del_sa_all(engines, s.spi, None, Some(s.outbound), Some(&s.conn)) {
+        Ok(c) => tracing::info!("cluster: {} ({why})", c.message),
+        Err(e) => tracing::debug!("cluster: removing {}: {e}", s.name()),
     }
 }
 
