@@ -3,14 +3,15 @@
 //! writes the plan when it leads and tells its daemon the plan once a
 //! second (see the crate documentation for the layout and timings).
 
-use crate::etcd::{self, describe, Endpoints, Keys, Leader, SaWrite, Snapshot};
+use crate::etcd::{self, describe, Endpoints, Keys, Leader, SealedEntry, SealedWrite, Snapshot};
 use crate::node::{ControlNode, Node};
 use crate::report::NodeReport;
 use crate::sealed::Sealer;
 use anyhow::{anyhow, Context, Result};
-use espgate_api::cluster::{ClusterSas, ClusterUpdate, PlanDoc, SharedSa};
+use espgate_api::cluster::{ClusterSas, ClusterUpdate, PlanDoc, SharedIke, SharedSa};
 use espgate_config::cluster::Cluster;
 use etcd_client::{Client, LeaderKey, PutOptions, ResignOptions, WatchFilterType, WatchOptions};
+use serde::de::DeserializeOwned;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -226,9 +227,9 @@ struct Session {
     campaign: JoinHandle<()>,
     plan_watch: JoinHandle<()>,
     leave_watch: JoinHandle<()>,
-    /// With a cluster key: any change of `sas/` (a follower installs a
-    /// new SA at once).
-    sas_watch: Option<JoinHandle<()>>,
+    /// With a cluster key: any change of `sas/` or `ike/` (a follower
+    /// installs a new SA, or holds the leader's latest IKE state, at once).
+    sealed_watches: Vec<JoinHandle<()>>,
 }
 
 impl Drop for Session {
@@ -237,7 +238,7 @@ impl Drop for Session {
         self.campaign.abort();
         self.plan_watch.abort();
         self.leave_watch.abort();
-        if let Some(w) = &self.sas_watch {
+        for w in &self.sealed_watches {
             w.abort();
         }
     }
@@ -317,14 +318,23 @@ impl Session {
             ),
             wake.clone(),
         ));
-        let sas_watch = cfg.sealer.is_some().then(|| {
-            tokio::spawn(watch_key(
-                client.clone(),
-                cfg.keys.sas.clone(),
-                Some(WatchOptions::new().with_prefix()),
-                wake.clone(),
-            ))
-        });
+        // Two prefixes, not their common parent: that would wake on
+        // every report (`nodes/`) too.
+        let sealed_watches = if cfg.sealer.is_some() {
+            [&cfg.keys.sas, &cfg.keys.ike]
+                .into_iter()
+                .map(|prefix| {
+                    tokio::spawn(watch_key(
+                        client.clone(),
+                        prefix.clone(),
+                        Some(WatchOptions::new().with_prefix()),
+                        wake.clone(),
+                    ))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         Ok(Session {
             client,
             lease,
@@ -336,7 +346,7 @@ impl Session {
             campaign,
             plan_watch,
             leave_watch,
-            sas_watch,
+            sealed_watches,
         })
     }
 
@@ -473,9 +483,13 @@ struct State {
     wake: Arc<Notify>,
     /// The shared SAs as etcd holds them, by key: from the latest read,
     /// and on the leader its own writes since.
-    sas: BTreeMap<String, Held>,
+    sas: BTreeMap<String, Held<SharedSa>>,
     /// Entries that did not open, told once each: key, mod revision.
     warned_sas: BTreeMap<String, i64>,
+    /// The IKE SA states as etcd holds them, by key (as `sas`).
+    ike: BTreeMap<String, Held<SharedIke>>,
+    /// `ike/` entries that did not open, told once each.
+    warned_ike: BTreeMap<String, i64>,
     /// While this node leads: its election key, which guards its writes.
     leading: Option<Leader>,
     /// The export generation whose SAs are all in etcd.
@@ -496,13 +510,95 @@ struct State {
     publish_failing: bool,
 }
 
-/// A `sas/` entry as this agent last knew it.
+/// A `sas/` or `ike/` entry as this agent last knew it.
 #[derive(Debug, Clone)]
-struct Held {
+struct Held<T> {
     /// Its mod revision when read (0: written by this agent since).
     mod_rev: i64,
-    /// The SA; `None`: it did not open.
-    sa: Option<SharedSa>,
+    /// The SA or IKE state; `None`: it did not open.
+    value: Option<T>,
+}
+
+/// What a sealed entry holds, for [`open_entries`].
+trait Sealed: DeserializeOwned + Clone {
+    /// Its key.
+    fn key(&self, keys: &Keys) -> String;
+    /// It in words, for logs (never a key or a state).
+    fn what(&self) -> String;
+}
+
+impl Sealed for SharedSa {
+    fn key(&self, keys: &Keys) -> String {
+        keys.sa(&self.name())
+    }
+    fn what(&self) -> String {
+        format!("SA {}", self.name())
+    }
+}
+
+impl Sealed for SharedIke {
+    fn key(&self, keys: &Keys) -> String {
+        keys.ike(&self.conn)
+    }
+    fn what(&self) -> String {
+        format!("the IKE SA of connection \"{}\"", self.conn)
+    }
+}
+
+/// `entries` as [`Held`], opening those that are new or changed since
+/// `held` (the others are taken from it); an entry that does not open, or
+/// holds another item than its key names, is kept as such and told once
+/// per key and mod revision (`warned`).
+fn open_entries<T: Sealed>(
+    cfg: &Settings,
+    sealer: &Sealer,
+    entries: &[SealedEntry],
+    held: &BTreeMap<String, Held<T>>,
+    warned: &mut BTreeMap<String, i64>,
+) -> BTreeMap<String, Held<T>> {
+    let mut now = BTreeMap::new();
+    for e in entries {
+        if let Some(h) = held.get(&e.key).filter(|h| h.mod_rev == e.mod_rev) {
+            now.insert(e.key.clone(), h.clone());
+            continue;
+        }
+        let opened = sealer.open::<T>(&e.key, &e.value).and_then(|item| {
+            if item.key(&cfg.keys) == e.key {
+                Ok(item)
+            } else {
+                Err(anyhow!(
+                    "it holds {}, not the one its key names",
+                    item.what()
+                ))
+            }
+        });
+        let value = match opened {
+            Ok(item) => {
+                warned.remove(&e.key);
+                Some(item)
+            }
+            Err(err) => {
+                if warned.get(&e.key) != Some(&e.mod_rev) {
+                    tracing::warn!(
+                        "cluster {}: skipping {}: {err:#}; is key_file the same on every node?",
+                        cfg.name,
+                        e.key
+                    );
+                    warned.insert(e.key.clone(), e.mod_rev);
+                }
+                None
+            }
+        };
+        now.insert(
+            e.key.clone(),
+            Held {
+                mod_rev: e.mod_rev,
+                value,
+            },
+        );
+    }
+    warned.retain(|k, _| now.contains_key(k));
+    now
 }
 
 impl State {
@@ -525,6 +621,8 @@ impl State {
             wake: Arc::new(Notify::new()),
             sas: BTreeMap::new(),
             warned_sas: BTreeMap::new(),
+            ike: BTreeMap::new(),
+            warned_ike: BTreeMap::new(),
             leading: None,
             written_generation: None,
             sent_sas: None,
@@ -592,9 +690,12 @@ impl State {
                 if !to_share.is_empty() {
                     self.share(to_share).await;
                 }
+                // With the writes of this cycle.
                 if let Some(list) = update.sas.as_mut() {
-                    // With the writes of this cycle.
                     *list = self.shared_list();
+                }
+                if let Some(list) = update.ike.as_mut() {
+                    *list = self.ike_list();
                 }
                 self.send(update).await;
             }
@@ -778,7 +879,7 @@ impl State {
                 .flat_map(NodeReport::checkpoints)
                 .collect(),
             sas: self.cfg.sealer.is_some().then(|| self.shared_list()),
-            ike: None,
+            ike: self.cfg.sealer.is_some().then(|| self.ike_list()),
         };
         Ok((update, to_share))
     }
@@ -949,63 +1050,38 @@ impl State {
         Ok(self.shareable(export, snap.plan.as_ref(), &snap.nodes))
     }
 
-    /// Takes the `sas/` entries of `snap`, opening those that are new or
-    /// changed; an entry that does not open is kept as such (the leader
-    /// deletes it if its daemon does not export it) and told once.
+    /// Takes the `sas/` and `ike/` entries of `snap`, opening those that
+    /// are new or changed; an entry that does not open is kept as such
+    /// (the leader deletes an SA's if its daemon does not export it) and
+    /// told once.
     fn open_sas(&mut self, snap: &Snapshot) {
         let Some(sealer) = self.cfg.sealer.clone() else {
             return;
         };
-        let mut now = BTreeMap::new();
-        for e in &snap.sas {
-            if let Some(h) = self.sas.get(&e.key).filter(|h| h.mod_rev == e.mod_rev) {
-                now.insert(e.key.clone(), h.clone());
-                continue;
-            }
-            let opened = sealer.open(&e.key, &e.value).and_then(|sa| {
-                let named = self.cfg.keys.sa(&sa.name());
-                if named == e.key {
-                    Ok(sa)
-                } else {
-                    Err(anyhow!(
-                        "it holds SA {}, not the one its key names",
-                        sa.name()
-                    ))
-                }
-            });
-            let sa = match opened {
-                Ok(sa) => {
-                    self.warned_sas.remove(&e.key);
-                    Some(sa)
-                }
-                Err(err) => {
-                    if self.warned_sas.get(&e.key) != Some(&e.mod_rev) {
-                        tracing::warn!(
-                            "cluster {}: skipping {}: {err:#}; is key_file the same on every \
-                             node?",
-                            self.cfg.name,
-                            e.key
-                        );
-                        self.warned_sas.insert(e.key.clone(), e.mod_rev);
-                    }
-                    None
-                }
-            };
-            now.insert(
-                e.key.clone(),
-                Held {
-                    mod_rev: e.mod_rev,
-                    sa,
-                },
-            );
-        }
-        self.warned_sas.retain(|k, _| now.contains_key(k));
-        self.sas = now;
+        self.sas = open_entries(
+            &self.cfg,
+            &sealer,
+            &snap.sas,
+            &self.sas,
+            &mut self.warned_sas,
+        );
+        self.ike = open_entries(
+            &self.cfg,
+            &sealer,
+            &snap.ike,
+            &self.ike,
+            &mut self.warned_ike,
+        );
     }
 
     /// The shared SAs for the daemon: every entry that opened.
     fn shared_list(&self) -> Vec<SharedSa> {
-        self.sas.values().filter_map(|h| h.sa.clone()).collect()
+        self.sas.values().filter_map(|h| h.value.clone()).collect()
+    }
+
+    /// The IKE SA states for the daemon: every entry that opened.
+    fn ike_list(&self) -> Vec<SharedIke> {
+        self.ike.values().filter_map(|h| h.value.clone()).collect()
     }
 
     /// [`publish`](State::publish), a failure logged (on change) rather
@@ -1031,9 +1107,12 @@ impl State {
 
     /// On the leader: makes `sas/` hold exactly the daemon's export (puts
     /// the SAs whose entry is missing or differs, deletes the entries it
-    /// does not list), guarded by this node's election key. Everything is
-    /// sealed before anything is written: a sealing failure writes
-    /// nothing.
+    /// does not list) and `ike/` hold its IKE SA states (puts those whose
+    /// entry is missing or differs, deletes only this node's own entries
+    /// that it no longer lists: another node's stay until this one
+    /// publishes that connection's), guarded by this node's election key.
+    /// Everything is sealed before anything is written: a sealing failure
+    /// writes nothing.
     async fn publish(&mut self, export: &ClusterSas) -> Result<()> {
         let (Some(sealer), Some(leader)) = (self.cfg.sealer.clone(), self.leading.clone()) else {
             return Ok(());
@@ -1044,14 +1123,22 @@ impl State {
             .iter()
             .map(|sa| (self.cfg.keys.sa(&sa.name()), sa))
             .collect();
+        let want_ike: BTreeMap<String, &SharedIke> = export
+            .ike
+            .iter()
+            .map(|ike| (self.cfg.keys.ike(&ike.conn), ike))
+            .collect();
         let mut changes = Vec::new();
         let mut lines = Vec::new();
+        // Told at debug level only: an IKE state changes with every
+        // exchange.
+        let mut quiet = Vec::new();
         for (k, sa) in &want {
-            let had = self.sas.get(k).and_then(|h| h.sa.as_ref());
+            let had = self.sas.get(k).and_then(|h| h.value.as_ref());
             if had == Some(*sa) {
                 continue;
             }
-            changes.push(SaWrite::Put(k.clone(), sealer.seal(k, sa)?));
+            changes.push(SealedWrite::Put(k.clone(), sealer.seal(k, *sa)?));
             let from = sa
                 .share_from
                 .map_or_else(|| "not yet".to_string(), |f| f.to_string());
@@ -1081,8 +1168,8 @@ impl State {
                 if want.contains_key(k) {
                     continue;
                 }
-                changes.push(SaWrite::Delete(k.clone()));
-                lines.push(match &h.sa {
+                changes.push(SealedWrite::Delete(k.clone()));
+                lines.push(match &h.value {
                     Some(sa) => format!(
                         "removes SA {} of connection \"{}\" (share_from {}): the leader's \
                          daemon no longer has it",
@@ -1095,11 +1182,55 @@ impl State {
                 });
             }
         }
+        for (k, ike) in &want_ike {
+            let had = self.ike.get(k).and_then(|h| h.value.as_ref());
+            if had == Some(*ike) {
+                continue;
+            }
+            changes.push(SealedWrite::Put(k.clone(), sealer.seal(k, *ike)?));
+            match had {
+                Some(h) if h.owner == ike.owner => quiet.push(format!(
+                    "updates the IKE SA state of connection \"{}\"",
+                    ike.conn
+                )),
+                Some(h) => lines.push(format!(
+                    "publishes the IKE SA state of connection \"{}\" run by node {} (it \
+                     replaces node {}'s)",
+                    ike.conn, ike.owner, h.owner
+                )),
+                None => lines.push(format!(
+                    "publishes the IKE SA state of connection \"{}\" (run by node {}{})",
+                    ike.conn,
+                    ike.owner,
+                    if ike.owner == me { ", this one" } else { "" }
+                )),
+            }
+        }
+        if self.daemon_has_sas {
+            for (k, h) in &self.ike {
+                // Only this node's own: a previous leader's state stays
+                // for this node's daemon to continue (it then exports it
+                // as its own), and one that does not open is not known to
+                // be this node's.
+                let Some(ike) = h.value.as_ref().filter(|i| i.owner == me) else {
+                    continue;
+                };
+                if want_ike.contains_key(k) {
+                    continue;
+                }
+                changes.push(SealedWrite::Delete(k.clone()));
+                lines.push(format!(
+                    "removes the IKE SA state of connection \"{}\": the leader's daemon no \
+                     longer runs it",
+                    ike.conn
+                ));
+            }
+        }
         if !changes.is_empty() {
             let Some(s) = self.session.as_mut() else {
                 return Ok(());
             };
-            if !etcd::write_sas(&mut s.client, &leader, &changes).await? {
+            if !etcd::write_sealed(&mut s.client, &leader, &changes).await? {
                 tracing::info!(
                     "cluster {}: the shared SAs were not written: node {} no longer leads",
                     self.cfg.name,
@@ -1110,17 +1241,26 @@ impl State {
             }
             for c in &changes {
                 match c {
-                    SaWrite::Put(k, _) => {
-                        let sa = want.get(k).map(|sa| (*sa).clone());
-                        self.sas.insert(k.clone(), Held { mod_rev: 0, sa });
+                    SealedWrite::Put(k, _) => {
+                        if let Some(sa) = want.get(k) {
+                            let value = Some((*sa).clone());
+                            self.sas.insert(k.clone(), Held { mod_rev: 0, value });
+                        } else if let Some(ike) = want_ike.get(k) {
+                            let value = Some((*ike).clone());
+                            self.ike.insert(k.clone(), Held { mod_rev: 0, value });
+                        }
                     }
-                    SaWrite::Delete(k) => {
+                    SealedWrite::Delete(k) => {
                         self.sas.remove(k);
+                        self.ike.remove(k);
                     }
                 }
             }
             for l in lines {
                 tracing::info!("cluster {}: {l}", self.cfg.name);
+            }
+            for l in quiet {
+                tracing::debug!("cluster {}: {l}", self.cfg.name);
             }
         }
         // Deletions held back (see `daemon_has_sas`) are left to the next

@@ -25,6 +25,9 @@ pub struct Keys {
     pub plan: String,
     /// `/espgate/NAME/sas/`: the shared SAs, sealed under the cluster key.
     pub sas: String,
+    /// `/espgate/NAME/ike/`: the leader's IKE SA states, one per
+    /// connection, sealed under the cluster key.
+    pub ike: String,
 }
 
 impl Keys {
@@ -36,12 +39,29 @@ impl Keys {
             leader: format!("{base}leader"),
             plan: format!("{base}plan"),
             sas: format!("{base}sas/"),
+            ike: format!("{base}ike/"),
         }
     }
 
     /// The key of the shared SA named `name` ([`SharedSa::name`](espgate_api::cluster::SharedSa::name)).
     pub fn sa(&self, name: &str) -> String {
         format!("{}{name}", self.sas)
+    }
+
+    /// The key of the IKE SA state of connection `conn`: `ike/` and the
+    /// name with every byte other than an ASCII letter, digit, `-`, `_` or
+    /// `.` written as `%XX` (so a `/` in a name makes no deeper key, and
+    /// two names never share a key).
+    pub fn ike(&self, conn: &str) -> String {
+        let mut k = self.ike.clone();
+        for b in conn.bytes() {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') {
+                k.push(char::from(b));
+            } else {
+                k.push_str(&format!("%{b:02X}"));
+            }
+        }
+        k
     }
 
     /// The report key of node `id`.
@@ -189,9 +209,11 @@ pub(crate) struct Snapshot {
     pub(crate) bad: Vec<(String, String)>,
     /// Every `sas/` entry as stored (sealed).
     pub(crate) sas: Vec<SealedEntry>,
+    /// Every `ike/` entry as stored (sealed).
+    pub(crate) ike: Vec<SealedEntry>,
 }
 
-/// One `sas/` entry as etcd holds it.
+/// One `sas/` or `ike/` entry as etcd holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SealedEntry {
     pub(crate) key: String,
@@ -207,8 +229,8 @@ pub(crate) struct Leader {
     pub(crate) create_rev: i64,
 }
 
-/// Reads `plan`, the leader, every report and every shared SA in one
-/// transaction.
+/// Reads `plan`, the leader, every report, every shared SA and every
+/// IKE SA state in one transaction.
 pub(crate) async fn snapshot(client: &mut Client, keys: &Keys) -> Result<Snapshot> {
     let leader_opts = GetOptions::new()
         .with_prefix()
@@ -219,6 +241,7 @@ pub(crate) async fn snapshot(client: &mut Client, keys: &Keys) -> Result<Snapsho
         TxnOp::get(keys.leader_prefix(), Some(leader_opts)),
         TxnOp::get(keys.nodes.as_str(), Some(GetOptions::new().with_prefix())),
         TxnOp::get(keys.sas.as_str(), Some(GetOptions::new().with_prefix())),
+        TxnOp::get(keys.ike.as_str(), Some(GetOptions::new().with_prefix())),
     ]);
     let resp = client
         .txn(txn)
@@ -232,9 +255,9 @@ pub(crate) async fn snapshot(client: &mut Client, keys: &Keys) -> Result<Snapsho
             _ => None,
         })
         .collect();
-    let [plan, leader, nodes, sas] = &gets[..] else {
+    let [plan, leader, nodes, sas, ike] = &gets[..] else {
         bail!(
-            "etcd answered the cluster read with {} parts, not 4",
+            "etcd answered the cluster read with {} parts, not 5",
             gets.len()
         );
     };
@@ -270,15 +293,18 @@ pub(crate) async fn snapshot(client: &mut Client, keys: &Keys) -> Result<Snapsho
             (_, Err(e)) => snap.bad.push((key, format!("not a node report: {e}"))),
         }
     }
-    snap.sas = sas
-        .kvs()
-        .iter()
-        .map(|kv| SealedEntry {
-            key: String::from_utf8_lossy(kv.key()).into_owned(),
-            value: kv.value().to_vec(),
-            mod_rev: kv.mod_revision(),
-        })
-        .collect();
+    let sealed = |r: &etcd_client::GetResponse| -> Vec<SealedEntry> {
+        r.kvs()
+            .iter()
+            .map(|kv| SealedEntry {
+                key: String::from_utf8_lossy(kv.key()).into_owned(),
+                value: kv.value().to_vec(),
+                mod_rev: kv.mod_revision(),
+            })
+            .collect()
+    };
+    snap.sas = sealed(sas);
+    snap.ike = sealed(ike);
     Ok(snap)
 }
 
@@ -339,9 +365,9 @@ pub(crate) async fn write_plan(
     Ok(resp.succeeded())
 }
 
-/// One change of a `sas/` entry.
+/// One change of a `sas/` or `ike/` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum SaWrite {
+pub(crate) enum SealedWrite {
     /// Put this (sealed) value at this key.
     Put(String, Vec<u8>),
     /// Delete this key.
@@ -355,17 +381,17 @@ const MAX_TXN_OPS: usize = 100;
 /// (as [`write_plan`] does, so that a deposed leader cannot write): true
 /// when all were written. More than [`MAX_TXN_OPS`] changes go in several
 /// transactions, each guarded the same way.
-pub(crate) async fn write_sas(
+pub(crate) async fn write_sealed(
     client: &mut Client,
     leader: &Leader,
-    changes: &[SaWrite],
+    changes: &[SealedWrite],
 ) -> Result<bool> {
     for chunk in changes.chunks(MAX_TXN_OPS) {
         let ops: Vec<TxnOp> = chunk
             .iter()
             .map(|c| match c {
-                SaWrite::Put(k, v) => TxnOp::put(k.as_str(), v.clone(), None),
-                SaWrite::Delete(k) => TxnOp::delete(k.as_str(), None),
+                SealedWrite::Put(k, v) => TxnOp::put(k.as_str(), v.clone(), None),
+                SealedWrite::Delete(k) => TxnOp::delete(k.as_str(), None),
             })
             .collect();
         let txn = Txn::new()
@@ -378,7 +404,7 @@ pub(crate) async fn write_sas(
         let resp = client
             .txn(txn)
             .await
-            .map_err(|e| anyhow!("writing the shared SAs: {}", describe(&e)))?;
+            .map_err(|e| anyhow!("writing the shared SAs and IKE states: {}", describe(&e)))?;
         if !resp.succeeded() {
             return Ok(false);
         }
@@ -408,6 +434,30 @@ mod tests {
         assert_eq!(k.leader_prefix(), "/espgate/gw/leader/");
         assert_eq!(k.plan, "/espgate/gw/plan");
         assert_eq!(k.sa("0x0000c0de-out"), "/espgate/gw/sas/0x0000c0de-out");
+        assert_eq!(k.ike, "/espgate/gw/ike/");
+    }
+
+    #[test]
+    fn an_ike_key_per_connection_with_odd_bytes_escaped() {
+        let k = Keys::new("gw");
+        assert_eq!(k.ike("site-1_a.b"), "/espgate/gw/ike/site-1_a.b");
+        // A slash makes no deeper key; a percent is escaped too, so an
+        // escaped name never equals another name's key.
+        assert_eq!(k.ike("a/b"), "/espgate/gw/ike/a%2Fb");
+        assert_eq!(k.ike("a%2Fb"), "/espgate/gw/ike/a%252Fb");
+        assert_ne!(k.ike("a/b"), k.ike("a%2Fb"));
+        assert_eq!(k.ike("x y"), "/espgate/gw/ike/x%20y");
+        assert_eq!(k.ike("café"), "/espgate/gw/ike/caf%C3%A9");
+        for name in ["a/b", "../x", "a b", "", "ü/"] {
+            let key = k.ike(name);
+            assert!(key.starts_with(&k.ike), "{key}");
+            assert!(!key[k.ike.len()..].contains('/'), "{key}");
+        }
+        // Not under sas/, nodes/ or plan: their watches and reads never
+        // see it.
+        for other in [&k.sas, &k.nodes, &k.plan] {
+            assert!(!k.ike("site").starts_with(other.as_str()));
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! | `leader/LEASE` | the node id (decimal), put by etcd's election API (`Campaign` with the lease); the key created first is the leader | attached to the lease |
 //! | `plan` | the [`PlanDoc`](espgate_api::cluster::PlanDoc) `{"epoch":N,"members":[...]}` (JSON) | permanent; only the leader writes it |
 //! | `sas/0xSPI-in`, `sas/0xSPI-out` | a [`SharedSa`](espgate_api::cluster::SharedSa) negotiated by the leader's IKE, sealed under the cluster key ([`Sealer`]: `{"v":1,"nonce":"HEX","ct":"HEX"}`) | permanent; only the leader writes them, and deletes those its daemon no longer exports |
+//! | `ike/CONN` ([`Keys::ike`]: the connection name, odd bytes as `%XX`) | the [`SharedIke`](espgate_api::cluster::SharedIke) state of the IKE SA that the leader's daemon runs for that connection, sealed like an SA | permanent; only the leader writes them, and deletes only its own that its daemon no longer exports |
 //!
 //! # Timings
 //!
@@ -20,8 +21,8 @@
 //!   `lease_ttl / 3`. A lost lease (etcd says it is gone) is replaced by a
 //!   new one; the report and the campaign follow it.
 //! - Every second ([`PERIOD`]) the agent reads its daemon's status,
-//!   publishes its report, reads `plan`, the leader, `nodes/` and `sas/`
-//!   in one transaction (one consistent snapshot), and, only when all of that
+//!   publishes its report, reads `plan`, the leader, `nodes/`, `sas/` and
+//!   `ike/` in one transaction (one consistent snapshot), and, only when all of that
 //!   worked, sends the daemon a `cluster` update: the plan, the leader and
 //!   every other live node's checkpoints. The same cycle runs at once when
 //!   the plan changes, a report key is deleted (a node left or its lease
@@ -50,6 +51,15 @@
 //! of the plan lists one of the leader's own unshared SAs (at once when the
 //! plan names only the leader), the leader calls `cluster_share` and
 //! publishes the SA with its `share_from`.
+//!
+//! The leader's IKE SA states (`ClusterSas::ike`) travel the same way
+//! under `ike/`, one entry per connection: put when missing or different
+//! (decrypted), each put of a new state at debug level only (it changes
+//! with every IKE exchange); an entry is deleted only when its owner is
+//! the leader itself and its export no longer has the connection, so a
+//! previous leader's state stays until the new leader's daemon continues
+//! it and exports it as its own. Every agent gives its daemon the opened
+//! states (`ClusterUpdate::ike`); a watch on `ike/` runs the cycle at once.
 //!
 //! # The plan rule
 //!
