@@ -1,13 +1,13 @@
 //! Agents against a real etcd (`/usr/bin/etcd`, started per test on free
 //! 127.0.0.1 ports in a temporary directory) and fake daemons: election,
 //! the plan rule, leaving, crashing, checkpoints, an etcd outage, and the
-//! SAs of the leader's IKE shared through etcd.
+//! SAs and IKE SA states of the leader's IKE shared through etcd.
 
 use anyhow::{bail, Result};
 use espgate_api::cluster::{
-    ClusterSa, ClusterSas, ClusterStatus, ClusterUpdate, Lockstep, SharedSa,
+    ClusterSa, ClusterSas, ClusterStatus, ClusterUpdate, Lockstep, SharedIke, SharedSa,
 };
-use espgate_cluster::{cluster_view, Agent, ClusterView, Keys, Node};
+use espgate_cluster::{cluster_view, Agent, ClusterView, Keys, Node, Sealer};
 use espgate_config::cluster::{Cluster, ClusterKey};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -284,6 +284,13 @@ impl Fake {
         x.sas = sas;
     }
 
+    /// Exports `ike` as its IKE SA states from now on (a new generation).
+    fn set_ike(&self, ike: Vec<SharedIke>) {
+        let mut x = self.export.lock().unwrap();
+        x.generation += 1;
+        x.ike = ike;
+    }
+
     fn count(&self) -> usize {
         self.updates.lock().unwrap().len()
     }
@@ -450,6 +457,7 @@ fn check_updates(fakes: &[Arc<Fake>], live: &[u16]) {
                 f.id
             );
             assert!(u.sas.is_none(), "no cluster key, yet SAs: {u:?}");
+            assert!(u.ike.is_none(), "no cluster key, yet IKE states: {u:?}");
         }
     }
     for f in fakes.iter().filter(|f| live.contains(&f.id)) {
@@ -880,4 +888,165 @@ fn a_lone_leader_shares_its_sas_at_once() {
             .then_some(())
     });
     agent.stop();
+}
+
+/// Part of every IKE state of the tests: it must never be seen in etcd.
+const IKE_SECRET: &str = "5ec2e75ec2e75ec2e75ec2e75ec2e7";
+
+/// The state of the IKE SA of `conn` run by node `owner`, after the
+/// exchange with message ID `msg_id`.
+fn ike_state(conn: &str, owner: u16, msg_id: u32) -> SharedIke {
+    SharedIke {
+        conn: conn.into(),
+        owner,
+        state: format!(r#"{{"spi_i":"0102030405060708","sk_d":"{IKE_SECRET}","msg_id":{msg_id}}}"#),
+    }
+}
+
+/// The IKE SA states of `f`'s latest update, if it carried them.
+fn last_ike(f: &Fake) -> Option<Vec<SharedIke>> {
+    f.last().and_then(|u| u.ike)
+}
+
+/// Puts `value` at `key` (as someone else than the agents would).
+fn etcd_put(etcd: &Etcd, key: &str, value: Vec<u8>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = etcd_client::Client::connect([etcd.url()], None)
+            .await
+            .expect("connecting to etcd");
+        c.put(key, value, None).await.expect("writing etcd");
+    })
+}
+
+/// The key names under `prefix`.
+fn etcd_names(etcd: &Etcd, prefix: &str) -> Vec<String> {
+    etcd_entries(etcd, prefix)
+        .into_iter()
+        .map(|(k, _, _)| k)
+        .collect()
+}
+
+#[test]
+fn the_leaders_ike_state_reaches_every_node_sealed_and_goes_when_dropped() {
+    logs();
+    let etcd = Etcd::start();
+    let c: Vec<Cluster> = (1..=3).map(|n| keyed(&etcd, "ike", n)).collect();
+    let fakes = [Fake::new(1, true), Fake::new(2, true), Fake::new(3, true)];
+    let agents: Vec<Agent> = c
+        .iter()
+        .zip(&fakes)
+        .map(|(c, f)| Agent::start_with(c, f.clone()).expect("starting an agent"))
+        .collect();
+    let v = wait_for_plan(&c[0], &[1, 2, 3], Duration::from_secs(10));
+    let leader = v.leader.unwrap();
+    let lf = &fakes[usize::from(leader - 1)];
+    let followers: Vec<&Arc<Fake>> = fakes.iter().filter(|f| f.id != leader).collect();
+    let told = |what: &str, want: &[SharedIke]| {
+        wait_for(what, Duration::from_secs(5), || {
+            followers
+                .iter()
+                .all(|f| last_ike(f).is_some_and(|l| l == want))
+                .then_some(())
+        })
+    };
+    // With a key, every update carries the list (empty so far).
+    wait_for("empty IKE lists", Duration::from_secs(5), || {
+        fakes
+            .iter()
+            .all(|f| last_ike(f).is_some_and(|l| l.is_empty()))
+            .then_some(())
+    });
+
+    // The leader's daemon runs an IKE SA (for a connection whose name has
+    // a slash): every follower hears it, decrypted.
+    let conn = "site/a";
+    let first = vec![ike_state(conn, leader, 1)];
+    let t0 = Instant::now();
+    lf.set_ike(first.clone());
+    told("the followers told the IKE state", &first);
+    eprintln!("an IKE state reached the followers in {:?}", t0.elapsed());
+
+    // etcd holds it sealed, under the escaped name.
+    let keys = Keys::new("ike");
+    let stored = etcd_entries(&etcd, &keys.ike);
+    let names: Vec<&str> = stored.iter().map(|(k, _, _)| k.as_str()).collect();
+    assert_eq!(names, ["/espgate/ike/ike/site%2Fa"]);
+    assert_eq!(names, [keys.ike(conn)]);
+    for (k, v, _) in &stored {
+        for clear in [
+            IKE_SECRET,
+            &IKE_SECRET[..12],
+            "msg_id",
+            "sk_d",
+            "site",
+            CLUSTER_KEY,
+        ] {
+            assert!(!v.contains(clear), "{k} shows {clear:?} in clear: {v}");
+        }
+        let doc: serde_json::Value = serde_json::from_str(v).unwrap();
+        assert_eq!(doc["v"], 1, "{v}");
+        assert!(doc["nonce"].is_string() && doc["ct"].is_string(), "{v}");
+    }
+    // Written once, not every second (nor every 100 ms poll).
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(etcd_entries(&etcd, &keys.ike), stored, "rewritten");
+
+    // The next exchange changes the state: republished, told again.
+    let second = vec![ike_state(conn, leader, 2)];
+    let t0 = Instant::now();
+    lf.set_ike(second.clone());
+    told("the followers told the new state", &second);
+    eprintln!(
+        "a changed IKE state reached the followers in {:?}",
+        t0.elapsed()
+    );
+    let again = etcd_entries(&etcd, &keys.ike);
+    assert_eq!(again.len(), 1);
+    assert_ne!(again[0].1, stored[0].1);
+    assert!(again[0].2 > stored[0].2);
+
+    // A previous leader's state (node 9) of another connection, and an
+    // entry that does not open: the leader deletes neither, though its
+    // daemon runs neither; the followers hear the one that opens.
+    let sealer = Sealer::new(&key(CLUSTER_KEY)).unwrap();
+    let old = ike_state("old", 9, 40);
+    let old_key = keys.ike("old");
+    etcd_put(&etcd, &old_key, sealer.seal(&old_key, &old).unwrap());
+    let junk_key = keys.ike("junk");
+    etcd_put(
+        &etcd,
+        &junk_key,
+        sealer.seal(&keys.ike("other"), &old).unwrap(),
+    );
+    let with_old = vec![old.clone(), second[0].clone()];
+    told("the followers told the old leader's state", &with_old);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        etcd_names(&etcd, &keys.ike),
+        [junk_key.clone(), old_key.clone(), keys.ike(conn)]
+    );
+    assert!(last_ike(lf).is_some_and(|l| l == with_old));
+
+    // The leader's daemon continues it: its own state replaces node 9's.
+    let taken = ike_state("old", leader, 41);
+    lf.set_ike(vec![taken.clone(), second[0].clone()]);
+    told(
+        "the followers told the state taken over",
+        &[taken.clone(), second[0].clone()],
+    );
+
+    // Its daemon drops both: both entries go, the one that does not open
+    // stays.
+    let t0 = Instant::now();
+    lf.set_ike(Vec::new());
+    told("the followers told the removal", &[]);
+    eprintln!("a removal reached the followers in {:?}", t0.elapsed());
+    assert_eq!(etcd_names(&etcd, &keys.ike), [junk_key]);
+    // Nothing of this touched sas/.
+    assert!(etcd_names(&etcd, &keys.sas).is_empty());
+    drop(agents);
 }
