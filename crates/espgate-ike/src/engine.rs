@@ -30,8 +30,10 @@ use std::time::Duration;
 use zeroize::Zeroizing;
 
 mod counters;
+mod snapshot;
 mod timer;
 pub use counters::{Counters, IkeEvent};
+pub use snapshot::{ChildSnapshot, IkeSnapshot};
 use timer::{Timer, TimerTable};
 
 /// A datagram to send. When `local` is the NAT-T port the shell prefixes
@@ -419,6 +421,9 @@ struct IkeSa {
     nat: bool,
     chosen: Option<Chosen>,
     sk: Option<SkCrypto>,
+    /// The raw keys `sk` was made from, for [`Ike::export`] ([`SkCrypto`]
+    /// keeps them only inside its ciphers).
+    sk_keys: Option<SkKeys>,
     sk_d: Zeroizing<Vec<u8>>,
     sk_pi: Zeroizing<Vec<u8>>,
     sk_pr: Zeroizing<Vec<u8>>,
@@ -453,6 +458,24 @@ struct IkeSa {
     qesp_declined: bool,
     /// The fragments of the message being received.
     reasm: Option<Reassembly>,
+    /// Continued from another engine's snapshot ([`Ike::import`]) and
+    /// nothing authenticated heard from the peer since: if the peer
+    /// never answers, the connection is negotiated anew.
+    continued: bool,
+    /// Continued from a snapshot that may be behind the peer: the first
+    /// request whose message ID is at or a little past `next_in_id` is
+    /// taken (once), and the IDs follow it from then on.
+    resync_in: bool,
+    /// [`snapshot::fingerprint`] of the SA when it was last rearmed.
+    export_fp: u64,
+}
+
+/// SK_ei, SK_er, SK_ai, SK_ar of an IKE SA.
+struct SkKeys {
+    ei: Zeroizing<Vec<u8>>,
+    er: Zeroizing<Vec<u8>>,
+    ai: Zeroizing<Vec<u8>>,
+    ar: Zeroizing<Vec<u8>>,
 }
 
 /// Fragments of one message (RFC 7383 §2.6), by number.
@@ -466,6 +489,10 @@ struct Reassembly {
 
 /// Fragments per message we reassemble at most.
 const MAX_FRAGMENTS: usize = 64;
+
+/// How far past `next_in_id` the first request of a continued IKE SA may
+/// be (the snapshot is at most an exchange or so behind the peer).
+const RESYNC_WINDOW: u32 = 16;
 
 impl IkeSa {
     /// A new IKE SA with nothing negotiated yet: no keys, nonces, children
@@ -493,6 +520,7 @@ impl IkeSa {
             nat: false,
             chosen: None,
             sk: None,
+            sk_keys: None,
             sk_d: Zeroizing::new(Vec::new()),
             sk_pi: Zeroizing::new(Vec::new()),
             sk_pr: Zeroizing::new(Vec::new()),
@@ -520,6 +548,9 @@ impl IkeSa {
             reasm: None,
             pfs_group: None,
             qesp_declined: false,
+            continued: false,
+            resync_in: false,
+            export_fp: 0,
         }
     }
 
@@ -653,6 +684,8 @@ pub struct Ike {
     /// Inbound SAs of rekeyed children, removed at their deadline.
     lingering: Vec<(Duration, Event)>,
     fragment_size: usize,
+    /// Grows whenever what [`Ike::export`] returns changes.
+    export_gen: u64,
     /// Tests: [`Ike::install_ike_keys`] fails.
     #[cfg(test)]
     fail_key_install: bool,
@@ -828,6 +861,7 @@ impl Ike {
             restart_at: BTreeMap::new(),
             lingering: Vec::new(),
             fragment_size: DEFAULT_FRAGMENT_SIZE,
+            export_gen: 0,
             #[cfg(test)]
             fail_key_install: false,
             #[cfg(test)]
@@ -991,6 +1025,9 @@ impl Ike {
             self.half_open = self.half_open.saturating_sub(1);
         }
         self.ike_spis.remove(&spi);
+        if sa.export_fp != 0 {
+            self.export_gen += 1;
+        }
         sa
     }
 
@@ -1009,6 +1046,11 @@ impl Ike {
             return;
         };
         sa.timers = sa.timer_table(self.conns[sa.conn].dpd_delay);
+        let fp = snapshot::fingerprint(sa);
+        if fp != sa.export_fp {
+            sa.export_fp = fp;
+            self.export_gen += 1;
+        }
         let next = sa.timers.next();
         if sa.deadline != next {
             if let Some(d) = sa.deadline {
@@ -1822,6 +1864,12 @@ impl Ike {
             Ok(sk) => {
                 let sa = &mut self.sas[i];
                 sa.sk = Some(sk);
+                sa.sk_keys = Some(SkKeys {
+                    ei: keys.sk_ei.clone(),
+                    er: keys.sk_er.clone(),
+                    ai: keys.sk_ai.clone(),
+                    ar: keys.sk_ar.clone(),
+                });
                 sa.sk_d = keys.sk_d.clone();
                 sa.sk_pi = keys.sk_pi.clone();
                 sa.sk_pr = keys.sk_pr.clone();
@@ -2982,6 +3030,7 @@ impl Ike {
         }
         let Some(p) = self.open(i, data) else { return };
         self.sas[i].last_rx = now;
+        self.peer_heard(i);
         let Some(pending) = self.sas[i].pending.take() else {
             return;
         };
@@ -3133,12 +3182,31 @@ impl Ike {
                 return;
             }
         }
-        if h.message_id != sa.next_in_id {
+        // A continued SA's snapshot may be an exchange or so behind the
+        // peer: its first request may be past `next_in_id` (RFC 7296
+        // §2.3 lets a responder take IDs beyond the one expected).
+        let ahead = h.message_id.wrapping_sub(sa.next_in_id);
+        if ahead != 0 && !(sa.resync_in && ahead < RESYNC_WINDOW) {
             self.count(IkeEvent::DroppedBadMessageId);
             return;
         }
         let Some(p) = self.open(i, data) else { return };
         self.sas[i].last_rx = now;
+        if std::mem::take(&mut self.sas[i].resync_in) && ahead != 0 {
+            self.count(IkeEvent::MessageIdResyncs);
+            let ci = self.sas[i].conn;
+            let expected = self.sas[i].next_in_id;
+            self.log(
+                Level::Info,
+                Some(ci),
+                format!(
+                    "message IDs resynchronised: the peer's request {} \
+                     (the snapshot this IKE SA was continued from expected {expected})",
+                    h.message_id
+                ),
+            );
+        }
+        self.peer_heard(i);
         // §2.11: answer from where the request arrived to where it came
         // from (the peer floats to the NAT-T port after IKE_SA_INIT, and a
         // NAT may change its port, §2.23).
@@ -3580,6 +3648,21 @@ impl Ike {
             for c in &mut self.sas[i].children {
                 c.out_active = false;
             }
+            self.dirty.push(i);
+        }
+    }
+
+    /// An authenticated message from the peer reached SA `i`: a continued
+    /// SA is known to be alive.
+    fn peer_heard(&mut self, i: usize) {
+        if std::mem::take(&mut self.sas[i].continued) {
+            let ci = self.sas[i].conn;
+            self.log(
+                Level::Info,
+                Some(ci),
+                "the peer answers on the IKE SA continued from the cluster's previous leader"
+                    .into(),
+            );
         }
     }
 
@@ -4087,6 +4170,11 @@ impl Ike {
             let want = sa.timer_table(self.conns[sa.conn].dpd_delay);
             assert_eq!(sa.timers, want, "SA {i}'s timers are stale");
             assert_eq!(sa.deadline, want.next(), "SA {i}'s deadline is stale");
+            assert_eq!(
+                sa.export_fp,
+                snapshot::fingerprint(sa),
+                "SA {i} changed what it exports without being rearmed"
+            );
             if let Some(d) = sa.deadline {
                 assert!(self.deadlines.contains(&(d, i)));
             }
@@ -4199,8 +4287,20 @@ impl Ike {
         if p.tries >= r.tries {
             let was_deleting = matches!(p.what, Req::DeleteIke);
             self.count(IkeEvent::PeersDead);
-            let reason = format!("no answer after {} retransmissions: peer dead", r.tries);
-            if self.conns[ci].dpd_action == DpdAction::Restart && !was_deleting {
+            let continued = self.sas[i].continued;
+            let reason = if continued {
+                format!(
+                    "no answer after {} retransmissions: the IKE SA continued from the \
+                     cluster's previous leader is stale or the peer dead; negotiating a new one",
+                    r.tries
+                )
+            } else {
+                format!("no answer after {} retransmissions: peer dead", r.tries)
+            };
+            // A continued SA that never got an answer stands for the
+            // negotiation the new leader would otherwise have started:
+            // start it now, whatever the DPD action.
+            if (self.conns[ci].dpd_action == DpdAction::Restart || continued) && !was_deleting {
                 self.restart_at.insert(ci, now + RESTART_DELAY);
             }
             self.log(Level::Warn, Some(ci), reason.clone());

@@ -426,7 +426,7 @@ impl Chosen {
 }
 
 /// Reads a proposal with exactly one transform of each type present.
-fn single(p: &wire::Proposal, kind: ProposalKind) -> Option<Chosen> {
+pub(crate) fn single(p: &wire::Proposal, kind: ProposalKind) -> Option<Chosen> {
     let one = |tt: u8| -> Option<Option<&Transform>> {
         let mut it = p.transforms.iter().filter(|t| t.transform_type == tt);
         let first = it.next();

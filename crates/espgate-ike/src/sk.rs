@@ -81,6 +81,17 @@ impl SkCrypto {
         })
     }
 
+    /// The counter the next message's IV is made from (an IKE SA carried
+    /// to another engine must go on past every IV already used).
+    pub(crate) fn next_iv(&self) -> u64 {
+        self.next_iv
+    }
+
+    /// Sets the IV counter ([`SkCrypto::next_iv`]).
+    pub(crate) fn set_next_iv(&mut self, n: u64) {
+        self.next_iv = n.max(1);
+    }
+
     /// Bytes a protected message adds around its inner payloads at most
     /// (header, SK header, IV, worst padding, pad length, ICV).
     pub fn overhead(&self) -> usize {

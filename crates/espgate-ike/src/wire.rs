@@ -682,7 +682,7 @@ pub enum Delete {
 }
 
 /// One traffic selector (RFC 7296 §3.13.1).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum TrafficSelector {
     /// TS_IPV4_ADDR_RANGE.
     Ipv4 {

@@ -112,6 +112,12 @@ ike_events! {
     DroppedBadKe => "dropped_bad_ke",
     /// Dropped: a message of more fragments than we reassemble.
     DroppedTooManyFragments => "dropped_too_many_fragments",
+    /// An IKE SA was continued from another engine's snapshot (a cluster's
+    /// new leader took it over without a new handshake).
+    IkeSasContinued => "ike_sas_continued",
+    /// A continued IKE SA took the peer's request past the message ID its
+    /// snapshot expected (the snapshot was behind).
+    MessageIdResyncs => "message_id_resyncs",
 }
 
 /// How many of each [`IkeEvent`] happened.
