@@ -2113,3 +2113,401 @@ fn qesp_is_not_offered_across_a_nat() {
         p.pb.lines
     );
 }
+
+// ---------------------------------------------------------------------
+// IKE SAs continued on another engine (seed 003's cluster takeover)
+// ---------------------------------------------------------------------
+
+/// `e`'s only SA.
+fn only_sa(e: &Ike) -> usize {
+    assert_eq!(e.sas.len(), 1, "{:?}", e.status());
+    e.sas.iter().next().unwrap().0
+}
+
+/// A's engine dies; a new one with the same configuration continues
+/// `snap` (through its JSON, as a cluster carries it). A's data plane
+/// stays: it has the child SAs already.
+fn take_over(p: &mut Pair, snap: &IkeSnapshot) {
+    while p.a.poll_transmit().is_some() {}
+    let json = serde_json::to_string(snap).unwrap();
+    let snap: IkeSnapshot = serde_json::from_str(&json).unwrap();
+    p.a = Ike::new(p.a.conns.clone(), Ports::default());
+    p.a.import(p.now, &snap).unwrap();
+    apply(&mut p.a, &mut p.pa);
+}
+
+/// The data plane events (installs, removals) of a side so far.
+fn plane_events(pl: &Plane) -> usize {
+    pl.log.len()
+}
+
+/// Starts `task` on `e`'s only SA.
+fn run_task(p: &mut Pair, a_side: bool, task: Task) {
+    let e = if a_side { &mut p.a } else { &mut p.b };
+    let i = only_sa(e);
+    e.sas[i].tasks.push_back(task);
+    e.kick_now(i, p.now);
+    p.run();
+}
+
+#[test]
+fn a_continued_ike_sa_answers_rekeys_and_checks_liveness_without_a_handshake() {
+    for (ike, esp, a_initiates) in [
+        ("aes128gcm16-prfsha256-x25519", "aes128gcm16-x25519", true),
+        ("aes256-sha256-modp2048", "aes256-sha256", false),
+        ("chacha20poly1305-prfsha512-ecp256", "aes256gcm16-esn", true),
+    ] {
+        let mut p = Pair::psk(ike, esp);
+        if a_initiates {
+            p.a.initiate(p.now, "c").unwrap();
+        } else {
+            p.b.initiate(p.now, "c").unwrap();
+        }
+        p.run();
+        p.advance(Duration::from_secs(3));
+        let snaps = p.a.export(p.now);
+        assert_eq!(snaps.len(), 1);
+        assert_eq!(snaps[0].initiator, a_initiates);
+        assert_eq!(snaps[0].children.len(), 1);
+        let events = plane_events(&p.pa);
+        let b_inits = p.b.counter(IkeEvent::IkeInitAnswered) + p.b.counter(IkeEvent::IkeInitSent);
+        p.advance(Duration::from_secs(2));
+        take_over(&mut p, &snaps[0]);
+        assert_eq!(p.a.counter(IkeEvent::IkeSasContinued), 1);
+        assert!(
+            info_lines(&p.pa, "continued from the cluster's previous leader") == 1,
+            "{:?}",
+            p.pa.lines
+        );
+        let st = &p.a.status()[0];
+        assert_eq!(st.state, "established");
+        assert_eq!(st.peer_id.as_deref(), Some(B));
+        assert_eq!((st.spi_i, st.spi_r), (snaps[0].spi_i, snaps[0].spi_r));
+        assert_eq!(st.children.len(), 1);
+
+        // (i) The liveness check goes out at once and B answers it.
+        p.run();
+        assert_eq!(p.a.counter(IkeEvent::DpdSent), 1, "{ike}");
+        let ha = only_sa(&p.a);
+        assert!(p.a.sas[ha].pending.is_none(), "{ike}: DPD unanswered");
+        assert!(!p.a.sas[ha].continued);
+        assert_eq!(plane_events(&p.pa), events, "{ike}: no SA installed");
+        assert_eq!(p.b.counter(IkeEvent::DroppedIntegrity), 0);
+        assert_eq!(p.b.counter(IkeEvent::DroppedBadMessageId), 0);
+        p.assert_matched();
+
+        // (ii) A child rekey by the new engine, then one by B.
+        let spi = p.a.sas[ha].children[0].spi_in;
+        run_task(&mut p, true, Task::RekeyChild(spi));
+        p.advance(Duration::from_secs(2));
+        assert_eq!(
+            p.a.counter(IkeEvent::ChildRekeys),
+            1,
+            "{ike}: {:?}",
+            p.pa.lines
+        );
+        p.assert_matched();
+        assert_eq!(p.pa.sas.len(), 2, "{:?}", p.pa.log);
+        assert_eq!(p.pb.sas.len(), 2, "{:?}", p.pb.log);
+        let hb = only_sa(&p.b);
+        let spi = p.b.sas[hb].children[0].spi_in;
+        let b_rekeys = p.b.counter(IkeEvent::ChildRekeys);
+        run_task(&mut p, false, Task::RekeyChild(spi));
+        p.advance(Duration::from_secs(2));
+        assert_eq!(p.b.counter(IkeEvent::ChildRekeys), b_rekeys + 1, "{ike}");
+        assert_eq!(p.a.counter(IkeEvent::ChildRekeys), 2, "{ike}");
+        p.assert_matched();
+        assert_eq!(p.pa.sas.len(), 2, "{:?}", p.pa.log);
+        assert_eq!(p.pb.sas.len(), 2, "{:?}", p.pb.log);
+
+        // (iii) An IKE SA rekey by the new engine, then one by B.
+        run_task(&mut p, true, Task::RekeyIke);
+        p.run();
+        assert_eq!(
+            p.a.counter(IkeEvent::IkeRekeys),
+            1,
+            "{ike}: {:?}",
+            p.pa.lines
+        );
+        assert_eq!(p.b.status().len(), 1, "{ike}: B's old IKE SA deleted");
+        let st = p.a.status();
+        assert_eq!(st.len(), 1);
+        assert_ne!((st[0].spi_i, st[0].spi_r), (snaps[0].spi_i, snaps[0].spi_r));
+        assert_eq!(st[0].children.len(), 1);
+        let b_ike_rekeys = p.b.counter(IkeEvent::IkeRekeys);
+        run_task(&mut p, false, Task::RekeyIke);
+        p.run();
+        assert_eq!(p.b.counter(IkeEvent::IkeRekeys), b_ike_rekeys + 1);
+        assert_eq!((p.a.status().len(), p.b.status().len()), (1, 1));
+
+        // (iv) B's liveness check is answered.
+        let hb = only_sa(&p.b);
+        run_task(&mut p, false, Task::Dpd);
+        assert!(p.b.sas[hb].pending.is_none());
+        p.advance(Duration::from_secs(60));
+        assert_eq!(
+            p.a.counter(IkeEvent::PeersDead) + p.b.counter(IkeEvent::PeersDead),
+            0
+        );
+        assert!(p.pa.down.is_empty() && p.pb.down.is_empty());
+        p.assert_matched();
+        // Never a new handshake.
+        assert_eq!(
+            p.b.counter(IkeEvent::IkeInitAnswered) + p.b.counter(IkeEvent::IkeInitSent),
+            b_inits
+        );
+        assert_eq!(p.a.counter(IkeEvent::IkeInitSent), 0);
+    }
+}
+
+#[test]
+fn a_snapshot_an_exchange_behind_still_continues() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let snap = p.a.export(p.now).remove(0);
+    // The old leader goes on for one exchange each way before it dies.
+    run_task(&mut p, true, Task::Dpd);
+    run_task(&mut p, false, Task::Dpd);
+    let hb = only_sa(&p.b);
+    assert_eq!(p.b.sas[hb].next_in_id, snap.next_out_id + 1);
+    assert_eq!(p.b.sas[hb].next_out_id, snap.next_in_id + 1);
+    let cached = p.b.counter(IkeEvent::RetransmittedResponses);
+    take_over(&mut p, &snap);
+    p.run();
+    // Our liveness check reused the ID of the old leader's last request:
+    // B answered from its cache, which is the answer.
+    assert_eq!(p.b.counter(IkeEvent::RetransmittedResponses), cached + 1);
+    let ha = only_sa(&p.a);
+    assert!(p.a.sas[ha].pending.is_none());
+    assert_eq!(p.a.sas[ha].next_out_id, snap.next_out_id + 1);
+    // B's next request is one past what the snapshot expects: taken once.
+    run_task(&mut p, false, Task::Dpd);
+    assert!(p.b.sas[hb].pending.is_none(), "B's DPD unanswered");
+    assert_eq!(p.a.counter(IkeEvent::MessageIdResyncs), 1);
+    assert!(!p.a.sas[ha].resync_in);
+    assert_eq!(info_lines(&p.pa, "message IDs resynchronised"), 1);
+    // Then everything goes on as usual.
+    let spi = p.a.sas[ha].children[0].spi_in;
+    run_task(&mut p, true, Task::RekeyChild(spi));
+    let spi = p.b.sas[hb].children[0].spi_in;
+    run_task(&mut p, false, Task::RekeyChild(spi));
+    p.advance(Duration::from_secs(2));
+    assert_eq!(p.a.counter(IkeEvent::ChildRekeys), 2);
+    p.assert_matched();
+    assert_eq!(p.pa.sas.len(), 2, "{:?}", p.pa.log);
+    run_task(&mut p, true, Task::RekeyIke);
+    assert_eq!(p.a.counter(IkeEvent::IkeRekeys), 1);
+    run_task(&mut p, false, Task::Dpd);
+    assert_eq!(p.a.counter(IkeEvent::MessageIdResyncs), 1);
+    assert_eq!(p.a.counter(IkeEvent::DroppedBadMessageId), 0);
+    assert!(p.pa.down.is_empty() && p.pb.down.is_empty());
+}
+
+#[test]
+fn a_stale_snapshot_is_found_out_and_the_connection_negotiated_anew() {
+    // dpd_action = clear: a continued SA the peer does not answer is
+    // negotiated anew all the same (it stood for that negotiation).
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let snap = p.a.export(p.now).remove(0);
+    // Two more exchanges of ours: B no longer has the ID we reuse cached.
+    run_task(&mut p, true, Task::Dpd);
+    run_task(&mut p, true, Task::Dpd);
+    take_over(&mut p, &snap);
+    let events = plane_events(&p.pa);
+    p.advance(Duration::from_secs(16));
+    assert_eq!(p.a.counter(IkeEvent::PeersDead), 1);
+    assert!(p.b.counter(IkeEvent::DroppedBadMessageId) >= 1);
+    assert!(p.pa.down.iter().any(|r| r.contains("previous leader")));
+    // The continued children were removed from the data plane, as any.
+    assert!(plane_events(&p.pa) > events);
+    assert!(p.pa.sas.is_empty(), "{:?}", p.pa.log);
+    p.advance(Duration::from_secs(10));
+    assert_eq!(p.a.counter(IkeEvent::IkeInitSent), 1);
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+    p.assert_matched();
+}
+
+#[test]
+fn a_continued_ike_sa_goes_on_with_its_timers() {
+    let mut p = rekeying(40, 20);
+    p.a.conns[0].dpd_delay = Duration::from_secs(10);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    p.advance(Duration::from_secs(8));
+    let snap = p.a.export(p.now).remove(0);
+    take_over(&mut p, &snap);
+    p.run();
+    let ha = only_sa(&p.a);
+    // The remaining times, not the whole intervals again.
+    assert_eq!(
+        p.a.sas[ha].children[0].rekey_at,
+        Some(p.now + Duration::from_secs(12))
+    );
+    assert_eq!(p.a.sas[ha].rekey_at, Some(p.now + Duration::from_secs(32)));
+    p.advance(Duration::from_secs(13));
+    assert_eq!(p.a.counter(IkeEvent::ChildRekeys), 1);
+    p.advance(Duration::from_secs(20));
+    assert_eq!(p.a.counter(IkeEvent::IkeRekeys), 1);
+    assert!(p.a.counter(IkeEvent::DpdSent) >= 2);
+    p.assert_matched();
+    assert!(p.pa.down.is_empty() && p.pb.down.is_empty());
+}
+
+#[test]
+fn import_refuses_what_it_cannot_continue() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let snap = p.a.export(p.now).remove(0);
+    // A connection this engine does not have.
+    let mut other = p.a.conns[0].clone();
+    other.name = "other".into();
+    let mut e = Ike::new(vec![other], Ports::default());
+    let err = e.import(p.now, &snap).unwrap_err();
+    assert!(err.0.contains("no IKE connection named \"c\""), "{err}");
+    assert!(e.status().is_empty());
+    // The same SA twice, or over an SA of the connection.
+    let mut e = Ike::new(p.a.conns.clone(), Ports::default());
+    e.import(p.now, &snap).unwrap();
+    let err = e.import(p.now, &snap).unwrap_err();
+    assert!(err.0.contains("already has an IKE SA"), "{err}");
+    assert!(p.a.import(p.now, &snap).is_err());
+    // Another connection address, another format.
+    let mut moved = p.a.conns[0].clone();
+    moved.local = "192.0.2.9".parse().unwrap();
+    let mut e = Ike::new(vec![moved], Ports::default());
+    assert!(e.import(p.now, &snap).unwrap_err().0.contains("192.0.2.9"));
+    let mut future = snap.clone();
+    future.version = 2;
+    let mut e = Ike::new(p.a.conns.clone(), Ports::default());
+    assert!(e
+        .import(p.now, &future)
+        .unwrap_err()
+        .0
+        .contains("version 2"));
+    assert!(e.status().is_empty() && e.poll_transmit().is_none());
+}
+
+#[test]
+fn a_snapshot_never_shows_its_keys_and_survives_json() {
+    let mut p = Pair::psk("aes256-sha256-modp2048", "aes256-sha256");
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let snap = p.a.export(p.now).remove(0);
+    let json = serde_json::to_string(&snap).unwrap();
+    let back: IkeSnapshot = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, snap);
+    let debug = format!("{snap:?} {snap:#?}");
+    let ha = only_sa(&p.a);
+    let sa = &p.a.sas[ha];
+    let keys = sa.sk_keys.as_ref().unwrap();
+    for k in [
+        &sa.sk_d, &sa.sk_pi, &sa.sk_pr, &keys.ei, &keys.er, &keys.ai, &keys.ar,
+    ] {
+        assert!(k.len() >= 16);
+        let hex = hex::encode(&k[..]);
+        assert!(json.contains(&hex), "the JSON carries the key");
+        assert!(!debug.contains(&hex), "{debug}");
+        let bytes = format!("{:?}", &k[..4]);
+        assert!(!debug.contains(bytes.trim_end_matches(']')), "{debug}");
+    }
+    assert!(debug.contains("not shown"));
+    assert!(debug.contains("aes256-sha256"));
+}
+
+#[test]
+fn the_export_generation_follows_what_is_exported() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    assert!(p.a.export(p.now).is_empty());
+    let g0 = p.a.export_generation();
+    // IKE_SA_INIT done, IKE_AUTH on its way: nothing to export yet.
+    p.a.initiate(p.now, "c").unwrap();
+    let t = p.a.poll_transmit().unwrap();
+    p.b.handle(p.now, t.remote, t.local, &t.data);
+    let t = p.b.poll_transmit().unwrap();
+    p.a.handle(p.now, t.remote, t.local, &t.data);
+    assert_eq!(p.a.status()[0].state, "connecting");
+    assert!(p.a.export(p.now).is_empty() && p.b.export(p.now).is_empty());
+    assert_eq!(p.a.export_generation(), g0);
+    p.run();
+    assert_eq!(established(&p.a), 1);
+    let g1 = p.a.export_generation();
+    assert!(g1 > g0);
+    assert_eq!(p.a.export(p.now).len(), 1);
+    // Time alone changes nothing; an exchange moves a message ID.
+    p.advance(Duration::from_secs(30));
+    assert_eq!(p.a.export_generation(), g1);
+    run_task(&mut p, false, Task::Dpd);
+    let g2 = p.a.export_generation();
+    assert!(g2 > g1);
+    let snap = p.a.export(p.now).remove(0);
+    assert_eq!(snap.next_in_id, 1);
+    // A child rekey, an IKE SA rekey, the end: each shows.
+    let spi = p.a.sas[only_sa(&p.a)].children[0].spi_in;
+    run_task(&mut p, true, Task::RekeyChild(spi));
+    let g3 = p.a.export_generation();
+    assert!(g3 > g2);
+    run_task(&mut p, true, Task::RekeyIke);
+    let g4 = p.a.export_generation();
+    assert!(g4 > g3);
+    assert_ne!(p.a.export(p.now)[0].spi_i, snap.spi_i);
+    p.a.terminate(p.now, "c").unwrap();
+    p.run();
+    assert!(p.a.export_generation() > g4);
+    assert!(p.a.export(p.now).is_empty());
+}
+
+#[test]
+fn the_inbound_sa_a_rekey_left_behind_is_removed_after_a_takeover() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let spi = p.a.sas[only_sa(&p.a)].children[0].spi_in;
+    run_task(&mut p, true, Task::RekeyChild(spi));
+    // The old child is deleted; its inbound SA lingers in the data plane.
+    assert_eq!(p.pa.sas.len(), 3, "{:?}", p.pa.log);
+    let snap = p.a.export(p.now).remove(0);
+    assert_eq!(snap.children.len(), 1);
+    take_over(&mut p, &snap);
+    p.run();
+    p.advance(Duration::from_secs(2));
+    assert_eq!(p.pa.sas.len(), 2, "{:?}", p.pa.log);
+    assert!(!p.pa.sas.contains_key(&(false, spi)));
+    p.assert_matched();
+    assert!(!p.a.child_spis.contains(&spi));
+}
+
+#[test]
+fn a_held_outbound_sa_of_a_rekey_we_answered_is_installed_after_a_takeover() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    // B rekeys; A answers and holds its new outbound SA back until B
+    // deletes the old child. A dies before that Delete arrives.
+    let hb = only_sa(&p.b);
+    let spi = p.b.sas[hb].children[0].spi_in;
+    p.b.sas[hb].tasks.push_back(Task::RekeyChild(spi));
+    p.b.kick_now(hb, p.now);
+    let req = p.b.poll_transmit().unwrap();
+    p.a.handle(p.now, req.remote, req.local, &req.data);
+    apply(&mut p.a, &mut p.pa);
+    let resp = p.a.poll_transmit().unwrap();
+    let snap = p.a.export(p.now).remove(0);
+    assert_eq!(snap.children.len(), 2);
+    assert_eq!(
+        snap.children.iter().filter(|c| c.holds_outbound()).count(),
+        1
+    );
+    take_over(&mut p, &snap);
+    p.b.handle(p.now, resp.remote, resp.local, &resp.data);
+    p.run();
+    p.advance(Duration::from_secs(2));
+    assert_eq!(p.b.counter(IkeEvent::ChildRekeys), 1);
+    p.assert_matched();
+    assert_eq!(p.pa.sas.len(), 2, "{:?}", p.pa.log);
+    assert_eq!(p.pb.sas.len(), 2, "{:?}", p.pb.log);
+    assert_eq!(child_counts(&p.a), vec![1]);
+}
