@@ -16,7 +16,7 @@ use std::time::Duration;
 
 impl Control {
     /// The agent's update: plan, leader, the others' checkpoints.
-    pub(super) fn cluster_update(&self, u: ClusterUpdate) -> Response {
+    pub(super) fn cluster_update(&self, mut u: ClusterUpdate) -> Response {
         if self.cluster_name.is_none() {
             return Response::error("this gateway is not a cluster node (no [cluster] table)");
         }
@@ -31,6 +31,9 @@ impl Control {
         let mut shared_lines = Vec::new();
         if let Some(i) = &self.ike {
             let mut d = locked(i);
+            if let Some(list) = u.ike.take() {
+                d.seen_ike(list);
+            }
             let kick = d.set_leader(u.leader, now);
             if let (Some(list), Some(c)) = (&u.sas, d.cluster()) {
                 let mut guards = super::ike::lock_all(&self.engines);
@@ -107,6 +110,7 @@ impl Control {
             p + o
         });
         let mut d = locked(i);
+        let (ike_generation, ike) = d.export_ike(now);
         let Some(c) = d.cluster() else {
             return Response::error("this gateway is not a cluster node");
         };
@@ -118,7 +122,10 @@ impl Control {
                 return Response::error(err);
             }
         }
-        Response::ClusterSas(c.shared.export())
+        let mut out = c.shared.export();
+        out.generation += ike_generation;
+        out.ike = ike;
+        Response::ClusterSas(out)
     }
 
     /// An SA's packets (processed, observed) from the workers' counters.

@@ -9,9 +9,11 @@ use crate::ratelimit::RateLimiter;
 use crate::sockets::UdpSock;
 use crate::worker::lock;
 use anyhow::{Context, Result};
+use espgate_api::cluster::SharedIke;
 use espgate_api::ike::{ChildSaStatus, IkeDoc, IkeOpCost, IkeSaStatus};
 use espgate_config::LoadedConfig;
 use espgate_core::gateway::{del_sa_all, install_negotiated_all, Engine, NegotiatedSa};
+use espgate_ike::engine::IkeSnapshot;
 use espgate_ike::engine::{CommandError, Event, Ike, IkeOp, IkeStatus, Level, Ports};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -46,6 +48,9 @@ pub struct ClusterIke {
     pub shared: SharedSas,
     /// IKE datagrams left because another node leads.
     ignored: u64,
+    /// The leader's IKE SAs as etcd last held them (from the agent): what
+    /// this node continues if it becomes the leader.
+    seen: Vec<SharedIke>,
 }
 
 /// One log line per kind (its first 48 bytes) per second.
@@ -126,6 +131,7 @@ impl IkeDriver {
                 active: false,
                 shared: SharedSas::new(c.node),
                 ignored: 0,
+                seen: Vec::new(),
             }),
         }))
     }
@@ -146,9 +152,10 @@ impl IkeDriver {
     }
 
     /// The cluster agent named the leader: IKE runs here only while this
-    /// node leads. A node that takes over re-establishes the connections
-    /// whose SAs it installed from etcd (the old leader's IKE SAs are not
-    /// carried over: docs/CLUSTER.md §8). True when IKE has work now.
+    /// node leads. A node that takes over continues the previous leader's
+    /// IKE SAs from their state in etcd, and re-establishes the other
+    /// connections whose SAs it installed from etcd (docs/CLUSTER.md §8).
+    /// True when IKE has work now.
     pub fn set_leader(&mut self, leader: Option<u16>, now: Duration) -> bool {
         let Some(c) = self.cluster.as_mut() else {
             return false;
@@ -161,14 +168,42 @@ impl IkeDriver {
         c.active = lead;
         if !lead {
             tracing::warn!(
-                "cluster: node {me} no longer leads ({}): its IKE stops answering; the                  leader's IKE runs the tunnels",
+                "cluster: node {me} no longer leads ({}): its IKE stops answering; the \
+                 leader's IKE runs the tunnels",
                 leader.map_or("no leader".to_string(), |l| format!("node {l} leads"))
             );
             return false;
         }
-        let again = c.shared.imported_conns();
+        let mut again = c.shared.imported_conns();
+        let seen = std::mem::take(&mut c.seen);
+        // Continue the previous leader's IKE SAs where their state is in
+        // etcd; negotiate anew for the others.
+        let mut continued = Vec::new();
+        for s in seen.iter().filter(|s| s.owner != me) {
+            let r = serde_json::from_str::<IkeSnapshot>(&s.state)
+                .map_err(|e| format!("its state does not parse: {e}"))
+                .and_then(|snap| self.ike.import(now, &snap).map_err(|e| e.to_string()));
+            match r {
+                Ok(()) => continued.push(s.conn.clone()),
+                Err(e) => tracing::warn!(
+                    "cluster: connection \"{}\": the previous leader's IKE SA cannot be \
+                     continued ({e}); negotiating a new one",
+                    s.conn
+                ),
+            }
+        }
+        again.retain(|n| !continued.contains(n));
+        self.to_start.retain(|n| !continued.contains(n));
         tracing::info!(
-            "cluster: node {me} leads: IKE runs here{}",
+            "cluster: node {me} leads: IKE runs here{}{}",
+            if continued.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; continuing the previous leader's IKE SA of {}",
+                    continued.join(", ")
+                )
+            },
             if again.is_empty() {
                 String::new()
             } else {
@@ -185,6 +220,40 @@ impl IkeDriver {
         }
         self.start(now);
         true
+    }
+
+    /// The leader's IKE SAs as etcd holds them (the agent's update).
+    pub fn seen_ike(&mut self, list: Vec<SharedIke>) {
+        if let Some(c) = self.cluster.as_mut() {
+            c.seen = list;
+        }
+    }
+
+    /// What the leader's agent publishes of this node's IKE: the IKE SAs'
+    /// state (none unless this node leads) and a generation that grows
+    /// when it changes.
+    pub fn export_ike(&self, now: Duration) -> (u64, Vec<SharedIke>) {
+        let Some(c) = self.cluster.as_ref().filter(|c| c.active) else {
+            return (0, Vec::new());
+        };
+        let me = c.shared.node();
+        let list = self
+            .ike
+            .export(now)
+            .into_iter()
+            .filter_map(|snap| match serde_json::to_string(&snap) {
+                Ok(state) => Some(SharedIke {
+                    conn: snap.conn.clone(),
+                    owner: me,
+                    state,
+                }),
+                Err(e) => {
+                    tracing::warn!("cluster: encoding the IKE SA of \"{}\": {e}", snap.conn);
+                    None
+                }
+            })
+            .collect();
+        (self.ike.export_generation(), list)
     }
 
     /// Initiates the `start_action = "start"` connections (once).
