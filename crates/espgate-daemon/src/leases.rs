@@ -141,7 +141,15 @@ impl SeqStore {
             spi: cfg.spi,
             connection: connection.to_string(),
         };
-        r.extend(start)?;
+        r.extend(start).with_context(|| {
+            format!(
+                "reserving sequence numbers of {} SA {:#010x} (connection \"{connection}\") in \
+                 state file {}",
+                cfg.protocol.name().to_uppercase(),
+                cfg.spi,
+                r.path().display()
+            )
+        })?;
         Ok((start, r))
     }
 }

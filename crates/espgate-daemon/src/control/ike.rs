@@ -419,16 +419,12 @@ impl IkeDriver {
         }
     }
 
-    /// Rate limit, per connection and kind of message (its first 48
-    /// bytes): `Some(suppressed since the last line)` if this line may be
-    /// written now.
+    /// Rate limit, per connection and kind of message
+    /// ([`message_kind`]): `Some(suppressed since the last line)` if this
+    /// line may be written now.
     fn may_log(&mut self, conn: &str, message: &str, now: Duration) -> Option<u64> {
-        let mut end = message.len().min(48);
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
         self.log_limit
-            .check(format!("{conn}{}", &message[..end]), now)
+            .check(format!("{conn}{}", message_kind(message)), now)
     }
 
     /// When the engine next needs [`IkeDriver::pump`] without input.
@@ -494,6 +490,26 @@ impl IkeDriver {
     }
 }
 
+/// The kind of a log message, for the rate limit: its first words, with
+/// every word that holds a digit (an address, a port, an SPI, a count)
+/// made one placeholder. A flood of IKE_SA_INIT from spoofed addresses so
+/// writes one line a second, not one per address.
+fn message_kind(message: &str) -> String {
+    let mut kind = String::with_capacity(64);
+    for w in message.split_whitespace() {
+        if kind.len() >= 48 {
+            break;
+        }
+        if w.bytes().any(|b| b.is_ascii_digit()) {
+            kind.push('#');
+        } else {
+            kind.push_str(w);
+        }
+        kind.push(' ');
+    }
+    kind
+}
+
 fn sa_status(s: &IkeStatus, now: Duration) -> IkeSaStatus {
     IkeSaStatus {
         connection: s.conn.clone(),
@@ -529,4 +545,43 @@ fn sa_status(s: &IkeStatus, now: Duration) -> IkeSaStatus {
 /// Every worker's engine, locked (worker 0 first).
 pub fn lock_all(engines: &[Mutex<Engine>]) -> Vec<MutexGuard<'_, Engine>> {
     engines.iter().map(lock).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_that_differ_only_in_addresses_are_one_kind() {
+        let a =
+            message_kind("IKE_SA_INIT from 198.51.100.7:500: no connection has this peer address");
+        let b = message_kind(
+            "IKE_SA_INIT from 203.0.113.250:4500: no connection has this peer address",
+        );
+        assert_eq!(a, b);
+        assert_ne!(
+            a,
+            message_kind("IKE_SA_INIT from 198.51.100.7:500: bad syntax")
+        );
+        assert_eq!(
+            message_kind("SPI 0x00001001 unknown"),
+            message_kind("SPI 0xdeadbeef unknown")
+        );
+        // A flood from 100,000 spoofed sources within one period: one line.
+        let mut limit = RateLimiter::new(LOG_PERIOD);
+        let written = (0..100_000u32)
+            .filter(|i| {
+                let m = format!(
+                    "IKE_SA_INIT from 10.{}.{}.{}:500: no connection has this peer address",
+                    i >> 16,
+                    (i >> 8) & 255,
+                    i & 255
+                );
+                limit
+                    .check(message_kind(&m), Duration::from_millis(500))
+                    .is_some()
+            })
+            .count();
+        assert_eq!(written, 1);
+    }
 }

@@ -24,10 +24,14 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::watch;
 use zeroize::Zeroizing;
 
-/// Clients served at once.
-pub const MAX_CLIENTS: usize = 16;
+/// Clients served at once (more wait in the listen backlog).
+pub const MAX_CLIENTS: usize = 64;
 /// How long a client may take, from connecting to its last answer.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may stay silent, after connecting or after an
+/// answer, before it is closed: a few idle connections must not hold the
+/// slots an operator's `espgate status` needs.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Fails if a daemon answers on `path`; removes a stale socket file left
 /// by a daemon that died. Refuses to touch anything that is not a socket.
@@ -173,10 +177,13 @@ async fn client(stream: tokio::net::UnixStream, ctl: &Control) -> io::Result<()>
     let mut rd = BufReader::new(rd);
     loop {
         let mut line = Zeroizing::new(Vec::new());
-        let n = (&mut rd)
-            .take(MAX_REQUEST as u64 + 1)
-            .read_until(b'\n', &mut line)
-            .await?;
+        let mut limited = (&mut rd).take(MAX_REQUEST as u64 + 1);
+        let read = limited.read_until(b'\n', &mut line);
+        let Ok(n) = tokio::time::timeout(IDLE_TIMEOUT, read).await else {
+            tracing::debug!("control client: silent for {IDLE_TIMEOUT:?}; closed");
+            return Ok(());
+        };
+        let n = n?;
         if n == 0 {
             return Ok(());
         }

@@ -435,6 +435,25 @@ mod socket {
     }
 
     #[test]
+    fn more_silent_clients_than_slots_do_not_lock_out_the_operator() {
+        let path = temp_sock();
+        let sock = ControlSocket::bind(&path).unwrap();
+        let (ctl, _, _) = site_a(1);
+        let p = path.clone();
+        let ok = serving(sock, ctl, || {
+            // More idle connections than there are slots: each is closed
+            // after IDLE_TIMEOUT, so the operator waits at most that long
+            // (before, the slots stayed taken for CLIENT_TIMEOUT, 10 s).
+            let _silent: Vec<UnixStream> = (0..super::server::MAX_CLIENTS + 20)
+                .map(|_| UnixStream::connect(&p).unwrap())
+                .collect();
+            let timeout = super::server::IDLE_TIMEOUT * 2 + Duration::from_secs(1);
+            Client::new(&p, timeout).status().map(|_| ())
+        });
+        assert!(ok.is_ok(), "{ok:?}");
+    }
+
+    #[test]
     fn stale_socket_is_replaced_and_other_files_are_not() {
         let path = temp_sock();
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
