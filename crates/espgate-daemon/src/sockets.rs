@@ -188,6 +188,13 @@ impl UdpSock {
         sys::send_to(self.fd.as_fd(), payload, dst, Some(tos), self.v6)
     }
 
+    /// Sends `payload` to `dst` from the local address `src` (IKE answers
+    /// leave from the address their request was sent to; see
+    /// [`sys::send_from`]).
+    pub fn send_from(&self, payload: &[u8], src: IpAddr, dst: SocketAddr) -> io::Result<usize> {
+        sys::send_from(self.fd.as_fd(), payload, src, dst, self.v6)
+    }
+
     /// Asks the kernel to coalesce received datagrams (`UDP_GRO`); [`recv`]
     /// then reports the segment size in `RecvMeta::gro_size`. False when
     /// the kernel refuses.

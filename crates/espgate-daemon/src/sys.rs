@@ -269,6 +269,69 @@ pub fn send_iov(
     }
 }
 
+/// [`send_to`] from the source address `src` (`IP_PKTINFO` /
+/// `IPV6_PKTINFO`), so that an answer leaves from the address its request
+/// was sent to rather than from whichever address the route to the
+/// sender prefers (RFC 7296 §2.11: IKE answers come from the address the
+/// request went to). An unspecified `src` lets the kernel choose. For
+/// the control path (IKE): nix builds the control message in a `Vec`.
+pub fn send_from(
+    fd: BorrowedFd<'_>,
+    data: &[u8],
+    src: IpAddr,
+    dst: SocketAddr,
+    v6_socket: bool,
+) -> io::Result<usize> {
+    let src = src.to_canonical();
+    if src.is_unspecified() {
+        return send_to(fd, data, dst, None, v6_socket);
+    }
+    let to = match dst {
+        SocketAddr::V4(a) if v6_socket => {
+            SocketAddr::V6(SocketAddrV6::new(a.ip().to_ipv6_mapped(), a.port(), 0, 0))
+        }
+        d => d,
+    };
+    let addr = SockaddrStorage::from(to);
+    let iov = [io::IoSlice::new(data)];
+    let sent = match (src, dst.ip().to_canonical()) {
+        (IpAddr::V4(s), IpAddr::V4(_)) => {
+            let info = libc::in_pktinfo {
+                ipi_ifindex: 0,
+                ipi_spec_dst: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(s.octets()),
+                },
+                ipi_addr: libc::in_addr { s_addr: 0 },
+            };
+            nix::sys::socket::sendmsg(
+                fd.as_raw_fd(),
+                &iov,
+                &[nix::sys::socket::ControlMessage::Ipv4PacketInfo(&info)],
+                MsgFlags::empty(),
+                Some(&addr),
+            )
+        }
+        (IpAddr::V6(s), IpAddr::V6(_)) => {
+            let info = libc::in6_pktinfo {
+                ipi6_addr: libc::in6_addr {
+                    s6_addr: s.octets(),
+                },
+                ipi6_ifindex: 0,
+            };
+            nix::sys::socket::sendmsg(
+                fd.as_raw_fd(),
+                &iov,
+                &[nix::sys::socket::ControlMessage::Ipv6PacketInfo(&info)],
+                MsgFlags::empty(),
+                Some(&addr),
+            )
+        }
+        // Families that differ: no source to set.
+        _ => return send_to(fd, data, dst, None, v6_socket),
+    };
+    sent.map_err(io::Error::from)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,6 +353,27 @@ mod tests {
                 }
                 _ => assert_eq!(back, a),
             }
+        }
+    }
+
+    /// An answer sent with `send_from` leaves from the address asked for,
+    /// not from the one the route prefers (loopback: 127.0.0.2 is local
+    /// but the route to 127.0.0.1 prefers 127.0.0.1).
+    #[test]
+    fn send_from_sets_the_source_address() {
+        let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let tx = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        let to = rx.local_addr().unwrap();
+        let mut buf = [0u8; 16];
+        for src in ["127.0.0.2", "0.0.0.0"] {
+            let n = send_from(tx.as_fd(), b"ike", src.parse().unwrap(), to, false).unwrap();
+            assert_eq!(n, 3);
+            let (n, from) = rx.recv_from(&mut buf).unwrap();
+            assert_eq!(&buf[..n], b"ike");
+            let want = if src == "0.0.0.0" { "127.0.0.1" } else { src };
+            assert_eq!(from.ip().to_string(), want);
         }
     }
 

@@ -401,13 +401,15 @@ impl IkeDriver {
         // the new SAs at once, and the data plane must know them by then
         // (the workers run beside this thread).
         while let Some(t) = self.ike.poll_transmit() {
+            // From the address the peer sent to (or that the
+            // connection names), not whichever the route prefers.
             let r = if t.local.port() == self.ports.ike {
-                self.sock.send(&t.data, t.remote, 0)
+                self.sock.send_from(&t.data, t.local.ip(), t.remote)
             } else if let Some(u) = &self.nat_t {
                 let mut d = Vec::with_capacity(t.data.len() + 4);
                 d.extend_from_slice(&[0; 4]);
                 d.extend_from_slice(&t.data);
-                u.send(&d, t.remote, 0)
+                u.send_from(&d, t.local.ip(), t.remote)
             } else {
                 Err(std::io::Error::other(
                     "no NAT-T socket (gateway.encap is not udp)",
