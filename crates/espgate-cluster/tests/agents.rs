@@ -729,6 +729,21 @@ fn etcd_entries(etcd: &Etcd, prefix: &str) -> Vec<(String, String, i64)> {
     })
 }
 
+/// Three nodes of cluster `name` with the cluster key, fake daemons and
+/// their agents, once the plan names all three: (configurations, fakes,
+/// agents, the leader).
+fn three_keyed(etcd: &Etcd, name: &str) -> (Vec<Cluster>, [Arc<Fake>; 3], Vec<Agent>, u16) {
+    let c: Vec<Cluster> = (1..=3).map(|n| keyed(etcd, name, n)).collect();
+    let fakes = [Fake::new(1, true), Fake::new(2, true), Fake::new(3, true)];
+    let agents: Vec<Agent> = c
+        .iter()
+        .zip(&fakes)
+        .map(|(c, f)| Agent::start_with(c, f.clone()).expect("starting an agent"))
+        .collect();
+    let v = wait_for_plan(&c[0], &[1, 2, 3], Duration::from_secs(10));
+    (c, fakes, agents, v.leader.unwrap())
+}
+
 /// The shared SAs of `f`'s latest update, if it carried them.
 fn last_sas(f: &Fake) -> Option<Vec<SharedSa>> {
     f.last().and_then(|u| u.sas)
@@ -738,15 +753,7 @@ fn last_sas(f: &Fake) -> Option<Vec<SharedSa>> {
 fn the_leaders_sas_reach_every_node_encrypted_and_are_shared_when_ready() {
     logs();
     let etcd = Etcd::start();
-    let c: Vec<Cluster> = (1..=3).map(|n| keyed(&etcd, "sas", n)).collect();
-    let fakes = [Fake::new(1, true), Fake::new(2, true), Fake::new(3, true)];
-    let agents: Vec<Agent> = c
-        .iter()
-        .zip(&fakes)
-        .map(|(c, f)| Agent::start_with(c, f.clone()).expect("starting an agent"))
-        .collect();
-    let v = wait_for_plan(&c[0], &[1, 2, 3], Duration::from_secs(10));
-    let leader = v.leader.unwrap();
+    let (c, fakes, agents, leader) = three_keyed(&etcd, "sas");
     let lf = &fakes[usize::from(leader - 1)];
     let followers: Vec<&Arc<Fake>> = fakes.iter().filter(|f| f.id != leader).collect();
     // With a key, every update carries the list (empty so far).
@@ -934,15 +941,7 @@ fn etcd_names(etcd: &Etcd, prefix: &str) -> Vec<String> {
 fn the_leaders_ike_state_reaches_every_node_sealed_and_goes_when_dropped() {
     logs();
     let etcd = Etcd::start();
-    let c: Vec<Cluster> = (1..=3).map(|n| keyed(&etcd, "ike", n)).collect();
-    let fakes = [Fake::new(1, true), Fake::new(2, true), Fake::new(3, true)];
-    let agents: Vec<Agent> = c
-        .iter()
-        .zip(&fakes)
-        .map(|(c, f)| Agent::start_with(c, f.clone()).expect("starting an agent"))
-        .collect();
-    let v = wait_for_plan(&c[0], &[1, 2, 3], Duration::from_secs(10));
-    let leader = v.leader.unwrap();
+    let (c, fakes, agents, leader) = three_keyed(&etcd, "ike");
     let lf = &fakes[usize::from(leader - 1)];
     let followers: Vec<&Arc<Fake>> = fakes.iter().filter(|f| f.id != leader).collect();
     let told = |what: &str, want: &[SharedIke]| {
