@@ -753,7 +753,7 @@ fn last_sas(f: &Fake) -> Option<Vec<SharedSa>> {
 fn the_leaders_sas_reach_every_node_encrypted_and_are_shared_when_ready() {
     logs();
     let etcd = Etcd::start();
-    let (c, fakes, agents, leader) = three_keyed(&etcd, "sas");
+    let (_c, fakes, agents, leader) = three_keyed(&etcd, "sas");
     let lf = &fakes[usize::from(leader - 1)];
     let followers: Vec<&Arc<Fake>> = fakes.iter().filter(|f| f.id != leader).collect();
     // With a key, every update carries the list (empty so far).
@@ -941,7 +941,7 @@ fn etcd_names(etcd: &Etcd, prefix: &str) -> Vec<String> {
 fn the_leaders_ike_state_reaches_every_node_sealed_and_goes_when_dropped() {
     logs();
     let etcd = Etcd::start();
-    let (c, fakes, agents, leader) = three_keyed(&etcd, "ike");
+    let (_c, fakes, agents, leader) = three_keyed(&etcd, "ike");
     let lf = &fakes[usize::from(leader - 1)];
     let followers: Vec<&Arc<Fake>> = fakes.iter().filter(|f| f.id != leader).collect();
     let told = |what: &str, want: &[SharedIke]| {
