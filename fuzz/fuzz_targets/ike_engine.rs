@@ -79,6 +79,7 @@ fn conf(local: &str, remote: &str, lts: &str, rts: &str) -> IkeConfig {
             timeout: Duration::from_secs(1),
             base: 2.0,
             tries: 2,
+            limit: Duration::ZERO,
         },
         force_encap: false,
     }

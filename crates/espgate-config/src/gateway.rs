@@ -4,6 +4,7 @@
 use crate::diag::{span, At, Validator};
 use crate::schema::{value, Encapsulation, GatewayTable, LogLevel};
 use espgate_core::selector::Prefix;
+use espgate_ike::engine::{DEFAULT_COOKIE_THRESHOLD, DEFAULT_HALF_OPEN_LIMIT};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -52,6 +53,12 @@ pub struct Gateway {
     /// IKE messages larger than this are sent as RFC 7383 fragments of at
     /// most this many bytes (when the peer supports fragmentation).
     pub ike_fragment_size: usize,
+    /// Half-open IKE SAs (responder) from which on IKE_SA_INIT requests
+    /// must return a COOKIE (RFC 7296 §2.6); 0: always.
+    pub ike_cookie_threshold: usize,
+    /// Half-open IKE SAs (responder) beyond which IKE_SA_INIT requests are
+    /// dropped, cookie or not.
+    pub ike_half_open_limit: usize,
     /// Send and receive buffer size of the outer sockets, bytes.
     pub socket_buffer: usize,
     /// The IP protocol number Q-ESP travels as (`docs/QESP.md` §1;
@@ -94,6 +101,8 @@ impl Gateway {
             cost_accounting: Some(self.cost_accounting),
             batch: int(self.batch as i64),
             ike_fragment_size: int(self.ike_fragment_size as i64),
+            ike_cookie_threshold: int(self.ike_cookie_threshold as i64),
+            ike_half_open_limit: int(self.ike_half_open_limit as i64),
             socket_buffer: int(self.socket_buffer as i64),
             qesp_protocol: int(i64::from(self.qesp_protocol)),
         }
@@ -168,6 +177,20 @@ pub(crate) fn validate(v: &mut Validator, t: Option<&Spanned<GatewayTable>>) -> 
         v.err(
             base.key("ike_fragment_size", span(&g.ike_fragment_size)),
             format!("ike_fragment_size = {ike_fragment_size}: expected 300 to 65000 bytes"),
+        );
+    }
+    let ike_cookie_threshold = int(&g.ike_cookie_threshold, DEFAULT_COOKIE_THRESHOLD as i64);
+    if !(0..=1_000_000).contains(&ike_cookie_threshold) {
+        v.err(
+            base.key("ike_cookie_threshold", span(&g.ike_cookie_threshold)),
+            format!("ike_cookie_threshold = {ike_cookie_threshold}: expected 0 (always) to 1000000 half-open IKE SAs"),
+        );
+    }
+    let ike_half_open_limit = int(&g.ike_half_open_limit, DEFAULT_HALF_OPEN_LIMIT as i64);
+    if !(1..=1_000_000).contains(&ike_half_open_limit) {
+        v.err(
+            base.key("ike_half_open_limit", span(&g.ike_half_open_limit)),
+            format!("ike_half_open_limit = {ike_half_open_limit}: expected 1 to 1000000 half-open IKE SAs"),
         );
     }
     let batch = int(&g.batch, 64);
@@ -299,6 +322,8 @@ pub(crate) fn validate(v: &mut Validator, t: Option<&Spanned<GatewayTable>>) -> 
         cost_accounting: g.cost_accounting.unwrap_or(false),
         batch: batch.clamp(1, 64) as usize,
         ike_fragment_size: ike_fragment_size.clamp(300, 65000) as usize,
+        ike_cookie_threshold: ike_cookie_threshold.clamp(0, 1_000_000) as usize,
+        ike_half_open_limit: ike_half_open_limit.clamp(1, 1_000_000) as usize,
         socket_buffer: socket_buffer.clamp(4096, 1 << 30) as usize,
         qesp_protocol: qesp_protocol.clamp(0, 255) as u8,
     })

@@ -151,6 +151,7 @@ impl IkeSettings {
             }),
             retransmit_timeout: time(self.retransmit.timeout),
             retransmit_tries: Some(value(self.retransmit.tries.into())),
+            retransmit_limit: time(self.retransmit.limit),
             force_encap: Some(value(self.force_encap)),
             qesp: Some(value(match self.qesp {
                 QespMode::Off => QespName::Off,
@@ -501,10 +502,20 @@ pub(crate) fn settings(
     if retransmit_timeout.is_some_and(|d| d.is_zero()) {
         v.err(
             at.key("retransmit_timeout", span(&r.retransmit_timeout)),
-            "0: a request needs at least 1 second to be answered (default \"4s\")",
+            "0: a request needs at least 1 second to be answered (default \"1s\")",
         );
     }
-    let retransmit_tries = r.retransmit_tries.as_ref().map_or(5, |n| *n.get_ref());
+    let retransmit_limit = dur(
+        v,
+        "retransmit_limit",
+        &r.retransmit_limit,
+        Retransmit::default().limit,
+        3600,
+    );
+    let retransmit_tries = r
+        .retransmit_tries
+        .as_ref()
+        .map_or(i64::from(Retransmit::default().tries), |n| *n.get_ref());
     if !(0..=20).contains(&retransmit_tries) {
         v.err(
             at.key("retransmit_tries", span(&r.retransmit_tries)),
@@ -553,6 +564,7 @@ pub(crate) fn settings(
         retransmit: Retransmit {
             timeout: retransmit_timeout?,
             tries: retransmit_tries as u32,
+            limit: retransmit_limit?,
             ..Retransmit::default()
         },
         force_encap,
@@ -943,9 +955,10 @@ remote_ts = ["10.2.0.0/16"]
         assert_eq!(
             s.retransmit,
             Retransmit {
-                timeout: Duration::from_secs(4),
+                timeout: Duration::from_secs(1),
                 base: 1.8,
-                tries: 5
+                tries: 7,
+                limit: Duration::from_secs(8),
             }
         );
         assert!(s.force_encap, "encap defaults to udp");

@@ -108,6 +108,10 @@ pub struct GatewayTable {
     pub batch: Option<Spanned<i64>>,
     /// Largest IKE fragment.
     pub ike_fragment_size: Option<Spanned<i64>>,
+    /// Half-open IKE SAs before cookies are demanded.
+    pub ike_cookie_threshold: Option<Spanned<i64>>,
+    /// Most half-open IKE SAs.
+    pub ike_half_open_limit: Option<Spanned<i64>>,
     /// Outer socket buffer size.
     pub socket_buffer: Option<Spanned<i64>>,
     /// IP protocol number of Q-ESP.
@@ -313,6 +317,8 @@ pub struct IkeTable {
     pub retransmit_timeout: Option<Spanned<Scalar>>,
     /// Retransmissions before giving up.
     pub retransmit_tries: Option<Spanned<i64>>,
+    /// Longest wait between two retransmissions.
+    pub retransmit_limit: Option<Spanned<Scalar>>,
     /// Pretend a NAT so that ESP is UDP-encapsulated.
     pub force_encap: Option<Spanned<bool>>,
     /// Negotiate Q-ESP child SAs: `off`, `prefer` or `require`.

@@ -1,15 +1,18 @@
-//! The data plane's per-packet socket calls: `recvmsg` with the ancillary
-//! data we ask for (destination address, TOS / traffic class, UDP GRO
-//! segment size) and `sendmsg` with a TOS and a UDP GSO segment size; plus
-//! the socket buffer sizes.
+//! The data plane's per-packet socket calls: `recvmsg` and `recvmmsg`
+//! with the ancillary data we ask for (destination address, TOS / traffic
+//! class, UDP GRO segment size) and `sendmsg` with a TOS and a UDP GSO
+//! segment size; plus the socket buffer sizes.
 //!
 //! # Crate choices
 //!
-//! - Receiving goes through `nix`'s `recvmsg`, whose `ControlMessageOwned`
-//!   decodes `IP_PKTINFO`, `IPV6_PKTINFO`, `IP_TOS`, `IPV6_TCLASS` and
-//!   `UDP_GRO`; `rustix` 1.1 only decodes `SCM_RIGHTS` and
-//!   `SCM_CREDENTIALS`. Its control buffer is a slice, so ours lives on the
-//!   stack: nothing is allocated per packet.
+//! - Receiving is hand-written over `libc::recvmsg` and `libc::recvmmsg`
+//!   (a batch of datagrams per call, [`RecvBatch`]), with one parser of
+//!   the control messages (`IP_PKTINFO`, `IPV6_PKTINFO`, `IP_TOS`,
+//!   `IPV6_TCLASS`, `UDP_GRO`) for both. `nix` 0.31's `recvmmsg` reuses
+//!   headers whose lengths the kernel has shrunk (see [`RecvBatch`]), and
+//!   `rustix` 1.1 has no `recvmmsg` and decodes only `SCM_RIGHTS` and
+//!   `SCM_CREDENTIALS`. The buffers are allocated once; nothing is
+//!   allocated per packet.
 //! - Sending stays one hand-written `sendmsg` (the only `unsafe` outside
 //!   the tests, which check the layout against libc's `CMSG_*` macros):
 //!   `nix` 0.31's `sendmsg` allocates its control-message buffer (a `Vec`)
@@ -23,9 +26,7 @@
 //! - Socket options, socket creation and `bind` are `rustix` or `nix`
 //!   calls made by the callers ([`crate::sockets`]).
 
-use nix::sys::socket::{
-    self as nsock, ControlMessageOwned, MsgFlags, SockaddrLike, SockaddrStorage,
-};
+use nix::sys::socket::{MsgFlags, SockaddrLike, SockaddrStorage};
 use std::io;
 use std::mem::{offset_of, size_of};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -88,10 +89,112 @@ pub struct RecvMeta {
 /// header, with margin.
 const CMSG_BUF: usize = 256;
 
-/// The receive control buffer, aligned for `struct cmsghdr` (`nix` reads
-/// the headers in place).
+/// A receive control buffer, aligned for `struct cmsghdr` (the kernel
+/// writes the headers in place and we read them there).
 #[repr(C, align(8))]
+#[derive(Clone, Copy)]
 struct RecvCmsgBuf([u8; CMSG_BUF]);
+
+/// What the kernel wrote for one received datagram: its length, flags,
+/// sender and control messages, read into a [`RecvMeta`]. `Err` if the
+/// datagram was longer than its buffer (`MSG_TRUNC`).
+fn meta_of(
+    hdr: &libc::msghdr,
+    name: &libc::sockaddr_storage,
+    bytes: usize,
+) -> io::Result<(usize, RecvMeta)> {
+    if hdr.msg_flags & libc::MSG_TRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "datagram larger than the receive buffer",
+        ));
+    }
+    let namelen = hdr.msg_namelen.min(size_of::<libc::sockaddr_storage>() as u32);
+    // SAFETY: `name` is a whole `sockaddr_storage` the kernel filled in,
+    // of which `namelen` bytes are the address.
+    let src = unsafe {
+        SockaddrStorage::from_raw(
+            std::ptr::from_ref(name).cast::<libc::sockaddr>(),
+            Some(namelen),
+        )
+    };
+    let mut meta = RecvMeta {
+        src: src.as_ref().and_then(std_addr),
+        dst: None,
+        tos: None,
+        gro_size: None,
+    };
+    // With `MSG_CTRUNC` (which `CMSG_BUF` rules out) the messages that
+    // fit are still whole; the walk below reads only those.
+    //
+    // SAFETY: `hdr.msg_control` points to our aligned control buffer of
+    // `hdr.msg_controllen` bytes (the length the kernel wrote); the
+    // `CMSG_*` macros stay within it and every read is unaligned-safe and
+    // bounded by the message's own length.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(hdr);
+        while !c.is_null() {
+            let (level, ty) = ((*c).cmsg_level, (*c).cmsg_type);
+            let data = libc::CMSG_DATA(c);
+            let len = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize);
+            let int = || (len >= 4).then(|| data.cast::<libc::c_int>().read_unaligned());
+            match (level, ty) {
+                (libc::SOL_IP, libc::IP_PKTINFO) if len >= size_of::<libc::in_pktinfo>() => {
+                    let p = data.cast::<libc::in_pktinfo>().read_unaligned();
+                    meta.dst = Some(IpAddr::V4(Ipv4Addr::from(p.ipi_addr.s_addr.to_ne_bytes())));
+                }
+                (libc::SOL_IPV6, libc::IPV6_PKTINFO)
+                    if len >= size_of::<libc::in6_pktinfo>() =>
+                {
+                    let p = data.cast::<libc::in6_pktinfo>().read_unaligned();
+                    let a = Ipv6Addr::from(p.ipi6_addr.s6_addr);
+                    // IP_PKTINFO, when also present, says the same.
+                    if meta.dst.is_none() {
+                        meta.dst = Some(match a.to_ipv4_mapped() {
+                            Some(v4) => IpAddr::V4(v4),
+                            None => IpAddr::V6(a),
+                        });
+                    }
+                }
+                // IP_TOS comes as one byte; IPV6_TCLASS as an int.
+                (libc::SOL_IP, libc::IP_TOS) if len >= 1 => meta.tos = Some(*data),
+                (libc::SOL_IPV6, libc::IPV6_TCLASS) => {
+                    meta.tos = int().map(|t| t as u8);
+                }
+                (libc::SOL_UDP, libc::UDP_GRO) => {
+                    meta.gro_size = int().and_then(|g| u16::try_from(g).ok()).filter(|&g| g > 0);
+                }
+                _ => {}
+            }
+            c = libc::CMSG_NXTHDR(hdr, c);
+        }
+    }
+    Ok((bytes, meta))
+}
+
+/// A `msghdr` for receiving into `iov`, the sender into `name` and the
+/// control messages into `cmsg`.
+fn recv_hdr(
+    iov: &mut libc::iovec,
+    name: &mut libc::sockaddr_storage,
+    cmsg: &mut RecvCmsgBuf,
+) -> libc::msghdr {
+    libc::msghdr {
+        msg_name: std::ptr::from_mut(name).cast(),
+        msg_namelen: size_of::<libc::sockaddr_storage>() as u32,
+        msg_iov: iov,
+        msg_iovlen: 1,
+        msg_control: cmsg.0.as_mut_ptr().cast(),
+        msg_controllen: CMSG_BUF,
+        msg_flags: 0,
+    }
+}
+
+/// An all-zero `sockaddr_storage` (a valid value of the C struct).
+fn no_name() -> libc::sockaddr_storage {
+    // SAFETY: `sockaddr_storage` is plain integers; all zeros is valid.
+    unsafe { std::mem::zeroed() }
+}
 
 /// `recvmsg` into `buf` with `flags` (e.g. `MSG_DONTWAIT`), parsing the
 /// pktinfo, TOS and GRO control messages. A datagram longer than `buf` is
@@ -102,48 +205,114 @@ pub fn recv_meta(
     flags: MsgFlags,
 ) -> io::Result<(usize, RecvMeta)> {
     let mut cbuf = RecvCmsgBuf([0; CMSG_BUF]);
-    let mut iov = [io::IoSliceMut::new(buf)];
-    let msg =
-        nsock::recvmsg::<SockaddrStorage>(fd.as_raw_fd(), &mut iov, Some(&mut cbuf.0), flags)?;
-    if msg.flags.contains(MsgFlags::MSG_TRUNC) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "datagram larger than the receive buffer",
-        ));
-    }
-    let mut meta = RecvMeta {
-        src: msg.address.as_ref().and_then(std_addr),
-        dst: None,
-        tos: None,
-        gro_size: None,
+    let mut name = no_name();
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
     };
-    // `Err` only if the control buffer was too small (`MSG_CTRUNC`), which
-    // `CMSG_BUF` rules out: then the datagram has no metadata.
-    for c in msg.cmsgs().into_iter().flatten() {
-        match c {
-            ControlMessageOwned::Ipv4PacketInfo(p) => {
-                meta.dst = Some(IpAddr::V4(Ipv4Addr::from(p.ipi_addr.s_addr.to_ne_bytes())));
-            }
-            ControlMessageOwned::Ipv6PacketInfo(p) => {
-                let a = Ipv6Addr::from(p.ipi6_addr.s6_addr);
-                // IP_PKTINFO, when also present, says the same.
-                if meta.dst.is_none() {
-                    meta.dst = Some(match a.to_ipv4_mapped() {
-                        Some(v4) => IpAddr::V4(v4),
-                        None => IpAddr::V6(a),
-                    });
-                }
-            }
-            // IP_TOS comes as one byte; IPV6_TCLASS as an int.
-            ControlMessageOwned::Ipv4Tos(t) => meta.tos = Some(t),
-            ControlMessageOwned::Ipv6TClass(t) => meta.tos = Some(t as u8),
-            ControlMessageOwned::UdpGroSegments(g) => {
-                meta.gro_size = u16::try_from(g).ok().filter(|&g| g > 0);
-            }
-            _ => {}
+    let mut hdr = recv_hdr(&mut iov, &mut name, &mut cbuf);
+    // SAFETY: `hdr` points to `buf`, `name` and `cbuf`, all live and of
+    // the lengths given, for the duration of the call.
+    let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut hdr, flags.bits()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    meta_of(&hdr, &name, n as usize)
+}
+
+/// Most datagrams one [`RecvBatch::recv`] reads.
+pub const RECV_BATCH_MAX: usize = 32;
+
+/// Buffers for reading many datagrams with one `recvmmsg` call, allocated
+/// once (per worker) and reused: nothing is allocated per call.
+///
+/// Hand-written over `libc::recvmmsg`: `nix` 0.31's `recvmmsg` fills in
+/// its preallocated `MultiHeaders` but never resets `msg_controllen` and
+/// `msg_namelen`, which the kernel overwrites with the lengths it used;
+/// the next call then offers less control space (a datagram that brings
+/// the GRO segment size after one that did not would lose it to
+/// `MSG_CTRUNC` and be read as one large datagram). `rustix` has no
+/// `recvmmsg`. Here every header is built afresh on the stack per call.
+pub struct RecvBatch {
+    bufs: Vec<Box<[u8]>>,
+    names: Box<[libc::sockaddr_storage]>,
+    cmsgs: Box<[RecvCmsgBuf]>,
+    /// Per datagram read by the last call: its length and metadata, or
+    /// `None` if it was longer than its buffer (truncated).
+    got: [Option<(usize, RecvMeta)>; RECV_BATCH_MAX],
+    n: usize,
+}
+
+impl RecvBatch {
+    /// Room for `count` datagrams (at most [`RECV_BATCH_MAX`]) of up to
+    /// `size` bytes each (with UDP GRO on: up to 64 KiB).
+    pub fn new(count: usize, size: usize) -> RecvBatch {
+        let count = count.clamp(1, RECV_BATCH_MAX);
+        RecvBatch {
+            bufs: (0..count).map(|_| vec![0u8; size].into_boxed_slice()).collect(),
+            names: vec![no_name(); count].into_boxed_slice(),
+            cmsgs: vec![RecvCmsgBuf([0; CMSG_BUF]); count].into_boxed_slice(),
+            got: [None; RECV_BATCH_MAX],
+            n: 0,
         }
     }
-    Ok((msg.bytes, meta))
+
+    /// Reads up to the batch's count of datagrams without blocking; the
+    /// number read (`WouldBlock` if none was waiting).
+    pub fn recv(&mut self, fd: BorrowedFd<'_>) -> io::Result<usize> {
+        let count = self.bufs.len();
+        let mut iovs: [libc::iovec; RECV_BATCH_MAX] = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; RECV_BATCH_MAX];
+        // SAFETY: `mmsghdr` is plain data and null pointers; every header
+        // used below is filled in by `recv_hdr`.
+        let mut hdrs: [libc::mmsghdr; RECV_BATCH_MAX] = unsafe { std::mem::zeroed() };
+        let slots = self
+            .bufs
+            .iter_mut()
+            .zip(self.names.iter_mut())
+            .zip(self.cmsgs.iter_mut())
+            .zip(iovs.iter_mut().zip(hdrs.iter_mut()));
+        for (((buf, name), cmsg), (iov, h)) in slots {
+            *iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            h.msg_hdr = recv_hdr(iov, name, cmsg);
+            h.msg_len = 0;
+        }
+        // SAFETY: the first `count` headers point to this batch's buffers,
+        // names and control buffers and to `iovs`, all live and of the
+        // lengths given for the duration of the call.
+        let r = unsafe {
+            libc::recvmmsg(
+                fd.as_raw_fd(),
+                hdrs.as_mut_ptr(),
+                count as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        self.n = 0;
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = (r as usize).min(count);
+        for (i, h) in hdrs[..n].iter().enumerate() {
+            self.got[i] = meta_of(&h.msg_hdr, &self.names[i], h.msg_len as usize).ok();
+        }
+        self.n = n;
+        Ok(n)
+    }
+
+    /// Datagram `i` (below the count the last [`RecvBatch::recv`]
+    /// returned): its bytes and metadata, or `None` if it was truncated
+    /// (longer than its buffer) or `i` is out of range.
+    pub fn get(&self, i: usize) -> Option<(&[u8], RecvMeta)> {
+        let (len, meta) = (*self.got.get(i).filter(|_| i < self.n)?)?;
+        Some((&self.bufs[i][..len], meta))
+    }
 }
 
 /// One `sendmsg` control message with a value of up to four bytes, laid
@@ -410,10 +579,10 @@ mod tests {
                 continue;
             }
             if v6 {
-                nsock::setsockopt(&rx, nsock::sockopt::Ipv6RecvPacketInfo, &true).unwrap();
+                nix::sys::socket::setsockopt(&rx, nix::sys::socket::sockopt::Ipv6RecvPacketInfo, &true).unwrap();
                 sockopt::set_ipv6_recvtclass(&rx, true).unwrap();
             } else {
-                nsock::setsockopt(&rx, nsock::sockopt::Ipv4PacketInfo, &true).unwrap();
+                nix::sys::socket::setsockopt(&rx, nix::sys::socket::sockopt::Ipv4PacketInfo, &true).unwrap();
                 sockopt::set_ip_recvtos(&rx, true).unwrap();
             }
             let to = SocketAddr::try_from(rustix::net::getsockname(&rx).unwrap()).unwrap();
@@ -431,6 +600,57 @@ mod tests {
             let mut small = [0u8; 4];
             let e = recv_meta(rx.as_fd(), &mut small, MsgFlags::empty()).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        }
+    }
+
+    /// One `recvmmsg` reads every waiting datagram from several senders,
+    /// each with its own sender, destination and TOS; a truncated one is
+    /// reported as such, and the headers are reset between calls (a
+    /// datagram with control messages after one without keeps them).
+    #[test]
+    fn recv_batch_reads_many_with_their_metadata() {
+        let lo: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let udp = || {
+            let s = rustix::net::socket_with(
+                AddressFamily::INET,
+                SocketType::DGRAM,
+                SocketFlags::CLOEXEC,
+                None,
+            )
+            .unwrap();
+            rustix::net::bind(&s, &lo).unwrap();
+            s
+        };
+        let rx = udp();
+        nix::sys::socket::setsockopt(&rx, nix::sys::socket::sockopt::Ipv4PacketInfo, &true)
+            .unwrap();
+        sockopt::set_ip_recvtos(&rx, true).unwrap();
+        let to = SocketAddr::try_from(rustix::net::getsockname(&rx).unwrap()).unwrap();
+        let senders: Vec<_> = (0..3).map(|_| udp()).collect();
+        let mut batch = RecvBatch::new(8, 16);
+        assert_eq!(
+            batch.recv(rx.as_fd()).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        for round in 0..2u8 {
+            for (i, s) in senders.iter().enumerate() {
+                let tos = (i as u8 + 1) << 2;
+                send_to(s.as_fd(), &[round, i as u8], to, Some(tos), false).unwrap();
+            }
+            send_to(senders[0].as_fd(), &[7; 40], to, None, false).unwrap();
+            let n = batch.recv(rx.as_fd()).unwrap();
+            assert_eq!(n, 4, "round {round}");
+            for (i, s) in senders.iter().enumerate() {
+                let (data, meta) = batch.get(i).unwrap();
+                assert_eq!(data, &[round, i as u8]);
+                let from = SocketAddr::try_from(rustix::net::getsockname(s).unwrap()).unwrap();
+                assert_eq!(meta.src, Some(from));
+                assert_eq!(meta.dst, Some(to.ip()));
+                assert_eq!(meta.tos, Some((i as u8 + 1) << 2));
+            }
+            // 40 bytes into a 16-byte buffer: truncated, not cut silently.
+            assert!(batch.get(3).is_none());
+            assert!(batch.get(4).is_none());
         }
     }
 }

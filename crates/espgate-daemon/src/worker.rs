@@ -11,6 +11,7 @@
 use crate::netdev::{TunQueue, VirtioNetHdr, VNET_HDR_LEN};
 use crate::ratelimit::{suppressed_note, RateLimiter};
 use crate::sockets::{push_ipv6_outer, push_udp_outer, RawRx, RawTx, UdpSock};
+use crate::sys::RecvBatch;
 use anyhow::{Context, Result};
 use espgate_api::costs::{CostCells, Costs, Dir};
 use espgate_core::gateway::{Dropped, Engine, EngineEvent, Received};
@@ -40,6 +41,11 @@ const GSO_MAX: usize = 64;
 const GSO_BYTES: usize = 65_000;
 /// Receive buffer for one (possibly GRO-coalesced) UDP read.
 const GRO_BUF: usize = 65_535;
+
+/// Datagrams read per `recvmmsg` call: 16 slots of 64 KiB (1 MiB per
+/// worker for UDP) cut the system calls of a flood of small datagrams
+/// from many senders (which GRO cannot coalesce) sixteenfold.
+const RECV_SLOTS: usize = 16;
 
 /// The outer sockets of one worker.
 #[derive(Debug, Default)]
@@ -239,7 +245,10 @@ impl<'a> Worker<'a> {
             polls.add(r.as_fd(), Source::Raw(i));
         }
         let mut in_buf = PacketBuf::with_capacity(MAX_PACKET);
-        let mut gro_buf = vec![0u8; GRO_BUF];
+        // Batched receive buffers, allocated once: UDP slots hold a GRO
+        // read of up to 64 KiB each; raw slots one packet each.
+        let mut udp_rx = sockets.udp.as_ref().map(|_| RecvBatch::new(RECV_SLOTS, GRO_BUF));
+        let mut raw_rx = (!sockets.raw_rx.is_empty()).then(|| RecvBatch::new(RECV_SLOTS, MAX_PACKET));
         let mut tx = TxBatch::new(self.gso, self.batch);
         // With a vnet header: the super-segment being cut (TSO/USO reads)
         // and the TCP segments being coalesced for the TUN.
@@ -275,12 +284,12 @@ impl<'a> Worker<'a> {
                 if polls.ready(Source::Tun) {
                     round.on_tun(&mut tx, &mut last_tx, &mut seg_src)?;
                 }
-                if polls.ready(Source::Udp) {
-                    round.on_udp(&mut gro_buf, &mut in_buf, &mut co);
+                if let (true, Some(rx)) = (polls.ready(Source::Udp), udp_rx.as_mut()) {
+                    round.on_udp(rx, &mut in_buf, &mut co);
                 }
                 for (i, r) in self.sockets.raw_rx.iter().enumerate() {
-                    if polls.ready(Source::Raw(i)) {
-                        round.on_raw(r, &mut in_buf, &mut co);
+                    if let (true, Some(rx)) = (polls.ready(Source::Raw(i)), raw_rx.as_mut()) {
+                        round.on_raw(r, rx, &mut in_buf, &mut co);
                     }
                 }
                 drop(hot);
@@ -760,19 +769,31 @@ impl Round<'_> {
         }
     }
 
-    /// Receives up to `batch` reads from the UDP socket; with `UDP_GRO` one
-    /// read may hold many datagrams of one sender, cut at the segment size
+    /// Receives up to `batch` datagrams from the UDP socket, many per
+    /// `recvmmsg` call (a flood of junk from many senders costs one system
+    /// call per [`RECV_SLOTS`] datagrams, not one each); with `UDP_GRO` one
+    /// datagram read may hold many of one sender, cut at the segment size
     /// the kernel reports. Each is copied into `buf` (which has the
     /// headroom for the synthetic outer header the core expects) and
     /// processed alone.
-    fn on_udp(&mut self, gro_buf: &mut [u8], buf: &mut PacketBuf, co: &mut TcpCoalescer) {
+    fn on_udp(&mut self, rx: &mut RecvBatch, buf: &mut PacketBuf, co: &mut TcpCoalescer) {
         let sockets = self.w.sockets;
         let Some(u) = &sockets.udp else { return };
         let listen = u.local;
+        let unspecified = if listen.is_ipv6() {
+            IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+        } else {
+            IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+        };
+        let mut read = 0;
+        // Bounded: at most `batch` calls, fewer as datagrams arrive.
         for _ in 0..self.w.batch {
+            if read >= self.w.batch {
+                break;
+            }
             let t = self.cost_clock();
-            let (n, meta) = match u.recv(gro_buf) {
-                Ok(x) => x,
+            let got = match rx.recv(u.as_fd()) {
+                Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
@@ -783,30 +804,36 @@ impl Round<'_> {
                 }
             };
             self.cost_received(t, Dir::Inbound);
-            let unspecified = if listen.is_ipv6() {
-                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
-            } else {
-                IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
-            };
-            let src = meta.src.unwrap_or(SocketAddr::new(unspecified, 0));
-            let dst = SocketAddr::new(meta.dst.unwrap_or(listen.ip()), listen.port());
-            let seg = meta.gro_size.map_or(n, usize::from).max(1);
-            if n > seg {
-                self.counters.gro_reads.incr();
-            }
-            for d in gro_buf[..n].chunks(seg) {
-                if self.w.ike.is_some() && d.len() > 4 && d[..4] == [0; 4] {
-                    self.hand_to_ike(dst, src, &d[4..]);
-                    continue;
-                }
-                buf.load(d);
-                if let Err(e) = push_udp_outer(buf, src, dst, meta.tos.unwrap_or(0)) {
+            read += got;
+            for i in 0..got {
+                let Some((data, meta)) = rx.get(i) else {
+                    // Longer than 64 KiB cannot be UDP: counted, dropped.
                     self.counters.net_rx.incr();
-                    let len = d.len();
-                    self.io_drop(e, |f| write!(f, "datagram from {src} ({len} bytes)"));
+                    self.io_drop(DropReason::TooBig, |f| {
+                        write!(f, "UDP datagram larger than the receive buffer")
+                    });
                     continue;
+                };
+                let src = meta.src.unwrap_or(SocketAddr::new(unspecified, 0));
+                let dst = SocketAddr::new(meta.dst.unwrap_or(listen.ip()), listen.port());
+                let seg = meta.gro_size.map_or(data.len(), usize::from).max(1);
+                if data.len() > seg {
+                    self.counters.gro_reads.incr();
                 }
-                self.receive(buf, src.ip(), co);
+                for d in data.chunks(seg) {
+                    if self.w.ike.is_some() && d.len() > 4 && d[..4] == [0; 4] {
+                        self.hand_to_ike(dst, src, &d[4..]);
+                        continue;
+                    }
+                    buf.load(d);
+                    if let Err(e) = push_udp_outer(buf, src, dst, meta.tos.unwrap_or(0)) {
+                        self.counters.net_rx.incr();
+                        let len = d.len();
+                        self.io_drop(e, |f| write!(f, "datagram from {src} ({len} bytes)"));
+                        continue;
+                    }
+                    self.receive(buf, src.ip(), co);
+                }
             }
         }
         self.flush_tun(co);
@@ -831,11 +858,23 @@ impl Round<'_> {
         }
     }
 
-    fn on_raw(&mut self, r: &RawRx, buf: &mut PacketBuf, co: &mut TcpCoalescer) {
+    /// Receives up to `batch` packets from a raw ESP/AH socket, many per
+    /// `recvmmsg` call, like [`Round::on_udp`].
+    fn on_raw(
+        &mut self,
+        r: &RawRx,
+        rx: &mut RecvBatch,
+        buf: &mut PacketBuf,
+        co: &mut TcpCoalescer,
+    ) {
+        let mut read = 0;
         for _ in 0..self.w.batch {
+            if read >= self.w.batch {
+                break;
+            }
             let t = self.cost_clock();
-            let (n, meta) = match r.recv(buf.prepare(MAX_PACKET)) {
-                Ok(x) => x,
+            let got = match rx.recv(r.as_fd()) {
+                Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
@@ -844,25 +883,36 @@ impl Round<'_> {
                 }
             };
             self.cost_received(t, Dir::Inbound);
-            buf.truncate(n);
-            let from = meta
-                .src
-                .map_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED), |s| s.ip());
-            if r.v6 {
-                let v6 = |a: Option<IpAddr>| match a {
-                    Some(IpAddr::V6(v)) => v,
-                    _ => Ipv6Addr::UNSPECIFIED,
-                };
-                let dst = v6(meta.dst);
-                if let Err(d) =
-                    push_ipv6_outer(buf, v6(Some(from)), dst, r.proto, meta.tos.unwrap_or(0))
-                {
+            read += got;
+            for i in 0..got {
+                let Some((data, meta)) = rx.get(i) else {
                     self.counters.net_rx.incr();
-                    self.io_drop(d, |f| write!(f, "packet from {from} ({n} bytes)"));
+                    self.io_drop(DropReason::TooBig, |f| {
+                        write!(f, "raw packet larger than the receive buffer")
+                    });
                     continue;
+                };
+                let n = data.len();
+                buf.load(data);
+                let from = meta
+                    .src
+                    .map_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED), |s| s.ip());
+                if r.v6 {
+                    let v6 = |a: Option<IpAddr>| match a {
+                        Some(IpAddr::V6(v)) => v,
+                        _ => Ipv6Addr::UNSPECIFIED,
+                    };
+                    let dst = v6(meta.dst);
+                    if let Err(d) =
+                        push_ipv6_outer(buf, v6(Some(from)), dst, r.proto, meta.tos.unwrap_or(0))
+                    {
+                        self.counters.net_rx.incr();
+                        self.io_drop(d, |f| write!(f, "packet from {from} ({n} bytes)"));
+                        continue;
+                    }
                 }
+                self.receive(buf, from, co);
             }
-            self.receive(buf, from, co);
         }
         self.flush_tun(co);
     }

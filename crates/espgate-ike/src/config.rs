@@ -69,7 +69,8 @@ pub enum DpdAction {
 }
 
 /// Retransmission of unanswered requests (RFC 7296 §2.1): timeouts
-/// `timeout × base^n` for n = 0..tries, then the peer is declared dead.
+/// `min(timeout × base^n, limit)` for n = 0..tries, then the peer is
+/// declared dead.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Retransmit {
     /// First timeout.
@@ -78,15 +79,25 @@ pub struct Retransmit {
     pub base: f64,
     /// Retransmissions before giving up.
     pub tries: u32,
+    /// Longest wait between two transmissions (strongSwan's
+    /// `retransmit_limit`); zero: no limit.
+    pub limit: Duration,
 }
 
 impl Default for Retransmit {
-    /// strongSwan's defaults: 4 s, ×1.8, 5 retransmissions (≈165 s).
+    /// 1 s, ×1.8, at most 8 s apart, 7 retransmissions: sends at 0, 1,
+    /// 2.8, 6.0, 11.9, 19.9, 27.9 and 35.9 s, the peer declared dead at
+    /// 43.9 s. strongSwan's schedule (4 s, ×1.8, no limit, 5 tries) sends
+    /// at 0, 4 and 11.2 s: one lost IKE_SA_INIT or cookie exchange (a
+    /// flood at the responder, a lossy path) then costs 7 s or more,
+    /// while an early retransmission costs the responder only a cached
+    /// answer.
     fn default() -> Self {
         Retransmit {
-            timeout: Duration::from_secs(4),
+            timeout: Duration::from_secs(1),
             base: 1.8,
-            tries: 5,
+            tries: 7,
+            limit: Duration::from_secs(8),
         }
     }
 }
@@ -98,7 +109,17 @@ impl Retransmit {
             .base
             .max(1.0)
             .powi(i32::try_from(n).unwrap_or(i32::MAX).min(30));
-        self.timeout.mul_f64(f.min(1e6))
+        let w = self.timeout.mul_f64(f.min(1e6));
+        if self.limit.is_zero() {
+            w
+        } else {
+            w.min(self.limit)
+        }
+    }
+
+    /// From the first send until the peer is declared dead.
+    pub fn total(&self) -> Duration {
+        (0..=self.tries).map(|n| self.wait(n)).sum()
     }
 }
 

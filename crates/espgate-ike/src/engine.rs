@@ -623,6 +623,16 @@ impl IkeSa {
 const HALF_OPEN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Nonce length we send (RFC 7296 §2.10: at least half the PRF key size).
 const NONCE_LEN: usize = 32;
+
+/// Half-open IKE SAs (responder) from which on IKE_SA_INIT requests must
+/// carry a COOKIE, by default (`gateway.ike_cookie_threshold`).
+pub const DEFAULT_COOKIE_THRESHOLD: usize = 32;
+
+/// Half-open IKE SAs (responder) beyond which IKE_SA_INIT requests are
+/// dropped, by default (`gateway.ike_half_open_limit`): each holds a few
+/// kilobytes for at most 30 s, so memory stays bounded (a few MB) whatever
+/// the rate of requests that return their cookie.
+pub const DEFAULT_HALF_OPEN_LIMIT: usize = 1000;
 /// A rekey responder switches its outbound SA at the latest this long after
 /// the rekey if the initiator never deletes the old SA.
 const OUTBOUND_SWITCH_DEADLINE: Duration = Duration::from_secs(5);
@@ -671,6 +681,9 @@ pub struct Ike {
     events: VecDeque<Event>,
     ports: Ports,
     cookie_threshold: usize,
+    /// Half-open IKE SAs (responder) beyond which IKE_SA_INIT requests are
+    /// dropped, cookie or not.
+    half_open_limit: usize,
     /// Drawn when the first cookie is needed.
     cookie_secret: Option<Zeroizing<[u8; 32]>>,
     rng: Box<dyn Rng + Send>,
@@ -850,7 +863,8 @@ impl Ike {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             ports,
-            cookie_threshold: 32,
+            cookie_threshold: DEFAULT_COOKIE_THRESHOLD,
+            half_open_limit: DEFAULT_HALF_OPEN_LIMIT,
             cookie_secret: None,
             unix_at_epoch: 0,
             counters: Counters::default(),
@@ -879,6 +893,12 @@ impl Ike {
     /// carry a COOKIE (RFC 7296 §2.6). 0 demands cookies always.
     pub fn set_cookie_threshold(&mut self, n: usize) {
         self.cookie_threshold = n;
+    }
+
+    /// Half-open IKE SAs (responder) beyond which IKE_SA_INIT requests are
+    /// dropped even with a valid COOKIE.
+    pub fn set_half_open_limit(&mut self, n: usize) {
+        self.half_open_limit = n;
     }
 
     /// Largest IKE message (bytes) sent unfragmented once both sides
@@ -1603,6 +1623,20 @@ impl Ike {
             self.count(IkeEvent::DroppedBadMessageId);
             return;
         }
+        // An address no connection has: dropped before anything else is
+        // parsed, and not answered. An answer would reflect a flood from
+        // spoofed sources onto the addresses it names (RFC 7296 §2.21
+        // leaves answering optional), and parsing the rest costs the
+        // responder the time a flood is made to take.
+        let Some(&ci) = self.conn_by_remote.get(&remote.ip()) else {
+            self.count(IkeEvent::DroppedNoConnection);
+            self.log(
+                Level::Warn,
+                None,
+                format!("IKE_SA_INIT from {remote}: no connection has this peer address; not answered"),
+            );
+            return;
+        };
         let msg = match self.timed(None, IkeOp::Decode, |_| Message::parse(data)) {
             Ok(m) => m,
             Err(e) => {
@@ -1614,21 +1648,6 @@ impl Ike {
                 );
                 return;
             }
-        };
-        let Some(&ci) = self.conn_by_remote.get(&remote.ip()) else {
-            self.count(IkeEvent::DroppedNoConnection);
-            self.log(
-                Level::Warn,
-                None,
-                format!("IKE_SA_INIT from {remote}: no connection has this peer address"),
-            );
-            self.reply_plain(
-                local,
-                remote,
-                &h,
-                vec![notify(NotifyType::NoProposalChosen, vec![])],
-            );
-            return;
         };
         if let Some(t) = msg.unsupported_critical() {
             self.reply_plain(
@@ -1668,6 +1687,21 @@ impl Ike {
                 self.reply_plain(local, remote, &h, vec![notify(NotifyType::Cookie, want)]);
                 return;
             }
+        }
+        // Past the cookie, the sender's address is real; still, no more
+        // than `half_open_limit` SAs wait for their IKE_AUTH (each holds a
+        // key exchange and a little memory until `half_open` expiry).
+        if self.half_open >= self.half_open_limit {
+            self.count(IkeEvent::DroppedHalfOpenLimit);
+            self.log(
+                Level::Warn,
+                Some(ci),
+                format!(
+                    "IKE_SA_INIT from {remote}: {} IKE SAs are already half open (the limit); not answered",
+                    self.half_open
+                ),
+            );
+            return;
         }
         let Some((num, _, chosen)) =
             select(&self.conns[ci].proposals, offered, ProposalKind::Ike, false)

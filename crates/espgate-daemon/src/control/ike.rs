@@ -7,6 +7,8 @@
 use super::shared::SharedSas;
 use crate::ratelimit::RateLimiter;
 use crate::sockets::UdpSock;
+use crate::sys::RecvBatch;
+use std::os::fd::AsFd;
 use crate::worker::lock;
 use anyhow::{Context, Result};
 use espgate_api::cluster::SharedIke;
@@ -29,7 +31,9 @@ pub struct IkeDriver {
     ports: Ports,
     /// Connections to initiate once the loop runs (`start_action = "start"`).
     to_start: Vec<String>,
-    buf: Vec<u8>,
+    /// Receive buffers for UDP 500: many datagrams per `recvmmsg`, so a
+    /// flood costs one system call per batch rather than one per request.
+    rx: RecvBatch,
     /// Log lines by their first words: when each was last written and how
     /// many were suppressed since (a flood of IKE_SA_INIT from a spoofed
     /// peer address must not flood the log).
@@ -55,6 +59,13 @@ pub struct ClusterIke {
 
 /// One log line per kind (its first 48 bytes) per second.
 const LOG_PERIOD: Duration = Duration::from_secs(1);
+
+/// Datagrams per `recvmmsg` on UDP 500.
+const IKE_RECV_SLOTS: usize = 16;
+
+/// Datagrams read from UDP 500 per wake-up before the engine's answers go
+/// out and the other tasks of the control thread get their turn.
+const IKE_RECV_PER_WAKE: usize = 256;
 
 /// Monotonic nanoseconds for the engine's cost accounting.
 fn mono_ns() -> u64 {
@@ -115,6 +126,8 @@ impl IkeDriver {
         ike.set_unix_time_at_epoch(unix);
         ike.set_cost_clock(Some(mono_ns));
         ike.set_fragment_size(g.ike_fragment_size);
+        ike.set_cookie_threshold(g.ike_cookie_threshold);
+        ike.set_half_open_limit(g.ike_half_open_limit);
         tracing::info!(
             "IKEv2 on {addr} and port {nat_t_port} (NAT-T): {} connection(s)",
             ike.conns().len()
@@ -125,7 +138,7 @@ impl IkeDriver {
             nat_t,
             ports,
             to_start,
-            buf: vec![0; 65536],
+            rx: RecvBatch::new(IKE_RECV_SLOTS, 65536),
             log_limit: RateLimiter::new(LOG_PERIOD),
             cluster: cfg.cluster.as_ref().map(|c| ClusterIke {
                 active: false,
@@ -268,30 +281,37 @@ impl IkeDriver {
         }
     }
 
-    /// Reads up to 64 waiting datagrams on UDP 500; false when the socket
-    /// has no more (`WouldBlock`).
+    /// Reads up to [`IKE_RECV_PER_WAKE`] waiting datagrams on UDP 500, many
+    /// per `recvmmsg`; false when the socket has no more (`WouldBlock`).
     pub fn on_readable(&mut self, now: Duration) -> bool {
-        for _ in 0..64 {
-            match self.sock.recv(&mut self.buf) {
-                Ok(_) if self.passive() => {
-                    if let Some(c) = self.cluster.as_mut() {
-                        c.ignored += 1;
-                    }
-                }
-                Ok((n, meta)) => {
-                    let Some(src) = meta.src else { continue };
-                    let src = SocketAddr::new(src.ip().to_canonical(), src.port());
-                    let dst = SocketAddr::new(
-                        meta.dst.map_or(self.sock.local.ip(), |d| d.to_canonical()),
-                        self.ports.ike,
-                    );
-                    self.ike.handle(now, dst, src, &self.buf[..n]);
-                }
+        let mut read = 0;
+        while read < IKE_RECV_PER_WAKE {
+            let n = match self.rx.recv(self.sock.as_fd()) {
+                Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     tracing::debug!("ike: receive: {e}");
                     return false;
                 }
+            };
+            read += n;
+            if self.passive() {
+                if let Some(c) = self.cluster.as_mut() {
+                    c.ignored += n as u64;
+                }
+                continue;
+            }
+            for i in 0..n {
+                // `None`: longer than 64 KiB, which UDP cannot carry.
+                let Some((data, meta)) = self.rx.get(i) else { continue };
+                let Some(src) = meta.src else { continue };
+                let src = SocketAddr::new(src.ip().to_canonical(), src.port());
+                let dst = SocketAddr::new(
+                    meta.dst.map_or(self.sock.local.ip(), |d| d.to_canonical()),
+                    self.ports.ike,
+                );
+                self.ike.handle(now, dst, src, data);
             }
         }
         true

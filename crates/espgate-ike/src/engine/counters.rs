@@ -106,8 +106,11 @@ ike_events! {
     DroppedUnexpectedRequest => "dropped_unexpected_request",
     /// Dropped: an IKE_SA_INIT again for an SA past that exchange.
     DroppedDuplicateInit => "dropped_duplicate_init",
-    /// Dropped: an IKE_SA_INIT from an address no connection has.
+    /// Dropped unanswered: an IKE_SA_INIT from an address no connection has.
     DroppedNoConnection => "dropped_no_connection",
+    /// Dropped unanswered: an IKE_SA_INIT while the half-open limit was
+    /// reached.
+    DroppedHalfOpenLimit => "dropped_half_open_limit",
     /// Dropped: an unusable key exchange value.
     DroppedBadKe => "dropped_bad_ke",
     /// Dropped: a message of more fragments than we reassemble.

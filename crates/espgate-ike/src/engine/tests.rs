@@ -47,6 +47,7 @@ fn conf(local: &str, remote: &str, ike: &str, esp: &str, lts: &str, rts: &str) -
             timeout: Duration::from_secs(1),
             base: 2.0,
             tries: 3,
+            limit: Duration::ZERO,
         },
         force_encap: false,
     }
@@ -445,6 +446,43 @@ fn cookie_round_trip_under_half_open_pressure() {
     assert_eq!(p.b.counter(IkeEvent::CookiesSent), 1);
     assert_eq!(p.a.counter(IkeEvent::CookiesReceived), 1);
     assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+    p.assert_matched();
+}
+
+/// An IKE_SA_INIT from an address no connection has is dropped unanswered
+/// (no reflection of spoofed floods), and counted.
+#[test]
+fn init_from_an_unknown_address_is_not_answered() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.a.initiate(p.now, "c").unwrap();
+    let init = p.a.poll_transmit().unwrap();
+    let stranger: SocketAddr = "198.51.100.9:500".parse().unwrap();
+    for _ in 0..3 {
+        p.b.handle(p.now, init.remote, stranger, &init.data);
+    }
+    assert!(p.b.poll_transmit().is_none());
+    assert_eq!(p.b.counter(IkeEvent::DroppedNoConnection), 3);
+    assert_eq!(p.b.counter(IkeEvent::CookiesSent), 0);
+    // The same request from the configured peer is answered.
+    p.b.handle(p.now, init.remote, init.local, &init.data);
+    assert!(p.b.poll_transmit().is_some());
+}
+
+/// Past the half-open limit, IKE_SA_INIT requests are dropped even with a
+/// valid cookie; the initiator's retransmission succeeds once the limit
+/// allows it.
+#[test]
+fn half_open_limit_drops_then_admits() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.b.set_half_open_limit(0);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_eq!(p.b.counter(IkeEvent::DroppedHalfOpenLimit), 1);
+    assert_eq!(established(&p.b), 0);
+    p.b.set_half_open_limit(1);
+    p.advance(Duration::from_secs(5));
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+    assert!(p.a.counter(IkeEvent::Retransmits) >= 1);
     p.assert_matched();
 }
 
