@@ -584,3 +584,63 @@ def test_unit_sandbox_runs_the_gateway(lab):
     socket_families = set(re.findall(r"socket\((AF_\w+)", text))
     assert socket_families and socket_families <= families, socket_families
     assert b.stop() == 0
+
+
+# A control client that pipelines `status` requests as fast as it can and
+# never reads an answer (issue 16, item 5): prints how many it wrote.
+FLOOD_CONTROL = r"""
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.setblocking(False)
+req = b'{"cmd":"status"}\n' * 256
+sent, end = 0, time.time() + float(sys.argv[2])
+while time.time() < end:
+    try:
+        sent += s.send(req)
+    except BlockingIOError:
+        time.sleep(0.01)
+    except OSError:
+        break
+print(sent // 17, flush=True)
+"""
+
+
+def rss_kib(pid):
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_control_client_that_never_reads_is_bounded(lab):
+    """A client pipelines `status` for 8 s and never reads: the daemon's
+    resident memory stays within a few MB of where it started (each
+    answer is written before the next request is read, so at most one
+    answer and the socket buffers are pending per client), another
+    client's `status` is answered meanwhile, and the tunnel forwards."""
+    a, b = configs(lab, protocol="esp", encap="udp")
+    a.start()
+    b.start()
+    assert_ping(a.ns, "10.2.0.1", "10.1.0.1", (a, b))
+    pid = a.proc.pid
+    base = rss_kib(pid)
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD_CONTROL, str(a.sock), "8"],
+                             stdout=subprocess.PIPE, text=True)
+    lab.procs.append(flood)
+    peak, answered = base, 0
+    deadline = time.time() + 8
+    while time.time() < deadline:
+        peak = max(peak, rss_kib(pid))
+        t = time.time()
+        if a.status()["counters"] is not None and time.time() - t < 3:
+            answered += 1
+        time.sleep(0.3)
+    out, _ = flood.communicate(timeout=30)
+    peak = max(peak, rss_kib(pid))
+    print(f"requests written {int(out.strip())}, RSS {base} -> {peak} KiB, status answered {answered} times")
+    assert int(out.strip()) > 0
+    assert answered >= 5, "status from another client was not answered during the flood"
+    assert peak - base < 32 * 1024, f"resident memory grew from {base} KiB to {peak} KiB"
+    assert_ping(a.ns, "10.2.0.1", "10.1.0.1", (a, b))
+    assert a.stop() == 0 and b.stop() == 0
