@@ -173,6 +173,11 @@ pub struct SaStatus {
     /// Outbound: numbers below this are reserved on disk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seq_reserved: Option<u64>,
+    /// Outbound: failed attempts to write a larger reservation (a full or
+    /// read-only state directory); the SA stops at `seq_reserved` and
+    /// counts `seq_not_reserved` drops while they fail.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub seq_reserve_failed: u64,
     /// Inbound: the highest sequence number authenticated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub highest_seq: Option<u64>,
@@ -534,6 +539,11 @@ fn render_ike(out: &mut String, ike: &crate::ike::IkeDoc) {
     );
 }
 
+/// For `skip_serializing_if`: a zero counter is left out.
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -555,6 +565,7 @@ mod tests {
             drops: drops.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             next_seq: (dir == "out").then_some(4),
             seq_reserved: (dir == "out").then_some(1_048_580),
+            seq_reserve_failed: 0,
             highest_seq: (dir == "in").then_some(3),
             lifetime: LifetimeStatus {
                 state: "ok".into(),

@@ -295,6 +295,8 @@ pub struct DiskLease {
     wanted: AtomicU64,
     /// Set by the SA, cleared by the extender once written.
     pending: AtomicBool,
+    /// Writes of a larger reservation that failed.
+    failures: AtomicU64,
     wake: SyncSender<()>,
 }
 
@@ -325,6 +327,10 @@ impl SeqLease for DiskLease {
         }
     }
 
+    fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
     fn release(&self, next: u64) {
         let mut r = lock(&self.file);
         if let Err(e) = r.release(next) {
@@ -340,6 +346,7 @@ impl DiskLease {
         let mut r = lock(&self.file);
         let next = self.wanted.load(Ordering::Relaxed);
         r.extend(next).map_err(|e| {
+            self.failures.fetch_add(1, Ordering::Relaxed);
             format!(
                 "cannot reserve sequence numbers in {}: {e}; the SA sends up to {} and then \
                  drops (seq_not_reserved) until the write succeeds",
@@ -451,6 +458,7 @@ impl LeaseSource for DiskLeases {
             low_water: AtomicU64::new(r.low_water()),
             wanted: AtomicU64::new(start),
             pending: AtomicBool::new(false),
+            failures: AtomicU64::new(0),
             wake: self.extender.wake.clone(),
             file: Mutex::new(r),
         });
@@ -638,6 +646,8 @@ mod tests {
         l.want(lim - STEP / 2 + 1);
         std::thread::sleep(RETRY + Duration::from_millis(500));
         assert_eq!(l.limit(), lim, "no number beyond what is on disk");
+        // The failed writes are counted with the SA (its status shows them).
+        assert!(l.failures() >= 1);
         // Space again: the retry succeeds.
         fs::create_dir_all(&dir).unwrap();
         wait_until("the retry", || l.limit() > lim);

@@ -118,6 +118,7 @@ fn sa_status(conn: &str, e: &SaEntry, now: Duration) -> SaStatus {
             .collect(),
         next_seq: e.outbound.then(|| e.next_seq()),
         seq_reserved: if e.outbound { e.seq_limit() } else { None },
+        seq_reserve_failed: e.seq_reserve_failures(),
         highest_seq: (!e.outbound).then(|| c.replay_top.get()),
         lifetime: LifetimeStatus {
             state: state.as_str().into(),

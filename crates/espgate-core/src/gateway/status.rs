@@ -100,6 +100,11 @@ impl SaEntry {
         self.lease.as_ref().map(|l| l.limit())
     }
 
+    /// Outbound: failed attempts to extend the SA's lease.
+    pub fn seq_reserve_failures(&self) -> u64 {
+        self.lease.as_ref().map_or(0, |l| l.failures())
+    }
+
     /// The key the copies of one SA in several workers have in common.
     pub fn key(&self) -> (bool, Protocol, u32) {
         (self.outbound, self.protocol, self.spi)

@@ -383,6 +383,12 @@ pub trait SeqLease: Send + Sync + std::fmt::Debug {
     /// The SA stops using the lease (removed, or a clean stop): every
     /// number it sent is below `next`.
     fn release(&self, next: u64);
+    /// Attempts to extend the lease that failed (a full or read-only
+    /// disk): shown with the SA, which stops at [`SeqLease::limit`] while
+    /// they fail.
+    fn failures(&self) -> u64 {
+        0
+    }
 }
 
 /// An installed SA.

@@ -850,6 +850,7 @@ mod tests {
             drops: drops.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             next_seq: (dir == "out").then_some(4),
             seq_reserved: (dir == "out").then_some(1_048_580),
+            seq_reserve_failed: 0,
             highest_seq: (dir == "in").then_some(3),
             lifetime: LifetimeStatus {
                 state: "ok".into(),
