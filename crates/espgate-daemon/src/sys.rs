@@ -109,7 +109,9 @@ fn meta_of(
             "datagram larger than the receive buffer",
         ));
     }
-    let namelen = hdr.msg_namelen.min(size_of::<libc::sockaddr_storage>() as u32);
+    let namelen = hdr
+        .msg_namelen
+        .min(size_of::<libc::sockaddr_storage>() as u32);
     // SAFETY: `name` is a whole `sockaddr_storage` the kernel filled in,
     // of which `namelen` bytes are the address.
     let src = unsafe {
@@ -143,9 +145,7 @@ fn meta_of(
                     let p = data.cast::<libc::in_pktinfo>().read_unaligned();
                     meta.dst = Some(IpAddr::V4(Ipv4Addr::from(p.ipi_addr.s_addr.to_ne_bytes())));
                 }
-                (libc::SOL_IPV6, libc::IPV6_PKTINFO)
-                    if len >= size_of::<libc::in6_pktinfo>() =>
-                {
+                (libc::SOL_IPV6, libc::IPV6_PKTINFO) if len >= size_of::<libc::in6_pktinfo>() => {
                     let p = data.cast::<libc::in6_pktinfo>().read_unaligned();
                     let a = Ipv6Addr::from(p.ipi6_addr.s6_addr);
                     // IP_PKTINFO, when also present, says the same.
@@ -249,7 +249,9 @@ impl RecvBatch {
     pub fn new(count: usize, size: usize) -> RecvBatch {
         let count = count.clamp(1, RECV_BATCH_MAX);
         RecvBatch {
-            bufs: (0..count).map(|_| vec![0u8; size].into_boxed_slice()).collect(),
+            bufs: (0..count)
+                .map(|_| vec![0u8; size].into_boxed_slice())
+                .collect(),
             names: vec![no_name(); count].into_boxed_slice(),
             cmsgs: vec![RecvCmsgBuf([0; CMSG_BUF]); count].into_boxed_slice(),
             got: [None; RECV_BATCH_MAX],
@@ -579,10 +581,16 @@ mod tests {
                 continue;
             }
             if v6 {
-                nix::sys::socket::setsockopt(&rx, nix::sys::socket::sockopt::Ipv6RecvPacketInfo, &true).unwrap();
+                nix::sys::socket::setsockopt(
+                    &rx,
+                    nix::sys::socket::sockopt::Ipv6RecvPacketInfo,
+                    &true,
+                )
+                .unwrap();
                 sockopt::set_ipv6_recvtclass(&rx, true).unwrap();
             } else {
-                nix::sys::socket::setsockopt(&rx, nix::sys::socket::sockopt::Ipv4PacketInfo, &true).unwrap();
+                nix::sys::socket::setsockopt(&rx, nix::sys::socket::sockopt::Ipv4PacketInfo, &true)
+                    .unwrap();
                 sockopt::set_ip_recvtos(&rx, true).unwrap();
             }
             let to = SocketAddr::try_from(rustix::net::getsockname(&rx).unwrap()).unwrap();

@@ -247,8 +247,12 @@ impl<'a> Worker<'a> {
         let mut in_buf = PacketBuf::with_capacity(MAX_PACKET);
         // Batched receive buffers, allocated once: UDP slots hold a GRO
         // read of up to 64 KiB each; raw slots one packet each.
-        let mut udp_rx = sockets.udp.as_ref().map(|_| RecvBatch::new(RECV_SLOTS, GRO_BUF));
-        let mut raw_rx = (!sockets.raw_rx.is_empty()).then(|| RecvBatch::new(RECV_SLOTS, MAX_PACKET));
+        let mut udp_rx = sockets
+            .udp
+            .as_ref()
+            .map(|_| RecvBatch::new(RECV_SLOTS, GRO_BUF));
+        let mut raw_rx =
+            (!sockets.raw_rx.is_empty()).then(|| RecvBatch::new(RECV_SLOTS, MAX_PACKET));
         let mut tx = TxBatch::new(self.gso, self.batch);
         // With a vnet header: the super-segment being cut (TSO/USO reads)
         // and the TCP segments being coalesced for the TUN.

@@ -1633,7 +1633,9 @@ impl Ike {
             self.log(
                 Level::Warn,
                 None,
-                format!("IKE_SA_INIT from {remote}: no connection has this peer address; not answered"),
+                format!(
+                    "IKE_SA_INIT from {remote}: no connection has this peer address; not answered"
+                ),
             );
             return;
         };

@@ -8,7 +8,6 @@ use super::shared::SharedSas;
 use crate::ratelimit::RateLimiter;
 use crate::sockets::UdpSock;
 use crate::sys::RecvBatch;
-use std::os::fd::AsFd;
 use crate::worker::lock;
 use anyhow::{Context, Result};
 use espgate_api::cluster::SharedIke;
@@ -18,6 +17,7 @@ use espgate_core::gateway::{del_sa_all, install_negotiated_all, Engine, Negotiat
 use espgate_ike::engine::IkeSnapshot;
 use espgate_ike::engine::{CommandError, Event, Ike, IkeOp, IkeStatus, Level, Ports};
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -304,7 +304,9 @@ impl IkeDriver {
             }
             for i in 0..n {
                 // `None`: longer than 64 KiB, which UDP cannot carry.
-                let Some((data, meta)) = self.rx.get(i) else { continue };
+                let Some((data, meta)) = self.rx.get(i) else {
+                    continue;
+                };
                 let Some(src) = meta.src else { continue };
                 let src = SocketAddr::new(src.ip().to_canonical(), src.port());
                 let dst = SocketAddr::new(
