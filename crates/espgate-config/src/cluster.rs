@@ -242,9 +242,15 @@ pub(crate) fn validate(v: &mut Validator, t: &Spanned<ClusterTable>) -> Option<C
         let f = f.as_ref()?;
         let p = v.base_dir.join(f.get_ref());
         if !p.is_file() {
+            // A directory is not "no such file".
+            let why = if p.is_dir() {
+                "a directory, not a file"
+            } else {
+                "no such file"
+            };
             v.err(
                 base.key(k, Some(f.span())),
-                format!("{k} {}: no such file", p.display()),
+                format!("{k} {}: {why}", p.display()),
             );
         }
         Some(p)

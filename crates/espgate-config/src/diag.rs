@@ -117,6 +117,12 @@ pub(crate) struct At {
     path: String,
     span: Option<Range<usize>>,
     connection: Option<String>,
+    /// Set when `span` is the table's header only because the schema keeps
+    /// no span for this key (`cluster.etcd`, say): the key, which
+    /// [`Validator::finish`] looks for among the table's lines, so that a
+    /// key that is present is reported at its own line and only an absent
+    /// one at the header.
+    find_key: Option<String>,
 }
 
 impl At {
@@ -142,6 +148,7 @@ impl At {
         }
         At {
             path,
+            find_key: (span.is_none() && bare).then(|| k.to_string()),
             span: span.or_else(|| self.span.clone()),
             connection: self.connection.clone(),
         }
@@ -151,6 +158,11 @@ impl At {
     pub(crate) fn index(&self, i: usize, span: Option<Range<usize>>) -> At {
         At {
             path: format!("{}[{i}]", self.path),
+            find_key: if span.is_some() {
+                None
+            } else {
+                self.find_key.clone()
+            },
             span: span.or_else(|| self.span.clone()),
             connection: self.connection.clone(),
         }
@@ -231,7 +243,11 @@ impl<'a> Validator<'a> {
                         Diagnostic {
                             path: is.at.path,
                             connection: is.at.connection,
-                            position: is.at.span.map(|s| line_col(text, s.start)),
+                            position: is.at.span.map(|s| {
+                                let key = is.at.find_key.as_deref();
+                                let at = key.and_then(|k| key_in_table(text, &s, k));
+                                line_col(text, at.unwrap_or(s.start))
+                            }),
                             message: is.message,
                         },
                     )
@@ -242,6 +258,34 @@ impl<'a> Validator<'a> {
         };
         (render(self.errors), render(self.warnings))
     }
+}
+
+/// The offset of key `k`'s value among the lines of the table whose header
+/// is at `header`, up to the next header: for a key the file has but the
+/// schema keeps no span of. `None` for an inline table (its span is not a
+/// header) and for a key that is absent.
+fn key_in_table(text: &str, header: &Range<usize>, k: &str) -> Option<usize> {
+    if !text.get(header.clone())?.starts_with('[') {
+        return None;
+    }
+    let mut offset = header.end;
+    for line in text.get(header.end..)?.split_inclusive('\n') {
+        let start = offset;
+        offset += line.len();
+        let t = line.trim_start();
+        if t.starts_with('[') {
+            break;
+        }
+        let Some(rest) = t.strip_prefix(k) else {
+            continue;
+        };
+        let after_key = rest.trim_start();
+        if let Some(value) = after_key.strip_prefix('=') {
+            let value_start = line.len() - value.trim_start().len();
+            return Some(start + value_start);
+        }
+    }
+    None
 }
 
 /// `1 byte`, `2 bytes`.

@@ -176,7 +176,15 @@ pub(crate) fn manual_sa(
         parse_spi(r.spi_out.get_ref()),
     );
 
-    let (enc_len, integ_len) = suite.map_or((None, None), |s| {
+    // A suite of the wrong kind for the protocol (refused above) says
+    // nothing about the keys: they are not measured against it, which
+    // would only add misleading errors ("AH has no encryption key" at an
+    // AH integrity key).
+    let fits = |s: &Suite| match protocol {
+        Protocol::Esp | Protocol::Qesp => s.enc.is_some(),
+        Protocol::Ah => s.enc.is_none(),
+    };
+    let (enc_len, integ_len) = suite.filter(fits).map_or((None, None), |s| {
         (Some(s.enc_key_len()), Some(s.integ_key_len()))
     });
     let salt = suite.and_then(|s| s.enc).is_some_and(|e| e.is_combined());

@@ -736,11 +736,31 @@ const SPANNED_VALUE_KEY: &str = "$__serde_spanned_private_value";
 /// gives.
 pub(crate) fn read(text: &str, file: &str) -> Result<ConfigFile, ConfigError> {
     let de = toml::de::Deserializer::parse(text).map_err(|e| {
-        ConfigError::whole_file(
-            file,
-            e.span().map(|s| line_col(text, s.start)),
-            format!("TOML syntax: {}", e.message().trim_end()),
-        )
+        let mut message = format!("TOML syntax: {}", e.message().trim_end());
+        let place = e.span().map(|s| syntax_error_place(text, s.start));
+        let path = match place {
+            Some(Some((path, header))) => {
+                // toml says "duplicate key" without the key.
+                if message == "TOML syntax: duplicate key" {
+                    message = if header {
+                        "TOML syntax: duplicate key: this table is already defined above".into()
+                    } else {
+                        "TOML syntax: duplicate key: this key is already set in this table".into()
+                    };
+                }
+                path
+            }
+            _ => String::new(),
+        };
+        ConfigError {
+            file: file.to_string(),
+            diagnostics: vec![Diagnostic {
+                path,
+                connection: None,
+                position: e.span().map(|s| line_col(text, s.start)),
+                message,
+            }],
+        }
     })?;
     serde_path_to_error::deserialize(de).map_err(|e| {
         let mut path = String::new();
@@ -777,6 +797,101 @@ pub(crate) fn read(text: &str, file: &str) -> Result<ConfigFile, ConfigError> {
     })
 }
 
+/// The key path of the line a TOML syntax error at byte `pos` is on, in
+/// the words of the other diagnostics (`connection[1].esp.spi_in`), and
+/// whether that line is a table header (then the path is the table's):
+/// so that a syntax error names its key too. The text is not TOML, so
+/// this is a plain scan of the headers above the line (skipping
+/// multi-line strings). `None` when the line holds neither a `key =` nor
+/// a header.
+fn syntax_error_place(text: &str, pos: usize) -> Option<(String, bool)> {
+    let mut pos = pos.min(text.len());
+    while !text.is_char_boundary(pos) {
+        pos -= 1;
+    }
+    let line_start = text[..pos].rfind('\n').map_or(0, |i| i + 1);
+    // `[[name]]` tables seen so far, by name: the index of the last one.
+    let mut arrays: Vec<(String, usize)> = Vec::new();
+    let mut table = String::new();
+    let mut in_string: Option<&str> = None;
+    for line in text[..line_start].lines() {
+        for quotes in ["\"\"\"", "'''"] {
+            if in_string.is_none_or(|q| q == quotes) && line.matches(quotes).count() % 2 == 1 {
+                in_string = match in_string {
+                    Some(_) => None,
+                    None => Some(quotes),
+                };
+            }
+        }
+        if in_string.is_some() {
+            continue;
+        }
+        if let Some((name, array)) = header_name(line) {
+            table = header_path(name, array, &mut arrays);
+        }
+    }
+    let line = text[line_start..].lines().next().unwrap_or("");
+    if let Some((name, array)) = header_name(line) {
+        return Some((header_path(name, array, &mut arrays), true));
+    }
+    let key = line.split_once('=')?.0.trim();
+    let bare = |k: &str| {
+        !k.is_empty()
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    };
+    if !key.split('.').all(|k| bare(k.trim())) {
+        return None;
+    }
+    let key: Vec<&str> = key.split('.').map(str::trim).collect();
+    let key = key.join(".");
+    Some((
+        if table.is_empty() {
+            key
+        } else {
+            format!("{table}.{key}")
+        },
+        false,
+    ))
+}
+
+/// The name in a table header line (`[gateway]`, `[[connection]]`) and
+/// whether it is an array of tables.
+fn header_name(line: &str) -> Option<(&str, bool)> {
+    let t = line.trim();
+    if let Some(rest) = t.strip_prefix("[[") {
+        return Some((rest.split_once("]]")?.0.trim(), true));
+    }
+    let rest = t.strip_prefix('[')?;
+    Some((rest.split_once(']')?.0.trim(), false))
+}
+
+/// A header's table as diagnostics say it, each array of tables with the
+/// index of its last element (`connection[1].esp`); an array header adds
+/// one element.
+fn header_path(name: &str, array: bool, arrays: &mut Vec<(String, usize)>) -> String {
+    if array {
+        match arrays.iter_mut().find(|(n, _)| n == name) {
+            Some((_, i)) => *i += 1,
+            None => arrays.push((name.to_string(), 0)),
+        }
+    }
+    let mut path = String::new();
+    let mut prefix = String::new();
+    for part in name.split('.').map(str::trim) {
+        if !prefix.is_empty() {
+            prefix.push('.');
+            path.push('.');
+        }
+        prefix.push_str(part);
+        path.push_str(part);
+        if let Some((_, i)) = arrays.iter().find(|(n, _)| *n == prefix) {
+            path.push_str(&format!("[{i}]"));
+        }
+    }
+    path
+}
+
 /// The `name` of connection `i` of a file the schema refused, for its
 /// one diagnostic: a lenient read of the names only.
 fn connection_name(text: &str, i: usize) -> Option<String> {
@@ -810,6 +925,26 @@ fn friendly_serde_message(m: &str) -> String {
     // The Rust name of the table's struct means nothing in the file.
     if let Some(i) = m.find("expected a table ") {
         m.truncate(i + "expected a table".len());
+    }
+    // toml's words for a keyword key (`mode`, `log`, ...) given a number,
+    // a boolean, a date or an array.
+    if m == "wanted string or table" {
+        return "invalid type: expected a string (one of the words docs/CONFIG.md lists \
+                for this key)"
+            .into();
+    }
+    // An array where a table is expected: serde counts its items.
+    if m.starts_with("invalid length ") && m.ends_with(", expected a table") {
+        return "invalid type: array, expected a table".into();
+    }
+    // An integer beyond 64 bits is read as an i128, which serde calls a
+    // type mismatch.
+    if let Some(n) = m
+        .strip_prefix("invalid type: integer `")
+        .and_then(|r| r.split_once("` as i128"))
+        .map(|(n, _)| n.to_string())
+    {
+        return format!("integer `{n}` is out of range: it does not fit in 64 bits");
     }
     m
 }
