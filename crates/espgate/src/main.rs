@@ -408,6 +408,16 @@ enum BenchCmd {
     /// method: handshakes/s and µs per handshake of each operation (DH,
     /// signatures, key derivation, ...), seed 004's IKE cost table.
     Ike(espgate_lab::bench::ike::Args),
+    /// Denial-of-service floods against an espgate gateway in network
+    /// namespaces (unknown SPIs, bad ICVs, a closed port, IKE_SA_INIT):
+    /// a TCP stream's rate with and without the flood, the junk the
+    /// gateway counted, its CPU and memory, IKE set-up times under the
+    /// flood. Needs root and iperf3.
+    Dos(espgate_lab::bench::dos::Args),
+    /// The flood sender `bench dos` runs in a namespace (raw socket,
+    /// sendmmsg); prints one JSON line with what it sent.
+    #[command(hide = true)]
+    Flood(espgate_lab::bench::dos::FloodArgs),
 }
 
 #[derive(clap::Args)]
@@ -445,6 +455,8 @@ fn run_bench(what: BenchCmd) -> Result<ExitCode> {
         BenchCmd::Tunnel(a) => return Ok(espgate_lab::bench::tunnel::main(&a)),
         BenchCmd::Parallel(a) => return espgate_lab::bench::parallel::main(&a),
         BenchCmd::Ike(a) => return espgate_lab::bench::ike::main(&a),
+        BenchCmd::Dos(a) => return Ok(espgate_lab::bench::dos::main(&a)),
+        BenchCmd::Flood(a) => return Ok(espgate_lab::bench::dos::flood_main(&a)),
     };
     let mut p = bench::Params::new(
         &args.suite,

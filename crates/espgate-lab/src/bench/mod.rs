@@ -30,6 +30,7 @@
 //! little more than the pipeline row, and every stage includes one clock
 //! reading; the timed rows above are measured with the probe off.
 
+pub mod dos;
 pub mod ike;
 pub mod parallel;
 pub mod scrape;

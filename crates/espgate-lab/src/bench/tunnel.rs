@@ -1007,7 +1007,7 @@ fn measure(lab: &mut Lab, topo: &Topology, test: Test, secs: u32) -> Result<Samp
 }
 
 /// Waits (at most 20 s) until host A reaches host B.
-fn wait_path(topo: &Topology) -> Result<()> {
+pub(crate) fn wait_path(topo: &Topology) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut last = String::new();
     for _ in 0..40 {
@@ -1048,7 +1048,7 @@ fn log_tail(files: &[PathBuf], n: usize) -> String {
 }
 
 /// `err` with the logs' last lines.
-fn with_logs(err: anyhow::Error, logs: &[PathBuf]) -> anyhow::Error {
+pub(crate) fn with_logs(err: anyhow::Error, logs: &[PathBuf]) -> anyhow::Error {
     anyhow!("{err:#}{}", log_tail(logs, 12))
 }
 
@@ -1257,7 +1257,7 @@ fn start_espgate(
 }
 
 /// Waits (at most `limit`) for `ok`, failing early when child `what` exits.
-fn wait_for(
+pub(crate) fn wait_for(
     lab: &mut Lab,
     whats: &[&str],
     limit: Duration,
