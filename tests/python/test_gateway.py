@@ -573,6 +573,9 @@ def test_bad_input_is_counted_and_survived(lab):
         time.sleep(0.1)
     assert {k: st["drops"].get(k, 0) for k in want} == want, st["drops"]
     assert st["counters"]["keepalives"] == 1 and st["counters"]["ike"] == 1, st["counters"]
+    # Every drop path, the first line of each reason included, allocates
+    # nothing on the packet path (the rate limiter's table is made up front).
+    assert st["counters"]["hot_path_allocs"] == 0, st["counters"]
     inbound = a.sas("in")[0]
     assert inbound["drops"] == {"bad_length": 1, "replay": 2, "icv_failure": 1}, inbound
     # The log says why, at most once per second per reason.

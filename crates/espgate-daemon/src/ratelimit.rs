@@ -37,6 +37,15 @@ impl<K: Hash + Eq + Clone> RateLimiter<K> {
         }
     }
 
+    /// Like [`RateLimiter::new`], with room for `keys` keys made up front:
+    /// the data plane's limiter knows its keys (the drop reasons), and its
+    /// first line of a reason must not allocate on the packet path.
+    pub fn with_capacity(period: Duration, keys: usize) -> RateLimiter<K> {
+        let mut slots = FxHashMap::default();
+        slots.reserve(keys);
+        RateLimiter { period, slots }
+    }
+
     /// May a line for `key` be written at `now`? `Some(n)`: yes, and `n`
     /// lines were suppressed since the last one; `None`: no (counted).
     pub fn check(&mut self, key: K, now: Duration) -> Option<u64> {

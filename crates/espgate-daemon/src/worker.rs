@@ -261,7 +261,9 @@ impl<'a> Worker<'a> {
         // When each connection last sent something (NAT keepalives).
         let mut last_tx = vec![Duration::ZERO; lock(self.engine).connections().len()];
         let mut costs = Costs::over(self.costs.clone());
-        let mut limiter = RateLimiter::new(Duration::from_secs(1));
+        // Keys: every drop reason, and "ike".
+        let mut limiter =
+            RateLimiter::with_capacity(Duration::from_secs(1), DropReason::ALL.len() + 1);
         let counters = lock(self.engine).stats().clone();
         let counters = &counters.counters;
         let mut next_tick = Instant::now() + TICK;
