@@ -200,6 +200,11 @@ pub struct Args {
     /// Prefix of the namespace names [default: egdos-PID].
     #[arg(long, value_name = "P")]
     pub prefix: Option<String>,
+    /// Run the gateways from this espgate binary instead of this one
+    /// (the flooder stays this one): a before/after of a change on the
+    /// same machine in one session.
+    #[arg(long, value_name = "FILE")]
+    pub gateway_exe: Option<PathBuf>,
 }
 
 /// What is flooded.
@@ -311,6 +316,8 @@ pub struct Options {
     pub json: Option<PathBuf>,
     /// Namespace prefix.
     pub prefix: String,
+    /// The gateways' binary, when not this one.
+    pub gateway_exe: Option<PathBuf>,
 }
 
 impl Options {
@@ -375,6 +382,7 @@ impl Options {
             rate: args.rate,
             ike_proposal: args.ike_proposal.clone(),
             json: args.json.clone(),
+            gateway_exe: args.gateway_exe.clone(),
             prefix,
         })
     }
@@ -1033,8 +1041,23 @@ pub fn run_bench(
     // even if the file is rebuilt while the bench runs.
     let exe = lab.work.join("espgate");
     std::fs::copy("/proc/self/exe", &exe).context("copying this espgate binary")?;
+    let gw_exe = match &opts.gateway_exe {
+        Some(p) => {
+            let to = lab.work.join("espgate-gateway");
+            std::fs::copy(p, &to).with_context(|| format!("copying {}", p.display()))?;
+            to
+        }
+        None => exe.clone(),
+    };
     let mut rows = Vec::new();
-    let r = run_all(&mut lab, &exe, opts, version, &mut rows, &mut progress);
+    let r = run_all(
+        &mut lab,
+        [&exe, &gw_exe],
+        opts,
+        version,
+        &mut rows,
+        &mut progress,
+    );
     let r = if netlab::interrupted() {
         Err(anyhow!("interrupted"))
     } else {
@@ -1057,7 +1080,7 @@ fn write_json(opts: &Options, rows: &[Row]) -> Result<()> {
 
 fn run_all(
     lab: &mut Lab,
-    exe: &Path,
+    [exe, gw_exe]: [&Path; 2],
     opts: &Options,
     version: &str,
     rows: &mut Vec<Row>,
@@ -1085,7 +1108,7 @@ fn run_all(
         progress(&format!("[0/{total}] setting up the ESP tunnel"));
         let setup = (|| -> Result<(Topology, Gateways, Vec<String>)> {
             let topo = Topology::create(lab, &opts.prefix, None)?;
-            let gw = start_esp_gateways(lab, &topo, exe)?;
+            let gw = start_esp_gateways(lab, &topo, gw_exe)?;
             tunnel::wait_path(&topo).map_err(|e| tunnel::with_logs(e, &gw.logs))?;
             let notes = allow_spoofed_sources(&topo, opts.spoof.is_some())?;
             Ok((topo, gw, notes))
@@ -1127,7 +1150,7 @@ fn run_all(
         let mut row = new_row(s);
         let mut step = |what: &str| progress(&format!("[{i}/{total}] {}: {what}", s.name()));
         step("setting up the IKE connection");
-        if let Err(e) = ike_scenario(lab, exe, s, opts, &mut row, &mut step) {
+        if let Err(e) = ike_scenario(lab, [exe, gw_exe], s, opts, &mut row, &mut step) {
             netlab::check_interrupt()?;
             row.error = Some(format!("{e:#}"));
         }
@@ -1667,7 +1690,7 @@ fn trial(sock_a: &Path, limit: Duration) -> Result<Option<f64>> {
 
 fn ike_scenario(
     lab: &mut Lab,
-    exe: &Path,
+    [exe, gw_exe]: [&Path; 2],
     s: Scenario,
     opts: &Options,
     row: &mut Row,
@@ -1677,7 +1700,7 @@ fn ike_scenario(
     let psk = random_hex(24)?;
     let gw = start_gateways(
         lab,
-        exe,
+        gw_exe,
         [
             ("a", &topo.ga, ike_config(GW_A, GW_B, NET_A, NET_B, true)),
             ("b", &topo.gb, ike_config(GW_B, GW_A, NET_B, NET_A, false)),
@@ -2168,6 +2191,7 @@ mod tests {
             ike_proposal: DEFAULT_IKE_PROPOSAL.into(),
             json: None,
             prefix: Some("egd-1".into()),
+            gateway_exe: None,
         }
     }
 
