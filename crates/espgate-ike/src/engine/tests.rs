@@ -591,6 +591,44 @@ fn rekeying(ike_rekey: u64, child_rekey: u64) -> Pair {
     Pair::new(ca, cb)
 }
 
+/// The sizes of every table an engine keeps per SA, SPI or timer.
+fn table_sizes(e: &Ike) -> [usize; 9] {
+    [
+        e.sas.len(),
+        e.by_spi.len(),
+        e.by_init.len(),
+        e.by_conn.iter().map(Vec::len).sum(),
+        e.child_spis.len(),
+        e.ike_spis.len(),
+        e.deadlines.len(),
+        e.lingering.len(),
+        e.restart_at.len(),
+    ]
+}
+
+/// Hundreds of child and IKE rekeys leave every table of both engines
+/// the size it had after the first few (what a long soak relies on).
+#[test]
+fn rekeys_leave_no_residue_in_the_tables() {
+    let mut p = rekeying(20, 3);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    p.advance(Duration::from_secs(60));
+    let (a0, b0) = (table_sizes(&p.a), table_sizes(&p.b));
+    let rekeys0 = p.a.counter(IkeEvent::ChildRekeys);
+    p.advance(Duration::from_secs(1200));
+    assert!(p.a.counter(IkeEvent::ChildRekeys) >= rekeys0 + 300);
+    assert!(p.a.counter(IkeEvent::IkeRekeys) >= 50);
+    let (a1, b1) = (table_sizes(&p.a), table_sizes(&p.b));
+    for (x0, x1) in a0.iter().zip(&a1).chain(b0.iter().zip(&b1)) {
+        assert!(
+            x1 <= &(x0 + 2),
+            "tables grew: A {a0:?} -> {a1:?}, B {b0:?} -> {b1:?}"
+        );
+    }
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+}
+
 #[test]
 fn child_rekey_is_make_before_break() {
     let mut p = rekeying(0, 5);
