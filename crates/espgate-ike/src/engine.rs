@@ -4224,6 +4224,27 @@ impl Ike {
         );
     }
 
+    /// ESP (or AH) arrived on the child SAs with these inbound SPIs since
+    /// the last call: the peer is alive (RFC 7296 §2.4 asks for a liveness
+    /// check only when nothing protected came in), so each IKE SA owning
+    /// one of them waits `dpd_delay` from `now` before its next check.
+    pub fn traffic_received(&mut self, now: Duration, spis_in: &[u32]) {
+        if spis_in.is_empty() {
+            return;
+        }
+        let hit: Vec<usize> = self
+            .sas
+            .iter()
+            .filter(|(_, sa)| sa.children.iter().any(|c| spis_in.contains(&c.spi_in)))
+            .map(|(i, _)| i)
+            .collect();
+        for i in hit {
+            let sa = &mut self.sas[i];
+            sa.last_rx = sa.last_rx.max(now);
+            self.rearm(i);
+        }
+    }
+
     /// Retransmissions, rekeys, expiries and liveness checks due at `now`;
     /// only the SAs with a due timer are visited.
     pub fn handle_timeout(&mut self, now: Duration) {

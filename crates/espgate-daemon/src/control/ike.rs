@@ -16,6 +16,8 @@ use espgate_config::LoadedConfig;
 use espgate_core::gateway::{del_sa_all, install_negotiated_all, Engine, NegotiatedSa};
 use espgate_ike::engine::IkeSnapshot;
 use espgate_ike::engine::{CommandError, Event, Ike, IkeOp, IkeStatus, Level, Ports};
+use espgate_core::gateway::WorkerStats;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -40,6 +42,11 @@ pub struct IkeDriver {
     log_limit: RateLimiter<String>,
     /// On a cluster node: whether it leads, and the SAs it shares.
     cluster: Option<ClusterIke>,
+    /// Inbound packets per inbound SPI over all workers at the last look
+    /// ([`IkeDriver::note_traffic`]).
+    inbound_seen: HashMap<u32, u64>,
+    /// When to look again.
+    next_look: Duration,
 }
 
 /// The IKE side of a cluster node: only the leader runs IKE (the others
@@ -66,6 +73,9 @@ const IKE_RECV_SLOTS: usize = 16;
 /// Datagrams read from UDP 500 per wake-up before the engine's answers go
 /// out and the other tasks of the control thread get their turn.
 const IKE_RECV_PER_WAKE: usize = 256;
+
+/// How often the data plane's inbound counters are read for liveness.
+pub const TRAFFIC_LOOK: Duration = Duration::from_secs(1);
 
 /// Monotonic nanoseconds for the engine's cost accounting.
 fn mono_ns() -> u64 {
@@ -146,6 +156,8 @@ impl IkeDriver {
                 ignored: 0,
                 seen: Vec::new(),
             }),
+            inbound_seen: HashMap::new(),
+            next_look: Duration::ZERO,
         }))
     }
 
@@ -328,6 +340,32 @@ impl IkeDriver {
             return;
         }
         self.ike.handle(now, local, remote, data);
+    }
+
+    /// Tells the IKE engine which child SAs received packets since the
+    /// last look (at most once a second, and always before a due timer
+    /// runs): inbound ESP proves the peer alive, so no liveness check goes
+    /// out while it keeps coming (RFC 7296 §2.4). Reads the workers'
+    /// counters without stopping them.
+    pub fn note_traffic(&mut self, stats: &[Arc<WorkerStats>], now: Duration) {
+        let due = self.ike.poll_timeout().is_some_and(|t| t <= now);
+        if self.passive() || (!due && now < self.next_look) {
+            return;
+        }
+        self.next_look = now + TRAFFIC_LOOK;
+        let mut counts: HashMap<u32, u64> = HashMap::new();
+        for s in stats {
+            for e in s.sas().iter().filter(|e| !e.outbound) {
+                *counts.entry(e.spi).or_default() += e.counters.packets.get();
+            }
+        }
+        let active: Vec<u32> = counts
+            .iter()
+            .filter(|(spi, n)| self.inbound_seen.get(spi).map_or(**n > 0, |m| *n > m))
+            .map(|(spi, _)| *spi)
+            .collect();
+        self.inbound_seen = counts;
+        self.ike.traffic_received(now, &active);
     }
 
     /// Runs due timers, sends what the engine wants sent and applies its

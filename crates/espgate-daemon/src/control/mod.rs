@@ -400,10 +400,13 @@ async fn ike_task(
     locked(driver).start(ctl.now());
     locked(driver).pump(&ctl.engines, ctl.now());
     loop {
+        // At least once a second: the data plane's inbound traffic counts
+        // as hearing from the peer (`IkeDriver::note_traffic`).
         let deadline = locked(driver)
             .next_timeout()
             .map(|t| ctl.start + t)
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))
+            .min(Instant::now() + ike::TRAFFIC_LOOK);
         tokio::select! {
             r = fd.readable() => {
                 let Ok(mut guard) = r else { return };
@@ -423,6 +426,8 @@ async fn ike_task(
             () = ctl.ike_kick.notified() => {}
             _ = stop.changed() => return,
         }
-        locked(driver).pump(&ctl.engines, ctl.now());
+        let mut d = locked(driver);
+        d.note_traffic(&ctl.stats, ctl.now());
+        d.pump(&ctl.engines, ctl.now());
     }
 }

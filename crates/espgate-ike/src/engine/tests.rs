@@ -765,6 +765,44 @@ fn ike_rekey_whose_keys_cannot_be_installed_keeps_the_children() {
     p.assert_matched();
 }
 
+/// Inbound ESP on a child SA counts as hearing from the peer (RFC 7296
+/// §2.4): while it keeps coming, no liveness check is sent; once it
+/// stops, the checks resume after `dpd_delay`.
+#[test]
+fn inbound_esp_postpones_liveness_checks() {
+    let mut ca = conf(
+        A,
+        B,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16",
+        "10.1.0.0/16",
+        "10.2.0.0/16",
+    );
+    ca.dpd_delay = Duration::from_secs(10);
+    let cb = conf(
+        B,
+        A,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16",
+        "10.2.0.0/16",
+        "10.1.0.0/16",
+    );
+    let mut p = Pair::new(ca, cb);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let spi_in = p.a.sas.iter().next().unwrap().1.children[0].spi_in;
+    for _ in 0..30 {
+        p.advance(Duration::from_secs(1));
+        p.a.traffic_received(p.now, &[spi_in]);
+    }
+    assert_eq!(p.a.counter(IkeEvent::DpdSent), 0);
+    // An SPI of no child changes nothing.
+    p.advance(Duration::from_secs(11));
+    p.a.traffic_received(p.now, &[7]);
+    assert_eq!(p.a.counter(IkeEvent::DpdSent), 1);
+    assert_eq!(established(&p.a), 1);
+}
+
 #[test]
 fn dpd_detects_a_dead_peer_and_restart_recovers() {
     let mut ca = conf(
