@@ -219,6 +219,9 @@ struct Round<'a> {
     costs: Option<&'a mut Costs>,
     limiter: &'a mut RateLimiter,
     w: &'a Worker<'a>,
+    /// The time of the batch being processed: one clock reading per
+    /// `recvmmsg` rather than one per datagram (and another per drop).
+    clock: Option<Duration>,
 }
 
 impl<'a> Worker<'a> {
@@ -283,6 +286,7 @@ impl<'a> Worker<'a> {
                     costs: on.then_some(&mut costs),
                     limiter: &mut limiter,
                     w: self,
+                    clock: None,
                 };
                 // The packet handlers are the hot path: allocations in them
                 // are counted (`hot_path_allocs`), and there should be none.
@@ -380,7 +384,7 @@ fn log_event(ev: &EngineEvent) {
 
 impl Round<'_> {
     fn now(&self) -> Duration {
-        self.w.start.elapsed()
+        self.clock.unwrap_or_else(|| self.w.start.elapsed())
     }
 
     /// A drop the engine reported: counted already; a log line when the
@@ -810,6 +814,7 @@ impl Round<'_> {
                 }
             };
             self.cost_received(t, Dir::Inbound);
+            self.clock = Some(self.w.start.elapsed());
             read += got;
             for i in 0..got {
                 let Some((data, meta)) = rx.get(i) else {
@@ -842,6 +847,7 @@ impl Round<'_> {
                 }
             }
         }
+        self.clock = None;
         self.flush_tun(co);
     }
 
@@ -889,6 +895,7 @@ impl Round<'_> {
                 }
             };
             self.cost_received(t, Dir::Inbound);
+            self.clock = Some(self.w.start.elapsed());
             read += got;
             for i in 0..got {
                 let Some((data, meta)) = rx.get(i) else {
@@ -920,6 +927,7 @@ impl Round<'_> {
                 self.receive(buf, from, co);
             }
         }
+        self.clock = None;
         self.flush_tun(co);
     }
 }
