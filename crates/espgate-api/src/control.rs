@@ -39,7 +39,7 @@ use crate::status::{SaStatus, Status};
 use crate::wireshark::SaKeys;
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -257,16 +257,47 @@ impl Response {
         self.encode(true)
     }
 
+    /// The JSON line with its newline, as the daemon sends it. An answer
+    /// with keys (`wireshark_keys`, `cluster_export`, `cluster_share`) is
+    /// written once at its final size (measured first) into a buffer wiped
+    /// on drop, so that it leaves no copy in freed memory, as a growing
+    /// buffer's old allocations would.
+    pub fn to_secret_line(&self) -> Zeroizing<Vec<u8>> {
+        let mut out = match self {
+            Response::Keys(_) | Response::ClusterSas(_) => secret_json(|w| self.write(w, false), 1)
+                .unwrap_or_else(|e| {
+                    Zeroizing::new(
+                        format!(r#"{{"ok":false,"error":"encoding the answer: {e}"}}"#)
+                            .into_bytes(),
+                    )
+                }),
+            // No keys: encoded once, as before.
+            _ => Zeroizing::new(self.to_line().into_bytes()),
+        };
+        out.push(b'\n');
+        out
+    }
+
     fn encode(&self, pretty: bool) -> String {
-        fn enc<T: Serialize>(v: &T, pretty: bool) -> serde_json::Result<String> {
+        let mut out = Vec::new();
+        match self.write(&mut out, pretty) {
+            // serde_json writes UTF-8 only.
+            Ok(()) => String::from_utf8(out).unwrap_or_default(),
+            Err(e) => format!(r#"{{"ok":false,"error":"encoding the answer: {e}"}}"#),
+        }
+    }
+
+    fn write(&self, w: &mut dyn Write, pretty: bool) -> serde_json::Result<()> {
+        fn enc<T: Serialize>(w: &mut dyn Write, v: &T, pretty: bool) -> serde_json::Result<()> {
             if pretty {
-                serde_json::to_string_pretty(v)
+                serde_json::to_writer_pretty(w, v)
             } else {
-                serde_json::to_string(v)
+                serde_json::to_writer(w, v)
             }
         }
-        let r = match self {
+        match self {
             Response::Status(s) => enc(
+                w,
                 &Ok {
                     ok: true,
                     body: StatusBody { status: s.clone() },
@@ -274,6 +305,7 @@ impl Response {
                 pretty,
             ),
             Response::Sas(sas) => enc(
+                w,
                 &Ok {
                     ok: true,
                     body: SasBody { sas: sas.clone() },
@@ -281,23 +313,24 @@ impl Response {
                 pretty,
             ),
             Response::Keys(keys) => enc(
+                w,
                 &Ok {
                     ok: true,
                     body: SasRef { sas: keys },
                 },
                 pretty,
             ),
-            Response::Changed(c) => enc(&Ok { ok: true, body: c }, pretty),
-            Response::ClusterSas(c) => enc(&Ok { ok: true, body: c }, pretty),
+            Response::Changed(c) => enc(w, &Ok { ok: true, body: c }, pretty),
+            Response::ClusterSas(c) => enc(w, &Ok { ok: true, body: c }, pretty),
             Response::Error(e) => enc(
+                w,
                 &Refusal {
                     ok: false,
                     error: e,
                 },
                 pretty,
             ),
-        };
-        r.unwrap_or_else(|e| format!(r#"{{"ok":false,"error":"encoding the answer: {e}"}}"#))
+        }
     }
 
     /// Parses the answer `line` to `req` (the answer's shape depends on
@@ -343,6 +376,95 @@ pub fn parse_request(line: &[u8]) -> Result<Request, String> {
              terminate, cluster, cluster_export and cluster_share"
         )
     })
+}
+
+/// Counts the bytes written to it.
+struct Count(usize);
+
+impl Write for Count {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What `write` writes (JSON that may carry keys), in a buffer wiped on
+/// drop with room for `extra` bytes more. `write` runs twice: once to
+/// measure, once into a buffer of exactly that size, so the buffer never
+/// grows (a `Vec` that grows frees its old allocation unwiped).
+pub fn secret_json(
+    write: impl Fn(&mut dyn Write) -> serde_json::Result<()>,
+    extra: usize,
+) -> serde_json::Result<Zeroizing<Vec<u8>>> {
+    let mut count = Count(0);
+    write(&mut count)?;
+    let mut out = Zeroizing::new(Vec::with_capacity(count.0 + extra));
+    write(&mut *out)?;
+    Ok(out)
+}
+
+/// A byte buffer for protocol lines that may carry keys (an `sa_add`
+/// request, a `wireshark_keys` answer): wiped on drop, and when it grows
+/// its content moves to a new allocation and the old one is wiped before
+/// it is freed (`Vec`'s own growth would leave a copy in freed memory).
+/// Consumed lines are wiped at once.
+#[derive(Default)]
+pub struct LineBuf {
+    buf: Zeroizing<Vec<u8>>,
+    /// Where the slice [`LineBuf::spare`] handed out begins.
+    reading: usize,
+}
+
+impl LineBuf {
+    /// The bytes held.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// A zeroed slice of at least `min` bytes at the end, to read into;
+    /// then [`LineBuf::filled`] says how many were read.
+    pub fn spare(&mut self, min: usize) -> &mut [u8] {
+        let len = self.buf.len();
+        if self.buf.capacity() - len < min {
+            let cap = (len + min).max(self.buf.capacity() * 2);
+            let mut grown = Zeroizing::new(Vec::with_capacity(cap));
+            grown.extend_from_slice(&self.buf);
+            // The old allocation is wiped as it drops.
+            self.buf = grown;
+        }
+        // Within the capacity: no reallocation.
+        let cap = self.buf.capacity();
+        self.buf.resize(cap, 0);
+        self.reading = len;
+        &mut self.buf[len..]
+    }
+
+    /// Keeps the first `n` bytes of the last [`LineBuf::spare`] slice.
+    pub fn filled(&mut self, n: usize) {
+        let keep = (self.reading + n).min(self.buf.len());
+        zeroize::Zeroize::zeroize(&mut self.buf[keep..]);
+        self.buf.truncate(keep);
+        self.reading = keep;
+    }
+
+    /// The end of the first line (the index of its newline) among the
+    /// first `limit` bytes.
+    pub fn line_end(&self, limit: usize) -> Option<usize> {
+        let n = self.buf.len().min(limit);
+        self.buf[..n].iter().position(|b| *b == b'\n')
+    }
+
+    /// Drops the first `n` bytes (a line answered), wiping them.
+    pub fn consume(&mut self, n: usize) {
+        let n = n.min(self.buf.len());
+        self.buf.copy_within(n.., 0);
+        let keep = self.buf.len() - n;
+        zeroize::Zeroize::zeroize(&mut self.buf[keep..]);
+        self.buf.truncate(keep);
+    }
 }
 
 /// Why a client request failed.
@@ -411,16 +533,36 @@ impl Client {
         s.set_read_timeout(Some(self.timeout))
             .and_then(|_| s.set_write_timeout(Some(self.timeout)))
             .map_err(|e| io(e, "configuring"))?;
-        let mut line = Zeroizing::new(
-            serde_json::to_vec(req).map_err(|e| ClientError::Other(format!("encoding: {e}")))?,
-        );
+        // Written at its final size (an `sa_add` or `cluster` request may
+        // carry keys: a growing buffer would free copies of them).
+        let mut line = secret_json(|w| serde_json::to_writer(w, req), 1)
+            .map_err(|e| ClientError::Other(format!("encoding: {e}")))?;
         line.push(b'\n');
         s.write_all(&line).map_err(|e| io(e, "writing to"))?;
-        let mut answer = Zeroizing::new(Vec::new());
-        BufReader::new(&s)
-            .take(MAX_ANSWER)
-            .read_until(b'\n', &mut answer)
-            .map_err(|e| io(e, "reading from"))?;
+        // Read straight into a buffer that wipes what it held (answers may
+        // carry keys), up to the newline, the end, or MAX_ANSWER bytes.
+        let mut answer = LineBuf::default();
+        let end = loop {
+            if let Some(i) = answer.line_end(usize::MAX) {
+                break i + 1;
+            }
+            let len = answer.bytes().len();
+            if len as u64 >= MAX_ANSWER {
+                break len;
+            }
+            let spare = answer.spare(4096);
+            let room = spare.len().min((MAX_ANSWER - len as u64) as usize);
+            match (&s).read(&mut spare[..room]) {
+                Ok(0) => {
+                    answer.filled(0);
+                    break len;
+                }
+                Ok(n) => answer.filled(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => answer.filled(0),
+                Err(e) => return Err(io(e, "reading from")),
+            }
+        };
+        let answer = &answer.bytes()[..end];
         if answer.is_empty() {
             return Err(ClientError::Other(format!(
                 "the daemon on {} closed the connection without answering",
@@ -659,5 +801,77 @@ mod tests {
             sas
         );
         assert!(Response::parse(&Request::SaList, b"{\"ok\":true}").is_err());
+    }
+
+    fn key_answer() -> Response {
+        Response::Keys(vec![SaKeys {
+            connection: "b".into(),
+            direction: "out".into(),
+            protocol: "esp".into(),
+            spi: 0x1001,
+            suite: "aes128gcm16".into(),
+            mode: "tunnel".into(),
+            src: "192.0.2.1".into(),
+            dst: "192.0.2.2".into(),
+            sport: Some(4500),
+            dport: Some(4500),
+            esn: false,
+            enc_key: "00112233445566778899aabbccddeeff01020304".into(),
+            integ_key: String::new(),
+        }])
+    }
+
+    #[test]
+    fn the_secret_line_is_the_line_written_at_its_final_size() {
+        for r in [
+            key_answer(),
+            Response::error("no"),
+            Response::Sas(Vec::new()),
+        ] {
+            let line = r.to_secret_line();
+            assert_eq!(&line[..], format!("{}\n", r.to_line()).as_bytes());
+        }
+        // Keys: measured first, never grown, so no unwiped copy was freed.
+        let line = key_answer().to_secret_line();
+        assert_eq!(line.capacity(), line.len());
+        let json = secret_json(|w| serde_json::to_writer(w, "x"), 3).unwrap();
+        assert_eq!((&json[..], json.capacity()), (&b"\"x\""[..], 6));
+    }
+
+    #[test]
+    fn a_line_buffer_reads_lines_and_wipes_what_it_drops() {
+        let mut b = LineBuf::default();
+        let first = b"{\"cmd\":\"sa_add\",\"spec\":\"enc=0011\"}\n{\"cmd\"";
+        let spare = b.spare(4);
+        assert!(spare.len() >= 4 && spare.iter().all(|x| *x == 0));
+        let n = spare.len().min(first.len());
+        spare[..n].copy_from_slice(&first[..n]);
+        b.filled(n);
+        assert_eq!(b.bytes(), &first[..n]);
+        // Growing keeps what was read.
+        while b.bytes().len() < first.len() {
+            let at = b.bytes().len();
+            let spare = b.spare(first.len());
+            let n = spare.len().min(first.len() - at);
+            spare[..n].copy_from_slice(&first[at..at + n]);
+            b.filled(n);
+        }
+        assert_eq!(b.bytes(), &first[..]);
+        let end = b.line_end(usize::MAX).unwrap();
+        assert_eq!(Some(end), first.iter().position(|x| *x == b'\n'));
+        assert_eq!(b.line_end(10), None, "not within the limit");
+        b.consume(end + 1);
+        assert_eq!(b.bytes(), b"{\"cmd\"");
+        assert_eq!(b.line_end(usize::MAX), None);
+        // The answered line is gone from the allocation too, not only from
+        // the visible bytes.
+        let held = b.buf.len();
+        // SAFETY: within the vector's capacity, all of it initialised by
+        // `spare` (zeroes or bytes read).
+        let rest = unsafe { std::slice::from_raw_parts(b.buf.as_ptr().add(held), end) };
+        assert!(rest.iter().all(|x| *x == 0), "{rest:?}");
+        b.spare(1);
+        b.filled(0);
+        assert_eq!(b.bytes(), b"{\"cmd\"");
     }
 }

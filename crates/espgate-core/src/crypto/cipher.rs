@@ -102,9 +102,42 @@ fn key_len_check(which: &'static str, expected: usize, key: &[u8]) -> Result<(),
     }
 }
 
+/// How much of the stack [`scrub_stack`] overwrites: far more than the
+/// frames of [`Transform::keyed`] and the aws-lc-rs calls under it use.
+const SCRUB_STACK: usize = 16 << 10;
+
+/// Overwrites [`SCRUB_STACK`] bytes of the stack below the caller's frame,
+/// where the functions it called before kept their temporaries.
+///
+/// aws-lc-rs builds an AES-CBC/ECB key (`UnboundCipherKey::new`,
+/// `EncryptingKey::cbc`, ...) as an `AES_KEY` value on the stack, whose
+/// first round keys are the key itself, and moves it by value a few times
+/// before it reaches our `Box`; only the last copy is wiped when the key
+/// is dropped. The copies left behind in dead stack frames would outlive
+/// the SA (found by tests/python/test_secrets.py on the control thread's
+/// stack), so the frames are overwritten once the key is built.
+#[inline(never)]
+fn scrub_stack() {
+    let mut area = [0u8; SCRUB_STACK];
+    // Volatile writes: not optimised away although never read.
+    zeroize::Zeroize::zeroize(&mut area);
+    std::hint::black_box(&area);
+}
+
 impl Transform {
     /// Keys `suite`. For combined modes `enc_key` ends with the 4-byte salt.
     pub fn new(suite: Suite, enc_key: &[u8], integ_key: &[u8]) -> Result<Transform, SuiteError> {
+        let t = Transform::keyed(suite, enc_key, integ_key);
+        // The key objects were built in `keyed`'s frame and below it, now
+        // dead: wipe the copies of key schedules left there.
+        scrub_stack();
+        t
+    }
+
+    /// [`Transform::new`], in a frame of its own (never inlined), so that
+    /// every stack temporary of the key objects lies below `new`'s frame.
+    #[inline(never)]
+    fn keyed(suite: Suite, enc_key: &[u8], integ_key: &[u8]) -> Result<Transform, SuiteError> {
         let enc = suite.enc.unwrap_or(Enc::Null);
         key_len_check("encryption", enc.key_len(), enc_key)?;
         key_len_check("integrity", suite.integ_key_len(), integ_key)?;

@@ -11,12 +11,13 @@ use crate::sys::RecvBatch;
 use crate::worker::lock;
 use anyhow::{Context, Result};
 use espgate_api::cluster::SharedIke;
+use espgate_api::control::secret_json;
 use espgate_api::ike::{ChildSaStatus, IkeDoc, IkeOpCost, IkeSaStatus};
 use espgate_config::LoadedConfig;
+use espgate_core::gateway::WorkerStats;
 use espgate_core::gateway::{del_sa_all, install_negotiated_all, Engine, NegotiatedSa};
 use espgate_ike::engine::IkeSnapshot;
 use espgate_ike::engine::{CommandError, Event, Ike, IkeOp, IkeStatus, Level, Ports};
-use espgate_core::gateway::WorkerStats;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
@@ -99,6 +100,15 @@ pub fn cost_rows(c: &espgate_ike::engine::IkeCosts) -> Vec<IkeOpCost> {
             })
         })
         .collect()
+}
+
+/// The JSON of an IKE SA's snapshot, keys included, written once at its
+/// final size (`serde_json::to_string` grows its buffer and frees the old
+/// allocations with parts of the keys in them); [`SharedIke`] wipes it.
+fn snapshot_json(snap: &IkeSnapshot) -> serde_json::Result<String> {
+    let mut buf = secret_json(|w| serde_json::to_writer(w, snap), 0)?;
+    // serde_json writes UTF-8 only; the bytes move into the string.
+    Ok(String::from_utf8(std::mem::take(&mut *buf)).unwrap_or_default())
 }
 
 impl IkeDriver {
@@ -266,7 +276,7 @@ impl IkeDriver {
             .ike
             .export(now)
             .into_iter()
-            .filter_map(|snap| match serde_json::to_string(&snap) {
+            .filter_map(|snap| match snapshot_json(&snap) {
                 Ok(state) => Some(SharedIke {
                     conn: snap.conn.clone(),
                     owner: me,

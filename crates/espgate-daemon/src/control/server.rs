@@ -8,21 +8,21 @@
 //! backlog); a request line longer than
 //! [`espgate_api::control::MAX_REQUEST`] gets an error and the connection
 //! is closed. Request lines (which carry keys for `sa_add`) are wiped from
-//! memory once parsed.
+//! memory once answered, answer lines (keys for `wireshark_keys` and
+//! `cluster_export`) once sent.
 
 use super::accept::accept_loop;
 use super::Control;
 use anyhow::{bail, Context, Result};
-use espgate_api::control::{parse_request, Response, MAX_REQUEST};
+use espgate_api::control::{parse_request, LineBuf, Response, MAX_REQUEST};
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
-use zeroize::Zeroizing;
 
 /// Clients served at once (more wait in the listen backlog).
 pub const MAX_CLIENTS: usize = 64;
@@ -172,28 +172,54 @@ pub async fn serve(
 }
 
 /// Answers one client's request lines until it closes.
+///
+/// Requests are read straight into a [`LineBuf`] rather than through a
+/// `BufReader`, whose buffer would be freed with an `sa_add` request's
+/// keys still in it; answers are written from
+/// [`Response::to_secret_line`]. Both wipe what they held.
 async fn client(stream: tokio::net::UnixStream, ctl: &Control) -> io::Result<()> {
-    let (rd, mut wr) = stream.into_split();
-    let mut rd = BufReader::new(rd);
+    let (mut rd, mut wr) = stream.into_split();
+    let mut buf = LineBuf::default();
+    let mut eof = false;
+    // A request line must be complete within IDLE_TIMEOUT of the previous
+    // answer (or of connecting).
+    let mut deadline = tokio::time::Instant::now() + IDLE_TIMEOUT;
     loop {
-        let mut line = Zeroizing::new(Vec::new());
-        let mut limited = (&mut rd).take(MAX_REQUEST as u64 + 1);
-        let read = limited.read_until(b'\n', &mut line);
-        let Ok(n) = tokio::time::timeout(IDLE_TIMEOUT, read).await else {
-            tracing::debug!("control client: silent for {IDLE_TIMEOUT:?}; closed");
-            return Ok(());
+        // The next line, with its newline, of at most MAX_REQUEST + 1 bytes.
+        let (len, complete) = match buf.line_end(MAX_REQUEST + 1) {
+            Some(i) => (i + 1, true),
+            None if eof || buf.bytes().len() > MAX_REQUEST => {
+                (buf.bytes().len().min(MAX_REQUEST + 1), false)
+            }
+            None => {
+                let spare = buf.spare(4096);
+                let Ok(read) = tokio::time::timeout_at(deadline, rd.read(spare)).await else {
+                    tracing::debug!("control client: silent for {IDLE_TIMEOUT:?}; closed");
+                    return Ok(());
+                };
+                let n = match read {
+                    Ok(n) => n,
+                    Err(e) => {
+                        buf.filled(0);
+                        return Err(e);
+                    }
+                };
+                buf.filled(n);
+                eof = n == 0;
+                continue;
+            }
         };
-        let n = n?;
-        if n == 0 {
+        if len == 0 {
             return Ok(());
         }
-        let complete = line.ends_with(b"\n");
-        let answer = if !complete && line.len() > MAX_REQUEST {
+        let answer = if !complete && len > MAX_REQUEST {
             Response::error(format!("request longer than {MAX_REQUEST} bytes"))
         } else {
-            let text = line.trim_ascii();
+            let text = buf.bytes()[..len].trim_ascii();
             if text.is_empty() {
                 if complete {
+                    buf.consume(len);
+                    deadline = tokio::time::Instant::now() + IDLE_TIMEOUT;
                     continue;
                 }
                 return Ok(());
@@ -203,12 +229,15 @@ async fn client(stream: tokio::net::UnixStream, ctl: &Control) -> io::Result<()>
                 Err(e) => Response::error(e),
             }
         };
-        let mut out = answer.to_line().into_bytes();
-        out.push(b'\n');
+        // The request is answered: wipe it now.
+        buf.consume(len);
+        let out = answer.to_secret_line();
+        drop(answer);
         wr.write_all(&out).await?;
         if !complete {
             // The last request, without its newline, or one too long.
             return Ok(());
         }
+        deadline = tokio::time::Instant::now() + IDLE_TIMEOUT;
     }
 }

@@ -308,6 +308,15 @@ fn remove(engines: &mut [&mut Engine], s: &SharedSa, why: &str) {
     }
 }
 
+/// The key in the hex text `hex`, decoded into a buffer of its final size
+/// (`hex::decode` collects into a growing `Vec`, whose old allocations
+/// would be freed with parts of the key in them).
+fn key_bytes(hex: &str) -> Option<Zeroizing<Vec<u8>>> {
+    let mut out = Zeroizing::new(vec![0u8; hex.len() / 2]);
+    hex::decode_to_slice(hex, &mut out[..]).ok()?;
+    Some(out)
+}
+
 /// Installs the shared SA `s` on every engine.
 fn install(engines: &mut [&mut Engine], s: &SharedSa, now: Duration) -> Result<String, String> {
     let protocol = Protocol::from_name(&s.protocol)
@@ -316,8 +325,8 @@ fn install(engines: &mut [&mut Engine], s: &SharedSa, now: Duration) -> Result<S
         .suite
         .parse()
         .map_err(|e| format!("suite {:?}: {e}", s.suite))?;
-    let enc = Zeroizing::new(hex::decode(&s.enc_key).map_err(|_| "bad enc_key hex")?);
-    let integ = Zeroizing::new(hex::decode(&s.integ_key).map_err(|_| "bad integ_key hex")?);
+    let enc = key_bytes(&s.enc_key).ok_or("bad enc_key hex")?;
+    let integ = key_bytes(&s.integ_key).ok_or("bad integ_key hex")?;
     let sa = NegotiatedSa {
         conn: &s.conn,
         outbound: s.outbound,

@@ -64,9 +64,12 @@ impl Serialize for Secret {
 impl<'de> Deserialize<'de> for Secret {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = Zeroizing::new(String::deserialize(d)?);
-        hex::decode(&*text)
-            .map(|v| Secret(Zeroizing::new(v)))
-            .map_err(serde::de::Error::custom)
+        // Decoded into a buffer of its final size: `hex::decode` collects
+        // into a growing `Vec`, whose old allocations would be freed with
+        // parts of the key in them.
+        let mut key = Zeroizing::new(vec![0u8; text.len() / 2]);
+        hex::decode_to_slice(&*text, &mut key[..]).map_err(serde::de::Error::custom)?;
+        Ok(Secret(key))
     }
 }
 
