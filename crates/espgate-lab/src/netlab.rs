@@ -140,27 +140,7 @@ fn run_bounded(
         .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("running {cmd:?}"))?;
-    let reader = |p: Option<Box<dyn Read + Send>>| {
-        p.map(|mut p| {
-            std::thread::spawn(move || {
-                let mut v = Vec::new();
-                let _ = p.read_to_end(&mut v);
-                v
-            })
-        })
-    };
-    let out = reader(
-        child
-            .stdout
-            .take()
-            .map(|s| Box::new(s) as Box<dyn Read + Send>),
-    );
-    let err = reader(
-        child
-            .stderr
-            .take()
-            .map(|s| Box::new(s) as Box<dyn Read + Send>),
-    );
+    let [out, err] = drain_output(&mut child);
     let deadline = Instant::now() + limit;
     let status = loop {
         if let Some(st) = child.try_wait()? {
@@ -174,12 +154,41 @@ fn run_bounded(
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    let text = |h: Option<std::thread::JoinHandle<Vec<u8>>>| {
-        h.and_then(|h| h.join().ok())
+    let text = |h: std::thread::JoinHandle<Vec<u8>>| {
+        h.join()
             .map(|v| String::from_utf8_lossy(&v).into_owned())
             .unwrap_or_default()
     };
     Ok((status, text(out), text(err)))
+}
+
+/// Reads a child's stdout and stderr to their ends on two threads, so that
+/// neither pipe fills and blocks it; join the threads for the bytes (empty
+/// for a stream that was not piped).
+pub fn drain_output(child: &mut std::process::Child) -> [std::thread::JoinHandle<Vec<u8>>; 2] {
+    let reader = |p: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut p) = p {
+                let _ = p.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    [
+        reader(
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        ),
+        reader(
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        ),
+    ]
 }
 
 /// Whether `tool` is an executable file in a `PATH` directory.

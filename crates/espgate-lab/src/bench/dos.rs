@@ -61,7 +61,6 @@ use espgate_api::status::Status;
 use espgate_api::table::{Column, Table};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
@@ -1484,27 +1483,7 @@ fn start_flood(
         .stderr(Stdio::piped())
         .spawn()
         .context("starting espgate bench flood")?;
-    let reader = |p: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            if let Some(mut p) = p {
-                let _ = p.read_to_end(&mut v);
-            }
-            v
-        })
-    };
-    let out = reader(
-        child
-            .stdout
-            .take()
-            .map(|s| Box::new(s) as Box<dyn Read + Send>),
-    );
-    let err = reader(
-        child
-            .stderr
-            .take()
-            .map(|s| Box::new(s) as Box<dyn Read + Send>),
-    );
+    let [out, err] = netlab::drain_output(&mut child);
     let pid = child.id();
     lab.adopt(FLOOD, child);
     Ok(Flood { pid, out, err })
