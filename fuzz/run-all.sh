@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Runs every fuzz target for $1 seconds (default 600), one after another,
 # with -max_len=4096. Each target's libFuzzer output goes to
-# fuzz/logs/<target>.log; a summary (libFuzzer's "Done N runs in S
-# second(s)" line, final coverage, crashes) is printed at the end.
+# fuzz/logs/<target>.log; a summary (per target the runs executed and the
+# seconds, from libFuzzer's "Done N runs in S second(s)" line, runs per
+# second, final coverage and corpus size, and any crash) is printed at
+# the end. fuzz/coverage.sh reads the same logs for its table.
 #
 #   fuzz/run-all.sh [SECONDS] [TARGET...]
 #
 # Environment:
-#   CMIN=0       do not minimise the corpora afterwards (default: minimise,
-#                keeping the hand-made seed-* files)
+#   CMIN=0       do not minimise the corpora afterwards (default: minimise
+#                with libFuzzer's -set_cover_merge=1, keeping the seed-* files)
 #   FUZZ_ARGS=…  extra libFuzzer arguments (e.g. "-rss_limit_mb=4096")
 #
 # Needs cargo-fuzz and a nightly toolchain (cargo +nightly fuzz ...).
@@ -43,26 +45,50 @@ for t in "${targets[@]}"; do
         "${dict[@]}" ${FUZZ_ARGS:-} >"logs/$t.log" 2>&1
     status[$t]=$?
     if [ "${CMIN:-1}" != 0 ] && [ "${status[$t]}" = 0 ]; then
+        # libFuzzer's set-cover merge: every feature of the corpus in the
+        # fewest files (smaller than cargo fuzz cmin's greedy merge); the
+        # seed-* files stay whatever it picks.
         keep=$(mktemp -d)
-        cp corpus/"$t"/seed-* "$keep"/ 2>/dev/null || true
-        cargo +nightly fuzz cmin "$t" "corpus/$t" -- -max_len=4096 >"logs/$t.cmin.log" 2>&1 ||
-            echo "   cmin failed; see fuzz/logs/$t.cmin.log"
-        cp "$keep"/* "corpus/$t"/ 2>/dev/null || true
+        if "target/x86_64-unknown-linux-gnu/release/$t" -set_cover_merge=1 -max_len=4096 \
+            "$keep" "corpus/$t" >"logs/$t.cmin.log" 2>&1 &&
+            [ -n "$(ls -A "$keep")" ]; then
+            for f in "corpus/$t"/*; do
+                b=$(basename "$f")
+                case "$b" in
+                seed-*) ;;
+                *) [ -e "$keep/$b" ] || rm -f "$f" ;;
+                esac
+            done
+            for f in "$keep"/*; do
+                [ -e "corpus/$t/$(basename "$f")" ] || cp "$f" "corpus/$t"/
+            done
+        else
+            echo "   corpus minimisation failed; see fuzz/logs/$t.cmin.log"
+        fi
         rm -rf "$keep"
     fi
 done
 
 echo
 echo "== summary (${secs}s per target)"
+printf '%-16s %12s %6s %9s  %s\n' target runs secs 'exec/s' 'final coverage; corpus'
 for t in "${targets[@]}"; do
     log="logs/$t.log"
-    done_line=$(grep -E '^Done [0-9]+ runs in [0-9]+ second' "$log" | tail -1)
+    # libFuzzer's own count: "Done N runs in S second(s)".
+    read -r runs took < <(grep -hE '^Done [0-9]+ runs in [0-9]+ second' "$log" 2>/dev/null | tail -1 |
+        sed -E 's/^Done ([0-9]+) runs in ([0-9]+) second.*/\1 \2/')
     final=$(grep -E '#[0-9]+[[:space:]]+(DONE|pulse|NEW|REDUCE)' "$log" | tail -1 |
-        grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [^ ]+|exec/s: [0-9]+' | paste -sd' ')
+        grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [^ ]+' | paste -sd' ')
     files=$(find "corpus/$t" -type f | wc -l)
     bytes=$(find "corpus/$t" -type f -exec cat {} + | wc -c)
-    printf '%-13s %s\n' "$t" "${done_line:-NO 'Done' LINE (exit ${status[$t]})}"
-    printf '%-13s %s; corpus %s files, %s bytes\n' "" "${final:-?}" "$files" "$bytes"
+    if [ -n "${runs:-}" ]; then
+        printf '%-16s %12s %6s %9s  %s; corpus %s files, %s bytes\n' "$t" "$runs" "$took" \
+            "$((runs / (took > 0 ? took : 1)))" "${final:-?}" "$files" "$bytes"
+    else
+        printf '%-16s NO "Done" LINE (exit %s); corpus %s files, %s bytes\n' "$t" \
+            "${status[$t]}" "$files" "$bytes"
+    fi
+    runs='' took=''
     if [ "${status[$t]}" != 0 ]; then
         printf '%-13s FAILED (exit %s): %s\n' "" "${status[$t]}" \
             "$(grep -m1 -E 'panicked at|ERROR: (libFuzzer|AddressSanitizer)' "$log")"

@@ -9,13 +9,22 @@
 
 use espgate_core::crypto::Suite;
 use espgate_core::sa::{Mode, Protocol};
-use espgate_core::wire::{esp, ipv6, proto};
+use espgate_core::wire::{esp, ipv6, proto, tcp};
 use espgate_core::{PacketBuf, Sa};
 use espgate_fuzz::{addr, inbound_configs, ip_packet, sa_ix, stacks, udp_packet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 const T0: Duration = Duration::ZERO;
+
+mod seeds {
+    #[path = "config.rs"]
+    pub mod config;
+    #[path = "control.rs"]
+    pub mod control;
+    #[path = "ike.rs"]
+    pub mod ike;
+}
 
 fn out_dir(target: &str) -> PathBuf {
     let d = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -114,6 +123,83 @@ fn trailer(mut payload: Vec<u8>, nh: u8, align: usize) -> Vec<u8> {
     payload
 }
 
+/// A TCP segment with `opts` (a multiple of 4 bytes) and a valid
+/// checksum between `src` and `dst`.
+fn tcp_segment(src: std::net::IpAddr, dst: std::net::IpAddr, flags: u8, opts: &[u8]) -> Vec<u8> {
+    let hl = 20 + opts.len();
+    let mut t = vec![0u8; hl + 6];
+    t[..4].copy_from_slice(&[0x04, 0xd2, 0x01, 0xbb]);
+    t[4..8].copy_from_slice(&7u32.to_be_bytes());
+    t[12] = ((hl / 4) as u8) << 4;
+    t[13] = flags;
+    t[14..16].copy_from_slice(&64240u16.to_be_bytes());
+    t[20..hl].copy_from_slice(opts);
+    t[hl..].copy_from_slice(b"hello!");
+    tcp::Tcp::new_checked(&mut t[..])
+        .unwrap()
+        .fill_checksum(src, dst);
+    t
+}
+
+/// wire_parse seeds for the views and layouts the first ones do not reach.
+fn wire_extra() {
+    let (s4, d4) = (addr(false, 1, 10), addr(false, 2, 20));
+    let (s6, d6) = (addr(true, 1, 10), addr(true, 2, 20));
+    // A Q-ESP header (clear ports 1234 -> 443, TCP) and a body.
+    let mut q = vec![0x04, 0xd2, 0x01, 0xbb, proto::TCP, 0, 0, 0];
+    q.extend_from_slice(&0x3001u32.to_be_bytes());
+    q.extend_from_slice(&5u32.to_be_bytes());
+    q.extend_from_slice(&[0x42; 32]);
+    write("wire_parse", "qesp-v4", &ip_packet(s4, d4, 253, 0, &q));
+    write("wire_parse", "qesp-v6", &ip_packet(s6, d6, 253, 0, &q));
+    write("wire_parse", "qesp-header", &q);
+    // TCP SYN: NOP then MSS at an odd offset, window scale, SACK permitted.
+    let opts = [1, 2, 4, 0x05, 0xb4, 3, 3, 7, 4, 2, 0, 0];
+    let syn4 = tcp_segment(s4, d4, 0x02, &opts);
+    write(
+        "wire_parse",
+        "tcp-syn-v4",
+        &ip_packet(s4, d4, proto::TCP, 0, &syn4),
+    );
+    let syn6 = tcp_segment(s6, d6, 0x12, &[2, 4, 0x05, 0xa0]);
+    write(
+        "wire_parse",
+        "tcp-synack-v6",
+        &ip_packet(s6, d6, proto::TCP, 0, &syn6),
+    );
+    write("wire_parse", "tcp-segment", &syn4);
+    // More IPv6 extension headers than the walk follows.
+    let mut ext = Vec::new();
+    for _ in 0..ipv6::MAX_EXT_HEADERS {
+        ext.extend_from_slice(&[proto::IPV6_OPTS, 0, 1, 4, 0, 0, 0, 0]);
+    }
+    ext.extend_from_slice(&[proto::UDP, 0, 1, 4, 0, 0, 0, 0]);
+    ext.extend_from_slice(&v6_udp(4)[40..]);
+    let mut p = ip_packet(s6, d6, proto::IPV6_OPTS, 0, &ext);
+    p[6] = proto::IPV6_OPTS;
+    write("wire_parse", "ipv6-ext-chain-long", &p);
+    write(
+        "wire_parse",
+        "spec-qesp",
+        b"spi=0x3001,suite=aes128gcm16,proto=qesp,ipproto=254,enc=000102030405060708090a0b0c0d0e0f10111213,src=192.0.2.1,dst=192.0.2.2",
+    );
+    write(
+        "wire_parse",
+        "spec-ipproto-esp",
+        b"spi=4097,suite=aes128gcm16,ipproto=253",
+    );
+    write(
+        "wire_parse",
+        "spec-ipproto-big",
+        b"spi=4097,suite=sha1,proto=ah,ipproto=300",
+    );
+    write(
+        "wire_parse",
+        "spec-odd-hex",
+        b"spi=4097,suite=null-sha1,integ=abc",
+    );
+}
+
 fn main() {
     // wire_parse
     let e1 = protect(&[sa_ix::E_CBC_SHA256], 1, &v4_udp(40)).unwrap();
@@ -185,6 +271,23 @@ fn main() {
                 &format!("valid-stack{si}-v{}", if v6 { 6 } else { 4 }),
                 &s,
             );
+            // The same through the cluster gate (byte 0 bits 2-3):
+            // Observe, ObserveDrop, Process.
+            if !v6 && si % 4 == 0 {
+                for g in 1..=3u8 {
+                    s[0] = 2 | g << 2;
+                    write("esp_inbound", &format!("valid-stack{si}-v4-gate{g}"), &s);
+                }
+                s[0] = 2;
+            }
+            // Lifetime limits (flags bits 4-5): hard after one packet, soft
+            // after one, by time.
+            if v6 && si % 5 == 0 {
+                for p in 1..=3u8 {
+                    s[6] = 1 | p << 4;
+                    write("esp_inbound", &format!("valid-stack{si}-v6-life{p}"), &s);
+                }
+            }
         }
         // mode 1: as mode 2 plus mutation count and one (op, pos, val) flip.
         let mut s = vec![1u8, si as u8, 0, 0, 0, 1, 0, 0x01, 0x55, 0, 0, 0, 7, 1];
@@ -208,7 +311,7 @@ fn main() {
         &[
             &[
                 2u8,
-                (sa_ix::N + sa_ix::E_NULL_SHA1) as u8,
+                (sa_ix::N_CLASSIC + sa_ix::E_NULL_SHA1) as u8,
                 0,
                 0,
                 0,
@@ -222,7 +325,7 @@ fn main() {
         .concat(),
     );
     // mode 3: sa, seq (4), flags, tos, nh, plaintext / AH payload.
-    for (i, c) in inbound_configs().iter().enumerate() {
+    for (i, c) in inbound_configs().iter().enumerate().take(sa_ix::N_CLASSIC) {
         let v6 = i % 2 == 1;
         let inner = if v6 { v6_udp(21) } else { v4_udp(21) };
         let (nh, body) = match (c.protocol, c.mode) {
@@ -244,10 +347,47 @@ fn main() {
             (Protocol::Ah, Mode::Transport) => {
                 (proto::UDP, inner[if v6 { 40 } else { 20 }..].to_vec())
             }
+            (Protocol::Qesp, _) => unreachable!("crafted mode has no Q-ESP SA"),
         };
         let mut s = vec![3u8, i as u8, 0, 0, 0, 0, u8::from(v6), 0, nh];
         s.extend_from_slice(&body);
         write("esp_inbound", &format!("crafted-sa{i}"), &s);
+        if i % 3 == 0 {
+            s[0] = 3 | 1 << 2;
+            write("esp_inbound", &format!("crafted-sa{i}-observe"), &s);
+        }
+    }
+    // Q-ESP (flags bit 5): an honest header, one lying about the ports
+    // (bit 4), an IPv6 inner packet over an IPv6 outer one.
+    for (name, flags, inner, nh) in [
+        ("crafted-qesp", 0x20u8, v4_udp(21), proto::IPV4),
+        ("crafted-qesp-lie", 0x30, v4_udp(21), proto::IPV4),
+        ("crafted-qesp-v6", 0x21, v6_udp(9), proto::IPV6),
+    ] {
+        let mut s = vec![3u8, 0, 0, 0, 0, 7, flags, 0, 0];
+        s.extend_from_slice(&trailer(inner, nh, 4));
+        write("esp_inbound", name, &s);
+    }
+    // AH over IPv6 with an extension header before it that AH cannot
+    // cover (routing, fragment) or that is malformed (raw mode).
+    if let Some(ah6) = protect(&[sa_ix::A_SHA256], 1, &v6_udp(20)) {
+        for (name, ext) in [
+            ("raw-ah-v6-routing", [proto::AH, 0, 0, 0, 0, 0, 0, 0]),
+            ("raw-ah-v6-opts-bad", [proto::AH, 0, 1, 9, 0, 0, 0, 0]),
+        ] {
+            let nh = if name.ends_with("routing") {
+                proto::IPV6_ROUTE
+            } else {
+                proto::IPV6_OPTS
+            };
+            let mut p = ah6[..40].to_vec();
+            p[6] = nh;
+            p.extend_from_slice(&ext);
+            p.extend_from_slice(&ah6[40..]);
+            let len = (p.len() - 40) as u16;
+            p[4..6].copy_from_slice(&len.to_be_bytes());
+            write("esp_inbound", name, &[&[0u8][..], &p].concat());
+        }
     }
     // A dummy (next header 59) packet and a CE-marked outer header.
     let mut s = vec![3u8, sa_ix::E_GCM as u8, 0, 0, 0, 0, 0, 0, 0];
@@ -307,6 +447,17 @@ fn main() {
             })
             .collect();
         write("spd_lookup", &format!("random{n}"), &bytes);
+    }
+
+    wire_extra();
+    for (name, text) in seeds::config::seeds() {
+        write("config_parse", &name, text.as_bytes());
+    }
+    for (name, line) in seeds::control::seeds() {
+        write("control_request", name, line.as_bytes());
+    }
+    for (name, bytes) in seeds::ike::seeds() {
+        write("ike_parse", name, &bytes);
     }
 
     println!("seeds written under {}", out_dir("").display());

@@ -2,16 +2,25 @@
 //! modes and encapsulations (see `espgate_fuzz::sa_ix`), built fresh for
 //! every input so replay state never leaks between runs.
 //!
-//! Byte 0 picks the mode:
+//! Byte 0 picks the mode (its low two bits) and the cluster gate (the next
+//! two, see below):
 //! - 0 `raw`: the rest is the packet.
 //! - 1 `mutated`: a valid packet (a fuzz-chosen inner packet protected by a
 //!   fuzz-chosen SA stack, see `espgate_fuzz::stacks`), then byte flips,
 //!   truncations and insertions.
-//! - 2 `valid`: the same packet unmodified.
+//! - 2 `valid`: the same packet unmodified; bits 4-5 of its flags byte
+//!   give the SAs lifetime limits (none; hard after one packet; soft after
+//!   one packet; soft and hard by time).
 //! - 3 `crafted`: an ESP packet whose *plaintext* is fuzz-chosen (padding,
 //!   next header, inner packet), sealed with the SA's real keys, or an AH
-//!   packet with a fuzz-chosen next header and payload and a correct ICV.
+//!   packet with a fuzz-chosen next header and payload and a correct ICV;
+//!   with flags bit 5 a Q-ESP packet (bit 4: its clear header lies about
+//!   the inner packet's ports).
 //!   This reaches everything behind the ICV check.
+//!
+//! Gate (`(byte 0 >> 2) & 3`), asked by `Sad::decapsulate_gated` for the
+//! outermost layer of the same packet on a fresh SAD, as on a cluster
+//! node: 0 none; 1 `Observe`; 2 `ObserveDrop`; 3 `Process`.
 //!
 //! Asserts:
 //! - every mode: an accepted packet has 1..=MAX_LAYERS SAs; a tunnel-mode
@@ -22,18 +31,34 @@
 //!   original packet (transport, IPv4 checksum recomputed), or
 //!   SelectorMismatch when the 3DES SA's selectors do not cover the inner
 //!   packet; replaying is refused with Replay (window 0: accepted again).
+//!   With lifetime limits: the soft and hard events are raised once each,
+//!   and a hard-expired SA refuses the packet again with SaExpired.
+//! - every mode: each SA that passed a packet counts it, the SA that
+//!   dropped one counts the drop (what `espgate status` shows).
 //! - mutated: if the same SAs accept it, the authenticated part of the
 //!   result equals the original (tunnel: the inner packet up to ECN bits;
 //!   transport: everything after the IP header).
 //! - crafted: the result (packet bytes, Dummy, or drop reason) equals a
 //!   reference model of RFC 4303 §3.4 / RFC 4302 §3.4 / RFC 6040 written
 //!   here independently of the core.
+//! - gates: the gate is asked once, with the outermost SA, the sequence
+//!   number on the wire and the packet's length. `Process` gives exactly
+//!   what `Sad::decapsulate` gives. `Observe` (and `ObserveDrop`, which
+//!   then drops with the gate's reason) succeeds whenever processing does;
+//!   when it fails, processing fails the same way on the same SA; when it
+//!   succeeds, processing never fails that SA's replay or ICV check; and
+//!   the observed packet is afterwards a replay (or, with window 0, is
+//!   processed as on a fresh SAD).
 #![no_main]
 
+use espgate_core::cost::NoProbe;
 use espgate_core::crypto::{AuthCtx, Enc, Mac, Transform};
 use espgate_core::sa::{self, Classified, Mode, Protocol};
-use espgate_core::sad::{InboundError, InboundResult, SaId, Sad, MAX_LAYERS};
-use espgate_core::wire::{ah, esp, flow, ip, proto, udp};
+use espgate_core::sa::{Lifetime, SaEvent};
+use espgate_core::sad::{
+    InGate, InboundError, InboundOutcome, InboundResult, SaId, Sad, MAX_LAYERS,
+};
+use espgate_core::wire::{ah, esp, flow, ip, proto, qesp, udp};
 use espgate_core::{DropReason, PacketBuf, Sa, SaConfig};
 use espgate_fuzz::{
     addr, clear_ecn, fix_v4_checksum, inbound_configs, inner_packet, ip_packet, outbound_seq,
@@ -44,25 +69,100 @@ use std::time::Duration;
 
 const T0: Duration = Duration::ZERO;
 const NAT_T: u16 = 4500;
-const CLASSIFIER: sa::Classifier = sa::Classifier::new().udp_port(NAT_T);
+/// The classifier, built once at run time as the daemon builds it: raw
+/// ESP and AH, ESP-in-UDP on port 4500, raw Q-ESP on protocol 253.
+static CLASSIFIER: std::sync::LazyLock<sa::Classifier> = std::sync::LazyLock::new(|| {
+    sa::Classifier::default()
+        .udp_port(NAT_T)
+        .qesp(qesp::DEFAULT_IP_PROTOCOL)
+});
 
 type Res = Result<InboundResult, InboundError>;
 
 fn build_sad() -> (Sad, Vec<SaId>) {
+    build_sad_with(Lifetime::default())
+}
+
+/// Every fixture SA, with lifetime limits `life`.
+fn build_sad_with(life: Lifetime) -> (Sad, Vec<SaId>) {
     let mut sad = Sad::new();
     let ids = inbound_configs()
         .iter()
         .map(|c| {
-            sad.insert(Sa::new(c.clone(), T0).expect("fixture SA"))
+            let mut c = c.clone();
+            c.lifetime = life;
+            sad.insert(Sa::new(c, T0).expect("fixture SA"))
                 .expect("unique SPI")
         })
         .collect();
     (sad, ids)
 }
 
+/// When time-based limits expire in the `valid` mode's lifetime profile 3.
+const LATER: Duration = Duration::from_secs(60);
+
+/// The lifetime profiles of the `valid` mode (flags bits 4-5): none; hard
+/// after one packet; soft after one packet; soft and hard by time.
+fn lifetime(profile: u8) -> Lifetime {
+    match profile {
+        1 => Lifetime {
+            hard_packets: Some(1),
+            ..Lifetime::default()
+        },
+        2 => Lifetime {
+            soft_packets: Some(1),
+            hard_bytes: Some(1 << 40),
+            ..Lifetime::default()
+        },
+        3 => Lifetime {
+            soft_time: Some(LATER / 2),
+            hard_time: Some(LATER),
+            ..Lifetime::default()
+        },
+        _ => Lifetime::default(),
+    }
+}
+
+/// After `applied` accepted one packet under lifetime profile `profile`:
+/// the events RFC 4301 §4.4.2.1 asks for, raised once each (time limits by
+/// the daemon's timer, `Sa::tick`); with a hard limit reached the same
+/// packet again is refused as `SaExpired` by the outermost SA, before its
+/// replay check. Returns false when the caller's replay check still
+/// applies (soft limits only).
+fn check_lifetime(sad: &mut Sad, applied: &[SaId], wire: &[u8], profile: u8) -> bool {
+    for &id in applied {
+        let sa = sad.get_mut(id).unwrap();
+        match profile {
+            1 => {
+                assert_eq!(sa.poll_event(), Some(SaEvent::HardExpired));
+                assert!(sa.lifetime().is_hard_expired());
+            }
+            2 => assert_eq!(sa.poll_event(), Some(SaEvent::SoftExpired)),
+            _ => {
+                assert_eq!(sa.poll_event(), None, "a time limit fired early");
+                sa.tick(LATER / 2);
+                assert_eq!(sa.poll_event(), Some(SaEvent::SoftExpired));
+                sa.tick(LATER);
+                assert_eq!(sa.poll_event(), Some(SaEvent::HardExpired));
+            }
+        }
+        assert_eq!(sa.poll_event(), None, "an event raised twice");
+    }
+    if profile == 2 {
+        return false;
+    }
+    let (r, _) = decap(sad, wire);
+    assert_eq!(
+        r.map_err(|e| (e.reason, e.sa)),
+        Err((DropReason::SaExpired, Some(applied[0]))),
+        "a hard-expired SA accepted a packet"
+    );
+    true
+}
+
 fn decap(sad: &mut Sad, pkt: &[u8]) -> (Res, Vec<u8>) {
     let mut b = PacketBuf::from_packet(pkt);
-    let r = sad.decapsulate(&mut b, &CLASSIFIER, T0);
+    let r = sad.decapsulate(&mut b, &*CLASSIFIER, T0);
     (r, b.as_slice().to_vec())
 }
 
@@ -100,10 +200,10 @@ fn generic(sad: &Sad, input: &[u8], r: &Res, out: &[u8]) {
         }
         Ok(InboundResult::Dummy(_)) => {}
         Ok(InboundResult::Ike) => {
-            assert_eq!(sa::classify(input, &CLASSIFIER), Ok(Classified::Ike))
+            assert_eq!(sa::classify(input, &*CLASSIFIER), Ok(Classified::Ike))
         }
         Ok(InboundResult::Keepalive) => {
-            assert_eq!(sa::classify(input, &CLASSIFIER), Ok(Classified::Keepalive))
+            assert_eq!(sa::classify(input, &*CLASSIFIER), Ok(Classified::Keepalive))
         }
         Err(e) => {
             // An unknown SPI is reported without an SA.
@@ -111,6 +211,32 @@ fn generic(sad: &Sad, input: &[u8], r: &Res, out: &[u8]) {
                 assert!(e.spi.is_some() && e.sa.is_none(), "{e:?}");
             }
         }
+    }
+    // What `espgate status` shows: a packet counted by each SA that
+    // passed it on, a drop by the SA that refused it.
+    match r {
+        Ok(InboundResult::Packet(ids)) => {
+            for id in ids {
+                assert!(
+                    sad.get(*id).unwrap().stats().packets >= 1,
+                    "{id:?} did not count"
+                );
+            }
+        }
+        // An SA's own refusal (a failure to classify what a transport-mode
+        // layer left names that SA too, without an SPI: not its drop).
+        Err(InboundError {
+            reason,
+            sa: Some(id),
+            spi: Some(_),
+        }) => {
+            let st = sad.get(*id).unwrap().stats();
+            assert!(
+                st.drops_for(*reason) >= 1,
+                "{id:?} did not count {reason:?}"
+            );
+        }
+        _ => {}
     }
 }
 
@@ -126,14 +252,15 @@ enum Expect {
 
 /// After the last transport-mode layer, the SAD classifies the result again:
 /// more IPsec is processed; a packet that does not parse as IP, or raw
-/// ESP/AH that cannot be classified, is dropped; any other well-formed
-/// packet (including UDP on the NAT-T port that is not ESP) is the payload.
+/// ESP/AH/Q-ESP (an IP protocol the classifier maps to IPsec) that cannot
+/// be classified, is dropped; any other well-formed packet (including UDP
+/// on the NAT-T port that is not ESP) is the payload.
 fn after_transport(ids: Vec<SaId>, out: Vec<u8>) -> Expect {
-    match sa::classify(&out, &CLASSIFIER) {
+    match sa::classify(&out, &*CLASSIFIER) {
         Ok(Classified::Ipsec(_)) => Expect::Unknown,
         Ok(_) | Err(DropReason::NotIpsec) => Expect::Packet(ids, out),
         Err(d) => match espgate_core::wire::ip::parse(&out) {
-            Ok(i) if i.protocol != 50 && i.protocol != 51 => Expect::Packet(ids, out),
+            Ok(i) if CLASSIFIER.ip_protocol(i.protocol).is_none() => Expect::Packet(ids, out),
             _ => Expect::Err(d),
         },
     }
@@ -203,6 +330,27 @@ fn ref_selectors(cfg: &SaConfig, pkt: &[u8]) -> Result<(), DropReason> {
     }
 }
 
+/// Q-ESP's clear fields of an IP packet (docs/QESP.md §3): the transport
+/// protocol after any IPv6 extension headers, and the ports when that
+/// protocol has them (TCP, UDP, DCCP, SCTP, UDP-Lite) and the packet holds
+/// the start of its header; else zero ports.
+fn ref_clear(pkt: &[u8]) -> Option<(u16, u16, u8)> {
+    let info = ip::parse(pkt).ok()?;
+    let l4 = pkt.get(info.payload_offset..info.packet_len).unwrap_or(&[]);
+    let ports = [proto::TCP, proto::UDP, 33, 132, 136].contains(&info.protocol)
+        && !info.later_fragment
+        && l4.len() >= 4;
+    Some(if ports {
+        (
+            u16::from_be_bytes([l4[0], l4[1]]),
+            u16::from_be_bytes([l4[2], l4[3]]),
+            info.protocol,
+        )
+    } else {
+        (0, 0, info.protocol)
+    })
+}
+
 /// Transport mode: the kept IP header, next header restored, lengths fixed.
 fn ref_transport(hdr: &[u8], payload: &[u8], nh_field: usize, nh: u8) -> Vec<u8> {
     let mut out = [hdr, payload].concat();
@@ -249,13 +397,144 @@ fn check_expect(what: &str, e: &Expect, r: &Res, out: &[u8], input: &[u8]) {
     }
 }
 
-fn raw(data: &[u8]) {
-    let (mut sad, _) = build_sad();
-    let (r, out) = decap(&mut sad, data);
-    generic(&sad, data, &r, &out);
+/// The same packet through `Sad::decapsulate_gated` on a fresh SAD, the
+/// gate answering as `gate` says; `reference` and `ref_out` are what
+/// `Sad::decapsulate` gave on another fresh SAD.
+fn gated(pkt: &[u8], reference: &Res, ref_out: &[u8], gate: u8) {
+    if gate == 0 {
+        return;
+    }
+    let why = DropReason::ClusterOutOfStep;
+    let answer = match gate {
+        1 => InGate::Observe,
+        2 => InGate::ObserveDrop(why),
+        _ => InGate::Process,
+    };
+    let (mut sad, ids) = build_sad();
+    let mut b = PacketBuf::from_packet(pkt);
+    // Left over from an earlier packet: must be cleared.
+    let mut applied = vec![SaId(u32::MAX); 2];
+    let mut asked = Vec::new();
+    let r = sad.decapsulate_gated(
+        &mut b,
+        &*CLASSIFIER,
+        T0,
+        &mut applied,
+        &mut NoProbe,
+        &mut |id, seq, len| {
+            asked.push((id, seq, len));
+            answer
+        },
+    );
+    assert!(asked.len() <= 1, "gate asked more than once: {asked:?}");
+    if let Some(&(_, seq, len)) = asked.first() {
+        assert_eq!(len, pkt.len());
+        let Ok(Classified::Ipsec(inb)) = sa::classify(pkt, &*CLASSIFIER) else {
+            panic!("gate asked for a packet that is not IPsec");
+        };
+        assert_eq!(Some(seq), inb.wire_seq(pkt));
+    }
+    let outer = asked.first().map(|a| a.0);
+    if gate == 3 {
+        let same = match (&r, reference) {
+            (Ok(InboundOutcome::Packet), Ok(InboundResult::Packet(want))) => {
+                applied == *want && b.as_slice() == ref_out
+            }
+            (Ok(InboundOutcome::Dummy(a)), Ok(InboundResult::Dummy(w))) => a == w,
+            (Ok(InboundOutcome::Ike), Ok(InboundResult::Ike))
+            | (Ok(InboundOutcome::Keepalive), Ok(InboundResult::Keepalive)) => true,
+            (Err(a), Err(w)) => a == w,
+            _ => false,
+        };
+        assert!(same, "gated Process {r:?} / decapsulate {reference:?}");
+        return;
+    }
+    match (&r, reference) {
+        (Ok(InboundOutcome::Ike), Ok(InboundResult::Ike))
+        | (Ok(InboundOutcome::Keepalive), Ok(InboundResult::Keepalive)) => {
+            assert!(outer.is_none());
+            return;
+        }
+        (_, Ok(InboundResult::Ike | InboundResult::Keepalive)) => {
+            panic!("gated {r:?} for {reference:?}")
+        }
+        _ => {}
+    }
+    let observed = match (gate, &r) {
+        (1, Ok(InboundOutcome::Observed(id))) => Some(*id),
+        (2, Err(e)) if e.reason == why && e.sa == outer && outer.is_some() => e.sa,
+        (_, Err(e)) => {
+            // Observing failed: processing fails alike on the same SA.
+            let Err(w) = reference else {
+                panic!("observe failed ({e:?}), processing gave {reference:?}");
+            };
+            assert_eq!((w.reason, w.sa), (e.reason, e.sa), "observe / process");
+            None
+        }
+        _ => panic!("gate {gate}: {r:?} for {reference:?}"),
+    };
+    let Some(id) = observed else { return };
+    assert_eq!(Some(id), outer);
+    if let Err(w) = reference {
+        if w.sa == Some(id) {
+            assert!(
+                !matches!(w.reason, DropReason::Replay | DropReason::Integrity),
+                "observed, but processing failed {w:?}"
+            );
+        }
+    }
+    // The observed packet is now a replay for that SA.
+    let (again, out) = decap(&mut sad, pkt);
+    let i = ids.iter().position(|x| *x == id).unwrap();
+    if inbound_configs()[i].replay_window == 0 {
+        assert_eq!(again, *reference, "window 0: observing changed the result");
+        if again.is_ok() {
+            assert_eq!(out, ref_out);
+        }
+    } else {
+        assert_eq!(
+            again.map_err(|e| (e.reason, e.sa)),
+            Err((DropReason::Replay, Some(id))),
+            "an observed packet was not a replay"
+        );
+    }
 }
 
-fn stacked(c: &mut Cursor<'_>, mutate: bool) {
+/// The SAD's bookkeeping around one SA (`pick`): removed, it is unknown;
+/// installed again it is found under its SPI (in the freed slot); a second
+/// SA with the same protocol and SPI is refused.
+fn sad_bookkeeping(sad: &mut Sad, ids: &[SaId], pick: usize) {
+    let n = sad.len();
+    assert!(!sad.is_empty() && n == ids.len() && sad.iter().count() == n);
+    let id = ids[pick % ids.len()];
+    let sa = sad.remove(id).expect("an installed SA");
+    let (p, spi) = (sa.config().protocol, sa.config().spi);
+    assert!(sad.lookup(p, spi).is_none() && sad.get(id).is_none());
+    assert!(sad.remove(id).is_none(), "removed twice");
+    assert_eq!(sad.len(), n - 1);
+    let again = sad.insert(sa).expect("installed again");
+    assert_eq!(
+        (again, sad.lookup(p, spi)),
+        (id, Some(id)),
+        "slot not reused"
+    );
+    let twin = Sa::new(inbound_configs()[pick % ids.len()].clone(), T0).unwrap();
+    assert!(sad.insert(twin).is_err(), "a duplicate SPI was installed");
+    assert_eq!(sad.len(), n);
+    assert!(sad
+        .iter()
+        .all(|(i, s)| sad.get(i).unwrap().config().spi == s.config().spi));
+}
+
+fn raw(data: &[u8], gate: u8) {
+    let (mut sad, ids) = build_sad();
+    sad_bookkeeping(&mut sad, &ids, data.len());
+    let (r, out) = decap(&mut sad, data);
+    generic(&sad, data, &r, &out);
+    gated(data, &r, &out, gate);
+}
+
+fn stacked(c: &mut Cursor<'_>, mutate: bool, gate: u8) {
     let cfgs = inbound_configs();
     let stack = &stacks()[usize::from(c.u8()) % stacks().len()];
     let seqv = c.u32();
@@ -284,7 +563,8 @@ fn stacked(c: &mut Cursor<'_>, mutate: bool) {
         stages.push(b.as_slice().to_vec());
     }
     let wire = stages.last().unwrap().clone();
-    let (mut sad, ids) = build_sad();
+    let profile = if mutate { 0 } else { (flags >> 4) & 3 };
+    let (mut sad, ids) = build_sad_with(lifetime(profile));
 
     // Model: outermost layer first, until a tunnel-mode layer. A transport-
     // mode ESP layer whose packet had next header 59 ("no next header") is
@@ -328,6 +608,14 @@ fn stacked(c: &mut Cursor<'_>, mutate: bool) {
         let (r, out) = decap(&mut sad, &wire);
         generic(&sad, &wire, &r, &out);
         check_expect("valid", &expect, &r, &out, &wire);
+        gated(&wire, &r, &out, gate);
+        if profile != 0 && expect != Expect::Unknown {
+            if let Ok(InboundResult::Packet(ids)) = &r {
+                if check_lifetime(&mut sad, ids, &wire, profile) {
+                    return;
+                }
+            }
+        }
         if r.is_ok() && expect != Expect::Unknown {
             // Replayed: the first layer with a replay window refuses it.
             let (r2, out2) = decap(&mut sad, &wire);
@@ -357,6 +645,7 @@ fn stacked(c: &mut Cursor<'_>, mutate: bool) {
     }
     let (r, out) = decap(&mut sad, &pkt);
     generic(&sad, &pkt, &r, &out);
+    gated(&pkt, &r, &out, gate);
     if let (Expect::Packet(ids, want), Ok(InboundResult::Packet(got))) = (&expect, &r) {
         if ids == got {
             if tunnel_end {
@@ -379,14 +668,17 @@ fn stacked(c: &mut Cursor<'_>, mutate: bool) {
     }
 }
 
-fn crafted(c: &mut Cursor<'_>) {
+fn crafted(c: &mut Cursor<'_>, gate: u8) {
     let cfgs = inbound_configs();
-    let i = usize::from(c.u8()) % sa_ix::N;
+    let i = usize::from(c.u8()) % sa_ix::N_CLASSIC;
     let seqv = c.u32();
     let flags = c.u8();
     let tos = c.u8();
     let nh_b = c.u8();
     let body = std::mem::replace(c, Cursor::new(&[])).rest();
+    // Flags bit 5: the Q-ESP SA instead (bit 4: its header lies about the
+    // inner packet's ports).
+    let i = if flags & 0x20 != 0 { sa_ix::Q_GCM } else { i };
     let cfg = &cfgs[i];
     let seq = outbound_seq(cfg, seqv);
     let v6 = flags & 1 != 0;
@@ -458,9 +750,60 @@ fn crafted(c: &mut Cursor<'_>) {
             };
             (pkt, expect)
         }
-        // The fixtures are ESP and AH; sa_roundtrip and wire_parse cover
-        // Q-ESP.
-        Protocol::Qesp => return,
+        Protocol::Qesp => {
+            // docs/QESP.md: header `sport | dport | tlp | reserved (3) | SPI
+            // | seq`, the AEAD's associated data `outer src | outer dst |
+            // header`; the header's clear fields must be the inner packet's.
+            let mut t = Transform::new(cfg.suite, &cfg.enc_key, &cfg.integ_key).unwrap();
+            let plain = body.to_vec();
+            let honest = ref_trailer(&plain)
+                .ok()
+                .and_then(|(plen, _)| ref_clear(&plain[..plen]))
+                .unwrap_or((0, 0, 0));
+            let clear = if flags & 0x10 != 0 {
+                (honest.0 ^ 1, honest.1, honest.2)
+            } else {
+                honest
+            };
+            let (iv, icv) = (t.iv_len(), t.icv_len());
+            let h = qesp::HEADER_LEN;
+            let mut e = vec![0u8; h + iv + plain.len() + icv];
+            e[..2].copy_from_slice(&clear.0.to_be_bytes());
+            e[2..4].copy_from_slice(&clear.1.to_be_bytes());
+            e[4] = clear.2;
+            e[8..12].copy_from_slice(&cfg.spi.to_be_bytes());
+            e[12..16].copy_from_slice(&(seq as u32).to_be_bytes());
+            t.fill_iv(&mut e[h..h + iv], seq).unwrap();
+            e[h + iv..h + iv + plain.len()].copy_from_slice(&plain);
+            let octets = |a: std::net::IpAddr| match a {
+                std::net::IpAddr::V4(a) => a.octets().to_vec(),
+                std::net::IpAddr::V6(a) => a.octets().to_vec(),
+            };
+            let mut aad = [octets(src), octets(dst)].concat();
+            aad.extend_from_slice(&e[..h]);
+            let auth = AuthCtx {
+                aad: &aad,
+                mac_prefix: &[],
+                mac_suffix: &[],
+            };
+            t.seal(&mut e, h, &auth).expect("seal");
+            if e.len() + hlen > 65535 {
+                return;
+            }
+            let pkt = ip_packet(src, dst, qesp::DEFAULT_IP_PROTOCOL, tos, &e);
+            let expect = match ref_trailer(&plain) {
+                Err(d) => Expect::Err(d),
+                Ok((_, proto::NO_NEXT)) => Expect::Dummy(id),
+                Ok((plen, nh)) => match ref_tunnel(cfg, &plain[..plen], nh, tos) {
+                    Ok(inner) if ref_clear(&inner) == Some(clear) => {
+                        Expect::Packet(vec![id], inner)
+                    }
+                    Ok(_) => Expect::Err(DropReason::QespPortMismatch),
+                    Err(d) => Expect::Err(d),
+                },
+            };
+            (pkt, expect)
+        }
         Protocol::Ah => {
             let mac = Mac::new(cfg.suite.integ.unwrap(), &cfg.integ_key).unwrap();
             let icv = mac.icv_len();
@@ -518,6 +861,7 @@ fn crafted(c: &mut Cursor<'_>) {
     let (r, out) = decap(&mut sad, &pkt);
     generic(&sad, &pkt, &r, &out);
     check_expect("crafted", &expect, &r, &out, &pkt);
+    gated(&pkt, &r, &out, gate);
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -525,10 +869,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let mut c = Cursor::new(rest);
+    let gate = (mode >> 2) & 3;
     match mode % 4 {
-        0 => raw(rest),
-        1 => stacked(&mut c, true),
-        2 => stacked(&mut c, false),
-        _ => crafted(&mut c),
+        0 => raw(rest, gate),
+        1 => stacked(&mut c, true, gate),
+        2 => stacked(&mut c, false, gate),
+        _ => crafted(&mut c, gate),
     }
 });

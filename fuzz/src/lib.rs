@@ -228,8 +228,14 @@ pub mod sa_ix {
     pub const A_SHA256: usize = 7;
     /// AH sha1, tunnel, IPv4 outer.
     pub const A_SHA1: usize = 8;
+    /// Number of ESP and AH SAs: the `crafted` mode's choices, and the
+    /// single-SA stacks that come first in [`super::stacks`].
+    pub const N_CLASSIC: usize = 9;
+    /// Q-ESP aes128gcm16, tunnel, raw IP protocol 253, IPv4 outer (added
+    /// after the others so that older corpus entries keep their SAs).
+    pub const Q_GCM: usize = 9;
     /// Number of SAs.
-    pub const N: usize = 9;
+    pub const N: usize = 10;
 }
 
 /// First sequence number the inbound ESN SA expects (its window straddles
@@ -284,6 +290,15 @@ pub fn inbound_configs() -> &'static [SaConfig] {
             cfg(0x1007, esp, "aes128-aesxcbc", 7, Transport, raw, false),
             cfg(0x2001, Protocol::Ah, "sha256", 8, Transport, raw, false),
             cfg(0x2002, Protocol::Ah, "sha1", 9, Tunnel, raw, false),
+            cfg(
+                0x3001,
+                Protocol::Qesp,
+                "aes128gcm16",
+                10,
+                Tunnel,
+                raw,
+                false,
+            ),
         ];
         v[sa_ix::E_CHACHA_ESN].esn = true;
         v[sa_ix::E_CHACHA_ESN].initial_seq = ESN_BASE;
@@ -309,13 +324,18 @@ pub fn inbound_configs() -> &'static [SaConfig] {
 pub fn stacks() -> &'static [Vec<usize>] {
     static STACKS: OnceLock<Vec<Vec<usize>>> = OnceLock::new();
     STACKS.get_or_init(|| {
-        let mut v: Vec<Vec<usize>> = (0..sa_ix::N).map(|i| vec![i]).collect();
+        let mut v: Vec<Vec<usize>> = (0..sa_ix::N_CLASSIC).map(|i| vec![i]).collect();
         for e in 0..sa_ix::N_ESP {
             v.push(vec![e, sa_ix::A_SHA256]);
         }
         for e in 0..sa_ix::N_ESP {
             v.push(vec![e, sa_ix::A_SHA1]);
         }
+        // Q-ESP alone and under AH (appended: older corpus entries keep
+        // their stacks).
+        v.push(vec![sa_ix::Q_GCM]);
+        v.push(vec![sa_ix::Q_GCM, sa_ix::A_SHA256]);
+        v.push(vec![sa_ix::Q_GCM, sa_ix::A_SHA1]);
         v
     })
 }
