@@ -651,15 +651,11 @@ MTU_CASES = [
     # One datagram per send: DF set, R1 refuses and answers with ICMP,
     # gateway A's kernel learns the path MTU and fragments from then on.
     pytest.param(dict(encap="udp", extra_gw="offloads = false"), id="udp-no-offloads"),
-    # Raw ESP carries the inner packet's DF; R1 refuses it and answers with
-    # ICMP, which changes nothing: a black hole (docs/RELIABILITY.md).
-    pytest.param(dict(encap="none"), id="raw-esp", marks=pytest.mark.xfail(
-        strict=True, reason="espgate bug: with encap = \"none\" an outer path MTU below the TUN MTU is a black "
-                            "hole. Raw ESP keeps the inner DF bit; R1 refuses the first packet with ICMP "
-                            "'fragmentation needed', gateway A's kernel learns MTU 1300 and from then on refuses "
-                            "espgate's IP_HDRINCL sends above it (EMSGSIZE, counted as send_error); espgate "
-                            "neither fragments, clears DF, lowers its MTU nor sends ICMP to the inner sender, "
-                            "so the TCP transfer stalls")),
+    # Raw ESP carries the inner packet's DF: R1 refuses and answers with
+    # ICMP, gateway A's kernel learns the path MTU and refuses espgate's
+    # larger sends, espgate learns it from the kernel and answers hA's
+    # oversized segments with ICMP "fragmentation needed" (RFC 4301 §8.2.1).
+    pytest.param(dict(encap="none"), id="raw-esp"),
 ]
 
 
@@ -670,8 +666,10 @@ def test_path_mtu_shrinks_mid_transfer(lab, kit, case):
     MTU 1300, below the full outer packets (about 1470 bytes). The outer
     packets exceed it (R1 fragments or refuses them) and the transfer must
     still complete intact. Recorded: R1's ICMP, the path MTU gateway A's
-    kernel learnt, and whether the inner sender hA learnt anything (it
-    never does: espgate keeps its TUN MTU and sends no ICMP of its own)."""
+    kernel learnt, and what the inner sender hA learnt: with raw ESP,
+    espgate's own ICMP "fragmentation needed" announcing the path MTU less
+    the SA's overhead (RFC 4301 §8.2.1); with ESP-in-UDP nothing (the
+    outer datagrams are fragmented instead)."""
     path = kit.path(routers=2, hosts=True)
     a, b = gateways(lab, path, **case)
     b.start()
@@ -701,4 +699,10 @@ def test_path_mtu_shrinks_mid_transfer(lab, kit, case):
     assert r1["Ip.FragOKs"] + r1["Ip.FragFails"] >= 1, "the outer packets never exceeded the narrow link"
     if outcome == "FAILED":
         raise failure
+    if case.get("encap") == "none":
+        # espgate told hA, and hA's kernel took the MTU it announced.
+        told = st["counters"].get("icmp_too_big", 0)
+        assert told >= 1 and ha["Icmp.InDestUnreachs"] >= 1, (told, ha)
+        assert host_pmtu is not None and host_pmtu < 1300 - 40, host_pmtu
+        assert st["drops"].get("path_mtu_exceeded", 0) >= told, st["drops"]
     assert a.stop() == 0 and b.stop() == 0

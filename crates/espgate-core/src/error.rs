@@ -90,6 +90,10 @@ pub enum DropReason {
     /// The plan gave this packet to this cluster node, but the node's
     /// sequence numbers of the SA are out of step with the others'.
     ClusterOutOfStep,
+    /// A clear packet (IPv4 with DF, or IPv6) that would exceed the
+    /// tunnel's path MTU once protected: refused, and its sender told so
+    /// with ICMP "too big" (RFC 4301 §8.2.1), within the ICMP rate limit.
+    PathMtu,
     /// A packet from an address family or socket no connection uses, or an
     /// internal inconsistency.
     Internal,
@@ -97,7 +101,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// All variants, for building counter tables.
-    pub const ALL: [DropReason; 31] = [
+    pub const ALL: [DropReason; 32] = [
         DropReason::BadLength,
         DropReason::BadIpVersion,
         DropReason::BadIpHeader,
@@ -128,6 +132,7 @@ impl DropReason {
         DropReason::IkeQueueFull,
         DropReason::ClusterNoPlan,
         DropReason::ClusterOutOfStep,
+        DropReason::PathMtu,
         DropReason::Internal,
     ];
 
@@ -193,6 +198,7 @@ impl DropReason {
             DropReason::IkeQueueFull => "ike_queue_full",
             DropReason::ClusterNoPlan => "cluster_no_plan",
             DropReason::ClusterOutOfStep => "cluster_out_of_step",
+            DropReason::PathMtu => "path_mtu_exceeded",
             DropReason::Internal => "internal_error",
         }
     }

@@ -97,6 +97,9 @@ pub struct WorkerCounters {
     pub not_unicast: Counter,
     /// TCP SYNs whose MSS option was lowered (`mss_clamp`).
     pub mss_clamped: Counter,
+    /// ICMP "too big" messages written to the TUN for clear packets above
+    /// the tunnel's path MTU (each also a `path_mtu_exceeded` drop).
+    pub icmp_too_big: Counter,
     /// RFC 3948 NAT keepalives sent.
     pub keepalives_sent: Counter,
     /// `UDP_SEGMENT` sends (each carried several datagrams).
@@ -115,7 +118,7 @@ pub struct WorkerCounters {
 
 impl WorkerCounters {
     /// Every counter but the drops, by its name in `espgate status`.
-    pub fn named(&self) -> [(&'static str, u64); 14] {
+    pub fn named(&self) -> [(&'static str, u64); 15] {
         [
             ("tun_rx", self.tun_rx.get()),
             ("tun_tx", self.tun_tx.get()),
@@ -126,6 +129,7 @@ impl WorkerCounters {
             ("dummies", self.dummies.get()),
             ("not_unicast", self.not_unicast.get()),
             ("mss_clamped", self.mss_clamped.get()),
+            ("icmp_too_big", self.icmp_too_big.get()),
             ("keepalives_sent", self.keepalives_sent.get()),
             ("gso_sends", self.gso_sends.get()),
             ("gro_reads", self.gro_reads.get()),

@@ -881,3 +881,77 @@ fn unicast_filter() {
     assert!(!is_unicast(&f("::", "ff02::16")));
     assert!(is_unicast(&f("2001:db8::1", "2001:db8:2::1")));
 }
+
+#[test]
+fn a_learnt_path_mtu_answers_oversized_packets_with_icmp_too_big() {
+    let (mut a, mut b) = pair(Layers::Esp, false);
+    let overhead = a.max_overhead();
+    let big = udp4("10.1.0.5", "10.2.0.9", 1400);
+    let mut buf = PacketBuf::with_capacity(2000);
+    buf.load(&big);
+    assert_eq!(
+        a.outbound(&mut buf, T),
+        Ok(Some(0)),
+        "no path MTU known yet"
+    );
+    // The kernel refused a send: the path to B carries 1300 bytes.
+    let room = a.note_path_mtu(0, 1300, T).unwrap();
+    assert_eq!(room as usize, 1300 - overhead);
+    assert_eq!(a.path_mtu(0, T), Some(1300));
+    buf.load(&big);
+    let d = a.outbound(&mut buf, T).unwrap_err();
+    assert_eq!(d.reason, DropReason::PathMtu);
+    assert!(d.reply, "the buffer holds the ICMP for the sender");
+    let icmp = buf.as_slice();
+    let info = ip::parse(icmp).unwrap();
+    assert_eq!(info.protocol, 1);
+    assert_eq!(
+        (info.src.to_string(), info.dst.to_string()),
+        ("10.2.0.9".into(), "10.1.0.5".into())
+    );
+    let m = &icmp[20..];
+    assert_eq!(
+        &m[..2],
+        &[3, 4],
+        "destination unreachable, fragmentation needed"
+    );
+    assert_eq!(u32::from(u16::from_be_bytes([m[6], m[7]])), room);
+    assert_eq!(
+        &m[8..36],
+        &big[..28],
+        "the refused packet's header is quoted"
+    );
+    assert_eq!(a.stats().counters.icmp_too_big.get(), 1);
+    assert_eq!(drops(&a), vec![("path_mtu_exceeded", 1)]);
+    // What fits still goes, and so does an oversized packet without DF
+    // (its outer packet is fragmented on the way).
+    buf.load(&udp4("10.1.0.5", "10.2.0.9", room as usize - 28));
+    assert_eq!(a.outbound(&mut buf, T), Ok(Some(0)));
+    assert_eq!(b.inbound(&mut buf, T, from_a()), Ok(Received::Packet));
+    let mut no_df = big.clone();
+    no_df[6] &= !0x40;
+    no_df[10..12].copy_from_slice(&[0, 0]);
+    let c = espgate_core::wire::checksum::checksum(&no_df[..20]);
+    no_df[10..12].copy_from_slice(&c.to_be_bytes());
+    buf.load(&no_df);
+    assert_eq!(a.outbound(&mut buf, T), Ok(Some(0)));
+    // ICMP errors are rate-limited: 100 per second, then refusals alone.
+    let mut replies = 1;
+    for _ in 0..150 {
+        buf.load(&big);
+        replies += u32::from(a.outbound(&mut buf, T).unwrap_err().reply);
+    }
+    assert_eq!(replies, ICMP_PER_SECOND);
+    buf.load(&big);
+    assert!(
+        a.outbound(&mut buf, T + Duration::from_secs(1))
+            .unwrap_err()
+            .reply,
+        "a new second"
+    );
+    // The learnt MTU ages out: full-size packets are tried again.
+    let later = T + PATH_MTU_AGE;
+    assert_eq!(a.path_mtu(0, later), None);
+    buf.load(&big);
+    assert_eq!(a.outbound(&mut buf, later), Ok(Some(0)));
+}

@@ -32,6 +32,25 @@ use std::mem::{offset_of, size_of};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
+/// The kernel's path MTU towards `dst`: `IP_MTU` / `IPV6_MTU` of a UDP
+/// socket connected to it (nothing is sent), which reports what the kernel
+/// learnt from ICMP "fragmentation needed" / "packet too big" or else the
+/// route's MTU. Called when a send was refused as too big, not per packet.
+pub fn path_mtu(dst: IpAddr) -> io::Result<u32> {
+    use rustix::net::{sockopt, AddressFamily, SocketFlags, SocketType};
+    let family = if dst.is_ipv4() {
+        AddressFamily::INET
+    } else {
+        AddressFamily::INET6
+    };
+    let s = rustix::net::socket_with(family, SocketType::DGRAM, SocketFlags::CLOEXEC, None)?;
+    rustix::net::connect(&s, &SocketAddr::new(dst, 9))?;
+    Ok(match dst {
+        IpAddr::V4(_) => sockopt::ip_mtu(&s)?,
+        IpAddr::V6(_) => sockopt::ipv6_mtu(&s)?,
+    })
+}
+
 /// Adds what was being done to an error, keeping its kind (for set-up
 /// calls; the per-packet calls return the bare OS error).
 pub(crate) fn context<E: Into<io::Error>>(what: &'static str) -> impl FnOnce(E) -> io::Error {

@@ -11,7 +11,7 @@
 use crate::netdev::{TunQueue, VirtioNetHdr, VNET_HDR_LEN};
 use crate::ratelimit::{suppressed_note, RateLimiter};
 use crate::sockets::{push_ipv6_outer, push_udp_outer, RawRx, RawTx, UdpSock};
-use crate::sys::RecvBatch;
+use crate::sys::{self, RecvBatch};
 use anyhow::{Context, Result};
 use espgate_api::costs::{CostCells, Costs, Dir};
 use espgate_core::gateway::{Dropped, Engine, EngineEvent, Received};
@@ -46,6 +46,9 @@ const GRO_BUF: usize = 65_535;
 /// worker for UDP) cut the system calls of a flood of small datagrams
 /// from many senders (which GRO cannot coalesce) sixteenfold.
 const RECV_SLOTS: usize = 16;
+/// A connection's path MTU is asked of the kernel at most this often
+/// ([`Round::learn_path_mtu`]).
+const PATH_MTU_REASK: Duration = Duration::from_millis(100);
 
 /// The outer sockets of one worker.
 #[derive(Debug, Default)]
@@ -543,6 +546,11 @@ impl Round<'_> {
             Ok(None) => return,
             Err(d) => {
                 self.report(&d);
+                if d.reply {
+                    // ICMP "too big" for the packet's sender.
+                    let h = self.w.vnet.then(VirtioNetHdr::default);
+                    self.write_tun(h.as_ref(), tx.bufs[tx.n].as_slice(), 1);
+                }
                 return;
             }
         };
@@ -557,7 +565,7 @@ impl Round<'_> {
             (true, Some(x)) if self.w.sockets.udp.is_some() => x,
             _ => {
                 let i = tx.n;
-                self.send_one(udp_conn, remote, port, i, tx);
+                self.send_one(ci, i, tx);
                 return;
             }
         };
@@ -647,7 +655,11 @@ impl Round<'_> {
         self.cost_sent(t, Dir::Outbound, n);
     }
 
-    fn send_one(&mut self, udp_conn: bool, remote: IpAddr, port: u16, slot: usize, tx: &TxBatch) {
+    fn send_one(&mut self, ci: usize, slot: usize, tx: &TxBatch) {
+        let Some(c) = self.engine.connections().nth(ci) else {
+            return;
+        };
+        let (udp_conn, remote, port) = (c.udp, c.remote, c.remote_port);
         let pkt = tx.bufs[slot].as_slice();
         let sockets = self.w.sockets;
         let t = self.cost_clock();
@@ -672,9 +684,41 @@ impl Round<'_> {
         self.cost_sent(t, Dir::Outbound, 1);
         match r {
             Ok(_) => self.counters.net_tx.incr(),
-            Err(e) => self.io_drop(DropReason::SendError, |f| {
-                write!(f, "sending to {remote}: {e}")
-            }),
+            Err(e) => {
+                self.io_drop(DropReason::SendError, |f| {
+                    write!(f, "sending to {remote}: {e}")
+                });
+                if e.raw_os_error() == Some(libc::EMSGSIZE) {
+                    self.learn_path_mtu(ci, remote);
+                }
+            }
+        }
+    }
+
+    /// A send to `remote` was refused as larger than the path carries (raw
+    /// ESP/AH keeps the inner packet's DF bit, so the kernel refuses what
+    /// exceeds the path MTU it learnt from a router's ICMP): asks the
+    /// kernel for that MTU and gives it to the engine, which from then on
+    /// answers oversized clear packets with ICMP "too big" so that their
+    /// senders shrink them (RFC 4301 §8.2.1). At most one question per
+    /// [`PATH_MTU_REASK`] per connection.
+    fn learn_path_mtu(&mut self, ci: usize, remote: IpAddr) {
+        let now = self.now();
+        if !self.engine.path_mtu_stale(ci, now, PATH_MTU_REASK) {
+            return;
+        }
+        let _cold = crate::alloc_count::cold();
+        match sys::path_mtu(remote) {
+            Ok(mtu) => {
+                let mtu = mtu.min(u32::from(u16::MAX)) as u16;
+                if let Some(inner) = self.engine.note_path_mtu(ci, mtu, now) {
+                    tracing::info!(
+                        "path MTU to {remote} is {mtu}: clear packets above {inner} bytes that may \
+                         not be fragmented are refused with ICMP \"too big\" to their sender"
+                    );
+                }
+            }
+            Err(e) => tracing::warn!("reading the path MTU to {remote}: {e}"),
         }
     }
 

@@ -17,6 +17,9 @@ pub struct Dropped {
     pub reason: DropReason,
     /// About which packet.
     pub context: DropContext,
+    /// The engine left a message for the packet's sender in the buffer
+    /// (ICMP "too big"): the shell writes it to the TUN.
+    pub reply: bool,
 }
 
 /// What a drop's log line says about the packet.
@@ -76,7 +79,11 @@ pub enum DropContext {
 
 impl Dropped {
     pub(super) fn new(reason: DropReason, context: DropContext) -> Dropped {
-        Dropped { reason, context }
+        Dropped {
+            reason,
+            context,
+            reply: false,
+        }
     }
 }
 

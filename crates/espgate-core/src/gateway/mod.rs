@@ -39,6 +39,7 @@ use crate::sa::{Classifier, Encap, Protocol, Sa, SaConfig, SaEvent, SeqLease};
 use crate::sad::{InGate, InboundOutcome, SaId, Sad, MAX_LAYERS};
 use crate::spd::{Action, Direction, Policy, Spd};
 use crate::wire::flow::{self, Flow};
+use crate::wire::icmp;
 use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -92,6 +93,9 @@ struct ConnState {
     in_ids: Vec<SaId>,
     /// MSS clamping of TCP SYNs both ways.
     mss: Option<MssLimit>,
+    /// The outer path MTU the shell learnt for this connection's peer
+    /// ([`Engine::note_path_mtu`]), and when.
+    path_mtu: Option<(u16, Duration)>,
 }
 
 impl ConnState {
@@ -171,6 +175,9 @@ pub struct Engine {
     worker: usize,
     /// Seed 003's cluster node state (`None`: an ordinary gateway).
     cluster: Option<Box<cluster::ClusterNode>>,
+    /// The ICMP rate limit: the current one-second window's start and the
+    /// messages sent in it.
+    icmp_window: (Duration, u32),
 }
 
 impl std::fmt::Debug for Engine {
@@ -202,6 +209,16 @@ pub fn is_unicast(f: &Flow) -> bool {
     };
     ok(f.src, false) && ok(f.dst, true)
 }
+
+/// How long a learnt path MTU holds before packets are again let through
+/// at full size (RFC 1191 §6.3 suggests ten minutes): if the path is still
+/// narrow, the next refused send teaches it again.
+pub const PATH_MTU_AGE: Duration = Duration::from_secs(600);
+
+/// At most this many ICMP "too big" messages per second per engine (RFC
+/// 1812 §4.3.2.8, RFC 4443 §2.4 (f): ICMP errors are rate-limited); the
+/// packets over the limit are refused without one.
+pub const ICMP_PER_SECOND: u32 = 100;
 
 /// The worker (of `n`) that receives the inbound SA with `spi`: ESP-in-UDP
 /// datagrams are steered to socket `SPI % n` of the shell's
@@ -242,6 +259,7 @@ impl Engine {
             volume_split: 1,
             worker: 0,
             cluster: opts.cluster.map(|o| Box::new(cluster::ClusterNode::new(o))),
+            icmp_window: (Duration::ZERO, 0),
         };
         for (ci, c) in conns.iter().enumerate() {
             let what = |sc: &SaConfig, dir: &str| {
@@ -308,6 +326,7 @@ impl Engine {
                 out_ids,
                 in_ids,
                 mss: None,
+                path_mtu: None,
             });
             e.refresh_policies(ci);
         }
@@ -352,17 +371,93 @@ impl Engine {
     pub fn max_overhead(&self) -> usize {
         self.conns
             .iter()
-            .map(|c| {
-                let installed: usize = c
-                    .out_ids
-                    .iter()
-                    .filter_map(|id| self.sad.get(*id))
-                    .map(Sa::overhead)
-                    .sum();
-                installed.max(c.spec.negotiated_overhead)
-            })
+            .map(|c| self.overhead_of(c))
             .max()
             .unwrap_or(0)
+    }
+
+    /// The largest number of bytes connection `c`'s outbound bundle adds.
+    fn overhead_of(&self, c: &ConnState) -> usize {
+        let installed: usize = c
+            .out_ids
+            .iter()
+            .filter_map(|id| self.sad.get(*id))
+            .map(Sa::overhead)
+            .sum();
+        installed.max(c.spec.negotiated_overhead)
+    }
+
+    /// The shell learnt that outer packets of connection `conn` longer
+    /// than `mtu` bytes do not reach its peer (the kernel refused a send
+    /// and reports this path MTU, e.g. after an ICMP "fragmentation
+    /// needed" from a router). For [`PATH_MTU_AGE`], a clear packet that
+    /// would exceed it once protected and may not be fragmented (IPv4 with
+    /// DF, IPv6) is refused, and its sender gets ICMP "too big" announcing
+    /// what fits (RFC 4301 §8.2.1). Returns that inner MTU (`None`: no
+    /// such connection).
+    pub fn note_path_mtu(&mut self, conn: usize, mtu: u16, now: Duration) -> Option<u32> {
+        let overhead = self.overhead_of(self.conns.get(conn)?);
+        self.conns[conn].path_mtu = Some((mtu, now));
+        Some(u32::from(mtu).saturating_sub(overhead as u32))
+    }
+
+    /// The path MTU learnt for connection `conn`, while it holds.
+    pub fn path_mtu(&self, conn: usize, now: Duration) -> Option<u16> {
+        match self.conns.get(conn)?.path_mtu {
+            Some((mtu, since)) if now.saturating_sub(since) < PATH_MTU_AGE => Some(mtu),
+            _ => None,
+        }
+    }
+
+    /// True when connection `conn` has no path MTU learnt within `within`
+    /// (the shell asks the kernel again only then).
+    pub fn path_mtu_stale(&self, conn: usize, now: Duration, within: Duration) -> bool {
+        match self.conns.get(conn).and_then(|c| c.path_mtu) {
+            Some((_, since)) => now.saturating_sub(since) >= within,
+            None => true,
+        }
+    }
+
+    /// Refuses the clear packet in `buf` if it exceeds connection `conn`'s
+    /// learnt path MTU once protected and may not be fragmented; `buf`
+    /// then holds the ICMP "too big" for its sender when the rate limit
+    /// allows one (`Dropped::reply`).
+    fn check_path_mtu(
+        &mut self,
+        conn: usize,
+        buf: &mut PacketBuf,
+        f: &Flow,
+        now: Duration,
+    ) -> Option<Dropped> {
+        let Some(mtu) = self.path_mtu(conn, now) else {
+            self.conns[conn].path_mtu = None;
+            return None;
+        };
+        let room = usize::from(mtu).saturating_sub(self.overhead_of(&self.conns[conn]));
+        if buf.len() <= room {
+            return None;
+        }
+        // IPv4 without DF: the outer packet keeps DF clear too (tunnel
+        // mode copies it) and the kernel fragments it.
+        let pkt = buf.as_slice();
+        if pkt.first().map(|b| b >> 4) == Some(4) && pkt.get(6).is_some_and(|b| b & 0x40 == 0) {
+            return None;
+        }
+        let (src, dst) = (f.src, f.dst);
+        let mut d = self.count_drop(
+            DropReason::PathMtu,
+            DropContext::Outbound { conn, src, dst },
+        );
+        let (start, sent) = &mut self.icmp_window;
+        if now.saturating_sub(*start) >= Duration::from_secs(1) {
+            (*start, *sent) = (now, 0);
+        }
+        if *sent < ICMP_PER_SECOND && icmp::too_big_in_place(buf, room as u32).is_ok() {
+            *sent += 1;
+            self.stats.counters.icmp_too_big.incr();
+            d.reply = true;
+        }
+        Some(d)
     }
 
     /// The log line of a drop this engine reported: formatted only when
@@ -423,6 +518,11 @@ impl Engine {
         if !self.conns[conn].can_send() {
             let (src, dst) = (f.src, f.dst);
             return Err(self.count_drop(DropReason::NoSa, DropContext::NoSa { conn, src, dst }));
+        }
+        if self.conns[conn].path_mtu.is_some() {
+            if let Some(d) = self.check_path_mtu(conn, buf, &f, now) {
+                return Err(d);
+            }
         }
         if let Some(limit) = self.conns[conn].mss {
             if mss::clamp(buf.as_mut_slice(), limit) {

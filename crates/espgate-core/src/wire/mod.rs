@@ -9,6 +9,7 @@ pub mod ah;
 pub mod checksum;
 pub mod esp;
 pub mod flow;
+pub mod icmp;
 pub mod ip;
 pub mod ipv4;
 pub mod ipv6;

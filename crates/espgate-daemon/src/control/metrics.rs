@@ -172,7 +172,7 @@ fn sanitize(name: &str) -> String {
 /// The counters of `Status::counters` with their metric names (without
 /// `_total`, which the encoder adds) and help; a counter not listed here
 /// is exported as `espgate_NAME_total`.
-const COUNTERS: [(&str, &str, &str); 15] = [
+const COUNTERS: [(&str, &str, &str); 16] = [
     (
         "tun_rx",
         "espgate_tun_rx_packets",
@@ -214,6 +214,12 @@ const COUNTERS: [(&str, &str, &str); 15] = [
         "mss_clamped",
         "espgate_mss_clamped",
         "TCP SYN and SYN-ACK segments whose MSS option was lowered (mss_clamp).",
+    ),
+    (
+        "icmp_too_big",
+        "espgate_icmp_too_big_sent",
+        "ICMP fragmentation-needed / packet-too-big messages written to the TUN for clear \
+         packets above the tunnel's learnt path MTU (RFC 4301 section 8.2.1).",
     ),
     (
         "keepalives_sent",
