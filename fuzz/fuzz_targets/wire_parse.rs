@@ -12,7 +12,7 @@ use espgate_core::sa::{self, spec, Classified, Protocol, Sa};
 use espgate_core::selector::Prefix;
 use espgate_core::wire::esp::{EspAuth, EspLayout, OuterAddrs, Rfc4303};
 use espgate_core::wire::qesp::Qesp;
-use espgate_core::wire::{ah, checksum, esp, flow, ip, ipv4, ipv6, proto, qesp, tcp, udp};
+use espgate_core::wire::{ah, checksum, esp, flow, icmp, ip, ipv4, ipv6, proto, qesp, tcp, udp};
 use libfuzzer_sys::fuzz_target;
 use std::time::Duration;
 
@@ -619,8 +619,33 @@ fn text(s: &str) {
     }
 }
 
+/// The "too big" answer to any packet: an ICMP error no longer than the
+/// family's limit, whose checksums verify, quoting the packet's start.
+fn too_big(data: &[u8]) {
+    let mut b = espgate_core::PacketBuf::from_packet(data);
+    let mtu = data.first().map_or(0, |x| u32::from(*x) << 4);
+    if icmp::too_big_in_place(&mut b, mtu).is_err() {
+        assert_eq!(b.as_slice(), data, "a refusal leaves the buffer alone");
+        return;
+    }
+    let out = b.as_slice();
+    let info = ip::parse(out).expect("the answer parses");
+    assert_eq!(info.packet_len, out.len());
+    let m = &out[info.payload_offset..];
+    if info.version == 4 {
+        assert!(out.len() <= 576 && info.protocol == proto::ICMP);
+        assert_eq!(checksum::checksum(m), 0);
+    } else {
+        assert!(out.len() <= 1280 && info.protocol == proto::ICMPV6);
+        let acc = checksum::pseudo_header(info.src, info.dst, proto::ICMPV6, m.len() as u32);
+        assert_eq!(checksum::finish(checksum::sum(acc, m)), 0);
+    }
+    assert!(data.starts_with(&m[icmp::HEADER_LEN..]));
+}
+
 fuzz_target!(|data: &[u8]| {
     ip_layer(data);
+    too_big(data);
     headers(data);
     tcp_fields(data);
     ip_writers(data);
