@@ -305,6 +305,12 @@ class Etcd:
         self.proc.kill()
         self.proc.wait(timeout=10)
 
+    def revision(self):
+        """The store's revision: it grows by one with every write."""
+        r = run("ip", "netns", "exec", self.ns, "etcdctl", "--endpoints", f"http://{self.addr}:2379",
+                "endpoint", "status", "-w", "json")
+        return json.loads(r.stdout)[0]["Status"]["header"]["revision"]
+
 
 def etcd_cluster(lab, n=3, members=1):
     """The cluster of `Cluster`, plus a management segment with an etcd of

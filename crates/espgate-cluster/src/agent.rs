@@ -36,6 +36,13 @@ const SHARE_POLL_FOR: Duration = Duration::from_secs(10);
 
 /// The longest one cycle's etcd part may take (connecting included).
 const CYCLE_TIMEOUT: Duration = Duration::from_secs(3);
+/// An IKE SA state whose export generation has not moved is written again
+/// this often, no more: its remaining times (rekey, expiry) follow the
+/// clock, so the text differs at every export, and a write each time
+/// would wake every agent's watch, the leader's own included — a loop of
+/// writes at etcd's round-trip speed. A successor's timers are late by
+/// at most this much.
+const IKE_REFRESH: Duration = Duration::from_secs(10);
 
 /// The longest each of resign and revoke may take when the agent stops.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -494,6 +501,8 @@ struct State {
     leading: Option<Leader>,
     /// The export generation whose SAs are all in etcd.
     written_generation: Option<u64>,
+    /// When this node last wrote its IKE SA states ([`IKE_REFRESH`]).
+    ike_written_at: Option<tokio::time::Instant>,
     /// The shared SAs last given to the daemon.
     sent_sas: Option<Vec<SharedSa>>,
     /// The daemon took an update carrying the shared SAs (so its export
@@ -625,6 +634,7 @@ impl State {
             warned_ike: BTreeMap::new(),
             leading: None,
             written_generation: None,
+            ike_written_at: None,
             sent_sas: None,
             daemon_has_sas: false,
             share_waiting: BTreeMap::new(),
@@ -1182,9 +1192,14 @@ impl State {
                 });
             }
         }
+        // Only the remaining times can have changed (see IKE_REFRESH).
+        let ike_fresh = self.written_generation == Some(export.generation)
+            && self
+                .ike_written_at
+                .is_some_and(|t| t.elapsed() < IKE_REFRESH);
         for (k, ike) in &want_ike {
             let had = self.ike.get(k).and_then(|h| h.value.as_ref());
-            if had == Some(*ike) {
+            if had == Some(*ike) || (ike_fresh && had.is_some_and(|h| h.owner == ike.owner)) {
                 continue;
             }
             changes.push(SealedWrite::Put(k.clone(), sealer.seal(k, *ike)?));
@@ -1248,6 +1263,7 @@ impl State {
                         } else if let Some(ike) = want_ike.get(k) {
                             let value = Some((*ike).clone());
                             self.ike.insert(k.clone(), Held { mod_rev: 0, value });
+                            self.ike_written_at = Some(tokio::time::Instant::now());
                         }
                     }
                     SealedWrite::Delete(k) => {
