@@ -416,6 +416,10 @@ def test_sigkill_under_load_never_repeats_a_sequence_number_or_iv(lab, case):
         peer = b if victim is a else a
         time.sleep(LOAD_SECONDS)
         t_kill = kill9(victim)
+        # Fail closed: the TUN and its routes went with the process, the
+        # blackhole twins stay, so the flood is dropped, not sent in clear.
+        bh = run("ip", "-n", victim.ns, "route", "show", "table", "all", "type", "blackhole").stdout
+        assert "metric 4000000000" in bh, f"no fail-closed route in {victim.ns} after SIGKILL: {bh!r}"
         base = in_packets(peer)
         cuts[addr[victim]].append(time.time())
         startup = restart(victim)

@@ -455,8 +455,10 @@ def test_transport_mode_host_to_host(lab, encap, v6):
     fam = "-6" if v6 else "-4"
     # The route to the peer goes through the TUN in table 0x4500, and the
     # rule sends unmarked packets there.
+    # Its fail-closed twin, a blackhole at a far higher metric, takes over
+    # only if the TUN route vanishes without the daemon undoing it.
     routes = ip_json(a.ns, fam, "route", "show", "table", str(0x4500))
-    assert [r["dst"] for r in routes] == [peer], routes
+    assert [(r["dst"], r.get("type", "unicast")) for r in routes] == [(peer, "unicast"), (peer, "blackhole")], routes
     rules = ip_json(a.ns, fam, "rule")
     assert any("not" in r and r.get("table") == str(0x4500) for r in rules), rules
     assert_ping(a.ns, peer, None, (a, b))

@@ -11,6 +11,13 @@
 //!   prefix through the TUN (transport mode: with `src` = the connection's
 //!   `local`, the address the SAs protect; tunnel mode: with a TUN address
 //!   inside `local_ts` as `src` when there is one);
+//! - beside each of those routes, its fail-closed twin: a `blackhole`
+//!   route for the same prefix at a far higher metric
+//!   ([`RouteSpec::fail_closed`]), which takes over only when the TUN
+//!   route is gone — after a crash or SIGKILL, which undoes nothing — so
+//!   the tunnel's traffic is dropped instead of leaving in clear by
+//!   another route; a clean stop removes it, and a restart takes over
+//!   one left behind;
 //! - with `gateway.fwmark`: the routes go into table `fwmark`, the outer
 //!   sockets are marked, and one rule per family, `not fwmark M lookup M`,
 //!   sends everything else through that table. The rule comes before the
@@ -96,7 +103,9 @@ pub fn plan(cfg: &LoadedConfig, overhead: usize) -> Result<NetPlan> {
             if let Some(src) = route_source(cfg, c, v6) {
                 r = r.source(src);
             }
+            let twin = r.fail_closed();
             routes.push(r);
+            routes.push(twin);
         }
     }
     let mut rules = Vec::new();
@@ -126,8 +135,17 @@ pub fn apply(plan: &NetPlan, net: &mut NetChanges) -> Result<()> {
     }
     net.set_up(&plan.tun)?;
     for r in &plan.routes {
-        net.add_route(r)
-            .with_context(|| format!("adding route {r}"))?;
+        if r.blackhole {
+            let adopted = net
+                .add_or_adopt_route(r)
+                .with_context(|| format!("adding route {r}"))?;
+            if adopted {
+                tracing::info!("route {r} was left by a previous run: kept");
+            }
+        } else {
+            net.add_route(r)
+                .with_context(|| format!("adding route {r}"))?;
+        }
     }
     for r in &plan.rules {
         match net.add_rule(r) {
@@ -229,7 +247,9 @@ mod tests {
             routes,
             [
                 "10.2.0.0/24 via t0 src 10.1.0.1",
-                "2001:db8:2::/64 via t0 src 2001:db8:1::1"
+                "blackhole 10.2.0.0/24 metric 4000000000",
+                "2001:db8:2::/64 via t0 src 2001:db8:1::1",
+                "blackhole 2001:db8:2::/64 metric 4000000000"
             ]
         );
         assert!(p.rules.is_empty());
@@ -243,7 +263,13 @@ mod tests {
         );
         let p = plan(&c, 60).unwrap();
         let routes: Vec<String> = p.routes.iter().map(|r| r.to_string()).collect();
-        assert_eq!(routes, ["192.0.2.2/32 via t0 table 17664 src 192.0.2.1"]);
+        assert_eq!(
+            routes,
+            [
+                "192.0.2.2/32 via t0 table 17664 src 192.0.2.1",
+                "blackhole 192.0.2.2/32 table 17664 metric 4000000000"
+            ]
+        );
         let rules: Vec<String> = p.rules.iter().map(|r| r.to_string()).collect();
         assert_eq!(
             rules,

@@ -146,7 +146,15 @@ pub struct RouteSpec {
     pub source: Option<IpAddr>,
     /// Route metric (`metric` / priority).
     pub metric: Option<u32>,
+    /// A `blackhole` route: packets to `dest` are dropped without an ICMP
+    /// answer (`dev` is not used).
+    pub blackhole: bool,
 }
+
+/// The metric of the blackhole twin of each tunnel route
+/// ([`RouteSpec::fail_closed`]): far above the tunnel route's (0 for IPv4,
+/// 1024 for IPv6), so it is used only once the tunnel route is gone.
+pub const FAIL_CLOSED_METRIC: u32 = 4_000_000_000;
 
 impl RouteSpec {
     /// A route to `dest` via `dev` in the main table.
@@ -157,6 +165,25 @@ impl RouteSpec {
             table: None,
             source: None,
             metric: None,
+            blackhole: false,
+        }
+    }
+
+    /// This route's fail-closed twin: a blackhole for the same prefix in
+    /// the same table at [`FAIL_CLOSED_METRIC`]. While the daemon runs, the
+    /// route through the TUN wins; when the daemon dies without undoing
+    /// its changes (SIGKILL, a crash), the TUN and its routes vanish with
+    /// it and the blackhole stays, so traffic for the tunnel is dropped
+    /// rather than sent in clear along another route, and a cluster node
+    /// stays silent rather than answering with ICMP unreachable.
+    pub fn fail_closed(&self) -> RouteSpec {
+        RouteSpec {
+            dest: self.dest,
+            dev: self.dev.clone(),
+            table: self.table,
+            source: None,
+            metric: Some(FAIL_CLOSED_METRIC),
+            blackhole: true,
         }
     }
 
@@ -185,7 +212,11 @@ impl RouteSpec {
 
 impl fmt::Display for RouteSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} via {}", self.dest, self.dev)?;
+        if self.blackhole {
+            write!(f, "blackhole {}", self.dest)?;
+        } else {
+            write!(f, "{} via {}", self.dest, self.dev)?;
+        }
         if let Some(t) = self.table {
             write!(f, " table {}", table_name(t))?;
         }
@@ -456,13 +487,17 @@ impl Netlink {
         m.header.destination_prefix_length = r.dest.len();
         // Like iproute2: ids above 255 only fit the RTA_TABLE attribute.
         m.header.table = u8::try_from(table).unwrap_or(0);
-        m.header.kind = RouteType::Unicast;
+        m.header.kind = if r.blackhole {
+            RouteType::BlackHole
+        } else {
+            RouteType::Unicast
+        };
         if add {
             m.header.protocol = RouteProtocol::Static;
             m.header.scope = match fam {
                 // A gateway-less IPv4 route is on-link, as `ip route` makes it.
-                Family::V4 => RouteScope::Link,
-                Family::V6 => RouteScope::Universe,
+                Family::V4 if !r.blackhole => RouteScope::Link,
+                _ => RouteScope::Universe,
             };
         } else {
             m.header.protocol = RouteProtocol::Unspec;
@@ -476,7 +511,9 @@ impl Netlink {
                 )));
         }
         m.attributes.push(RouteAttribute::Table(table));
-        m.attributes.push(RouteAttribute::Oif(index));
+        if !r.blackhole {
+            m.attributes.push(RouteAttribute::Oif(index));
+        }
         if let Some(src) = r.source {
             m.attributes
                 .push(RouteAttribute::PrefSource(RouteAddress::from(src)));
@@ -827,17 +864,41 @@ impl NetChanges {
         Ok(())
     }
 
+    /// The interface index a route names (0 for a blackhole, which has
+    /// none).
+    fn route_index(&mut self, r: &RouteSpec) -> Result<u32, NetError> {
+        if r.blackhole {
+            Ok(0)
+        } else {
+            self.nl.index(&r.dev)
+        }
+    }
+
     /// Adds a route.
     pub fn add_route(&mut self, r: &RouteSpec) -> Result<(), NetError> {
-        let index = self.nl.index(&r.dev)?;
+        let index = self.route_index(r)?;
         self.nl.route_idx(r, index, true)?;
         self.journal.push(Change::AddedRoute(r.clone(), index));
         Ok(())
     }
 
+    /// Adds a route, or takes over the same route left by a daemon that
+    /// did not undo its changes (a fail-closed blackhole after a crash):
+    /// either way it is removed on undo.
+    pub fn add_or_adopt_route(&mut self, r: &RouteSpec) -> Result<bool, NetError> {
+        let index = self.route_index(r)?;
+        let adopted = match self.nl.route_idx(r, index, true) {
+            Ok(()) => false,
+            Err(e) if e.is_exists() => true,
+            Err(e) => return Err(e),
+        };
+        self.journal.push(Change::AddedRoute(r.clone(), index));
+        Ok(adopted)
+    }
+
     /// Removes a route.
     pub fn remove_route(&mut self, r: &RouteSpec) -> Result<(), NetError> {
-        let index = self.nl.index(&r.dev)?;
+        let index = self.route_index(r)?;
         self.nl.route_idx(r, index, false)?;
         let pos = self
             .journal

@@ -309,6 +309,54 @@ fn undo_by_call_and_tolerates_vanished_device() {
     });
 }
 
+#[test]
+fn fail_closed_twin_outlives_the_tun_and_is_adopted_then_undone() {
+    let Some(ns) = netns_or_skip("fail_closed_twin_outlives_the_tun_and_is_adopted_then_undone")
+    else {
+        return;
+    };
+    const DEV: &str = "egt-fc0";
+    ns.run(|| {
+        let blackholes = |fam: &str| -> Vec<String> {
+            let v = ns.ip_json(&[fam, "route", "show", "table", "main"]);
+            as_array(&v)
+                .iter()
+                .filter(|r| r["type"] == "blackhole")
+                .map(|r| format!("{} {}", r["dst"].as_str().unwrap_or("?"), r["metric"]))
+                .collect()
+        };
+        let tun = Tun::open(DEV).unwrap();
+        let mut net = NetChanges::new().unwrap();
+        net.set_up(DEV).unwrap();
+        let r4 = RouteSpec::new("10.81.0.0/16".parse().unwrap(), DEV);
+        let r6 = RouteSpec::new("2001:db8:81::/48".parse().unwrap(), DEV);
+        for r in [&r4, &r6] {
+            net.add_route(r).unwrap();
+            assert!(!net.add_or_adopt_route(&r.fail_closed()).unwrap());
+        }
+        assert_eq!(blackholes("-4"), ["10.81.0.0/16 4000000000"]);
+        assert_eq!(blackholes("-6"), ["2001:db8:81::/48 4000000000"]);
+        // A crash: the device goes, nothing is undone; the blackholes stay
+        // and now carry the prefixes.
+        drop(tun);
+        std::mem::forget(net);
+        let left = ns.ip_json(&["-4", "route", "show", "10.81.0.0/16"]);
+        let left = as_array(&left);
+        assert!(
+            left.len() == 1 && left[0]["type"] == "blackhole",
+            "{left:?}"
+        );
+        // The next run adopts them, and its clean stop removes them.
+        let _tun = Tun::open(DEV).unwrap();
+        let mut net = NetChanges::new().unwrap();
+        for r in [&r4, &r6] {
+            assert!(net.add_or_adopt_route(&r.fail_closed()).unwrap(), "adopted");
+        }
+        net.undo().unwrap();
+        assert!(blackholes("-4").is_empty() && blackholes("-6").is_empty());
+    });
+}
+
 /// Internet checksum (RFC 1071).
 fn csum(data: &[u8]) -> u16 {
     let mut s: u32 = data
