@@ -66,7 +66,9 @@ pub struct SharedIke {
     pub conn: String,
     /// The node whose IKE runs it.
     pub owner: u16,
-    /// The IKE engine's snapshot (JSON).
+    /// The IKE engine's snapshot: its JSON in hex (nothing to unescape
+    /// where it travels inside other JSON, so no parser copies it into a
+    /// scratch buffer it frees unwiped).
     pub state: String,
 }
 

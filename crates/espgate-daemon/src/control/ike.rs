@@ -23,6 +23,7 @@ use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+use zeroize::Zeroizing;
 
 /// The IKE side of the daemon.
 pub struct IkeDriver {
@@ -102,13 +103,28 @@ pub fn cost_rows(c: &espgate_ike::engine::IkeCosts) -> Vec<IkeOpCost> {
         .collect()
 }
 
-/// The JSON of an IKE SA's snapshot, keys included, written once at its
-/// final size (`serde_json::to_string` grows its buffer and frees the old
-/// allocations with parts of the keys in them); [`SharedIke`] wipes it.
-fn snapshot_json(snap: &IkeSnapshot) -> serde_json::Result<String> {
-    let mut buf = secret_json(|w| serde_json::to_writer(w, snap), 0)?;
-    // serde_json writes UTF-8 only; the bytes move into the string.
-    Ok(String::from_utf8(std::mem::take(&mut *buf)).unwrap_or_default())
+/// An IKE SA's snapshot as [`SharedIke::state`]: its JSON, keys
+/// included, in hex. Every buffer is allocated once at its final size and
+/// wiped (`serde_json::to_string` grows its buffer and frees the old
+/// allocations with parts of the keys in them); [`SharedIke`] wipes the
+/// result. Hex, not the JSON text itself: the state travels inside other
+/// JSON (control lines, etcd values), where JSON text would be an escaped
+/// string, and serde_json unescapes into a scratch buffer that it grows
+/// and frees unwiped. A hex string has nothing to unescape, so the parsers
+/// copy it straight into a string of its size.
+fn snapshot_state(snap: &IkeSnapshot) -> serde_json::Result<String> {
+    let json = secret_json(|w| serde_json::to_writer(w, snap), 0)?;
+    let mut out = vec![0u8; json.len() * 2];
+    hex::encode_to_slice(&*json, &mut out).map_err(serde::ser::Error::custom)?;
+    // Hex digits are ASCII; the bytes move into the string.
+    Ok(String::from_utf8(out).unwrap_or_default())
+}
+
+/// The snapshot in a [`snapshot_state`] string.
+fn parse_state(state: &str) -> Result<IkeSnapshot, String> {
+    let mut json = Zeroizing::new(vec![0u8; state.len() / 2]);
+    hex::decode_to_slice(state, &mut json[..]).map_err(|e| format!("it is not hex: {e}"))?;
+    serde_json::from_slice(&json).map_err(|e| format!("its state does not parse: {e}"))
 }
 
 impl IkeDriver {
@@ -215,8 +231,7 @@ impl IkeDriver {
         // etcd; negotiate anew for the others.
         let mut continued = Vec::new();
         for s in seen.iter().filter(|s| s.owner != me) {
-            let r = serde_json::from_str::<IkeSnapshot>(&s.state)
-                .map_err(|e| format!("its state does not parse: {e}"))
+            let r = parse_state(&s.state)
                 .and_then(|snap| self.ike.import(now, &snap).map_err(|e| e.to_string()));
             match r {
                 Ok(()) => continued.push(s.conn.clone()),
@@ -276,7 +291,7 @@ impl IkeDriver {
             .ike
             .export(now)
             .into_iter()
-            .filter_map(|snap| match snapshot_json(&snap) {
+            .filter_map(|snap| match snapshot_state(&snap) {
                 Ok(state) => Some(SharedIke {
                     conn: snap.conn.clone(),
                     owner: me,
