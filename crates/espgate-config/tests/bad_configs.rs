@@ -53,248 +53,14 @@ fn hex_key(len: usize, seed: u8) -> String {
 /// `[connection.lifetime]` table, AH alone in transport mode, Q-ESP, and
 /// IPv6 outer addresses.
 fn manual_base() -> String {
-    format!(
-        r#"# The manually keyed base of the bad-configuration corpus.
-[gateway]
-tun = "espgate0"
-tun_address = ["10.1.0.254/32", "2001:db8:1::fe/128"]
-listen = "[::]:4500"
-encap = "udp"
-workers = 2
-batch = 32
-ike_fragment_size = 1200
-socket_buffer = 4194304
-qesp_protocol = 253
-mtu = 1500
-control_socket = "run/espgate.sock"
-metrics = "127.0.0.1:9184"
-log = "info"
-fwmark = 17664
-state_dir = "state"
-offloads = true
-cost_accounting = false
-
-[[connection]]
-name = "site-b"
-local = "192.0.2.1"
-remote = "198.51.100.2"
-remote_port = 4500
-mode = "tunnel"
-protocol = "esp"
-encap = "udp"
-local_ts = ["10.1.0.0/16", "2001:db8:1::/48"]
-remote_ts = ["10.2.0.0/16", "2001:db8:2::/48"]
-proto = "any"
-routes = true
-mss_clamp = "auto"
-fragment_inner = true
-dscp = "copy"
-ecn = "normal"
-esn = true
-replay_window = 1024
-nat_keepalive = 20
-allow_insecure = false
-tfc_pad_to = 0
-per_cpu_sas = 2
-lifetime = {{ soft_bytes = "4T", hard_bytes = "8T", soft_packets = "1G", hard_packets = "2G", soft_time = "30d", hard_time = "60d" }}
-
-[connection.esp]
-suite = "aes256gcm16"
-spi_in = 0xc0ffee01
-spi_out = 0xc0ffee11
-enc_in_file = "keys/b.enc_in"
-enc_out_file = "keys/b.enc_out"
-
-[[connection]]
-name = "lab"
-local = "192.0.2.1"
-remote = "192.0.2.2"
-protocol = "esp+ah"
-encap = "none"
-local_ts = ["10.3.0.0/16"]
-remote_ts = ["10.4.0.0/16"]
-proto = "tcp"
-mss_clamp = 1360
-dscp = "clear"
-replay_window = 4096
-tfc_pad_to = 1200
-
-[connection.lifetime]
-soft_bytes = 1000000
-hard_bytes = "1G"
-soft_packets = 1000
-hard_packets = "1M"
-soft_time = "1h"
-hard_time = "2h"
-
-[connection.esp]
-suite = "aes256-sha1"
-spi_in = 0x2001
-spi_out = 0x2002
-enc_in = "{esp_enc_in}"
-enc_out = "{esp_enc_out}"
-integ_in = "{esp_integ_in}"
-integ_out = "{esp_integ_out}"
-
-[connection.ah]
-suite = "sha256"
-spi_in = 0x3001
-spi_out = 0x3002
-integ_in = "{ah_in}"
-integ_out = "{ah_out}"
-
-[[connection]]
-name = "mgmt"
-local = "192.0.2.1"
-remote = "192.0.2.9"
-mode = "transport"
-protocol = "ah"
-encap = "none"
-proto = 6
-
-[connection.ah]
-suite = "sha512"
-spi_in = 0x3101
-spi_out = 0x3102
-integ_in_file = "keys/m.integ_in"
-integ_out_file = "keys/m.integ_out"
-
-[[connection]]
-name = "qos"
-local = "192.0.2.1"
-remote = "192.0.2.10"
-protocol = "qesp"
-encap = "none"
-local_ts = ["10.5.0.0/16"]
-remote_ts = ["10.6.0.0/16"]
-
-[connection.esp]
-suite = "aes128gcm16"
-spi_in = 0x4001
-spi_out = 0x4002
-enc_in = "{q_in}"
-enc_out = "{q_out}"
-
-[[connection]]
-name = "v6"
-local = "2001:db8::1"
-remote = "2001:db8::2"
-mode = "transport"
-nat_keepalive = 0
-
-[connection.esp]
-suite = "chacha20poly1305"
-spi_in = 0x5001
-spi_out = 0x5002
-enc_in = "{v6_in}"
-enc_out = "{v6_out}"
-"#,
-        esp_enc_in = hex_key(32, 1),
-        esp_enc_out = hex_key(32, 2),
-        esp_integ_in = hex_key(20, 3),
-        esp_integ_out = hex_key(20, 4),
-        ah_in = hex_key(32, 5),
-        ah_out = hex_key(32, 6),
-        q_in = hex_key(20, 7),
-        q_out = hex_key(20, 8),
-        v6_in = hex_key(36, 9),
-        v6_out = hex_key(36, 10),
-    )
+    include_str!("fixtures/manual-base.toml").to_string()
 }
 
 /// IKE keying on a cluster node: every `[connection.ike]` key with a PSK,
 /// X.509 certificates, raw public keys, Q-ESP negotiated, and every
 /// `[cluster]` key.
 fn ike_base() -> String {
-    r#"# The IKE and cluster base of the bad-configuration corpus.
-[gateway]
-listen = "0.0.0.0:4500"
-workers = 1
-
-[[connection]]
-name = "psk-peer"
-local = "192.0.2.1"
-remote = "198.51.100.2"
-local_ts = ["10.1.0.0/16"]
-remote_ts = ["10.2.0.0/16"]
-
-[connection.ike]
-proposals = ["aes128gcm16-prfsha256-x25519", "aes256-sha256-modp2048"]
-esp_proposals = ["aes128gcm16", "aes256-sha256"]
-local_id = "192.0.2.1"
-remote_id = "peer.example"
-auth = "psk"
-remote_auth = "psk"
-psk_file = "keys/site.psk"
-start_action = "start"
-rekey_time = "4h"
-child_rekey_time = "1h"
-child_life_time = "1h10m"
-jitter = "5m"
-dpd_delay = "30s"
-dpd_action = "restart"
-retransmit_timeout = "4s"
-retransmit_tries = 5
-force_encap = true
-qesp = "off"
-
-[[connection]]
-name = "sun"
-local = "192.0.2.1"
-remote = "198.51.100.3"
-local_ts = ["10.1.0.0/16"]
-remote_ts = ["10.3.0.0/16"]
-
-[connection.ike]
-auth = "pubkey"
-private_key = "keys/moon.key"
-cert = "keys/moon.crt"
-ca = "keys/ca.crt"
-local_id = "moon.example"
-remote_id = "sun.example"
-
-[[connection]]
-name = "venus"
-local = "192.0.2.1"
-remote = "203.0.113.3"
-local_ts = ["10.1.0.0/16"]
-remote_ts = ["10.4.0.0/16"]
-
-[connection.ike]
-auth = "pubkey"
-remote_auth = "pubkey"
-private_key = "keys/moon-ed25519.key"
-remote_public_key = "keys/venus-ed25519.pub"
-
-[[connection]]
-name = "q-peer"
-local = "192.0.2.1"
-remote = "203.0.113.4"
-encap = "none"
-local_ts = ["10.1.0.0/16"]
-remote_ts = ["10.5.0.0/16"]
-
-[connection.ike]
-psk_file = "keys/site.psk"
-qesp = "prefer"
-
-[cluster]
-name = "gw"
-node = 2
-etcd = ["https://10.0.0.1:2379", "https://10.0.0.2:2379"]
-etcd_ca = "keys/etcd-ca.crt"
-etcd_cert = "keys/etcd.crt"
-etcd_key = "keys/etcd.key"
-etcd_user = "espgate"
-etcd_password_file = "keys/etcd.password"
-key_file = "keys/cluster.key"
-dispatch = "session-sqf"
-inside = "eth1"
-outside = "eth0"
-lease_ttl = "3s"
-hold = "10s"
-"#
-    .to_string()
+    include_str!("fixtures/ike-base.toml").to_string()
 }
 
 /// The example key and certificate files the IKE base uses.
@@ -517,6 +283,7 @@ const EITHER_INT_OR_STRING: &[(&str, &str, &str)] = &[
     ("connection.ike", "jitter", "a duration"),
     ("connection.ike", "dpd_delay", "a duration"),
     ("connection.ike", "retransmit_timeout", "a duration"),
+    ("connection.ike", "retransmit_limit", "a duration"),
     ("cluster", "lease_ttl", "a duration"),
     ("cluster", "hold", "a duration"),
 ];
@@ -564,6 +331,8 @@ const BAD_VALUES: &[(&str, &str, &[&str])] = &[
     ("gateway", "batch", &["0", "65", "-1"]),
     ("gateway", "ike_fragment_size", &["299", "65001", "0"]),
     ("gateway", "socket_buffer", &["4095", "1073741825", "-1"]),
+    ("gateway", "ike_cookie_threshold", &["1000001", "-1"]),
+    ("gateway", "ike_half_open_limit", &["0", "1000001", "-1"]),
     (
         "gateway",
         "qesp_protocol",
@@ -822,6 +591,11 @@ const BAD_VALUES: &[(&str, &str, &[&str])] = &[
         &["0", "\"2h\"", "\"0s\""],
     ),
     ("connection.ike", "retransmit_tries", &["-1", "21"]),
+    (
+        "connection.ike",
+        "retransmit_limit",
+        &["\"2h\"", "\"never\"", "-1"],
+    ),
     ("connection.ike", "qesp", &["\"always\"", "\"on\""]),
     // [cluster]
     ("cluster", "name", &["\"\"", "\"bad name!\"", LONG_NAME]),

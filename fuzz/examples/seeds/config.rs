@@ -12,265 +12,64 @@ fn hex_key(len: usize, seed: u8) -> String {
         .collect()
 }
 
-const GATEWAY_ALL: &str = r#"[gateway]
-tun = "espgate0"
-tun_address = ["10.1.0.254/32", "2001:db8:1::fe/128"]
-listen = "[::]:4500"
-encap = "udp"
-workers = 2
-batch = 32
-ike_fragment_size = 1200
-ike_cookie_threshold = 32
-ike_half_open_limit = 1000
-socket_buffer = 4194304
-qesp_protocol = 253
-mtu = 1500
-control_socket = "run/espgate.sock"
-metrics = "127.0.0.1:9184"
-log = "info"
-fwmark = 17664
-state_dir = "state"
-offloads = true
-cost_accounting = false
-"#;
+/// The two complete bases of the bad-configuration test; the seeds take
+/// them whole and one piece at a time.
+const MANUAL_BASE: &str =
+    include_str!("../../../crates/espgate-config/tests/fixtures/manual-base.toml");
+const IKE_BASE: &str = include_str!("../../../crates/espgate-config/tests/fixtures/ike-base.toml");
+
+/// The lines of `base` from the one that is `first` up to the next table
+/// header that `ends` accepts (or the end), blank lines at the end left
+/// out.
+fn section(base: &str, first: &str, ends: impl Fn(&str) -> bool) -> String {
+    let mut out = String::new();
+    let mut inside = false;
+    for line in base.lines() {
+        if inside && ends(line) {
+            break;
+        }
+        inside |= line == first;
+        if inside {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out.trim_end().to_string() + "\n"
+}
+
+/// `base`'s `[gateway]` table.
+fn gateway(base: &str) -> String {
+    section(base, "[gateway]", |l| l.starts_with('['))
+}
+
+/// `base`'s `[[connection]]` named `name`, with its sub-tables.
+fn connection(base: &str, name: &str) -> String {
+    let body = section(base, &format!("name = \"{name}\""), |l| {
+        l == "[[connection]]" || l == "[cluster]"
+    });
+    format!("[[connection]]\n{body}")
+}
+
+/// `base`'s `[cluster]` table.
+fn cluster(base: &str) -> String {
+    section(base, "[cluster]", |l| l.starts_with("[[") || l == "[gateway]")
+}
 
 fn esp_udp_files() -> String {
-    r#"[[connection]]
-name = "site-b"
-local = "192.0.2.1"
-remote = "198.51.100.2"
-remote_port = 4500
-mode = "tunnel"
-protocol = "esp"
-encap = "udp"
-local_ts = ["10.1.0.0/16", "2001:db8:1::/48"]
-remote_ts = ["10.2.0.0/16", "2001:db8:2::/48"]
-proto = "any"
-routes = true
-mss_clamp = "auto"
-fragment_inner = true
-dscp = "copy"
-ecn = "normal"
-esn = true
-replay_window = 1024
-nat_keepalive = 20
-allow_insecure = false
-tfc_pad_to = 0
-per_cpu_sas = 2
-lifetime = { soft_bytes = "4T", hard_bytes = "8T", soft_packets = "1G", hard_packets = "2G", soft_time = "30d", hard_time = "60d" }
-
-[connection.esp]
-suite = "aes256gcm16"
-spi_in = 0xc0ffee01
-spi_out = 0xc0ffee11
-enc_in_file = "keys/b.enc_in"
-enc_out_file = "keys/b.enc_out"
-"#
-    .to_string()
+    connection(MANUAL_BASE, "site-b")
 }
 
 fn esp_ah_inline() -> String {
-    format!(
-        r#"[[connection]]
-name = "lab"
-local = "192.0.2.1"
-remote = "192.0.2.2"
-protocol = "esp+ah"
-encap = "none"
-local_ts = ["10.3.0.0/16"]
-remote_ts = ["10.4.0.0/16"]
-proto = "tcp"
-mss_clamp = 1360
-dscp = "clear"
-replay_window = 4096
-tfc_pad_to = 1200
-
-[connection.lifetime]
-soft_bytes = 1000000
-hard_bytes = "1G"
-soft_packets = 1000
-hard_packets = "1M"
-soft_time = "1h"
-hard_time = "2h"
-
-[connection.esp]
-suite = "aes256-sha1"
-spi_in = 0x2001
-spi_out = 0x2002
-enc_in = "{}"
-enc_out = "{}"
-integ_in = "{}"
-integ_out = "{}"
-
-[connection.ah]
-suite = "sha256"
-spi_in = 0x3001
-spi_out = 0x3002
-integ_in = "{}"
-integ_out = "{}"
-"#,
-        hex_key(32, 1),
-        hex_key(32, 2),
-        hex_key(20, 3),
-        hex_key(20, 4),
-        hex_key(32, 5),
-        hex_key(32, 6)
-    )
+    connection(MANUAL_BASE, "lab")
 }
 
-const AH_TRANSPORT_FILES: &str = r#"[[connection]]
-name = "mgmt"
-local = "192.0.2.1"
-remote = "192.0.2.9"
-mode = "transport"
-protocol = "ah"
-encap = "none"
-proto = 6
-
-[connection.ah]
-suite = "sha512"
-spi_in = 0x3101
-spi_out = 0x3102
-integ_in_file = "keys/m.integ_in"
-integ_out_file = "keys/m.integ_out"
-"#;
-
 fn qesp() -> String {
-    format!(
-        r#"[[connection]]
-name = "qos"
-local = "192.0.2.1"
-remote = "192.0.2.10"
-protocol = "qesp"
-encap = "none"
-local_ts = ["10.5.0.0/16"]
-remote_ts = ["10.6.0.0/16"]
-
-[connection.esp]
-suite = "aes128gcm16"
-spi_in = 0x4001
-spi_out = 0x4002
-enc_in = "{}"
-enc_out = "{}"
-"#,
-        hex_key(20, 7),
-        hex_key(20, 8)
-    )
+    connection(MANUAL_BASE, "qos")
 }
 
 fn v6_transport() -> String {
-    format!(
-        r#"[[connection]]
-name = "v6"
-local = "2001:db8::1"
-remote = "2001:db8::2"
-mode = "transport"
-nat_keepalive = 0
-
-[connection.esp]
-suite = "chacha20poly1305"
-spi_in = 0x5001
-spi_out = 0x5002
-enc_in = "{}"
-enc_out = "{}"
-"#,
-        hex_key(36, 9),
-        hex_key(36, 10)
-    )
+    connection(MANUAL_BASE, "v6")
 }
-
-const IKE_PSK_ALL: &str = r#"[[connection]]
-name = "psk-peer"
-local = "192.0.2.1"
-remote = "198.51.100.2"
-local_ts = ["10.1.0.0/16"]
-remote_ts = ["10.2.0.0/16"]
-
-[connection.ike]
-proposals = ["aes128gcm16-prfsha256-x25519", "aes256-sha256-modp2048"]
-esp_proposals = ["aes128gcm16", "aes256-sha256"]
-local_id = "192.0.2.1"
-remote_id = "peer.example"
-auth = "psk"
-remote_auth = "psk"
-psk_file = "keys/site.psk"
-start_action = "start"
-rekey_time = "4h"
-child_rekey_time = "1h"
-child_life_time = "1h10m"
-jitter = "5m"
-dpd_delay = "30s"
-dpd_action = "restart"
-retransmit_timeout = "4s"
-retransmit_tries = 5
-retransmit_limit = "8s"
-force_encap = true
-qesp = "off"
-"#;
-
-const IKE_CERT: &str = r#"[[connection]]
-name = "sun"
-local = "192.0.2.1"
-remote = "198.51.100.3"
-local_ts = ["10.1.0.0/16"]
-remote_ts = ["10.3.0.0/16"]
-
-[connection.ike]
-auth = "pubkey"
-private_key = "keys/moon.key"
-cert = "keys/moon.crt"
-ca = "keys/ca.crt"
-local_id = "moon.example"
-remote_id = "sun.example"
-"#;
-
-const IKE_RAW_KEYS: &str = r#"[[connection]]
-name = "venus"
-local = "192.0.2.1"
-remote = "203.0.113.3"
-local_ts = ["10.1.0.0/16", "2001:db8:1::/48"]
-remote_ts = ["10.4.0.0/16", "2001:db8:4::/48"]
-proto = "icmp"
-
-[connection.ike]
-auth = "pubkey"
-remote_auth = "pubkey"
-private_key = "keys/moon-ed25519.key"
-remote_public_key = "keys/venus-ed25519.pub"
-local_id = "@#0102030405"
-remote_id = "%any"
-"#;
-
-const IKE_QESP: &str = r#"[[connection]]
-name = "q-peer"
-local = "192.0.2.1"
-remote = "203.0.113.4"
-encap = "none"
-local_ts = ["10.1.0.0/16"]
-remote_ts = ["10.5.0.0/16"]
-
-[connection.ike]
-psk_file = "keys/site.psk"
-qesp = "prefer"
-esp_proposals = ["aes256gcm16-x25519-esn", "aes128-sha256-noesn"]
-"#;
-
-const CLUSTER_ALL: &str = r#"[cluster]
-name = "gw"
-node = 2
-etcd = ["https://10.0.0.1:2379", "https://10.0.0.2:2379"]
-etcd_ca = "keys/etcd-ca.crt"
-etcd_cert = "keys/etcd.crt"
-etcd_key = "keys/etcd.key"
-etcd_user = "espgate"
-etcd_password_file = "keys/etcd.password"
-key_file = "keys/cluster.key"
-dispatch = "session-sqf"
-inside = "eth1"
-outside = "eth0"
-lease_ttl = "3s"
-hold = "10s"
-"#;
 
 fn strip_comments(text: &str) -> String {
     text.lines()
@@ -386,12 +185,19 @@ pub fn seeds() -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
     let mut add = |name: &str, text: String| out.push((name.to_string(), text));
     let gw1 = "[gateway]\nworkers = 1\n";
+    let gateway_all = &gateway(MANUAL_BASE);
+    let ah_transport_files = &connection(MANUAL_BASE, "mgmt");
+    let ike_psk_all = &connection(IKE_BASE, "psk-peer");
+    let ike_cert = &connection(IKE_BASE, "sun");
+    let ike_raw_keys = &connection(IKE_BASE, "venus");
+    let ike_qesp = &connection(IKE_BASE, "q-peer");
+    let cluster_all = &cluster(IKE_BASE);
     // The two complete bases of the bad-configuration test, as close as
     // 4096 bytes allow.
     add(
         "manual-base",
         format!(
-            "{GATEWAY_ALL}\n{}\n{}\n{AH_TRANSPORT_FILES}\n{}\n{}",
+            "{gateway_all}\n{}\n{}\n{ah_transport_files}\n{}\n{}",
             esp_udp_files(),
             esp_ah_inline(),
             qesp(),
@@ -401,44 +207,44 @@ pub fn seeds() -> Vec<(String, String)> {
     add(
         "ike-base",
         format!(
-            "[gateway]\nlisten = \"0.0.0.0:4500\"\nworkers = 1\n\n{IKE_PSK_ALL}\n{IKE_CERT}\n{IKE_RAW_KEYS}\n{IKE_QESP}\n{CLUSTER_ALL}"
+            "[gateway]\nlisten = \"0.0.0.0:4500\"\nworkers = 1\n\n{ike_psk_all}\n{ike_cert}\n{ike_raw_keys}\n{ike_qesp}\n{cluster_all}"
         ),
     );
     // One connection at a time.
     add(
         "gateway-all-esp-udp",
-        format!("{GATEWAY_ALL}\n{}", esp_udp_files()),
+        format!("{gateway_all}\n{}", esp_udp_files()),
     );
     add("esp-ah-inline", esp_ah_inline());
-    add("ah-transport-files", AH_TRANSPORT_FILES.to_string());
+    add("ah-transport-files", ah_transport_files.to_string());
     add(
         "qesp",
         format!("[gateway]\nqesp_protocol = 254\n{}", qesp()),
     );
     let listen6 = "[gateway]\nlisten = \"[::]:4500\"\n";
     add("v6-transport", format!("{listen6}{}", v6_transport()));
-    add("ike-psk", format!("{gw1}{IKE_PSK_ALL}"));
-    add("ike-cert", format!("{gw1}{IKE_CERT}"));
-    add("ike-raw-keys", format!("{gw1}{IKE_RAW_KEYS}"));
-    add("ike-qesp", format!("{gw1}{IKE_QESP}"));
+    add("ike-psk", format!("{gw1}{ike_psk_all}"));
+    add("ike-cert", format!("{gw1}{ike_cert}"));
+    add("ike-raw-keys", format!("{gw1}{ike_raw_keys}"));
+    add("ike-qesp", format!("{gw1}{ike_qesp}"));
     add(
         "ike-hex-psk-require",
         format!(
             "{gw1}{}",
-            IKE_QESP
+            ike_qesp
                 .replace("site.psk", "hex.psk")
                 .replace("\"prefer\"", "\"require\"")
         ),
     );
     add(
         "cluster-manual",
-        format!("{gw1}\n{}\n{CLUSTER_ALL}", qesp().replace("qesp", "esp")),
+        format!("{gw1}\n{}\n{cluster_all}", qesp().replace("qesp", "esp")),
     );
     add(
         "cluster-ike",
         format!(
-            "{gw1}\n{IKE_PSK_ALL}\n{}",
-            CLUSTER_ALL
+            "{gw1}\n{ike_psk_all}\n{}",
+            cluster_all
                 .lines()
                 .filter(|l| !l.starts_with("etcd_c") && !l.starts_with("etcd_key"))
                 .collect::<Vec<_>>()
@@ -446,7 +252,7 @@ pub fn seeds() -> Vec<(String, String)> {
                 .replace("https", "http")
         ),
     );
-    add("no-connection", GATEWAY_ALL.to_string());
+    add("no-connection", gateway_all.to_string());
     add("empty", String::new());
     // The examples, comments left out.
     for (name, text) in [
@@ -498,7 +304,7 @@ pub fn seeds() -> Vec<(String, String)> {
         "psk-open-and-dir",
         format!(
             "{gw1}{}",
-            IKE_PSK_ALL
+            ike_psk_all
                 .replace("keys/site.psk", "keys/open.psk")
                 .replace("start_action", "private_key = \"keys/dir\"\nstart_action")
         ),
@@ -512,13 +318,13 @@ pub fn seeds() -> Vec<(String, String)> {
     // Each bad value of the bad-configuration test, in the smallest of
     // these valid configurations that has its key.
     let bases = [
-        format!("{GATEWAY_ALL}\n{}", esp_udp_files()),
+        format!("{gateway_all}\n{}", esp_udp_files()),
         esp_ah_inline(),
-        format!("{gw1}{AH_TRANSPORT_FILES}"),
-        format!("{gw1}{IKE_PSK_ALL}"),
-        format!("{gw1}{IKE_CERT}"),
-        format!("{gw1}{IKE_RAW_KEYS}"),
-        format!("{gw1}\n{}\n{CLUSTER_ALL}", qesp().replace("qesp", "esp")),
+        format!("{gw1}{ah_transport_files}"),
+        format!("{gw1}{ike_psk_all}"),
+        format!("{gw1}{ike_cert}"),
+        format!("{gw1}{ike_raw_keys}"),
+        format!("{gw1}\n{}\n{cluster_all}", qesp().replace("qesp", "esp")),
     ];
     let mut n_bad = 0;
     for (table, key, values) in bad_values() {
@@ -560,7 +366,7 @@ pub fn seeds() -> Vec<(String, String)> {
         format!(
             "{gw1}{}",
             with(
-                AH_TRANSPORT_FILES.to_string(),
+                ah_transport_files.to_string(),
                 "per_cpu_sas = 2\ntfc_pad_to = 100"
             )
         ),
@@ -569,7 +375,7 @@ pub fn seeds() -> Vec<(String, String)> {
         "combo-ike-protocol-qesp",
         format!(
             "{gw1}{}",
-            with(IKE_PSK_ALL.to_string(), "protocol = \"qesp\"")
+            with(ike_psk_all.to_string(), "protocol = \"qesp\"")
         ),
     );
     add(
@@ -577,7 +383,7 @@ pub fn seeds() -> Vec<(String, String)> {
         format!(
             "{gw1}{}",
             with(
-                IKE_PSK_ALL.to_string(),
+                ike_psk_all.to_string(),
                 "protocol = \"ah\"\nper_cpu_sas = 2\nesn = true"
             )
         ),
@@ -586,7 +392,7 @@ pub fn seeds() -> Vec<(String, String)> {
         "combo-ike-qesp-udp",
         format!(
             "{gw1}{}",
-            IKE_QESP.replace("encap = \"none\"", "encap = \"udp\"")
+            ike_qesp.replace("encap = \"none\"", "encap = \"udp\"")
         ),
     );
     add(
@@ -594,7 +400,7 @@ pub fn seeds() -> Vec<(String, String)> {
         format!(
             "{gw1}{}",
             with(
-                IKE_QESP.replace("\"prefer\"", "\"require\"").replace(
+                ike_qesp.replace("\"prefer\"", "\"require\"").replace(
                     "esp_proposals = [\"aes256gcm16-x25519-esn\", \"aes128-sha256-noesn\"]",
                     "esp_proposals = [\"aes128gmac\"]"
                 ),
@@ -604,7 +410,7 @@ pub fn seeds() -> Vec<(String, String)> {
     );
     add(
         "combo-gateway-workers-ike",
-        format!("{GATEWAY_ALL}\n{IKE_PSK_ALL}"),
+        format!("{gateway_all}\n{ike_psk_all}"),
     );
     add(
         "combo-listen-port0-other-address",
@@ -637,7 +443,7 @@ pub fn seeds() -> Vec<(String, String)> {
             esp_udp_files()
                 .replace("b.enc_in", "big")
                 .replace("b.enc_out", "dir"),
-            IKE_CERT
+            ike_cert
                 .replace("ca.crt", "big")
                 .replace("moon.key", "dir")
                 .replace("10.1.0.0/16", "10.9.0.0/16")
