@@ -36,6 +36,7 @@ pub mod ratelimit;
 pub mod setup;
 pub mod signals;
 pub mod sockets;
+pub mod spifilter;
 pub mod status;
 pub mod sys;
 pub mod worker;
@@ -256,7 +257,16 @@ pub fn run_hooked(
         None => None,
     };
     let nat_t = worker_sockets[0].udp.clone();
-    let ike = control::ike::IkeDriver::open(&cfg, nat_t.clone())?;
+    let mut ike = control::ike::IkeDriver::open(&cfg, nat_t.clone())?;
+    let spi_filter = Arc::new(spifilter::SpiFilter::new(
+        worker_sockets
+            .iter()
+            .filter_map(|s| s.udp.clone())
+            .collect(),
+    ));
+    if let Some(i) = ike.as_mut() {
+        i.set_spi_filter(spi_filter.clone());
+    }
     let (ike_tx, ike_rx) = match &ike {
         Some(_) => {
             let (tx, rx) = tokio::sync::mpsc::channel(IKE_QUEUE_MAX);
@@ -325,7 +335,7 @@ pub fn run_hooked(
             (SocketAddr::new(c.remote, c.remote_port), every)
         })
         .collect();
-    let ctl = Arc::new(Control::new(engines, views, info, start, ike));
+    let ctl = Arc::new(Control::new(engines, views, info, start, ike, spi_filter));
     let failed = AtomicBool::new(false);
     let vnet = tun.has_vnet_hdr();
     let tun_name = tun.name().to_string();

@@ -34,7 +34,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 // `IPV6_HDRINCL` (Linux 4.5+) is in neither `rustix` 1.1 nor `nix` 0.31;
 // `nix`'s exported macro for socket options defines it (its expansion
 // calls the `setsockopt_impl!` and `sockopt_impl!` macros by name).
-use nix::{setsockopt_impl, sockopt_impl};
+use nix::{getsockopt_impl, setsockopt_impl, sockopt_impl};
 sockopt_impl!(
     /// `IPV6_HDRINCL`: the application writes the IPv6 header.
     Ipv6HdrIncl,
@@ -42,6 +42,26 @@ sockopt_impl!(
     libc::IPPROTO_IPV6,
     libc::IPV6_HDRINCL,
     bool
+);
+
+sockopt_impl!(
+    /// `SO_ATTACH_FILTER`: a classic BPF program run on every datagram
+    /// before it is queued on the socket (absent from `nix` 0.31).
+    AttachFilter,
+    SetOnly,
+    libc::SOL_SOCKET,
+    libc::SO_ATTACH_FILTER,
+    libc::sock_fprog
+);
+sockopt_impl!(
+    /// `SO_MEMINFO`: the socket's memory counters; index
+    /// `SK_MEMINFO_DROPS` counts the datagrams the kernel dropped at this
+    /// socket (its filter refused them, or the receive buffer was full).
+    MemInfo,
+    GetOnly,
+    libc::SOL_SOCKET,
+    libc::SO_MEMINFO,
+    [u32; 9]
 );
 
 /// Socket buffer size asked for on every outer socket.
@@ -153,19 +173,10 @@ impl UdpSock {
     /// on port 4500 starts with the zero non-ESP marker: both go to socket
     /// 0. Each datagram is steered on its own as long as UDP GRO is off.
     pub fn steer_by_spi(&self, n: u32) -> io::Result<()> {
-        const BPF_LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
-        const BPF_ALU_MOD_K: u16 = 0x94; // BPF_ALU | BPF_MOD | BPF_K
-        const BPF_RET_A: u16 = 0x16; // BPF_RET | BPF_A
-        let insn = |code, k| libc::sock_filter {
-            code,
-            jt: 0,
-            jf: 0,
-            k,
-        };
         let mut prog = [
-            insn(BPF_LD_W_ABS, 0),
-            insn(BPF_ALU_MOD_K, n.max(1)),
-            insn(BPF_RET_A, 0),
+            sock_insn(BPF_LD_W_ABS, 0, 0, 0),
+            sock_insn(BPF_ALU_MOD_K, 0, 0, n.max(1)),
+            sock_insn(BPF_RET_A, 0, 0, 0),
         ];
         // `fprog` points at `prog`, both live for the call; the kernel
         // copies the program.
@@ -175,6 +186,42 @@ impl UdpSock {
         };
         setsockopt(&self.fd, nixopt::AttachReusePortCbpf, &fprog)
             .map_err(context("attaching the SO_REUSEPORT steering program"))
+    }
+
+    /// Lets only datagrams that may be ours reach the socket queue (see
+    /// [`spi_filter_program`]): a flood of junk ESP is then dropped in
+    /// the kernel's receive path, before it is queued, copied and woken up
+    /// for. `None`, or a program too long for the kernel, removes the
+    /// filter (an error says which).
+    pub fn set_spi_filter(&self, rules: Option<(&[SpiRule], bool)>) -> io::Result<()> {
+        let prog = rules.map(|(r, other)| spi_filter_program(r, other));
+        let (mut prog, too_long) = match prog {
+            Some(Some(p)) => (p, false),
+            // Keep everything (detaching fails when nothing is attached;
+            // an accept-all program never does).
+            other => (vec![sock_insn(BPF_RET_K, 0, 0, ACCEPT)], other.is_some()),
+        };
+        // `fprog` points at `prog`, both live for the call; the kernel
+        // copies the program and swaps it in atomically.
+        let fprog = libc::sock_fprog {
+            len: prog.len() as u16,
+            filter: prog.as_mut_ptr(),
+        };
+        setsockopt(&self.fd, AttachFilter, &fprog).map_err(context("attaching the SPI filter"))?;
+        if too_long {
+            return Err(io::Error::other(format!(
+                "more inbound SPIs than one SPI filter holds ({SPI_FILTER_MAX} per worker)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Datagrams the kernel dropped at this socket since it was opened:
+    /// refused by its filter or arriving to a full receive buffer.
+    pub fn kernel_drops(&self) -> io::Result<u32> {
+        let m = nix::sys::socket::getsockopt(&self.fd, MemInfo)
+            .map_err(context("reading SO_MEMINFO"))?;
+        Ok(m[libc::SK_MEMINFO_DROPS as usize])
     }
 
     /// Receives one datagram (without blocking) into `buf`.
@@ -228,6 +275,115 @@ impl AsFd for UdpSock {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
+}
+
+const BPF_LD_W_LEN: u16 = 0x80; // BPF_LD | BPF_W | BPF_LEN
+const BPF_LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+const BPF_JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
+const BPF_JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+const BPF_ALU_MOD_K: u16 = 0x94; // BPF_ALU | BPF_MOD | BPF_K
+const BPF_RET_A: u16 = 0x16; // BPF_RET | BPF_A
+const BPF_RET_K: u16 = 0x06; // BPF_RET | BPF_K
+/// A filter's "keep the whole datagram".
+const ACCEPT: u32 = u32::MAX;
+
+fn sock_insn(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+    libc::sock_filter { code, jt, jf, k }
+}
+
+/// The most inbound SPIs a filter lists; beyond it the socket has no
+/// filter. Each costs two to eleven instructions (the kernel allows 4096)
+/// and a compare per datagram: 256 keep a datagram's worst case near a
+/// quarter of a microsecond with the kernel's BPF JIT.
+pub const SPI_FILTER_MAX: usize = 256;
+
+/// The kernel's limit on a classic BPF program (`BPF_MAXINSNS`).
+const BPF_MAXINSNS: usize = 4096;
+
+/// Classic BPF's base for loads relative to the network (IP) header.
+const SKF_NET_OFF: i32 = -0x10_0000;
+
+/// What [`spi_filter_program`] does with the datagrams of one SPI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SpiRule {
+    /// The inbound SPI.
+    pub spi: u32,
+    /// Keep its datagrams only from this source address (the peer's);
+    /// `None`: from anywhere.
+    pub only_from: Option<IpAddr>,
+}
+
+/// The classic BPF program of [`UdpSock::set_spi_filter`], `None` when
+/// it would be too long ([`SPI_FILTER_MAX`] rules, or the kernel's
+/// instruction limit). A socket filter sees a UDP datagram from its UDP
+/// header on, so the payload's first word (the SPI of ESP-in-UDP, RFC
+/// 3948) is at offset 8, and the IP header is reached through
+/// `SKF_NET_OFF`. The program keeps:
+/// - datagrams with fewer than 4 payload bytes (NAT keepalives: the
+///   engine counts them, and anything malformed);
+/// - payloads starting with the zero non-ESP marker (IKE on port 4500);
+/// - payloads starting with a rule's SPI, from its `only_from` address if
+///   it names one (IPv4 source at IP offset 12, IPv6 at 8);
+///
+/// and gives every other datagram `other_spis` (keep or drop). With UDP
+/// GRO a coalesced train (one sender's datagrams, one 5-tuple) is judged
+/// by its first datagram. The rules are scanned in order: a linear scan is
+/// what classic BPF offers (no maps; jumps reach 255 ahead), and for the
+/// few SPIs a gateway has it costs a handful of compares.
+pub fn spi_filter_program(rules: &[SpiRule], other_spis: bool) -> Option<Vec<libc::sock_filter>> {
+    if rules.len() > SPI_FILTER_MAX {
+        return None;
+    }
+    let net = |off: i32| (SKF_NET_OFF + off) as u32;
+    let mut p = Vec::with_capacity(8 + 4 * rules.len());
+    p.push(sock_insn(BPF_LD_W_LEN, 0, 0, 0));
+    // len >= 12: go on to the SPI; else keep.
+    p.push(sock_insn(BPF_JGE_K, 1, 0, 12));
+    p.push(sock_insn(BPF_RET_K, 0, 0, ACCEPT));
+    p.push(sock_insn(BPF_LD_W_ABS, 0, 0, 8));
+    p.push(sock_insn(BPF_JEQ_K, 0, 1, 0));
+    p.push(sock_insn(BPF_RET_K, 0, 0, ACCEPT));
+    for r in rules {
+        // The source address's words and where they sit in the IP header.
+        let (words, at): (Vec<u32>, i32) = match r.only_from {
+            None => (Vec::new(), 0),
+            Some(IpAddr::V4(a)) => (vec![u32::from(a)], 12),
+            Some(IpAddr::V6(a)) => (
+                a.octets()
+                    .chunks_exact(4)
+                    .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+                8,
+            ),
+        };
+        // This SPI's block: [ld word, jeq word]..., keep, drop (or just
+        // keep); the SPI stays in A for the next rule's compare only when
+        // the block is skipped.
+        let block = if words.is_empty() {
+            1
+        } else {
+            2 * words.len() + 2
+        };
+        p.push(sock_insn(BPF_JEQ_K, 0, block as u8, r.spi));
+        for (i, w) in words.iter().enumerate() {
+            p.push(sock_insn(BPF_LD_W_ABS, 0, 0, net(at + 4 * i as i32)));
+            // Unequal: on to the block's drop, past the remaining words
+            // and the keep.
+            let to_drop = 2 * (words.len() - i - 1) + 1;
+            p.push(sock_insn(BPF_JEQ_K, 0, to_drop as u8, *w));
+        }
+        p.push(sock_insn(BPF_RET_K, 0, 0, ACCEPT));
+        if !words.is_empty() {
+            p.push(sock_insn(BPF_RET_K, 0, 0, 0));
+        }
+    }
+    p.push(sock_insn(
+        BPF_RET_K,
+        0,
+        0,
+        if other_spis { ACCEPT } else { 0 },
+    ));
+    (p.len() <= BPF_MAXINSNS).then_some(p)
 }
 
 /// A raw socket receiving ESP or AH of one address family.
@@ -415,6 +571,132 @@ mod tests {
     use super::*;
     use espgate_core::sa::{classify, Classified, Classifier};
     use espgate_core::wire::ip;
+
+    /// The datagrams `sock` receives within a moment, by payload.
+    fn drain(sock: &UdpSock) -> Vec<Vec<u8>> {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2048];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+        while std::time::Instant::now() < deadline {
+            match sock.recv(&mut buf) {
+                Ok((n, _)) => got.push(buf[..n].to_vec()),
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            }
+        }
+        got
+    }
+
+    fn esp(spi: u32) -> Vec<u8> {
+        let mut p = spi.to_be_bytes().to_vec();
+        p.extend_from_slice(&[0, 0, 0, 1, 0xaa, 0xbb]);
+        p
+    }
+
+    fn rule(spi: u32, only_from: Option<&str>) -> SpiRule {
+        SpiRule {
+            spi,
+            only_from: only_from.map(|a| a.parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn spi_filter_keeps_known_spis_ike_and_short_datagrams_on_loopback() {
+        let sock = UdpSock::open("127.0.0.1:0".parse().unwrap(), None, false).unwrap();
+        let to = sock.local_addr().unwrap();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let rules = [rule(0x1000, None), rule(0x2000, None)];
+        sock.set_spi_filter(Some((&rules, false))).unwrap();
+        // esp(0) starts with the non-ESP marker: IKE, kept.
+        let kept = [
+            esp(0x1000),
+            esp(0x2000),
+            esp(0),
+            vec![0, 0, 0, 0, 0x21, 0x20],
+            vec![0xff],
+            b"abc".to_vec(),
+        ];
+        let dropped = [esp(0x3000), esp(0x1001)];
+        let before = sock.kernel_drops().unwrap();
+        for p in kept.iter().chain(&dropped) {
+            tx.send_to(p, to).unwrap();
+        }
+        let mut got = drain(&sock);
+        got.sort();
+        let mut want = kept.to_vec();
+        want.sort();
+        assert_eq!(got, want);
+        assert_eq!(sock.kernel_drops().unwrap() - before, 2);
+        // Other SPIs kept: only the rules' sources are checked.
+        sock.set_spi_filter(Some((&rules, true))).unwrap();
+        tx.send_to(&esp(0x3000), to).unwrap();
+        assert_eq!(drain(&sock), vec![esp(0x3000)]);
+        // Removed: everything arrives again.
+        sock.set_spi_filter(None).unwrap();
+        tx.send_to(&esp(0x3000), to).unwrap();
+        assert_eq!(drain(&sock), vec![esp(0x3000)]);
+        // Too many SPIs for one program: no filter rather than a wrong
+        // one, and an error that says so.
+        let many: Vec<SpiRule> = (1..=SPI_FILTER_MAX as u32 + 1)
+            .map(|s| rule(s, None))
+            .collect();
+        assert!(spi_filter_program(&many, false).is_none());
+        assert!(sock.set_spi_filter(Some((&many, false))).is_err());
+        tx.send_to(&esp(0x7fff_0000), to).unwrap();
+        assert_eq!(drain(&sock), vec![esp(0x7fff_0000)]);
+        // The longest program: the last SPI still kept.
+        let last: Vec<SpiRule> = (1..=SPI_FILTER_MAX as u32)
+            .map(|s| rule(s, Some("2001:db8::1")))
+            .collect();
+        assert!(spi_filter_program(&last, false).is_some_and(|p| p.len() <= BPF_MAXINSNS));
+        let mut last = last;
+        last[SPI_FILTER_MAX - 1] = rule(SPI_FILTER_MAX as u32, None);
+        sock.set_spi_filter(Some((&last, false))).unwrap();
+        tx.send_to(&esp(SPI_FILTER_MAX as u32), to).unwrap();
+        tx.send_to(&esp(0x7fff_0000), to).unwrap();
+        assert_eq!(drain(&sock), vec![esp(SPI_FILTER_MAX as u32)]);
+    }
+
+    #[test]
+    fn spi_filter_pins_sources_on_loopback() {
+        // 127.0.0.1 sends; 127.0.0.2 is another source on loopback.
+        let sock = UdpSock::open("127.0.0.1:0".parse().unwrap(), None, false).unwrap();
+        let to = sock.local_addr().unwrap();
+        let tx1 = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx2 = std::net::UdpSocket::bind("127.0.0.2:0").unwrap();
+        let rules = [
+            rule(0x1000, Some("127.0.0.1")),
+            rule(0x2000, Some("127.0.0.2")),
+            rule(0x3000, Some("2001:db8::1")),
+            rule(0x4000, None),
+        ];
+        sock.set_spi_filter(Some((&rules, true))).unwrap();
+        for spi in [0x1000, 0x2000, 0x3000, 0x4000, 0x5000] {
+            tx1.send_to(&esp(spi), to).unwrap();
+            tx2.send_to(&esp(spi), to).unwrap();
+        }
+        let mut got: Vec<(Vec<u8>, IpAddr)> = Vec::new();
+        let mut buf = [0u8; 2048];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+        while std::time::Instant::now() < deadline {
+            match sock.recv(&mut buf) {
+                Ok((n, m)) => got.push((buf[..n].to_vec(), m.src.unwrap().ip())),
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            }
+        }
+        got.sort();
+        let one: IpAddr = "127.0.0.1".parse().unwrap();
+        let two: IpAddr = "127.0.0.2".parse().unwrap();
+        let mut want = vec![
+            (esp(0x1000), one),
+            (esp(0x2000), two),
+            (esp(0x4000), one),
+            (esp(0x4000), two),
+            (esp(0x5000), one),
+            (esp(0x5000), two),
+        ];
+        want.sort();
+        assert_eq!(got, want);
+    }
 
     fn esp_payload() -> Vec<u8> {
         let mut p = vec![0u8; 40];

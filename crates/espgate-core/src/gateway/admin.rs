@@ -573,6 +573,20 @@ impl Engine {
         })
     }
 
+    /// Appends the SPI and the peer's address of every inbound SA that
+    /// arrives in UDP (ESP-in-UDP connections), for the shell's
+    /// kernel-side filter.
+    pub fn udp_inbound_sas(&self, out: &mut Vec<(u32, IpAddr)>) {
+        for c in self.conns.iter().filter(|c| c.spec.udp) {
+            out.extend(
+                c.in_ids
+                    .iter()
+                    .filter_map(|id| self.sad.get(*id))
+                    .map(|sa| (sa.config().spi, c.spec.remote)),
+            );
+        }
+    }
+
     /// The keys of every installed SA, for `espgate wireshark-keys`.
     pub fn sa_keys(&self) -> Vec<SaKeyView> {
         let mut out = Vec::new();

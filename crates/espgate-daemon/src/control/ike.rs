@@ -7,6 +7,7 @@
 use super::shared::SharedSas;
 use crate::ratelimit::RateLimiter;
 use crate::sockets::UdpSock;
+use crate::spifilter::SpiFilter;
 use crate::sys::RecvBatch;
 use crate::worker::lock;
 use anyhow::{Context, Result};
@@ -49,6 +50,9 @@ pub struct IkeDriver {
     inbound_seen: HashMap<u32, u64>,
     /// When to look again.
     next_look: Duration,
+    /// The data plane's kernel-side SPI filter, refreshed after SA
+    /// installs and before the answer that lets the peer use them.
+    spi_filter: Option<Arc<SpiFilter>>,
 }
 
 /// The IKE side of a cluster node: only the leader runs IKE (the others
@@ -184,7 +188,13 @@ impl IkeDriver {
             }),
             inbound_seen: HashMap::new(),
             next_look: Duration::ZERO,
+            spi_filter: None,
         }))
+    }
+
+    /// Refreshes `f` after SA installs, before the answers go out.
+    pub fn set_spi_filter(&mut self, f: Arc<SpiFilter>) {
+        self.spi_filter = Some(f);
     }
 
     /// The UDP 500 socket (for the control thread's readiness wait).
@@ -403,9 +413,11 @@ impl IkeDriver {
         if self.ike.poll_timeout().is_some_and(|t| t <= now) {
             self.ike.handle_timeout(now);
         }
+        let mut installed = false;
         while let Some(ev) = self.ike.poll_event() {
             match ev {
                 Event::InstallSa(s) => {
+                    installed = true;
                     let sa = NegotiatedSa {
                         conn: &s.conn,
                         outbound: s.outbound,
@@ -484,7 +496,12 @@ impl IkeDriver {
         }
         // Transmit after the installs: a peer that gets our answer may use
         // the new SAs at once, and the data plane must know them by then
-        // (the workers run beside this thread).
+        // (the workers run beside this thread), its SPI filter included.
+        if installed {
+            if let Some(f) = &self.spi_filter {
+                f.refresh(engines);
+            }
+        }
         while let Some(t) = self.ike.poll_transmit() {
             // From the address the peer sent to (or that the
             // connection names), not whichever the route prefers.

@@ -172,7 +172,7 @@ fn sanitize(name: &str) -> String {
 /// The counters of `Status::counters` with their metric names (without
 /// `_total`, which the encoder adds) and help; a counter not listed here
 /// is exported as `espgate_NAME_total`.
-const COUNTERS: [(&str, &str, &str); 16] = [
+const COUNTERS: [(&str, &str, &str); 18] = [
     (
         "tun_rx",
         "espgate_tun_rx_packets",
@@ -245,6 +245,17 @@ const COUNTERS: [(&str, &str, &str); 16] = [
         "tun_gso_writes",
         "espgate_tun_gso_writes",
         "TUN writes of a super-segment coalesced from several decrypted TCP segments.",
+    ),
+    (
+        "udp_socket_drops",
+        "espgate_udp_socket_drops",
+        "Datagrams the kernel dropped at the ESP-in-UDP sockets: refused by the SPI filter \
+         during an unknown-SPI flood, or arriving to a full receive buffer.",
+    ),
+    (
+        "spi_filter_engaged",
+        "espgate_spi_filter_engagements",
+        "Times a flood of unknown SPIs engaged the kernel-side SPI filter.",
     ),
     (
         "hot_path_allocs",

@@ -19,6 +19,7 @@ mod shared;
 mod tests;
 
 use crate::signals::{self, Signals};
+use crate::spifilter::SpiFilter;
 use crate::status::{self, ConnInfo, Info};
 use crate::worker::{lock, IkeDatagram};
 use anyhow::{Context, Result};
@@ -53,6 +54,8 @@ pub struct Control {
     pub worker_failed: Notify,
     /// `[cluster]`'s name, on a cluster node.
     cluster_name: Option<String>,
+    /// The kernel-side filter of unknown SPIs (engaged during floods).
+    spi_filter: Arc<SpiFilter>,
     /// The engine's cluster report as of the last `cluster` request, and
     /// when it was taken.
     cluster_report: Mutex<Option<(espgate_core::gateway::ClusterReport, Duration)>>,
@@ -80,6 +83,7 @@ impl Control {
         info: Info,
         start: Instant,
         ike: Option<IkeDriver>,
+        spi_filter: Arc<SpiFilter>,
     ) -> Control {
         let stats = engines.iter().map(|e| e.stats().clone()).collect();
         let conns = engines
@@ -100,6 +104,7 @@ impl Control {
             start,
             costs: Mutex::new(costs),
             ike: ike.map(Mutex::new),
+            spi_filter,
             ike_kick: Notify::new(),
             worker_failed: Notify::new(),
         }
@@ -115,6 +120,10 @@ impl Control {
         let costs = self.costs_report();
         let ike = self.ike.as_ref().map(|i| locked(i).doc(now));
         let mut s = status::document(&self.info, &self.conns, &self.stats, now, costs, ike);
+        s.counters
+            .insert("udp_socket_drops".into(), self.spi_filter.kernel_drops());
+        s.counters
+            .insert("spi_filter_engaged".into(), self.spi_filter.engagements());
         s.cluster = self.cluster_status(now);
         s
     }
@@ -145,6 +154,7 @@ impl Control {
                 let now = self.now();
                 let outbound = dir == SaDir::Out;
                 let r = self.with_engines(|e| add_sa_all(e, &conn, outbound, spec.expose(), now));
+                self.spi_filter.refresh(&self.engines);
                 changed(r, "sa add")
             }
             Request::SaDel {
@@ -167,7 +177,11 @@ impl Control {
             Request::Costs { action } => self.costs_command(action),
             Request::Initiate { conn } => self.ike_command(|i, now| i.initiate(now, &conn)),
             Request::Terminate { conn } => self.ike_command(|i, now| i.terminate(now, &conn)),
-            Request::Cluster(u) => self.cluster_update(u),
+            Request::Cluster(u) => {
+                let r = self.cluster_update(u);
+                self.spi_filter.refresh(&self.engines);
+                r
+            }
             Request::ClusterExport => self.cluster_export(None),
             Request::ClusterShare { spi, outbound } => self.cluster_export(Some((spi, outbound))),
         }
@@ -343,6 +357,7 @@ pub fn run(ctl: Arc<Control>, listeners: Listeners, signals: &Signals) -> Result
         if ctl.ike.is_some() {
             tasks.spawn(ike_task(ctl.clone(), ike_rx, stop_rx.clone()));
         }
+        tasks.spawn(spi_filter_task(ctl.clone(), stop_rx.clone()));
         // SAFETY: the descriptor is borrowed from `signals`, which outlives
         // this runtime (and so the registration).
         let sig = unsafe { AsyncFd::register(signals.fd()) }.map_err(|e| {
@@ -374,6 +389,19 @@ async fn wait_signal(fd: &AsyncFd<std::os::fd::BorrowedFd<'_>>, signals: &Signal
             return sig;
         }
         guard.clear_ready();
+    }
+}
+
+/// Once a second, whether a flood of unknown SPIs engages the kernel-side
+/// SPI filter (or its end removes it).
+async fn spi_filter_task(ctl: Arc<Control>, mut stop: watch::Receiver<bool>) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = every.tick() => ctl.spi_filter.tick(&ctl.engines, &ctl.stats),
+            _ = stop.changed() => return,
+        }
     }
 }
 

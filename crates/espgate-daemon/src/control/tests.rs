@@ -40,7 +40,14 @@ fn site_a(n: usize) -> (Control, Vec<Arc<CostCells>>, Engine) {
         .iter()
         .map(|c| CostsView::new(c.clone(), false))
         .collect();
-    let ctl = Control::new(engines, views, info(), Instant::now(), None);
+    let ctl = Control::new(
+        engines,
+        views,
+        info(),
+        Instant::now(),
+        None,
+        Arc::new(crate::spifilter::SpiFilter::new(Vec::new())),
+    );
     let b = Engine::new(&[cb], &opts(), T).unwrap();
     (ctl, cells, b)
 }
@@ -471,4 +478,103 @@ mod socket {
         assert!(path.exists());
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }
+}
+
+#[test]
+fn the_spi_filter_engages_on_floods_follows_sa_add_and_ends() {
+    use crate::sockets::UdpSock;
+    use crate::spifilter::{SpiFilter, ENGAGE_PER_SEC, QUIET_SECS};
+    use espgate_core::DropReason;
+    // Site A with its peer on loopback, its ESP-in-UDP socket there too.
+    let (mut ca, _) = mirrored(Shape::new(Layers::Esp, true));
+    ca.remote = "127.0.0.1".parse().unwrap();
+    let engines = Engine::for_workers(&[ca], &opts(), T, 1).unwrap();
+    let sock = Arc::new(UdpSock::open("127.0.0.1:0".parse().unwrap(), None, false).unwrap());
+    let to = sock.local_addr().unwrap();
+    let filter = Arc::new(SpiFilter::new(vec![sock.clone()]));
+    let cells = Arc::new(CostCells::new(ClockKind::Monotonic));
+    let ctl = Control::new(
+        engines,
+        vec![CostsView::new(cells, false)],
+        info(),
+        Instant::now(),
+        None,
+        filter.clone(),
+    );
+    let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let other = std::net::UdpSocket::bind("127.0.0.2:0").unwrap();
+    let esp = |spi: u32| {
+        let mut p = spi.to_be_bytes().to_vec();
+        p.extend_from_slice(&[0, 0, 0, 1, 0xaa, 0xbb, 0xcc, 0xdd]);
+        p
+    };
+    // Which of `sends` (sender, SPI) reach the socket.
+    let arrives = |sends: &[(&std::net::UdpSocket, u32)]| -> Vec<u32> {
+        for (s, spi) in sends {
+            s.send_to(&esp(*spi), to).unwrap();
+        }
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        let deadline = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < deadline {
+            match sock.recv(&mut buf) {
+                Ok((n, _)) if n >= 4 => {
+                    got.push(u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]));
+                }
+                _ => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        got.sort_unstable();
+        got
+    };
+    let flood = |d: DropReason| {
+        for _ in 0..ENGAGE_PER_SEC {
+            ctl.stats[0].counters.drops.count(d);
+        }
+    };
+    ctl.spi_filter.tick(&ctl.engines, &ctl.stats);
+    // No flood: no filter, a stray SPI reaches the engine (its counter
+    // and log line tell the operator).
+    assert_eq!(
+        arrives(&[(&peer, 0x1001), (&peer, 0x9999)]),
+        [0x1001, 0x9999]
+    );
+    flood(DropReason::UnknownSpi);
+    ctl.spi_filter.tick(&ctl.engines, &ctl.stats);
+    assert!(filter.engaged());
+    assert_eq!(arrives(&[(&peer, 0x1001), (&peer, 0x9999)]), [0x1001]);
+    // An SA added during the flood is let in at once.
+    let r = ask(
+        &ctl,
+        &format!(
+            r#"{{"cmd":"sa_add","conn":"peer","dir":"in","spec":"spi=0x3001,suite=aes128gcm16,enc={K_NEW_AB}"}}"#
+        ),
+    );
+    assert!(matches!(r, Response::Changed(_)), "{r:?}");
+    assert_eq!(arrives(&[(&peer, 0x3001), (&other, 0x9999)]), [0x3001]);
+    // Bad ICVs: the SAs' packets only from the peer's address.
+    flood(DropReason::Integrity);
+    ctl.spi_filter.tick(&ctl.engines, &ctl.stats);
+    assert_eq!(
+        arrives(&[
+            (&peer, 0x1001),
+            (&other, 0x1001),
+            (&other, 0x3001),
+            (&peer, 0x3001)
+        ]),
+        [0x1001, 0x3001]
+    );
+    let st = ctl.status();
+    assert!(st.counters["udp_socket_drops"] >= 4, "{:?}", st.counters);
+    assert_eq!(st.counters["spi_filter_engaged"], 2);
+    // Quiet seconds end both modes.
+    for _ in 0..QUIET_SECS {
+        assert!(filter.engaged());
+        ctl.spi_filter.tick(&ctl.engines, &ctl.stats);
+    }
+    assert!(!filter.engaged());
+    assert_eq!(
+        arrives(&[(&other, 0x1001), (&peer, 0x9999)]),
+        [0x1001, 0x9999]
+    );
 }

@@ -137,8 +137,9 @@ Scenarios (--scenario, comma-separated; default all):
 ESP scenarios: two gateways with a manual ESP-in-UDP tunnel (aes128gcm16); one TCP stream
 (iperf3 -t SECS) without a flood, then with the flood running (it starts 1 s before); both
 rates and flooded / clean. Junk counted: the increase of gateway B's drop counters (espgate
-status, all reasons) while the flood ran, against the packets sent; for esp-closed-port the
-kernel's Udp NoPorts. rcvbuf: datagrams the kernel dropped because espgate's socket was full
+status, all reasons, and what its SPI filter dropped in the kernel during an unknown-SPI
+flood: udp_socket_drops less rcvbuf drops) while the flood ran, against the packets sent; for
+esp-closed-port the kernel's Udp NoPorts. rcvbuf: datagrams the kernel dropped because espgate's socket was full
 (Udp RcvbufErrors). gwB CPU: CPU seconds of gateway B's espgate process during the flood
 (and % of one core); peak RSS: its VmHWM, reset just before the flood.
 
@@ -1340,6 +1341,8 @@ struct Snapshot {
     drops: BTreeMap<String, u64>,
     ike: BTreeMap<String, u64>,
     udp: BTreeMap<String, u64>,
+    /// espgate's `udp_socket_drops`: the kernel's drops at its sockets.
+    socket_drops: u64,
     ticks: Option<u64>,
     at: Option<Instant>,
 }
@@ -1350,9 +1353,13 @@ fn status(sock: &Path) -> Result<Status> {
         .map_err(|e| anyhow!("espgate status ({}): {e}", sock.display()))
 }
 
+/// The row's name for what the SPI filter dropped in the kernel.
+const SPI_FILTER_REASON: &str = "spi_filter (in the kernel)";
+
 fn snapshot(sock: &Path, pid: u32) -> Result<Snapshot> {
     let s = status(sock)?;
     Ok(Snapshot {
+        socket_drops: s.counters.get("udp_socket_drops").copied().unwrap_or(0),
         drops: s.drops,
         ike: s.ike.map(|i| i.counters).unwrap_or_default(),
         udp: std::fs::read_to_string(format!("/proc/{pid}/net/snmp"))
@@ -1413,6 +1420,15 @@ fn fill_usage(row: &mut Row, before: &Snapshot, after: &Snapshot, pid: u32) {
     row.drops = increase(&before.drops, &after.drops);
     row.kernel_udp = increase(&before.udp, &after.udp);
     row.ike_counters = increase(&before.ike, &after.ike);
+    // What espgate's SPI filter dropped in the kernel: its sockets' drops
+    // less those for a full buffer (counted on their own).
+    let filtered = after
+        .socket_drops
+        .saturating_sub(before.socket_drops)
+        .saturating_sub(row.kernel_udp.get("RcvbufErrors").copied().unwrap_or(0));
+    if filtered > 0 {
+        row.drops.insert(SPI_FILTER_REASON.into(), filtered);
+    }
     if let (Some(t0), Some(t1), Some(a0), Some(a1)) =
         (before.ticks, after.ticks, before.at, after.at)
     {
@@ -1854,7 +1870,8 @@ pub fn render(rows: &[Row], opts: &Options, version: &str) -> String {
         out += &t.render();
         out +=
             "TCP in Mbit/s (receiver); ratio = flooded / clean; counted: espgate's drop counters \
-                (kernel Udp NoPorts for esp-closed-port) against the packets sent; rcvbuf drops: \
+                and its SPI filter's kernel drops (kernel Udp NoPorts for esp-closed-port) \
+                against the packets sent; rcvbuf drops: \
                 datagrams the kernel dropped for a full socket; gwB CPU: seconds during the flood \
                 (% of one core); RSS: before -> peak during the flood\n";
         let reasons: Vec<String> = esp
