@@ -193,8 +193,15 @@ pub fn drain_output(child: &mut std::process::Child) -> [std::thread::JoinHandle
 
 /// Whether `tool` is an executable file in a `PATH` directory.
 pub fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+    find_on_path(tool).is_some()
+}
+
+/// Where `tool` is in the `PATH` directories (the first one that has it).
+pub fn find_on_path(tool: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(tool))
+        .find(|f| f.is_file())
 }
 
 /// Runs `ip ARGS`.

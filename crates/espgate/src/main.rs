@@ -396,7 +396,8 @@ enum BenchCmd {
         proto: String,
     },
     /// iperf3 between two sites in network namespaces through plain
-    /// routing, espgate and (--peers) wireguard-go, strongSwan, OpenVPN:
+    /// routing, espgate and (--peers) wireguard-go (current, or Debian's
+    /// 2022 build), boringtun, strongSwan, OpenVPN, each version printed:
     /// median/min/max Mbit/s, UDP packet rate and loss, ratio to plain
     /// routing, gateway CPU. Needs root and iperf3.
     Tunnel(espgate_lab::bench::tunnel::Args),

@@ -1,6 +1,7 @@
 //! `espgate bench tunnel`: iperf3 between two sites in network namespaces,
 //! through plain routing, through two espgate gateways and, on request,
-//! through other VPNs (wireguard-go, strongSwan with its userspace ESP,
+//! through other VPNs (wireguard-go at a pinned current version and
+//! Debian's 2022 build, boringtun, strongSwan with its userspace ESP,
 //! OpenVPN), all in one run on the same topology ([`crate::netlab`]).
 //!
 //! Each system gets a fresh topology (namespaces made anew), is brought up
@@ -9,14 +10,15 @@
 //! median, minimum and maximum of the receiver's throughput, for UDP the
 //! delivered packet rate and the loss, the ratio to plain routing's median
 //! of the same test in the same run, and the CPU of the gateway processes
-//! (every process in the two gateway namespaces) during the test.
+//! (every process in the two gateway namespaces) during the test. Every
+//! row says which version of its system was measured.
 //!
 //! A system that fails to come up is reported as failed, with the reason,
 //! and the run goes on with the others.
 
 use crate::netlab::{
-    self, in_ns, ip, on_path, random_hex, require_root, run, run_timeout, write_private, Lab,
-    Topology, GW_A, GW_B, HOST_B, NET_A, NET_B,
+    self, find_on_path, in_ns, ip, on_path, random_hex, require_root, run, run_timeout,
+    run_timeout_raw, write_private, Lab, Topology, GW_A, GW_B, HOST_B, NET_A, NET_B,
 };
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use espgate_api::table::{Column, Table};
@@ -29,12 +31,37 @@ use std::time::{Duration, Instant};
 /// The tests run when `--tests` is not given.
 pub const DEFAULT_TESTS: [&str; 4] = ["tcp", "udp64", "udp512", "udp1400"];
 /// The VPNs `--peers` knows.
-pub const PEERS: [&str; 3] = ["wireguard-go", "strongswan", "openvpn"];
+pub const PEERS: [&str; 5] = [
+    "wireguard-go",
+    "wireguard-go-debian",
+    "boringtun",
+    "strongswan",
+    "openvpn",
+];
+
+/// The wireguard-go that peer `wireguard-go` builds: the newest version of
+/// the Go module golang.zx2c4.com/wireguard on the Go module proxy
+/// (`@latest`, 2026-05-22). The project tags no semantic versions, so the
+/// proxy knows it by this pseudo-version.
+pub const WIREGUARD_GO_VERSION: &str = "v0.0.0-20260522210424-ecfc5a8d5446";
+/// The Go module that is wireguard-go.
+const WIREGUARD_GO_MODULE: &str = "golang.zx2c4.com/wireguard";
+/// The oldest Go that builds [`WIREGUARD_GO_VERSION`]: its go.mod asks
+/// for go 1.23.1, which Go 1.21 and later fetch by themselves.
+const WIREGUARD_GO_MIN_GO: (u32, u32) = (1, 21);
+/// The boringtun that peer `boringtun` builds: the crate boringtun-cli,
+/// the newest release on crates.io.
+pub const BORINGTUN_VERSION: &str = "0.7.1";
+/// Where peers built from source are kept, in one directory per name and
+/// version (`wireguard-go-VERSION`, `boringtun-VERSION`), reused by later
+/// runs.
+pub const PEER_CACHE: &str = "/var/cache/espgate/peers";
 
 const USAGE: &str = "\
 Examples:
   espgate bench tunnel                      plain routing and espgate, all four tests, 3 runs of 10 s
-  espgate bench tunnel --peers wireguard-go,strongswan,openvpn
+  espgate bench tunnel --peers wireguard-go,boringtun,strongswan,openvpn
+  espgate bench tunnel --peers wireguard-go,wireguard-go-debian --tests tcp
   espgate bench tunnel --tests tcp --runs 5 --mtu 9000 --offloads off --json
 
 Topology (network namespaces <prefix>-ha, -ga, -gb, -hb, made anew for each system):
@@ -46,26 +73,39 @@ the ratio of the median to plain routing's median of the same test in this run, 
 CPU of each gateway process (median over the runs, % of one core; NAME@gwA / NAME@gwB).
 
 Systems: plain (kernel forwarding, no encryption); espgate (two `espgate up` with generated
-manual keys, ESP-in-UDP, --suite); with --peers: wireguard-go (userspace WireGuard),
-strongswan (charon with kernel-libipsec: IKEv2 PSK, userspace ESP-in-UDP, aes128gcm16),
-openvpn (2.6 userspace, UDP, p2p TLS with self-signed certificates, AES-128-GCM). Missing
-peers are installed with apt-get. A system that fails to come up is reported as failed with
-the reason (and its log's last lines) and the others still run; the exit status is then 1.
+manual keys, ESP-in-UDP, --suite); with --peers:
+  wireguard-go         userspace WireGuard, current: golang.zx2c4.com/wireguard at a pinned
+                       version (v0.0.0-20260522210424-ecfc5a8d5446), built with go install
+                       (Go 1.21 or later; Debian's golang-go is tried when there is no go)
+  wireguard-go-debian  Debian's package wireguard-go 0.0.20220316, the 2022 build without
+                       the TUN offloads of 2023 and later: to compare with, not to judge by
+  boringtun            Cloudflare's userspace WireGuard in Rust: boringtun-cli 0.7.1 from
+                       crates.io, built with cargo install --locked
+  strongswan           charon with kernel-libipsec: IKEv2 PSK, userspace ESP-in-UDP, aes128gcm16
+  openvpn              2.6 userspace, UDP, p2p TLS with self-signed certificates, AES-128-GCM
+The WireGuard peers are configured with wg (wireguard-tools). Missing Debian packages are
+installed with apt-get; the built peers are kept in /var/cache/espgate/peers/NAME-VERSION/
+and reused (the first build takes minutes). A system that cannot be installed or built, or
+fails to come up, is reported as failed with the reason (and its log's last lines) and the
+others still run; the exit status is then 1. Each system's version is printed above the
+table: the kernel's (uname -r) for plain, the gateway binary's for espgate, the pinned one
+for wireguard-go and boringtun, the Debian package's for wireguard-go-debian, charon's for
+strongswan and openvpn --version's for openvpn.
 
-Knobs: --mtu sets the MTU of every veth link (espgate's gateway.mtu follows; wireguard-go
-uses MTU-80; openvpn gets --tun-mtu MTU-100 when it is not 1500). --offloads, --workers,
+Knobs: --mtu sets the MTU of every veth link (espgate's gateway.mtu follows; the WireGuard
+peers use MTU-80; openvpn gets --tun-mtu MTU-100 when it is not 1500). --offloads, --workers,
 --batch, --sockbuf and --mss-clamp set espgate's gateway.offloads, gateway.workers,
 gateway.batch, gateway.socket_buffer and the connection's mss_clamp (\"auto\" or \"off\");
 those not given are left at espgate's defaults. All are in the header and in each JSON
 row's \"settings\".
 
---json prints one JSON list of rows: system, suite (espgate), test, runs, runs_mbps,
+--json prints one JSON list of rows: system, version, suite (espgate), test, runs, runs_mbps,
 median_mbps, min_mbps, max_mbps, median_pps and loss_percent (UDP; null for tcp),
 ratio_to_plain, cpu {process: %}, error (null unless it failed), settings.
 
 Needs root, iproute2, ping and iperf3. Removes everything it made (namespaces, processes,
 its work directory), also on error and on Ctrl-C; a progress line is shown on stderr when
-it is a terminal. A full run with three peers takes about 12 minutes.";
+it is a terminal. A full run with all five peers takes about 17 minutes.";
 
 /// The options of `espgate bench tunnel`.
 #[derive(clap::Args, Debug, Clone)]
@@ -85,8 +125,11 @@ pub struct Args {
     /// system each.
     #[arg(long, value_delimiter = ',', default_value = "aes128gcm16")]
     pub suite: Vec<String>,
-    /// Other VPNs to measure, comma-separated: wireguard-go, strongswan,
-    /// openvpn (installed with apt-get when missing).
+    /// Other VPNs to measure, comma-separated: wireguard-go (current, built
+    /// from its Go module at a pinned version), wireguard-go-debian
+    /// (Debian's 2022 build), boringtun (built with cargo install),
+    /// strongswan, openvpn. Debian packages are installed with apt-get when
+    /// missing; the built ones are kept in /var/cache/espgate/peers.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub peers: Vec<String>,
     /// One JSON list of rows on stdout instead of the table.
@@ -174,12 +217,95 @@ impl Test {
 /// Another VPN.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Peer {
-    /// wireguard-go (userspace WireGuard).
+    /// wireguard-go (userspace WireGuard) at [`WIREGUARD_GO_VERSION`],
+    /// built from its Go module.
     WireguardGo,
+    /// Debian's package of wireguard-go (0.0.20220316, a 2022 build).
+    WireguardGoDebian,
+    /// boringtun (Cloudflare's userspace WireGuard) at
+    /// [`BORINGTUN_VERSION`], built from crates.io.
+    Boringtun,
     /// strongSwan's charon with kernel-libipsec.
     Strongswan,
     /// OpenVPN 2.6.
     Openvpn,
+}
+
+/// A daemon's command line (program first) and environment variables.
+pub type DaemonCommand = (Vec<String>, Vec<(&'static str, &'static str)>);
+
+/// The tool that builds a peer from source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Builder {
+    /// `go install MODULE@VERSION`.
+    Go,
+    /// `cargo install CRATE --version VERSION`.
+    Cargo,
+}
+
+impl Builder {
+    /// Its command's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Builder::Go => "go",
+            Builder::Cargo => "cargo",
+        }
+    }
+}
+
+/// How a peer is built from source at a pinned version, into its own
+/// directory of [`PEER_CACHE`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceBuild {
+    /// What builds it.
+    pub builder: Builder,
+    /// The Go module or the crate.
+    pub package: &'static str,
+    /// The pinned version.
+    pub version: &'static str,
+    /// Its directory: `CACHE/NAME-VERSION`.
+    pub dir: PathBuf,
+    /// The binary, relative to `dir`.
+    pub binary: &'static str,
+}
+
+impl SourceBuild {
+    /// The binary once built.
+    pub fn binary_path(&self) -> PathBuf {
+        self.dir.join(self.binary)
+    }
+
+    /// The build command that leaves the binary under `root` (the cache
+    /// directory, or a scratch one renamed to it afterwards): its
+    /// arguments, the builder's name first, and the variables it needs.
+    pub fn command(&self, root: &Path) -> (Vec<String>, Vec<(String, String)>) {
+        let root = root.to_string_lossy().into_owned();
+        match self.builder {
+            Builder::Go => (
+                vec![
+                    "go".into(),
+                    "install".into(),
+                    format!("{}@{}", self.package, self.version),
+                ],
+                vec![("GOBIN".into(), root)],
+            ),
+            Builder::Cargo => (
+                [
+                    "cargo",
+                    "install",
+                    self.package,
+                    "--version",
+                    self.version,
+                    "--locked",
+                    "--root",
+                    &root,
+                ]
+                .map(String::from)
+                .to_vec(),
+                Vec::new(),
+            ),
+        }
+    }
 }
 
 impl Peer {
@@ -187,6 +313,8 @@ impl Peer {
     pub fn parse(s: &str) -> Result<Peer> {
         match s.trim() {
             "wireguard-go" => Ok(Peer::WireguardGo),
+            "wireguard-go-debian" => Ok(Peer::WireguardGoDebian),
+            "boringtun" => Ok(Peer::Boringtun),
             "strongswan" => Ok(Peer::Strongswan),
             "openvpn" => Ok(Peer::Openvpn),
             o => bail!("--peers {o}: one of {}", PEERS.join(", ")),
@@ -197,15 +325,29 @@ impl Peer {
     pub fn name(&self) -> &'static str {
         match self {
             Peer::WireguardGo => "wireguard-go",
+            Peer::WireguardGoDebian => "wireguard-go-debian",
+            Peer::Boringtun => "boringtun",
             Peer::Strongswan => "strongswan",
             Peer::Openvpn => "openvpn",
         }
     }
 
-    /// Debian packages that provide it.
+    /// What it is, beside its version above the table.
+    pub fn about(&self) -> &'static str {
+        match self {
+            Peer::WireguardGo => "golang.zx2c4.com/wireguard, built with go install",
+            Peer::WireguardGoDebian => "Debian's 2022 build, without the TUN offloads of 2023+",
+            Peer::Boringtun => "boringtun-cli from crates.io, built with cargo install",
+            Peer::Strongswan => "charon with kernel-libipsec",
+            Peer::Openvpn => "userspace, no DCO",
+        }
+    }
+
+    /// Debian packages it needs.
     fn packages(&self) -> &'static [&'static str] {
         match self {
-            Peer::WireguardGo => &["wireguard-go", "wireguard-tools"],
+            Peer::WireguardGo | Peer::Boringtun => &["wireguard-tools"],
+            Peer::WireguardGoDebian => &["wireguard-go", "wireguard-tools"],
             Peer::Strongswan => &[
                 "strongswan-charon",
                 "strongswan-swanctl",
@@ -216,10 +358,39 @@ impl Peer {
         }
     }
 
-    /// Whether what it needs is installed.
-    fn installed(&self) -> bool {
+    /// How it is built from source, with `cache` for [`PEER_CACHE`]
+    /// (`None`: Debian's package is used).
+    pub fn source_build(&self, cache: &Path) -> Option<SourceBuild> {
+        let (builder, package, version, binary) = match self {
+            Peer::WireguardGo => (
+                Builder::Go,
+                WIREGUARD_GO_MODULE,
+                WIREGUARD_GO_VERSION,
+                // go install names it after the module path's last element.
+                "wireguard",
+            ),
+            Peer::Boringtun => (
+                Builder::Cargo,
+                "boringtun-cli",
+                BORINGTUN_VERSION,
+                "bin/boringtun-cli",
+            ),
+            _ => return None,
+        };
+        Some(SourceBuild {
+            builder,
+            package,
+            version,
+            dir: cache.join(format!("{}-{version}", self.name())),
+            binary,
+        })
+    }
+
+    /// Whether its Debian packages are installed.
+    fn packages_installed(&self) -> bool {
         match self {
-            Peer::WireguardGo => on_path("wireguard-go") && on_path("wg"),
+            Peer::WireguardGo | Peer::Boringtun => on_path("wg"),
+            Peer::WireguardGoDebian => on_path("wireguard-go") && on_path("wg"),
             Peer::Strongswan => {
                 charon_path().is_some()
                     && on_path("swanctl")
@@ -231,6 +402,115 @@ impl Peer {
             Peer::Openvpn => on_path("openvpn") && on_path("openssl"),
         }
     }
+
+    /// Whether what it needs is installed (and built).
+    fn installed(&self) -> bool {
+        self.packages_installed()
+            && self
+                .source_build(Path::new(PEER_CACHE))
+                .is_none_or(|b| b.binary_path().is_file())
+    }
+
+    /// What getting it ready involves, for the progress line.
+    fn preparing(&self) -> &'static str {
+        match self {
+            Peer::WireguardGo => "building (go install) and setting up",
+            Peer::Boringtun => "building (cargo install, minutes) and setting up",
+            _ => "installing (apt-get) and setting up",
+        }
+    }
+
+    /// The userspace WireGuard daemon for interface `iface`, in the
+    /// foreground, with the built peers' binaries under `cache`: its
+    /// command line and environment (`None`: not a WireGuard peer).
+    pub fn wireguard_command(&self, iface: &str, cache: &Path) -> Option<DaemonCommand> {
+        let foreground = vec![("WG_PROCESS_FOREGROUND", "1"), ("LOG_LEVEL", "error")];
+        let binary = |p: &Peer| -> Option<String> {
+            Some(
+                p.source_build(cache)?
+                    .binary_path()
+                    .to_string_lossy()
+                    .into_owned(),
+            )
+        };
+        match self {
+            Peer::WireguardGo => Some((vec![binary(self)?, iface.into()], foreground)),
+            Peer::WireguardGoDebian => {
+                Some((vec!["wireguard-go".into(), iface.into()], foreground))
+            }
+            // As root it would drop to nobody unless told not to; its log
+            // goes to stdout in the foreground.
+            Peer::Boringtun => Some((
+                vec![
+                    binary(self)?,
+                    "--foreground".into(),
+                    "--disable-drop-privileges".into(),
+                    iface.into(),
+                ],
+                vec![("WG_LOG_LEVEL", "error")],
+            )),
+            Peer::Strongswan | Peer::Openvpn => None,
+        }
+    }
+
+    /// The version that runs here (`None`: not installed, or it does not
+    /// say).
+    pub fn version(&self) -> Option<String> {
+        let out = |cmd: &mut Command| -> Option<String> {
+            // openvpn --version exits with 1 on some releases: the output
+            // counts, not the status.
+            let (_, out, err) = run_timeout_raw(cmd, Duration::from_secs(10)).ok()?;
+            Some(if out.trim().is_empty() { err } else { out })
+        };
+        match self {
+            Peer::WireguardGo => Some(WIREGUARD_GO_VERSION.into()),
+            Peer::Boringtun => Some(BORINGTUN_VERSION.into()),
+            Peer::WireguardGoDebian => {
+                let pkg = out(Command::new("dpkg-query").args([
+                    "-W",
+                    "-f",
+                    "${Version}",
+                    "wireguard-go",
+                ]))
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty() && !v.contains(' '));
+                pkg.or_else(|| {
+                    version_after(
+                        &out(Command::new("wireguard-go").arg("--version"))?,
+                        "wireguard-go",
+                    )
+                })
+            }
+            Peer::Strongswan => version_after(
+                &out(Command::new(charon_path()?).arg("--version"))?,
+                "strongSwan",
+            ),
+            Peer::Openvpn => {
+                version_after(&out(Command::new("openvpn").arg("--version"))?, "OpenVPN")
+            }
+        }
+    }
+}
+
+/// The word after the first `name` in a `--version` output (`espgate
+/// 0.1.0`, `Linux strongSwan 5.9.8`, `OpenVPN 2.6.14 x86_64-pc-linux-gnu
+/// …`).
+pub fn version_after(output: &str, name: &str) -> Option<String> {
+    output.lines().find_map(|l| {
+        let mut w = l.split_whitespace().skip_while(|w| *w != name);
+        w.next()?;
+        w.next().map(String::from)
+    })
+}
+
+/// `go version`'s `go1.26.8`: (1, 26).
+pub fn parse_go_version(output: &str) -> Option<(u32, u32)> {
+    let v = output.split_whitespace().find_map(|w| {
+        w.strip_prefix("go")
+            .filter(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+    })?;
+    let mut parts = v.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
 /// What is measured.
@@ -252,6 +532,32 @@ impl System {
             System::Espgate(_) => "espgate",
             System::Peer(p) => p.name(),
         }
+    }
+
+    /// The version measured: the kernel's (`uname -r`) for plain
+    /// routing, `exe --version`'s for espgate (the gateway binary), the
+    /// peer's ([`Peer::version`]); `None` when it cannot be told.
+    pub fn version(&self, exe: &Path) -> Option<String> {
+        match self {
+            System::Plain => run(Command::new("uname").arg("-r"))
+                .ok()
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty()),
+            System::Espgate(_) => {
+                let out = run_timeout(Command::new(exe).arg("--version"), Duration::from_secs(10));
+                version_after(&out.ok()?, "espgate")
+            }
+            System::Peer(p) => p.version(),
+        }
+    }
+}
+
+/// What a system is, beside its version above the table.
+fn about_system(name: &str) -> Option<&'static str> {
+    match name {
+        "plain" => Some("Linux kernel forwarding"),
+        "espgate" => None,
+        other => Peer::parse(other).ok().map(|p| p.about()),
     }
 }
 
@@ -508,8 +814,11 @@ fn median(v: &[f64]) -> Option<f64> {
 /// One result row (`--json` prints a list of these).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Row {
-    /// `plain`, `espgate`, `wireguard-go`, `strongswan`, `openvpn`.
+    /// `plain`, `espgate` or a peer's name (`wireguard-go`,
+    /// `wireguard-go-debian`, `boringtun`, `strongswan`, `openvpn`).
     pub system: String,
+    /// The system's version ([`System::version`]; `None`: unknown).
+    pub version: Option<String>,
     /// espgate's suite (`None` for the others).
     pub suite: Option<String>,
     /// `tcp`, `udp64`, …
@@ -576,6 +885,7 @@ impl Row {
         }
         Row {
             system: system.name().to_string(),
+            version: None,
             suite: match system {
                 System::Espgate(s) => Some(s.clone()),
                 _ => None,
@@ -670,6 +980,30 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
     );
     if !suites.is_empty() {
         out += &format!("espgate: ESP-in-UDP, manual keys, {}\n", suites.join(", "));
+    }
+    // Each system's version, once (the first row that knows it).
+    let mut versions: Vec<(&str, Option<&str>)> = Vec::new();
+    for r in rows {
+        match versions.iter_mut().find(|(s, _)| *s == r.system) {
+            Some((_, v)) => {
+                if v.is_none() {
+                    *v = r.version.as_deref();
+                }
+            }
+            None => versions.push((&r.system, r.version.as_deref())),
+        }
+    }
+    if !versions.is_empty() {
+        out += "versions:\n";
+        let width = versions.iter().map(|(s, _)| s.len()).max().unwrap_or(0);
+        for (system, v) in versions {
+            let mut line = format!("  {system:width$}  {}", v.unwrap_or("unknown"));
+            if let Some(about) = about_system(system) {
+                line += &format!(" ({about})");
+            }
+            out += &line;
+            out += "\n";
+        }
     }
     out += "Mbit/s, pps (packets delivered per second) and loss: receiver side; vs plain: median / plain routing's median\n\n";
     let mut t = Table::new([
@@ -867,7 +1201,7 @@ fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) ->
         netlab::check_interrupt()?;
         let done = i * per_system;
         let doing = match sys {
-            System::Peer(p) if !p.installed() => "installing (apt-get) and setting up",
+            System::Peer(p) if !p.installed() => p.preparing(),
             _ => "setting up",
         };
         progress(&format!("[{done}/{total}] {doing} {}", sys.name()));
@@ -875,11 +1209,17 @@ fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) ->
         let topo = Topology::create(lab, &opts.prefix, Some(opts.settings.mtu))?;
         let up = start(lab, &topo, sys, opts)
             .and_then(|logs| wait_path(&topo).map_err(|e| with_logs(e, &logs)));
+        // After start: what start installed can tell its version now.
+        let version = sys.version(&opts.exe);
+        let row = |t: Test, s: &[Sample], e: Option<String>| Row {
+            version: version.clone(),
+            ..Row::new(sys, t, s, e, &opts.settings)
+        };
         if let Err(e) = up {
             netlab::check_interrupt()?;
             let e = format!("{} did not come up: {e:#}", sys.name());
             for t in &opts.tests {
-                rows.push(Row::new(sys, *t, &[], Some(e.clone()), &opts.settings));
+                rows.push(row(*t, &[], Some(e.clone())));
             }
             lab.remove_namespaces();
             continue;
@@ -933,11 +1273,11 @@ fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) ->
             }
         }
         for (t, (s, e)) in opts.tests.iter().zip(samples) {
-            rows.push(Row::new(sys, *t, &s, e, &opts.settings));
+            rows.push(row(*t, &s, e));
         }
         if scrape {
             for (t, (s, e, n)) in opts.tests.iter().zip(scraped) {
-                let mut r = Row::new(sys, *t, &s, e, &opts.settings);
+                let mut r = row(*t, &s, e);
                 r.scraped_hz = Some(hz);
                 r.scrapes = Some(n);
                 rows.push(r);
@@ -1063,7 +1403,9 @@ fn start(lab: &mut Lab, topo: &Topology, sys: &System, opts: &Options) -> Result
             let dir = lab.work.join(p.name());
             std::fs::create_dir_all(&dir)?;
             match p {
-                Peer::WireguardGo => start_wireguard(lab, topo, &dir, opts.settings.mtu),
+                Peer::WireguardGo | Peer::WireguardGoDebian | Peer::Boringtun => {
+                    start_wireguard(lab, topo, &dir, opts.settings.mtu, *p)
+                }
                 Peer::Strongswan => start_strongswan(lab, topo, &dir),
                 Peer::Openvpn => start_openvpn(lab, topo, &dir, opts.settings.mtu),
             }
@@ -1071,22 +1413,38 @@ fn start(lab: &mut Lab, topo: &Topology, sys: &System, opts: &Options) -> Result
     }
 }
 
-/// Installs `peer`'s packages with apt-get when they are missing.
+/// Installs `peer`'s Debian packages with apt-get when they are missing,
+/// and builds it from source when it is built ([`Peer::source_build`]) and
+/// not in the cache yet.
 fn ensure_installed(peer: Peer) -> Result<()> {
-    if peer.installed() {
-        return Ok(());
+    if !peer.packages_installed() {
+        apt_install(peer.name(), peer.packages())?;
+        ensure!(
+            peer.packages_installed(),
+            "apt-get installed {} but {} is still missing",
+            peer.packages().join(" "),
+            peer.name()
+        );
     }
+    if let Some(b) = peer.source_build(Path::new(PEER_CACHE)) {
+        build(peer, &b)?;
+    }
+    Ok(())
+}
+
+/// `apt-get install -y -qq PACKAGES` (after `apt-get update` when the
+/// first attempt fails), for `what`.
+fn apt_install(what: &str, packages: &[&str]) -> Result<()> {
     if !on_path("apt-get") {
         bail!(
-            "{} is not installed and there is no apt-get: install {}",
-            peer.name(),
-            peer.packages().join(" ")
+            "{what} is not installed and there is no apt-get: install {}",
+            packages.join(" ")
         );
     }
     let install = || {
         let mut c = Command::new("apt-get");
         c.args(["install", "-y", "-qq"])
-            .args(peer.packages())
+            .args(packages)
             .env("DEBIAN_FRONTEND", "noninteractive");
         // Not cut short by Ctrl-C: a killed dpkg leaves a mess.
         netlab::run_to_end(&mut c, Duration::from_secs(900))
@@ -1101,17 +1459,152 @@ fn ensure_installed(peer: Peer) -> Result<()> {
         netlab::check_interrupt()?;
         install().map_err(|e| {
             anyhow!(
-                "installing {} (apt-get install -y -qq {}) failed: {e:#} (first attempt: {first:#})",
-                peer.name(),
-                peer.packages().join(" ")
+                "installing {what} (apt-get install -y -qq {}) failed: {e:#} (first attempt: {first:#})",
+                packages.join(" ")
             )
         })?;
     }
+    Ok(())
+}
+
+/// The Go toolchain, installed with apt-get (Debian's golang-go) when
+/// there is none; fails when it is too old to build wireguard-go.
+fn go_tool() -> Result<PathBuf> {
+    let find = || {
+        find_on_path("go").or_else(|| {
+            ["/usr/local/go/bin/go", "/usr/lib/go/bin/go"]
+                .iter()
+                .map(PathBuf::from)
+                .find(|p| p.is_file())
+        })
+    };
+    let go = match find() {
+        Some(g) => g,
+        None => {
+            apt_install("go (to build wireguard-go)", &["golang-go"])?;
+            find().ok_or_else(|| anyhow!("apt-get installed golang-go but there is no go"))?
+        }
+    };
+    let out = run_timeout(Command::new(&go).arg("version"), Duration::from_secs(60))?;
+    let v = parse_go_version(&out).ok_or_else(|| {
+        anyhow!(
+            "{} version said {:?}: not a Go version",
+            go.display(),
+            out.trim()
+        )
+    })?;
     ensure!(
-        peer.installed(),
-        "apt-get installed {} but {} is still missing",
-        peer.packages().join(" "),
-        peer.name()
+        v >= WIREGUARD_GO_MIN_GO,
+        "{} is go{}.{}: too old to build wireguard-go {WIREGUARD_GO_VERSION}, whose go.mod asks \
+         for go 1.23.1 (Go {}.{} and later fetch that toolchain by themselves): install a newer Go \
+         (go.dev's release in /usr/local/go, or Debian's golang-1.23-go from bookworm-backports) \
+         and run again",
+        go.display(),
+        v.0,
+        v.1,
+        WIREGUARD_GO_MIN_GO.0,
+        WIREGUARD_GO_MIN_GO.1
+    );
+    Ok(go)
+}
+
+/// Cargo, where rustup or Debian put it, installed with apt-get (Debian's
+/// cargo) when there is none.
+fn cargo_tool() -> Result<PathBuf> {
+    let find = || {
+        let homes = [
+            std::env::var_os("CARGO_HOME").map(PathBuf::from),
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")),
+            Some(PathBuf::from("/root/.cargo")),
+        ];
+        find_on_path("cargo").or_else(|| {
+            homes
+                .into_iter()
+                .flatten()
+                .map(|h| h.join("bin/cargo"))
+                .find(|p| p.is_file())
+        })
+    };
+    match find() {
+        Some(c) => Ok(c),
+        None => {
+            apt_install("cargo (to build boringtun)", &["cargo"])?;
+            find().ok_or_else(|| anyhow!("apt-get installed cargo but there is no cargo"))
+        }
+    }
+}
+
+/// The last `n` lines of `text`.
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.trim().lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Builds `peer` as `b` says unless its binary is there already: into a
+/// scratch directory beside `b.dir`, renamed to it when the build
+/// succeeded (so a cache directory always holds a whole build).
+fn build(peer: Peer, b: &SourceBuild) -> Result<()> {
+    if b.binary_path().is_file() {
+        return Ok(());
+    }
+    let tool = match b.builder {
+        Builder::Go => go_tool()?,
+        Builder::Cargo => cargo_tool()?,
+    };
+    let parent = b
+        .dir
+        .parent()
+        .ok_or_else(|| anyhow!("{}: no parent directory", b.dir.display()))?;
+    std::fs::create_dir_all(parent)
+        .with_context(|| format!("creating {} for the built peers", parent.display()))?;
+    let scratch = parent.join(format!(
+        ".{}.partial-{}",
+        b.dir.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let (argv, env) = b.command(&scratch);
+    let line = || {
+        let vars: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+        format!("{}{}", vars.concat(), argv.join(" "))
+    };
+    let mut cmd = Command::new(&tool);
+    cmd.args(&argv[1..]).envs(env.iter().map(|(k, v)| (k, v)));
+    let r = run_timeout_raw(&mut cmd, Duration::from_secs(2700));
+    let r = match r {
+        Ok((st, _, err)) if !st.success() => Err(anyhow!("{st}: {}", last_lines(&err, 15))),
+        Ok(_) => Ok(()),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = r {
+        let _ = std::fs::remove_dir_all(&scratch);
+        netlab::check_interrupt()?;
+        bail!(
+            "building {} {} failed: `{}` ({} is {}): {e:#}",
+            peer.name(),
+            b.version,
+            line(),
+            b.builder.name(),
+            tool.display()
+        );
+    }
+    if let Err(e) = std::fs::rename(&scratch, &b.dir) {
+        let _ = std::fs::remove_dir_all(&scratch);
+        // Another run may have finished the same build first.
+        ensure!(
+            b.binary_path().is_file(),
+            "built {} {} in {} but cannot move it to {}: {e}",
+            peer.name(),
+            b.version,
+            scratch.display(),
+            b.dir.display()
+        );
+    }
+    ensure!(
+        b.binary_path().is_file(),
+        "{} succeeded but left no {}",
+        line(),
+        b.binary_path().display()
     );
     Ok(())
 }
@@ -1304,7 +1797,15 @@ fn run_with_input(cmd: &mut Command, input: &str) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-fn start_wireguard(lab: &mut Lab, topo: &Topology, dir: &Path, mtu: u32) -> Result<Vec<PathBuf>> {
+/// Brings up a userspace WireGuard peer (`peer`'s daemon on each gateway,
+/// configured with `wg set`); its log files.
+fn start_wireguard(
+    lab: &mut Lab,
+    topo: &Topology,
+    dir: &Path,
+    mtu: u32,
+    peer: Peer,
+) -> Result<Vec<PathBuf>> {
     // The UAPI sockets (/var/run/wireguard/NAME.sock) are shared by all
     // namespaces: names unique to this run.
     let pid = std::process::id();
@@ -1326,12 +1827,15 @@ fn start_wireguard(lab: &mut Lab, topo: &Topology, dir: &Path, mtu: u32) -> Resu
         let iface = format!("egw{pid}{side}");
         let log_path = dir.join(format!("{side}.log"));
         let log = std::fs::File::create(&log_path)?;
-        let what = format!("wireguard-go {side}");
+        let what = format!("{} {side}", peer.name());
+        let (argv, env) = peer
+            .wireguard_command(&iface, Path::new(PEER_CACHE))
+            .ok_or_else(|| anyhow!("{} is not a userspace WireGuard", peer.name()))?;
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         lab.spawn(
             &what,
-            in_ns(ns, &["wireguard-go", &iface])
-                .env("WG_PROCESS_FOREGROUND", "1")
-                .env("LOG_LEVEL", "error")
+            in_ns(ns, &argv)
+                .envs(env)
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log),
@@ -1834,6 +2338,13 @@ mod tests {
             ),
         ];
         fill_ratios(&mut rows);
+        for r in &mut rows {
+            r.version = Some(match r.system.as_str() {
+                "plain" => "6.1.0-test".into(),
+                "espgate" => "0.1.0".into(),
+                _ => WIREGUARD_GO_VERSION.into(),
+            });
+        }
         rows
     }
 
@@ -1872,6 +2383,7 @@ mod tests {
         let v = serde_json::to_value(rows()).unwrap();
         for k in [
             "system",
+            "version",
             "test",
             "median_mbps",
             "min_mbps",
@@ -1904,6 +2416,10 @@ mod tests {
         let want = "\
 espgate bench tunnel: iperf3 host A -> host B, 3 run(s) of 10 s per test; mtu 1500, offloads on, workers default, batch 32, sockbuf default, mss-clamp on (all but mtu: espgate only)
 espgate: ESP-in-UDP, manual keys, aes128gcm16
+versions:
+  plain         6.1.0-test (Linux kernel forwarding)
+  espgate       0.1.0
+  wireguard-go  v0.0.0-20260522210424-ecfc5a8d5446 (golang.zx2c4.com/wireguard, built with go install)
 Mbit/s, pps (packets delivered per second) and loss: receiver side; vs plain: median / plain routing's median
 
 system        test         median         min         max        pps    loss  vs plain  CPU % of one core (median)
@@ -1924,6 +2440,229 @@ log line
 ";
         let text = render_table(&rows(), &settings(), 3);
         assert_eq!(text, want, "\n{text}");
+    }
+
+    #[test]
+    fn json_rows_carry_each_systems_version() {
+        let v = serde_json::to_value(rows()).unwrap();
+        assert_eq!(v[0]["version"], "6.1.0-test");
+        assert_eq!(v[2]["version"], "0.1.0");
+        assert_eq!(v[4]["version"], WIREGUARD_GO_VERSION);
+        assert_eq!(v[4]["system"], "wireguard-go");
+        // Unknown: null, and the key is still there.
+        let mut r = rows();
+        r[0].version = None;
+        let v = serde_json::to_value(&r).unwrap();
+        assert!(v[0].get("version").is_some_and(|x| x.is_null()), "{}", v[0]);
+    }
+
+    #[test]
+    fn table_prints_each_systems_version_once() {
+        let mut r = rows();
+        // A system's version comes from the first row that knows it.
+        r[0].version = None;
+        let row = |sys: &System, v: &str| Row {
+            version: Some(v.into()),
+            ..Row::new(
+                sys,
+                Test::Tcp,
+                &[],
+                Some("no interface".into()),
+                &settings(),
+            )
+        };
+        r.push(row(
+            &System::Peer(Peer::WireguardGoDebian),
+            "0.0.20220316-1+b4",
+        ));
+        r.push(row(&System::Peer(Peer::Boringtun), BORINGTUN_VERSION));
+        r.push(Row::new(
+            &System::Peer(Peer::Openvpn),
+            Test::Tcp,
+            &[],
+            Some("openvpn is not installed".into()),
+            &settings(),
+        ));
+        let t = render_table(&r, &settings(), 3);
+        let block: Vec<&str> = t
+            .split("\nversions:\n")
+            .nth(1)
+            .expect("a versions block")
+            .lines()
+            .take_while(|l| l.starts_with("  "))
+            .collect();
+        assert_eq!(
+            block,
+            [
+                "  plain                6.1.0-test (Linux kernel forwarding)",
+                "  espgate              0.1.0",
+                "  wireguard-go         v0.0.0-20260522210424-ecfc5a8d5446 (golang.zx2c4.com/wireguard, built with go install)",
+                "  wireguard-go-debian  0.0.20220316-1+b4 (Debian's 2022 build, without the TUN offloads of 2023+)",
+                "  boringtun            0.7.1 (boringtun-cli from crates.io, built with cargo install)",
+                "  openvpn              unknown (userspace, no DCO)",
+            ],
+            "\n{t}"
+        );
+        // Above the table.
+        assert!(t.find("versions:").unwrap() < t.find("\nsystem ").unwrap());
+    }
+
+    #[test]
+    fn peers_parse_by_name_and_unknown_names_are_refused() {
+        for name in PEERS {
+            let p = Peer::parse(name).unwrap();
+            assert_eq!(p.name(), name);
+            assert_eq!(System::Peer(p).name(), name);
+        }
+        assert_eq!(Peer::parse("wireguard-go").unwrap(), Peer::WireguardGo);
+        assert_eq!(
+            Peer::parse(" wireguard-go-debian ").unwrap(),
+            Peer::WireguardGoDebian
+        );
+        assert_eq!(Peer::parse("boringtun").unwrap(), Peer::Boringtun);
+        let e = Peer::parse("tailscale").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "--peers tailscale: one of wireguard-go, wireguard-go-debian, boringtun, strongswan, openvpn"
+        );
+        assert!(Peer::parse("wireguard").is_err());
+        assert!(Peer::parse("boringtun-cli").is_err());
+    }
+
+    #[test]
+    fn built_peers_are_pinned_go_install_and_cargo_install() {
+        let cache = Path::new("/c");
+        let wg = Peer::WireguardGo.source_build(cache).unwrap();
+        assert_eq!(
+            wg.dir,
+            Path::new("/c/wireguard-go-v0.0.0-20260522210424-ecfc5a8d5446")
+        );
+        assert_eq!(
+            wg.binary_path(),
+            Path::new("/c/wireguard-go-v0.0.0-20260522210424-ecfc5a8d5446/wireguard")
+        );
+        let (argv, env) = wg.command(Path::new("/c/.scratch"));
+        assert_eq!(
+            argv,
+            [
+                "go",
+                "install",
+                "golang.zx2c4.com/wireguard@v0.0.0-20260522210424-ecfc5a8d5446"
+            ]
+        );
+        assert_eq!(env, [("GOBIN".to_string(), "/c/.scratch".to_string())]);
+        let bt = Peer::Boringtun.source_build(cache).unwrap();
+        assert_eq!(
+            bt.binary_path(),
+            Path::new("/c/boringtun-0.7.1/bin/boringtun-cli")
+        );
+        let (argv, env) = bt.command(&bt.dir);
+        assert_eq!(
+            argv,
+            [
+                "cargo",
+                "install",
+                "boringtun-cli",
+                "--version",
+                "0.7.1",
+                "--locked",
+                "--root",
+                "/c/boringtun-0.7.1"
+            ]
+        );
+        assert!(env.is_empty());
+        // The help names the pinned versions.
+        assert!(
+            USAGE.contains(WIREGUARD_GO_VERSION)
+                && USAGE.contains(&format!("boringtun-cli {BORINGTUN_VERSION}"))
+        );
+        for p in [Peer::WireguardGoDebian, Peer::Strongswan, Peer::Openvpn] {
+            assert_eq!(p.source_build(cache), None, "{p:?}");
+        }
+        // The built ones still need wg from Debian; the Debian one its package.
+        assert_eq!(Peer::WireguardGo.packages(), ["wireguard-tools"]);
+        assert_eq!(Peer::Boringtun.packages(), ["wireguard-tools"]);
+        assert_eq!(
+            Peer::WireguardGoDebian.packages(),
+            ["wireguard-go", "wireguard-tools"]
+        );
+    }
+
+    #[test]
+    fn wireguard_daemons_run_in_the_foreground() {
+        let cache = Path::new("/c");
+        let (argv, env) = Peer::WireguardGo.wireguard_command("egw1a", cache).unwrap();
+        assert_eq!(
+            argv,
+            [
+                "/c/wireguard-go-v0.0.0-20260522210424-ecfc5a8d5446/wireguard",
+                "egw1a"
+            ]
+        );
+        assert!(env.contains(&("WG_PROCESS_FOREGROUND", "1")));
+        let (argv, env2) = Peer::WireguardGoDebian
+            .wireguard_command("egw1a", cache)
+            .unwrap();
+        assert_eq!(argv, ["wireguard-go", "egw1a"]);
+        assert_eq!(env, env2);
+        let (argv, _) = Peer::Boringtun.wireguard_command("egw1b", cache).unwrap();
+        assert_eq!(
+            argv,
+            [
+                "/c/boringtun-0.7.1/bin/boringtun-cli",
+                "--foreground",
+                "--disable-drop-privileges",
+                "egw1b"
+            ]
+        );
+        assert_eq!(Peer::Openvpn.wireguard_command("x", cache), None);
+    }
+
+    #[test]
+    fn versions_are_read_from_version_outputs() {
+        assert_eq!(
+            version_after("espgate 0.1.0\n", "espgate").as_deref(),
+            Some("0.1.0")
+        );
+        assert_eq!(
+            version_after("Linux strongSwan 5.9.8\n", "strongSwan").as_deref(),
+            Some("5.9.8")
+        );
+        let ovpn = "OpenVPN 2.6.14 x86_64-pc-linux-gnu [SSL (OpenSSL)] [LZO]\n\
+                    library versions: OpenSSL 3.0.22 25 Aug 2026, LZO 2.10\n";
+        assert_eq!(version_after(ovpn, "OpenVPN").as_deref(), Some("2.6.14"));
+        assert_eq!(
+            version_after(
+                "wireguard-go v0.0.20220316\n\nUserspace WireGuard",
+                "wireguard-go"
+            )
+            .as_deref(),
+            Some("v0.0.20220316")
+        );
+        assert_eq!(version_after("espgate", "espgate"), None);
+        assert_eq!(version_after("something else 1.0", "espgate"), None);
+        assert_eq!(
+            parse_go_version("go version go1.26.8 linux/amd64\n"),
+            Some((1, 26))
+        );
+        assert_eq!(
+            parse_go_version("go version go1.19.8 linux/amd64"),
+            Some((1, 19))
+        );
+        assert_eq!(
+            parse_go_version("go version go1.21 linux/amd64"),
+            Some((1, 21))
+        );
+        assert!(parse_go_version("go version go1.19.8 linux/amd64").unwrap() < WIREGUARD_GO_MIN_GO);
+        assert_eq!(parse_go_version("command not found"), None);
+        // Plain routing's is the kernel's release; espgate's comes from
+        // the gateway binary.
+        assert_eq!(about_system("plain"), Some("Linux kernel forwarding"));
+        assert_eq!(about_system("espgate"), None);
+        assert_eq!(
+            System::Espgate("aes128gcm16".into()).version(Path::new("/nonexistent/espgate")),
+            None
+        );
     }
 
     #[test]
@@ -2026,6 +2765,20 @@ log line
         .unwrap();
         assert_eq!(o.peers, [Peer::Openvpn, Peer::WireguardGo]);
         assert_eq!(o.tests, [Test::Udp(512), Test::Tcp]);
+        let o = args(&|a| {
+            a.peers = ["wireguard-go", "boringtun", "wireguard-go-debian"]
+                .map(String::from)
+                .to_vec()
+        })
+        .unwrap();
+        assert_eq!(
+            o.systems()[2..],
+            [
+                System::Peer(Peer::WireguardGo),
+                System::Peer(Peer::Boringtun),
+                System::Peer(Peer::WireguardGoDebian)
+            ]
+        );
         let err = |f: &dyn Fn(&mut Args)| args(f).unwrap_err().to_string();
         assert!(err(&|a| a.tests = vec!["icmp".into()]).contains("--tests icmp"));
         assert!(err(&|a| a.tests = vec!["udp8".into()]).contains("--tests udp8"));
