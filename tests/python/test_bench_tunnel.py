@@ -30,7 +30,8 @@ needs_tools = pytest.mark.skipif(
     reason="needs iperf3 and ping (scripts/setup.sh installs them)")
 
 KEYS = {"system", "suite", "test", "runs", "runs_mbps", "median_mbps", "min_mbps", "max_mbps",
-        "median_pps", "loss_percent", "ratio_to_plain", "cpu", "error", "settings"}
+        "median_pps", "loss_percent", "ratio_to_plain", "cpu", "cpu_s_per_gbit", "version", "error",
+        "settings"}
 SETTINGS = {"mtu", "offloads", "workers", "batch", "socket_buffer", "mss_clamp", "time_s"}
 
 
@@ -92,6 +93,9 @@ def check_rows(rows, systems, tests, espgate_bin):
                     "wireguard-go-debian": "wireguard-go", "boringtun": "boringtun-cli",
                     "strongswan": "charon", "openvpn": "openvpn"}[r["system"]]
             assert want in names, r["cpu"]
+            # Efficiency: both gateways' CPU seconds per gigabit delivered.
+            assert r["cpu_s_per_gbit"] == pytest.approx(
+                sum(r["cpu"].values()) / 100 / (r["median_mbps"] / 1000), rel=0.01), r
         if r["system"] == "espgate":
             assert r["suite"] == "aes128gcm16"
         if r["test"].startswith("udp"):
@@ -112,6 +116,25 @@ def test_plain_and_espgate_json(espgate):
     rows = json.loads(r.stdout)
     check_rows(rows, ["plain", "espgate"], ["tcp", "udp512"], espgate)
     print(json.dumps(rows, indent=1))
+
+
+@needs_tools
+@pytest.mark.skipif(not shutil.which("taskset") or (os.cpu_count() or 1) < 2,
+                    reason="--pin needs taskset and 2 CPUs")
+def test_pin_binds_iperf3_and_the_gateways(espgate):
+    """--pin: the rows' settings and the table's header say where iperf3 and
+    the gateways ran; a binding that fails (taskset) fails the runs, so a
+    run that succeeds had its gateways bound."""
+    r = bench(espgate, "--time", "1", "--runs", "1", "--tests", "tcp", "--json", "--pin")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(r.stdout)
+    check_rows(rows, ["plain", "espgate"], ["tcp"], espgate)
+    last = os.cpu_count() - 1
+    want = {"iperf3_cpu": 0, "gateway_cpus": "1" if last == 1 else f"1-{last}"}
+    assert all(x["settings"]["pin"] == want for x in rows), rows
+    t = bench(espgate, "--time", "1", "--runs", "1", "--tests", "tcp", "--pin")
+    assert t.returncode == 0, t.stdout + t.stderr
+    assert f"pinned: iperf3 on CPU 0, gateways on CPUs {want['gateway_cpus']}" in t.stdout, t.stdout
 
 
 @needs_tools

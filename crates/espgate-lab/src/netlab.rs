@@ -618,24 +618,51 @@ pub fn iperf3(
     cpu_of: &[(String, u32)],
     limit: Duration,
 ) -> Result<Iperf> {
-    let mut server = in_ns(
+    iperf3_on(
+        lab,
+        client_ns,
         server_ns,
-        &[
-            "iperf3",
-            "-s",
-            "-1",
-            "--forceflush",
-            "-B",
-            server_addr,
-            "-p",
-            "5201",
-        ],
+        server_addr,
+        client_args,
+        cpu_of,
+        limit,
+        None,
     )
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null())
-    .spawn()
-    .context("starting iperf3 -s")?;
+}
+
+/// [`iperf3`], with client and server bound to CPU `cpu` (iperf3 `-A`)
+/// when it is given.
+#[allow(clippy::too_many_arguments)]
+pub fn iperf3_on(
+    lab: &mut Lab,
+    client_ns: &str,
+    server_ns: &str,
+    server_addr: &str,
+    client_args: &[&str],
+    cpu_of: &[(String, u32)],
+    limit: Duration,
+    cpu: Option<usize>,
+) -> Result<Iperf> {
+    let cpu = cpu.map(|c| c.to_string());
+    let mut server_args = vec![
+        "iperf3",
+        "-s",
+        "-1",
+        "--forceflush",
+        "-B",
+        server_addr,
+        "-p",
+        "5201",
+    ];
+    if let Some(c) = &cpu {
+        server_args.extend(["-A", c.as_str()]);
+    }
+    let mut server = in_ns(server_ns, &server_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting iperf3 -s")?;
     let stdout = server.stdout.take();
     lab.adopt("iperf3 server", server);
     // Wait (bounded) for "Server listening".
@@ -652,6 +679,9 @@ pub fn iperf3(
     let ticks0: Vec<Option<u64>> = cpu_of.iter().map(|(_, p)| cpu_ticks(*p)).collect();
     let t0 = Instant::now();
     let mut args = vec!["iperf3", "-c", server_addr, "-p", "5201", "-J"];
+    if let Some(c) = &cpu {
+        args.extend(["-A", c.as_str()]);
+    }
     args.extend_from_slice(client_args);
     let j = run_timeout_raw(&mut in_ns(client_ns, &args), limit);
     let wall = t0.elapsed().as_secs_f64();

@@ -70,7 +70,10 @@ iperf3 runs from host A to host B. Tests: tcp is one TCP stream (iperf3 -t TIME)
 N-byte UDP payloads as fast as iperf3 can (-u -l N -b 0) and reports what the RECEIVER got:
 its Mbit/s, packets per second and loss %. Each row: median, min and max over the runs,
 the ratio of the median to plain routing's median of the same test in this run, and the
-CPU of each gateway process (median over the runs, % of one core; NAME@gwA / NAME@gwB).
+CPU of each gateway process (median over the runs, % of one core; NAME@gwA / NAME@gwB),
+and the efficiency figure CPU s/Gbit: the gateway processes' CPU seconds (both sides) per
+gigabit delivered, fair on a small machine where the systems saturate the CPUs, not the
+link. Kernel work done for a gateway outside its process (softirq receive) is not in it.
 
 Systems: plain (kernel forwarding, no encryption); espgate (two `espgate up` with generated
 manual keys, ESP-in-UDP, --suite); with --peers:
@@ -96,12 +99,18 @@ Knobs: --mtu sets the MTU of every veth link (espgate's gateway.mtu follows; the
 peers use MTU-80; openvpn gets --tun-mtu MTU-100 when it is not 1500). --offloads, --workers,
 --batch, --sockbuf and --mss-clamp set espgate's gateway.offloads, gateway.workers,
 gateway.batch, gateway.socket_buffer and the connection's mss_clamp (\"auto\" or \"off\");
-those not given are left at espgate's defaults. All are in the header and in each JSON
-row's \"settings\".
+those not given are left at espgate's defaults. --pin binds iperf3's client and server to
+CPU 0 (iperf3 -A) and every gateway process of every system to the other CPUs (taskset,
+before each run), so each system runs on the same CPUs. All are in the header and in each
+JSON row's \"settings\".
+
+Scaling over cores (gateway.workers 1..N) needs more CPUs than this 2-vCPU machine has: on a
+bigger host, run --tests tcp,udp64 --pin --workers N for N = 1, 2, 4, ... and compare
+median Mbit/s and CPU s/Gbit between the runs.
 
 --json prints one JSON list of rows: system, version, suite (espgate), test, runs, runs_mbps,
 median_mbps, min_mbps, max_mbps, median_pps and loss_percent (UDP; null for tcp),
-ratio_to_plain, cpu {process: %}, error (null unless it failed), settings.
+ratio_to_plain, cpu {process: %}, cpu_s_per_gbit, error (null unless it failed), settings.
 
 Needs root, iproute2, ping and iperf3. Removes everything it made (namespaces, processes,
 its work directory), also on error and on Ctrl-C; a progress line is shown on stderr when
@@ -162,6 +171,11 @@ pub struct Args {
     /// (runs alternate with and without, on the same gateways); 0: never.
     #[arg(long, default_value_t = 0, value_name = "HZ", value_parser = clap::value_parser!(u32).range(0..=1000))]
     pub scrape: u32,
+    /// Pin the processes: iperf3's client and server on CPU 0, every
+    /// gateway process (both sides) on the other CPUs, so that each system
+    /// gets the same CPUs and the CPU seconds per gigabit compare fairly.
+    #[arg(long)]
+    pub pin: bool,
     /// The espgate binary the gateways run [default: this one], e.g. an
     /// older build to compare with.
     #[arg(long, value_name = "PATH")]
@@ -581,6 +595,38 @@ pub struct Settings {
     /// Status and metrics scrapes per second during espgate's extra runs
     /// (0: none); the gateways then serve metrics on 127.0.0.1:9184.
     pub scrape_hz: u32,
+    /// `--pin`: iperf3's two ends run on CPU 0, every gateway process on
+    /// the other CPUs (`None`: the scheduler decides).
+    pub pin: Option<Pin>,
+}
+
+/// Where `--pin` puts the processes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pin {
+    /// The CPU of iperf3's client and server.
+    pub iperf3_cpu: usize,
+    /// The CPUs of the gateway processes (taskset list, e.g. `1` or `1-3`).
+    pub gateway_cpus: String,
+}
+
+impl Pin {
+    /// The layout on a machine with `cpus` CPUs: iperf3 on CPU 0, the
+    /// gateways on the rest; at least two CPUs are needed.
+    pub fn for_cpus(cpus: usize) -> Result<Pin> {
+        ensure!(
+            cpus >= 2,
+            "--pin needs at least 2 CPUs (iperf3 on one, the gateways on the others); this \
+             machine has {cpus}"
+        );
+        Ok(Pin {
+            iperf3_cpu: 0,
+            gateway_cpus: if cpus == 2 {
+                "1".into()
+            } else {
+                format!("1-{}", cpus - 1)
+            },
+        })
+    }
 }
 
 impl Settings {
@@ -588,9 +634,15 @@ impl Settings {
     pub fn describe(&self) -> String {
         let onoff = |b: bool| if b { "on" } else { "off" };
         let opt = |v: Option<String>| v.unwrap_or_else(|| "default".into());
+        let pin = self.pin.as_ref().map_or(String::new(), |p| {
+            format!(
+                "; pinned: iperf3 on CPU {}, gateways on CPUs {}",
+                p.iperf3_cpu, p.gateway_cpus
+            )
+        });
         format!(
             "mtu {}, offloads {}, workers {}, batch {}, sockbuf {}, mss-clamp {} \
-             (all but mtu: espgate only)",
+             (all but mtu: espgate only){pin}",
             self.mtu,
             onoff(self.offloads),
             opt(self.workers.map(|v| v.to_string())),
@@ -701,6 +753,13 @@ impl Options {
                 mss_clamp: args.mss_clamp == "on",
                 time_s: args.time,
                 scrape_hz: args.scrape,
+                pin: if args.pin {
+                    Some(Pin::for_cpus(
+                        std::thread::available_parallelism().map_or(1, usize::from),
+                    )?)
+                } else {
+                    None
+                },
             },
             exe: match &args.gateway_binary {
                 Some(p) => {
@@ -841,6 +900,10 @@ pub struct Row {
     pub ratio_to_plain: Option<f64>,
     /// Median CPU of each gateway process over the runs, % of one core.
     pub cpu: BTreeMap<String, f64>,
+    /// Efficiency: CPU seconds the gateway processes (both sides) spent
+    /// per gigabit delivered, from the medians (`None` without CPU figures,
+    /// as for plain routing, whose work is the kernel's).
+    pub cpu_s_per_gbit: Option<f64>,
     /// Largest peak resident memory (VmHWM) of each gateway process over
     /// the runs, MiB.
     pub peak_rss_mib: BTreeMap<String, f64>,
@@ -883,7 +946,7 @@ impl Row {
                 *e = e.max(round(*v, 1));
             }
         }
-        Row {
+        let mut row = Row {
             system: system.name().to_string(),
             version: None,
             suite: match system {
@@ -907,6 +970,7 @@ impl Row {
                 None
             },
             ratio_to_plain: None,
+            cpu_s_per_gbit: None,
             cpu: cpu_runs
                 .into_iter()
                 .filter_map(|(k, v)| Some((k, round(median(&v)?, 1))))
@@ -916,8 +980,20 @@ impl Row {
             settings: settings.clone(),
             scraped_hz: None,
             scrapes: None,
-        }
+        };
+        row.cpu_s_per_gbit = cpu_s_per_gbit(&row.cpu, row.median_mbps);
+        row
     }
+}
+
+/// CPU seconds per gigabit: the processes' CPU (% of one core each, so
+/// CPU seconds per second) over the delivered rate in Gbit/s.
+pub fn cpu_s_per_gbit(cpu: &BTreeMap<String, f64>, mbps: Option<f64>) -> Option<f64> {
+    let gbps = mbps? / 1000.0;
+    if cpu.is_empty() || gbps <= 0.0 {
+        return None;
+    }
+    Some(round(cpu.values().sum::<f64>() / 100.0 / gbps, 3))
 }
 
 fn round(v: f64, digits: i32) -> f64 {
@@ -1005,7 +1081,7 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
             out += "\n";
         }
     }
-    out += "Mbit/s, pps (packets delivered per second) and loss: receiver side; vs plain: median / plain routing's median\n\n";
+    out += "Mbit/s, pps (packets delivered per second) and loss: receiver side; vs plain: median / plain routing's median; CPU s/Gbit: the gateway processes' CPU seconds per gigabit delivered\n\n";
     let mut t = Table::new([
         Column::left("system"),
         Column::left("test").min_width(7),
@@ -1015,6 +1091,7 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
         Column::right("pps").min_width(9),
         Column::right("loss").min_width(6),
         Column::right("vs plain").min_width(8),
+        Column::right("CPU s/Gbit"),
         Column::left("CPU % of one core (median)"),
     ]);
     let mut failures: Vec<(String, Vec<String>)> = Vec::new();
@@ -1044,6 +1121,7 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
             fmt_opt(r.median_pps, |v| format!("{v:.0}")),
             fmt_opt(r.loss_percent, |v| format!("{v:.1}%")),
             fmt_opt(r.ratio_to_plain, |v| format!("{v:.3}")),
+            fmt_opt(r.cpu_s_per_gbit, |v| format!("{v:.3}")),
             netlab::cpu_cell(&r.cpu),
         ]);
         if let Some(e) = &r.error {
@@ -1240,7 +1318,13 @@ fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) ->
                     test.name(),
                     opts.runs
                 ));
-                match measure(lab, &topo, *test, opts.settings.time_s) {
+                match measure(
+                    lab,
+                    &topo,
+                    *test,
+                    opts.settings.time_s,
+                    opts.settings.pin.as_ref(),
+                ) {
                     Ok(s) => samples[ti].0.push(s),
                     Err(e) => {
                         netlab::check_interrupt()?;
@@ -1257,7 +1341,13 @@ fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) ->
                         opts.runs
                     ));
                     let scraper = super::scrape::Scraper::start(&scrape_targets(lab, &topo), hz);
-                    let r = measure(lab, &topo, *test, opts.settings.time_s);
+                    let r = measure(
+                        lab,
+                        &topo,
+                        *test,
+                        opts.settings.time_s,
+                        opts.settings.pin.as_ref(),
+                    );
                     let n = scraper.stop();
                     match (r, n) {
                         (Ok(s), Ok(n)) => {
@@ -1312,12 +1402,32 @@ fn gateway_processes(topo: &Topology) -> Vec<(String, u32)> {
     v
 }
 
+/// Binds every thread of the gateway processes `procs` to `cpus` (a
+/// taskset list). Done before each run, so threads started since are
+/// bound too.
+fn pin_gateways(procs: &[(String, u32)], cpus: &str) -> Result<()> {
+    for (name, pid) in procs {
+        run(Command::new("taskset").args(["-a", "-p", "-c", cpus, &pid.to_string()]))
+            .with_context(|| format!("--pin: binding {name} (pid {pid}) to CPUs {cpus}"))?;
+    }
+    Ok(())
+}
+
 /// One iperf3 run of `test`.
-fn measure(lab: &mut Lab, topo: &Topology, test: Test, secs: u32) -> Result<Sample> {
+fn measure(
+    lab: &mut Lab,
+    topo: &Topology,
+    test: Test,
+    secs: u32,
+    pin: Option<&Pin>,
+) -> Result<Sample> {
     let procs = gateway_processes(topo);
+    if let Some(p) = pin {
+        pin_gateways(&procs, &p.gateway_cpus)?;
+    }
     let args = test.client_args(secs);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let r = netlab::iperf3(
+    let r = netlab::iperf3_on(
         lab,
         &topo.ha,
         &topo.hb,
@@ -1325,6 +1435,7 @@ fn measure(lab: &mut Lab, topo: &Topology, test: Test, secs: u32) -> Result<Samp
         &args,
         &procs,
         Duration::from_secs(u64::from(secs) + 30),
+        pin.map(|p| p.iperf3_cpu),
     )?;
     let (mbps, pps, loss_percent) = parse_iperf(test, &r.json)?;
     let mut cpu = BTreeMap::new();
@@ -2194,6 +2305,7 @@ mod tests {
 
     fn settings() -> Settings {
         Settings {
+            pin: None,
             mtu: 1500,
             offloads: true,
             workers: None,
@@ -2420,13 +2532,13 @@ versions:
   plain         6.1.0-test (Linux kernel forwarding)
   espgate       0.1.0
   wireguard-go  v0.0.0-20260522210424-ecfc5a8d5446 (golang.zx2c4.com/wireguard, built with go install)
-Mbit/s, pps (packets delivered per second) and loss: receiver side; vs plain: median / plain routing's median
+Mbit/s, pps (packets delivered per second) and loss: receiver side; vs plain: median / plain routing's median; CPU s/Gbit: the gateway processes' CPU seconds per gigabit delivered
 
-system        test         median         min         max        pps    loss  vs plain  CPU % of one core (median)
-plain         tcp         10000.0      9000.0     11000.0          -       -     1.000  -
-plain         udp512        900.0       800.0      1000.0     197500    1.0%     1.000  -
-espgate       tcp          2500.0      2000.0      3000.0          -       -     0.250  espgate@gwA 90%, espgate@gwB 60%
-espgate       udp512        450.0       450.0       450.0     100000    1.0%     0.500  espgate@gwA 100%
+system        test         median         min         max        pps    loss  vs plain  CPU s/Gbit  CPU % of one core (median)
+plain         tcp         10000.0      9000.0     11000.0          -       -     1.000           -  -
+plain         udp512        900.0       800.0      1000.0     197500    1.0%     1.000           -  -
+espgate       tcp          2500.0      2000.0      3000.0          -       -     0.250       0.600  espgate@gwA 90%, espgate@gwB 60%
+espgate       udp512        450.0       450.0       450.0     100000    1.0%     0.500       2.222  espgate@gwA 100%
 wireguard-go  tcp      failed: wireguard-go did not come up: no interface
 wireguard-go  udp512   failed: wireguard-go did not come up: no interface
 
@@ -2744,6 +2856,7 @@ log line
                 sockbuf: None,
                 mss_clamp: "on".into(),
                 scrape: 0,
+                pin: false,
                 gateway_binary: None,
             };
             f(&mut a);
@@ -2958,5 +3071,45 @@ log line
             "{t}"
         );
         assert!(!t.contains("line 17"));
+    }
+
+    #[test]
+    fn cpu_seconds_per_gigabit_sum_both_gateways_over_the_rate() {
+        let cpu: BTreeMap<String, f64> = [
+            ("espgate@gwA".to_string(), 80.0),
+            ("espgate@gwB".to_string(), 100.0),
+        ]
+        .into_iter()
+        .collect();
+        // 1.8 CPU seconds a second over 4.5 Gbit/s.
+        assert_eq!(cpu_s_per_gbit(&cpu, Some(4500.0)), Some(0.4));
+        assert_eq!(cpu_s_per_gbit(&cpu, Some(0.0)), None);
+        assert_eq!(cpu_s_per_gbit(&cpu, None), None);
+        assert_eq!(cpu_s_per_gbit(&BTreeMap::new(), Some(1000.0)), None);
+    }
+
+    #[test]
+    fn pin_puts_iperf3_on_cpu_0_and_the_gateways_on_the_rest() {
+        assert_eq!(
+            Pin::for_cpus(2).unwrap(),
+            Pin {
+                iperf3_cpu: 0,
+                gateway_cpus: "1".into()
+            }
+        );
+        assert_eq!(Pin::for_cpus(8).unwrap().gateway_cpus, "1-7");
+        let e = Pin::for_cpus(1).unwrap_err().to_string();
+        assert!(
+            e.contains("--pin needs at least 2 CPUs") && e.contains("has 1"),
+            "{e}"
+        );
+        let mut s = settings();
+        s.pin = Some(Pin::for_cpus(2).unwrap());
+        assert!(
+            s.describe()
+                .ends_with("; pinned: iperf3 on CPU 0, gateways on CPUs 1"),
+            "{}",
+            s.describe()
+        );
     }
 }
