@@ -299,6 +299,7 @@ fn measure(
         &["-t", secs],
         cpu_of,
         Duration::from_secs(secs.parse::<u64>().unwrap_or(5) + 60),
+        None,
     )
     .context("iperf3 from host A to host B")?;
     let bps = r.json["end"]["sum_received"]["bits_per_second"]

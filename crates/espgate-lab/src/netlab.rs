@@ -608,32 +608,10 @@ pub struct Iperf {
 /// Runs an iperf3 server (one test) in `server_ns` on `server_addr` and
 /// the client in `client_ns` with `-c server_addr -p 5201 -J` and
 /// `client_args`; measures the CPU of the `cpu_of` processes (name, pid)
-/// during the client's run. The client is given `limit` to finish.
-pub fn iperf3(
-    lab: &mut Lab,
-    client_ns: &str,
-    server_ns: &str,
-    server_addr: &str,
-    client_args: &[&str],
-    cpu_of: &[(String, u32)],
-    limit: Duration,
-) -> Result<Iperf> {
-    iperf3_on(
-        lab,
-        client_ns,
-        server_ns,
-        server_addr,
-        client_args,
-        cpu_of,
-        limit,
-        None,
-    )
-}
-
-/// [`iperf3`], with client and server bound to CPU `cpu` (iperf3 `-A`)
-/// when it is given.
+/// during the client's run. The client is given `limit` to finish. With
+/// `cpu`, client and server are bound to that CPU (iperf3 `-A`).
 #[allow(clippy::too_many_arguments)]
-pub fn iperf3_on(
+pub fn iperf3(
     lab: &mut Lab,
     client_ns: &str,
     server_ns: &str,

@@ -1555,6 +1555,7 @@ fn tcp_run(lab: &mut Lab, topo: &Topology, pid_b: u32, secs: u32) -> Result<(f64
         &["-t", &t, "--connect-timeout", "10000"],
         &[("gwB".to_string(), pid_b)],
         Duration::from_secs(u64::from(secs) + 40),
+        None,
     )?;
     let (mbps, _, _) = tunnel::parse_iperf(Test::Tcp, &r.json)?;
     let cpu = r.cpu.first().map(|(_, c)| round(*c, 1));

@@ -1427,7 +1427,7 @@ fn measure(
     }
     let args = test.client_args(secs);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let r = netlab::iperf3_on(
+    let r = netlab::iperf3(
         lab,
         &topo.ha,
         &topo.hb,

@@ -600,7 +600,7 @@ impl Rig {
             self.server_addr.clone(),
         );
         let limit = Duration::from_secs_f64(t.secs + 20.0);
-        let r = netlab::iperf3(&mut self.lab, &c, &s, &addr, &arg_refs, &[], limit)?;
+        let r = netlab::iperf3(&mut self.lab, &c, &s, &addr, &arg_refs, &[], limit, None)?;
         let wall = t0.elapsed().as_secs_f64();
         let mut sample = parse(&r.json, t)?;
         if let (Some(a), Some(b)) = (host0, host_cpu()) {
