@@ -178,13 +178,7 @@ impl UdpSock {
             sock_insn(BPF_ALU_MOD_K, 0, 0, n.max(1)),
             sock_insn(BPF_RET_A, 0, 0, 0),
         ];
-        // `fprog` points at `prog`, both live for the call; the kernel
-        // copies the program.
-        let fprog = libc::sock_fprog {
-            len: prog.len() as u16,
-            filter: prog.as_mut_ptr(),
-        };
-        setsockopt(&self.fd, nixopt::AttachReusePortCbpf, &fprog)
+        attach(&self.fd, nixopt::AttachReusePortCbpf, &mut prog)
             .map_err(context("attaching the SO_REUSEPORT steering program"))
     }
 
@@ -201,13 +195,8 @@ impl UdpSock {
             // an accept-all program never does).
             other => (vec![sock_insn(BPF_RET_K, 0, 0, ACCEPT)], other.is_some()),
         };
-        // `fprog` points at `prog`, both live for the call; the kernel
-        // copies the program and swaps it in atomically.
-        let fprog = libc::sock_fprog {
-            len: prog.len() as u16,
-            filter: prog.as_mut_ptr(),
-        };
-        setsockopt(&self.fd, AttachFilter, &fprog).map_err(context("attaching the SPI filter"))?;
+        // The kernel swaps the new program in atomically.
+        attach(&self.fd, AttachFilter, &mut prog).map_err(context("attaching the SPI filter"))?;
         if too_long {
             return Err(io::Error::other(format!(
                 "more inbound SPIs than one SPI filter holds ({SPI_FILTER_MAX} per worker)"
@@ -286,6 +275,20 @@ const BPF_RET_A: u16 = 0x16; // BPF_RET | BPF_A
 const BPF_RET_K: u16 = 0x06; // BPF_RET | BPF_K
 /// A filter's "keep the whole datagram".
 const ACCEPT: u32 = u32::MAX;
+
+/// Attaches the classic BPF program `prog` with socket option `opt`.
+fn attach<O>(fd: &OwnedFd, opt: O, prog: &mut [libc::sock_filter]) -> nix::Result<()>
+where
+    O: nix::sys::socket::SetSockOpt<Val = libc::sock_fprog>,
+{
+    // `fprog` points at `prog`, both live for the call; the kernel copies
+    // the program.
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_mut_ptr(),
+    };
+    setsockopt(fd, opt, &fprog)
+}
 
 fn sock_insn(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
     libc::sock_filter { code, jt, jf, k }

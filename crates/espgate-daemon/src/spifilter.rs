@@ -56,8 +56,6 @@ struct State {
     last_kernel: u64,
     quiet: u32,
     engagements: u64,
-    /// Reused for the SA list.
-    scratch: Vec<(u32, IpAddr)>,
 }
 
 /// The filter of every worker's ESP-in-UDP socket.
@@ -162,8 +160,7 @@ impl SpiFilter {
 
     fn apply(&self, st: &mut State, engines: &[std::sync::Mutex<Engine>]) {
         let want = if st.unknown || st.pinned {
-            let mut sas = std::mem::take(&mut st.scratch);
-            sas.clear();
+            let mut sas: Vec<(u32, IpAddr)> = Vec::new();
             for e in engines {
                 lock(e).udp_inbound_sas(&mut sas);
             }
@@ -174,7 +171,6 @@ impl SpiFilter {
                     only_from: st.pinned.then_some(peer),
                 })
                 .collect();
-            st.scratch = sas;
             rules.sort_unstable();
             rules.dedup();
             Some((rules, !st.unknown))

@@ -392,8 +392,8 @@ async fn wait_signal(fd: &AsyncFd<std::os::fd::BorrowedFd<'_>>, signals: &Signal
     }
 }
 
-/// Once a second, whether a flood of unknown SPIs engages the kernel-side
-/// SPI filter (or its end removes it).
+/// Once a second, whether a flood of junk ESP (unknown SPIs, bad ICVs)
+/// engages the kernel-side filter, or its end removes it.
 async fn spi_filter_task(ctl: Arc<Control>, mut stop: watch::Receiver<bool>) {
     let mut every = tokio::time::interval(Duration::from_secs(1));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -1483,16 +1483,16 @@ fn log_tail(files: &[PathBuf], n: usize) -> String {
     let mut out = String::new();
     for f in files {
         let text = std::fs::read_to_string(f).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let from = lines.len().saturating_sub(n);
-        out += &format!(
-            "\n--- {} (last {} lines) ---",
-            f.display(),
-            lines.len() - from
-        );
-        for l in &lines[from..] {
+        let tail = last_lines(&text, n);
+        let shown = if tail.is_empty() {
+            0
+        } else {
+            tail.lines().count()
+        };
+        out += &format!("\n--- {} (last {shown} lines) ---", f.display());
+        if shown > 0 {
             out += "\n";
-            out += l;
+            out += &tail;
         }
     }
     out
