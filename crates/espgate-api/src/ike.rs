@@ -69,6 +69,10 @@ pub struct ChildSaStatus {
     pub local_ts: Vec<String>,
     /// The peer's selectors.
     pub remote_ts: Vec<String>,
+    /// Its per-CPU slot (RFC 9611, `per_cpu_sas`): worker `w` sends on the
+    /// `w % n`-th slot present. 0 with one child per connection.
+    #[serde(default)]
+    pub slot: u32,
 }
 
 /// The protocol of a child SA in a document written before Q-ESP.

@@ -422,6 +422,19 @@ pub(crate) fn against_the_rest(
                  use ESP (or Q-ESP, or AH) alone",
             );
         }
+        if c.per_cpu_sas > 1 {
+            let t = tables[*i].get_ref();
+            v.err(
+                crate::connection::at(*i, &tables[*i])
+                    .key("per_cpu_sas", t.per_cpu_sas.as_ref().map(|s| s.span())),
+                format!(
+                    "per_cpu_sas = {} with [cluster]: a cluster node runs one data-plane \
+                     worker, which sends on one SA; scale with more nodes and set \
+                     per_cpu_sas = 1",
+                    c.per_cpu_sas
+                ),
+            );
+        }
     }
 }
 
@@ -510,6 +523,11 @@ mod tests {
             &bad("name = \"x\"\nnode = 1", "workers = 2"),
             &["one data-plane worker"],
         );
+        let per_cpu = format!(
+            "{}\n[cluster]\nname = \"x\"\nnode = 1\n",
+            conn("b", "per_cpu_sas = 2", &good_esp(0x1001, 0x2001))
+        );
+        assert_has(&err(&per_cpu), &["per_cpu_sas = 2 with [cluster]"]);
         assert_has(&bad("name = \"x\"\nnode = 1\ncolour = 3", ""), &["colour"]);
         // An esp+ah bundle: the lockstep counts one SA per packet.
         let bundle = format!(

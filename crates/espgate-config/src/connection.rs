@@ -167,12 +167,12 @@ pub struct Connection {
     pub allow_insecure: bool,
     /// TFC padding target (tunnel-mode ESP).
     pub tfc_pad_to: Option<u16>,
-    /// Per-CPU SAs (the RFC 9611 idea, manually keyed): this many ESP SA
-    /// pairs with identical selectors; pair `k` has the SPIs `spi_in + k`,
-    /// `spi_out + k` and keys derived from the configured ones
-    /// ([`per_cpu_key`]). Worker `w` sends on pair `w % per_cpu_sas`; the
-    /// receiver's sockets steer each SPI to one worker. 1 (plain) unless
-    /// the keying is manual ESP over UDP.
+    /// Per-CPU SAs: this many ESP SA pairs with identical selectors.
+    /// Manually keyed, pair `k` has the SPIs `spi_in + k`, `spi_out + k`
+    /// and keys derived from the configured ones ([`per_cpu_key`]); with
+    /// IKE they are RFC 9611 child SAs, one per slot. Worker `w` sends on
+    /// pair `w % per_cpu_sas`; the receiver's sockets steer each SPI to
+    /// one worker. 1 (plain) unless ESP over UDP.
     pub per_cpu_sas: u32,
     /// SA lifetime limits.
     pub lifetime: Lifetime,
@@ -426,6 +426,7 @@ impl Connection {
                 rekey_time: s.child_rekey_time,
                 life_time: s.child_life_time,
                 jitter: s.jitter,
+                per_cpu_sas: self.per_cpu_sas.max(1),
             },
             rekey_time: s.rekey_time,
             jitter: s.jitter,
@@ -794,13 +795,6 @@ pub(crate) fn validate(
                 esp_at.clone(),
                 "[connection.esp] (manual SAs) and [connection.ike] are both given: with \
                  IKE the ESP SAs are negotiated; keep one of the two tables",
-            );
-        }
-        if per_cpu_sas > 1 {
-            v.err(
-                per_cpu_at.clone(),
-                "per-CPU SAs are manually keyed only: with [connection.ike] set \
-                 per_cpu_sas = 1 (or remove it)",
             );
         }
         if c.esn.is_some() {

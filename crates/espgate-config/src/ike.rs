@@ -1248,10 +1248,18 @@ retransmit_tries = 3"#,
         );
         assert_has(&e, &["connection[0].protocol", "negotiates ESP SAs only"]);
         assert!(!e.contains("needs a [connection"), "{e}");
-        // Per-CPU SAs are manual.
+        // Per-CPU SAs are negotiated by IKE too (RFC 9611), still over
+        // ESP-in-UDP only (the receiver steers by SPI).
+        let c = ike_ok(&d, &ike_conn("per_cpu_sas = 4", "psk_file = \"psk\""));
+        let conn = &c.connections[0];
+        assert_eq!(conn.per_cpu_sas, 4);
+        assert_eq!(conn.ike_config().unwrap().child.per_cpu_sas, 4);
         assert_has(
-            &ike_err(&d, &ike_conn("per_cpu_sas = 2", "psk_file = \"psk\"")),
-            &["connection[0].per_cpu_sas", "manually keyed only"],
+            &ike_err(
+                &d,
+                &ike_conn("per_cpu_sas = 2\nencap = \"none\"", "psk_file = \"psk\""),
+            ),
+            &["connection[0].per_cpu_sas", "encap = \"udp\""],
         );
         // Several workers are fine with IKE (the IKE engine runs on worker
         // 0 and installs each SA into every worker).

@@ -626,6 +626,79 @@ fn bundles_accept_any_inbound_sa_per_layer() {
     assert_eq!(drops(&b), [("policy_mismatch", 1)]);
 }
 
+/// The SPI of the ESP-in-UDP packet worker `a` sends for one inner packet.
+fn sent_spi(a: &mut Engine) -> u32 {
+    let mut buf = PacketBuf::with_capacity(2000);
+    buf.load(&udp4("10.1.0.5", "10.2.0.9", 10));
+    assert_eq!(a.outbound(&mut buf, T), Ok(Some(0)), "{:?}", drops(a));
+    u32::from_be_bytes(buf.as_slice()[28..32].try_into().unwrap())
+}
+
+#[test]
+fn negotiated_per_cpu_sas_replace_only_their_own_slot() {
+    // Two workers on a per-CPU connection (RFC 9611 children, as IKE
+    // installs them): each negotiated outbound SA takes its slot, worker w
+    // sends on slot w, and a rekey of one slot leaves the other alone.
+    let mut spec = side(true, shaped(Layers::Esp, true, 2, 0x2000));
+    spec.negotiated_overhead = 100;
+    let mut aw = Engine::for_workers(&[spec], &opts(), T, 2).unwrap();
+    assert_eq!(
+        (sent_spi(&mut aw[0]), sent_spi(&mut aw[1])),
+        (0x2000, 0x2001)
+    );
+    let keys: Vec<Vec<u8>> = (1..=4u8).map(|k| vec![k; 20]).collect();
+    let install = |aw: &mut [Engine], spi, slot, k: usize| {
+        let mut refs: Vec<&mut Engine> = aw.iter_mut().collect();
+        let sa = NegotiatedSa {
+            conn: "peer",
+            outbound: true,
+            protocol: Protocol::Esp,
+            spi,
+            suite: "aes128gcm16".parse().unwrap(),
+            enc_key: &keys[k],
+            integ_key: &[],
+            esn: false,
+            encap: None,
+            slot,
+        };
+        install_negotiated_all(&mut refs, &sa, T).unwrap()
+    };
+    let ch = install(&mut aw, 0x4001, 1, 0);
+    assert!(ch.message.contains("replaces ESP SA 0x00002001"), "{ch:?}");
+    assert_eq!(
+        (sent_spi(&mut aw[0]), sent_spi(&mut aw[1])),
+        (0x2000, 0x4001)
+    );
+    install(&mut aw, 0x4000, 0, 1);
+    assert_eq!(
+        (sent_spi(&mut aw[0]), sent_spi(&mut aw[1])),
+        (0x4000, 0x4001)
+    );
+    // The rekey of slot 1.
+    let ch = install(&mut aw, 0x4011, 1, 2);
+    assert!(ch.message.contains("replaces ESP SA 0x00004001"), "{ch:?}");
+    assert_eq!(
+        (sent_spi(&mut aw[0]), sent_spi(&mut aw[1])),
+        (0x4000, 0x4011)
+    );
+    assert_eq!(spis(&aw[0], true), [0x4000, 0x4011]);
+    // Slot 1 deleted (the peer deleted that child): both workers send on
+    // the slot that is left.
+    let mut refs: Vec<&mut Engine> = aw.iter_mut().collect();
+    del_sa_all(&mut refs, 0x4011, None, Some(true), None).unwrap();
+    assert_eq!(
+        (sent_spi(&mut aw[0]), sent_spi(&mut aw[1])),
+        (0x4000, 0x4000)
+    );
+    // Without per-CPU SAs every negotiated SA replaces the one outbound SA
+    // whatever slot it names.
+    let mut plain = side(true, shaped(Layers::Esp, true, 1, 0x2000));
+    plain.negotiated_overhead = 100;
+    let mut one = vec![Engine::new(&[plain], &opts(), T).unwrap()];
+    install(&mut one, 0x4021, 1, 3);
+    assert_eq!(spis(&one[0], true), [0x4021]);
+}
+
 #[test]
 fn negotiated_sas_take_the_connection_shape() {
     let (mut a, mut b) = pair(Layers::Esp, true);
@@ -640,6 +713,7 @@ fn negotiated_sas_take_the_connection_shape() {
         esn: true,
         encap: None,
         protocol: Protocol::Esp,
+        slot: 0,
     };
     b.install_negotiated(&sa(false), T).unwrap();
     let ch = a.install_negotiated(&sa(true), T).unwrap();
@@ -694,6 +768,7 @@ fn negotiated_qesp_switches_the_layer_and_keeps_the_esp_overlap() {
         integ_key: &[],
         esn: false,
         encap: None,
+        slot: 0,
     };
     // An ESP packet of the old pair, held back (the rekey overlap).
     let mut late = PacketBuf::with_capacity(2000);
@@ -791,6 +866,7 @@ fn manually_keyed_connections_keep_esp_and_qesp_apart() {
         integ_key: &[],
         esn: false,
         encap: None,
+        slot: 0,
     };
     let e = a.install_negotiated(&q(true), T).unwrap_err();
     assert!(

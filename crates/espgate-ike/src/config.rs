@@ -169,6 +169,11 @@ pub struct ChildConfig {
     /// Random reduction of `rekey_time`, so that two peers with the same
     /// settings rarely rekey at once.
     pub jitter: Duration,
+    /// RFC 9611 per-resource child SAs: with more than 1, this many child
+    /// SAs with the same selectors are kept, one per data-plane worker
+    /// (slot), when the peer announces SA_RESOURCE_INFO too; 1: one child,
+    /// and the notify is never sent.
+    pub per_cpu_sas: u32,
 }
 
 /// One IKE connection.

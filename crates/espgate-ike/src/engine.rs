@@ -79,6 +79,11 @@ pub struct SaInstall {
     pub local_ts: Vec<TrafficSelector>,
     /// Negotiated selectors, the peer's side.
     pub remote_ts: Vec<TrafficSelector>,
+    /// Its per-CPU slot (RFC 9611, `per_cpu_sas`): an outbound SA replaces
+    /// only the connection's outbound SA of the same slot, and the data
+    /// plane's worker `w` sends on slot `w % slots`. 0 for a connection
+    /// with one child.
+    pub slot: u32,
 }
 
 impl fmt::Debug for SaInstall {
@@ -91,6 +96,7 @@ impl fmt::Debug for SaInstall {
             .field("suite", &self.suite.name())
             .field("esn", &self.esn)
             .field("encap", &self.encap)
+            .field("slot", &self.slot)
             .finish_non_exhaustive()
     }
 }
@@ -261,6 +267,8 @@ pub struct ChildStatus {
     pub local_ts: Vec<String>,
     /// Selectors of the peer side.
     pub remote_ts: Vec<String>,
+    /// Its per-CPU slot (RFC 9611); 0 with one child per connection.
+    pub slot: u32,
 }
 
 /// State of an IKE SA, for status.
@@ -343,6 +351,9 @@ struct Child {
     replaced: bool,
     /// Nonces of the exchange that created it (rekey collisions, §2.8.1).
     nonces: (Vec<u8>, Vec<u8>),
+    /// Its per-CPU slot (RFC 9611): 0 for the first child; a rekey keeps
+    /// the slot of the child it replaces.
+    slot: u32,
 }
 
 enum Req {
@@ -355,6 +366,8 @@ enum Req {
         rekey_of: Option<u32>,
         ni: Vec<u8>,
         ke: Option<KeyExchange>,
+        /// The per-CPU slot the new child takes.
+        slot: u32,
     },
     IkeRekey {
         new_spi: u64,
@@ -395,6 +408,9 @@ enum Task {
     RekeyChild(u32),
     /// A new child SA on the IKE SA (CREATE_CHILD_SA without REKEY_SA).
     CreateChild,
+    /// One more per-CPU child SA with the same selectors (RFC 9611,
+    /// SA_RESOURCE_INFO), into the lowest free slot.
+    CreatePerCpu,
     RekeyIke,
     Dpd,
     DeleteChild(u32),
@@ -458,6 +474,9 @@ struct IkeSa {
     qesp_declined: bool,
     /// The fragments of the message being received.
     reasm: Option<Reassembly>,
+    /// The peer announced SA_RESOURCE_INFO (RFC 9611) with the first
+    /// child: it keeps several children with the same selectors.
+    per_cpu_peer: bool,
     /// Continued from another engine's snapshot ([`Ike::import`]) and
     /// nothing authenticated heard from the peer since: if the peer
     /// never answers, the connection is negotiated anew.
@@ -548,6 +567,7 @@ impl IkeSa {
             reasm: None,
             pfs_group: None,
             qesp_declined: false,
+            per_cpu_peer: false,
             continued: false,
             resync_in: false,
             export_fp: 0,
@@ -697,6 +717,10 @@ pub struct Ike {
     /// Inbound SAs of rekeyed children, removed at their deadline.
     lingering: Vec<(Duration, Event)>,
     fragment_size: usize,
+    /// The shell steers inbound ESP to worker `spi % spi_steering`: a
+    /// per-CPU child of slot `k` gets an inbound SPI that lands on worker
+    /// `k % spi_steering` (1: any SPI).
+    spi_steering: u32,
     /// Grows whenever what [`Ike::export`] returns changes.
     export_gen: u64,
     /// Tests: [`Ike::install_ike_keys`] fails.
@@ -811,6 +835,16 @@ fn protocol_id(p: Protocol) -> u8 {
 
 /// "Q-ESP " before a Q-ESP child's algorithms in log lines; nothing for
 /// ESP (whose lines read as before Q-ESP existed).
+/// ", slot 1" in a child's log line when the connection keeps per-CPU
+/// children, else nothing.
+fn slot_label(per_cpu_sas: u32, slot: u32) -> String {
+    if per_cpu_sas > 1 {
+        format!(", slot {slot}")
+    } else {
+        String::new()
+    }
+}
+
 fn qesp_label(p: Protocol) -> &'static str {
     if p == Protocol::Qesp {
         "Q-ESP "
@@ -875,6 +909,7 @@ impl Ike {
             restart_at: BTreeMap::new(),
             lingering: Vec::new(),
             fragment_size: DEFAULT_FRAGMENT_SIZE,
+            spi_steering: 1,
             export_gen: 0,
             #[cfg(test)]
             fail_key_install: false,
@@ -979,16 +1014,53 @@ impl Ike {
         r
     }
 
-    /// A fresh inbound child SPI, reserved.
-    fn new_child_spi(&mut self) -> Result<u32, RngError> {
+    /// A fresh inbound child SPI of connection `ci` for per-CPU slot `slot`, reserved: with
+    /// SPI steering over `n` workers, one with `spi % n == slot % n`, so
+    /// that each slot's inbound packets reach their own worker. The
+    /// residue is set on a random draw (its other bits stay random).
+    /// Connections with one child (`per_cpu_sas = 1`) take any SPI, so
+    /// that connections spread over the workers.
+    fn new_child_spi(&mut self, ci: usize, slot: u32) -> Result<u32, RngError> {
+        let n = if self.conns[ci].child.per_cpu_sas > 1 {
+            self.spi_steering.max(1)
+        } else {
+            1
+        };
         for _ in 0..SPI_TRIES {
-            let s = rng::u32(&mut *self.rng)?;
+            let r = rng::u32(&mut *self.rng)?;
+            // Near the top of the range the residue may not fit: draw again.
+            let Some(s) = (r - r % n).checked_add(slot % n) else {
+                continue;
+            };
             // SPIs 1-255 are reserved (RFC 4303 §2.1).
             if s > 255 && self.child_spis.insert(s) {
                 return Ok(s);
             }
         }
         Err(RngError)
+    }
+
+    /// Tells the engine that the shell steers inbound ESP-in-UDP to
+    /// worker `spi % n` (its `SO_REUSEPORT` program): per-CPU children
+    /// then get inbound SPIs that spread over the workers, slot `k` on
+    /// worker `k % n`.
+    pub fn set_spi_steering(&mut self, n: u32) {
+        self.spi_steering = n.max(1);
+    }
+
+    /// The lowest per-CPU slot of connection `ci` (below its
+    /// `per_cpu_sas`) that no live child of its IKE SAs holds; `None` when
+    /// all are taken. A child being rekeyed holds its slot; one replaced
+    /// by a rekey or being deleted does not.
+    fn free_slot(&self, ci: usize) -> Option<u32> {
+        let n = self.conns[ci].child.per_cpu_sas.max(1);
+        (0..n).find(|k| {
+            !self.by_conn[ci].iter().any(|&i| {
+                self.sas[i].children.iter().any(|c| {
+                    c.slot == *k && matches!(c.state, ChildState::Installed | ChildState::Rekeying)
+                })
+            })
+        })
     }
 
     /// A fresh IKE SPI of ours, reserved.
@@ -1185,6 +1257,7 @@ impl Ike {
                         expire_at: c.expire_at,
                         local_ts: c.local_ts.iter().map(ts::display).collect(),
                         remote_ts: c.remote_ts.iter().map(ts::display).collect(),
+                        slot: c.slot,
                     })
                     .collect(),
             })
@@ -2251,7 +2324,8 @@ impl Ike {
             self.fail(i, "could not create our AUTH payload".into());
             return;
         };
-        let Ok(spi_in) = self.new_child_spi() else {
+        // The first child takes slot 0.
+        let Ok(spi_in) = self.new_child_spi(ci, 0) else {
             self.rng_failed(Some(ci), "IKE_AUTH not sent");
             self.fail(i, "no child SPI: the random number generator failed".into());
             return;
@@ -2275,6 +2349,10 @@ impl Ike {
         payloads.extend(rest);
         if c.child.mode == Mode::Transport {
             payloads.push(notify(NotifyType::UseTransportMode, vec![]));
+        }
+        if c.child.per_cpu_sas > 1 {
+            // RFC 9611: we keep one child per worker if the peer does too.
+            payloads.push(notify(NotifyType::SaResourceInfo, vec![]));
         }
         payloads.push(Payload::Sa(self.child_proposals(i, spi_in, false)));
         payloads.push(Payload::TsI(c.child.local_ts.clone()));
@@ -2519,6 +2597,42 @@ impl Ike {
             return Err(NotifyType::NoProposalChosen);
         }
         let mode = c.child.mode;
+        // RFC 9611: the peer keeps several children with these selectors
+        // (one per resource) and we do too (`per_cpu_sas`).
+        let per_cpu =
+            c.child.per_cpu_sas > 1 && find_notify(p, NotifyType::SaResourceInfo).is_some();
+        let slot = match (via, rekey_of) {
+            (ChildExchange::IkeAuth, _) => 0,
+            // A rekey keeps the slot of the child it replaces.
+            (_, Some(old_out)) => self.sas[i]
+                .children
+                .iter()
+                .find(|c| c.spi_out == old_out)
+                .map_or(0, |c| c.slot),
+            (_, None) => match self.free_slot(ci) {
+                Some(k) => k,
+                // Every slot is taken: a per-CPU request is refused
+                // (RFC 9611 §4); a plain new child replaces slot 0 as
+                // before.
+                None if per_cpu => {
+                    self.count(IkeEvent::ChildFailed);
+                    self.log(
+                        Level::Info,
+                        Some(ci),
+                        format!(
+                            "child SA: the peer asked for one more per-CPU child SA, but all {} \
+                             slots are taken (TS_MAX_QUEUE)",
+                            self.conns[ci].child.per_cpu_sas
+                        ),
+                    );
+                    return Err(NotifyType::TsMaxQueue);
+                }
+                None => 0,
+            },
+        };
+        if matches!(via, ChildExchange::IkeAuth) {
+            self.sas[i].per_cpu_peer = per_cpu;
+        }
         let mut out_ke = None;
         let g_ir = match (ke, chosen.dh) {
             (Some((kg, kd)), Some(g)) => {
@@ -2543,7 +2657,7 @@ impl Ike {
             }
             _ => None,
         };
-        let Ok(spi_in) = self.new_child_spi() else {
+        let Ok(spi_in) = self.new_child_spi(ci, slot) else {
             self.rng_failed(Some(ci), "child SA refused (TEMPORARY_FAILURE)");
             return Err(NotifyType::TemporaryFailure);
         };
@@ -2585,6 +2699,9 @@ impl Ike {
         if mode == Mode::Transport {
             out.insert(0, notify(NotifyType::UseTransportMode, vec![]));
         }
+        if per_cpu {
+            out.insert(0, notify(NotifyType::SaResourceInfo, vec![]));
+        }
         // We are the responder of this exchange: i->r keys are our inbound.
         let (inbound, outbound, mut child) = self.new_child(
             i,
@@ -2596,6 +2713,7 @@ impl Ike {
             (local_ts, remote_ts),
             mode,
             (ni, nr),
+            slot,
         );
         self.events.push_back(Event::InstallSa(inbound));
         if rekey_of.is_some() {
@@ -2604,14 +2722,14 @@ impl Ike {
             child.pending_out = Some((outbound, now + OUTBOUND_SWITCH_DEADLINE));
         } else {
             self.events.push_back(Event::InstallSa(outbound));
-            self.outbound_replaced(ci);
+            self.outbound_replaced(ci, slot);
             child.out_active = true;
         }
         self.log(
             Level::Info,
             Some(ci),
             format!(
-                "child SA {} {:08x}_i {:08x}_o ({}{}){}",
+                "child SA {} {:08x}_i {:08x}_o ({}{}){}{}",
                 if rekey_of.is_some() {
                     "rekeyed by peer:"
                 } else {
@@ -2621,6 +2739,7 @@ impl Ike {
                 spi_out,
                 qesp_label(protocol),
                 chosen.name(),
+                slot_label(self.conns[ci].child.per_cpu_sas, slot),
                 rekey_of
                     .map(|o| format!(", replaces {o:08x}_i"))
                     .unwrap_or_default()
@@ -2649,6 +2768,7 @@ impl Ike {
         (local_ts, remote_ts): (Vec<TrafficSelector>, Vec<TrafficSelector>),
         mode: Mode,
         (ni, nr): (&[u8], &[u8]),
+        slot: u32,
     ) -> (SaInstall, SaInstall, Child) {
         let ((ein, iin), (eout, iout)) = if initiated {
             ((&keys.enc_r, &keys.integ_r), (&keys.enc_i, &keys.integ_i))
@@ -2662,9 +2782,9 @@ impl Ike {
             &chosen,
             ein.clone(),
             iin.clone(),
-            &local_ts,
-            &remote_ts,
+            (&local_ts, &remote_ts),
             mode,
+            slot,
         );
         let outbound = self.sa_install(
             i,
@@ -2673,9 +2793,9 @@ impl Ike {
             &chosen,
             eout.clone(),
             iout.clone(),
-            &local_ts,
-            &remote_ts,
+            (&local_ts, &remote_ts),
             mode,
+            slot,
         );
         let c = &self.conns[self.sas[i].conn].child;
         let (rekey, jitter, life) = (c.rekey_time, c.jitter, c.life_time);
@@ -2693,6 +2813,7 @@ impl Ike {
             out_active: false,
             replaced: false,
             nonces: (ni.to_vec(), nr.to_vec()),
+            slot,
         };
         (inbound, outbound, child)
     }
@@ -2706,9 +2827,9 @@ impl Ike {
         chosen: &Chosen,
         enc_key: Zeroizing<Vec<u8>>,
         integ_key: Zeroizing<Vec<u8>>,
-        local_ts: &[TrafficSelector],
-        remote_ts: &[TrafficSelector],
+        (local_ts, remote_ts): (&[TrafficSelector], &[TrafficSelector]),
         mode: Mode,
+        slot: u32,
     ) -> SaInstall {
         let sa = &self.sas[i];
         SaInstall {
@@ -2726,6 +2847,7 @@ impl Ike {
             remote: sa.remote.ip(),
             local_ts: local_ts.to_vec(),
             remote_ts: remote_ts.to_vec(),
+            slot,
         }
     }
 
@@ -2798,7 +2920,28 @@ impl Ike {
         self.ike_up(i);
         let ni = self.sas[i].ni.clone();
         let nr = self.sas[i].nr.clone();
-        self.finish_child(i, now, spi_in, &p, None, &ni, &nr, None);
+        let installed = self.finish_child(i, now, spi_in, &p, None, &ni, &nr, None, 0);
+        let want = self.conns[ci].child.per_cpu_sas;
+        if installed && want > 1 {
+            if find_notify(&p, NotifyType::SaResourceInfo).is_some() {
+                // RFC 9611: the peer keeps per-resource children too; one
+                // more per worker slot, each its own CREATE_CHILD_SA.
+                self.sas[i].per_cpu_peer = true;
+                for _ in 1..want {
+                    self.sas[i].tasks.push_back(Task::CreatePerCpu);
+                }
+                self.kick(i, now);
+            } else {
+                self.log(
+                    Level::Info,
+                    Some(ci),
+                    format!(
+                        "per_cpu_sas = {want}, but the peer did not announce SA_RESOURCE_INFO \
+                         (RFC 9611): one child SA for all workers"
+                    ),
+                );
+            }
+        }
     }
 
     /// Initiator side: reads the responder's child SA answer and installs it.
@@ -2813,6 +2956,7 @@ impl Ike {
         ni: &[u8],
         nr: &[u8],
         rekey_of: Option<u32>,
+        slot: u32,
     ) -> bool {
         let ci = self.sas[i].conn;
         if let Some(e) = error_notify(p) {
@@ -2938,11 +3082,12 @@ impl Ike {
             (ts_i, ts_r),
             mode,
             (ni, nr),
+            slot,
         );
         child.out_active = true;
         self.events.push_back(Event::InstallSa(inbound));
         self.events.push_back(Event::InstallSa(outbound));
-        self.outbound_replaced(ci);
+        self.outbound_replaced(ci, slot);
         self.sas[i].children.push(child);
         self.count(if rekey_of.is_some() {
             IkeEvent::ChildRekeys
@@ -2953,7 +3098,7 @@ impl Ike {
             Level::Info,
             Some(ci),
             format!(
-                "child SA {} {:08x}_i {:08x}_o ({}{}){}",
+                "child SA {} {:08x}_i {:08x}_o ({}{}){}{}",
                 if rekey_of.is_some() {
                     "rekeyed:"
                 } else {
@@ -2963,6 +3108,7 @@ impl Ike {
                 spi_out,
                 qesp_label(protocol),
                 chosen.name(),
+                slot_label(self.conns[ci].child.per_cpu_sas, slot),
                 rekey_of
                     .map(|o| format!(", replaces {o:08x}_i"))
                     .unwrap_or_default()
@@ -3078,7 +3224,8 @@ impl Ike {
                 rekey_of,
                 ni,
                 ke,
-            } => self.child_response(i, now, spi_in, rekey_of, ni, ke, p),
+                slot,
+            } => self.child_response(i, now, (spi_in, slot), rekey_of, ni, ke, p),
             Req::IkeRekey { new_spi, ni, ke } => {
                 self.ike_rekey_response(i, now, new_spi, ni, ke, p)
             }
@@ -3403,8 +3550,22 @@ impl Ike {
     /// inbound SPI is `rekey_of`, or (`None`) a new child SA of the
     /// connection (RFC 7296 §1.3.1), with PFS when the connection's ESP
     /// proposals have groups.
-    fn start_child(&mut self, i: usize, now: Duration, rekey_of: Option<u32>) {
+    /// `per_cpu`: one more per-CPU child (RFC 9611) into the lowest free
+    /// slot; not sent when every slot is taken.
+    fn start_child(&mut self, i: usize, now: Duration, rekey_of: Option<u32>, per_cpu: bool) {
         let ci = self.sas[i].conn;
+        let slot = match rekey_of {
+            Some(o) => self.sas[i]
+                .children
+                .iter()
+                .find(|c| c.spi_in == o)
+                .map_or(0, |c| c.slot),
+            None => match self.free_slot(ci) {
+                Some(k) => k,
+                None if per_cpu => return,
+                None => 0,
+            },
+        };
         if let Some(old_in) = rekey_of {
             let Some(old) = self.sas[i].children.iter_mut().find(|c| c.spi_in == old_in) else {
                 return;
@@ -3430,7 +3591,7 @@ impl Ike {
             None => Ok(None),
         };
         let drawn = ke.and_then(|ke| {
-            let spi_in = self.new_child_spi().map_err(|e| e.to_string())?;
+            let spi_in = self.new_child_spi(ci, slot).map_err(|e| e.to_string())?;
             match self.new_nonce() {
                 Ok(ni) => Ok((ke, spi_in, ni)),
                 Err(e) => {
@@ -3480,6 +3641,9 @@ impl Ike {
         if c.child.mode == Mode::Transport {
             payloads.push(notify(NotifyType::UseTransportMode, vec![]));
         }
+        if per_cpu {
+            payloads.push(notify(NotifyType::SaResourceInfo, vec![]));
+        }
         let props = self.child_proposals(i, spi_in, ke.is_some());
         payloads.push(Payload::Sa(props));
         payloads.push(Payload::Nonce(ni.clone()));
@@ -3507,6 +3671,7 @@ impl Ike {
                 rekey_of,
                 ni,
                 ke,
+                slot,
             },
         );
     }
@@ -3516,7 +3681,7 @@ impl Ike {
         &mut self,
         i: usize,
         now: Duration,
-        spi_in: u32,
+        (spi_in, slot): (u32, u32),
         rekey_of: Option<u32>,
         ni: Vec<u8>,
         ke: Option<KeyExchange>,
@@ -3571,8 +3736,11 @@ impl Ike {
             };
             self.count(IkeEvent::ChildFailed);
             let refused = error_notify(&p);
+            // RFC 9611: the peer keeps no more per-CPU children; the ones
+            // we have serve every worker.
+            let full = refused == Some(NotifyType::TsMaxQueue);
             self.log(
-                Level::Warn,
+                if full { Level::Info } else { Level::Warn },
                 Some(ci),
                 match refused {
                     Some(e) => format!("{what} refused: {}", notify_name(e)),
@@ -3585,7 +3753,7 @@ impl Ike {
             self.child_failed(i, now, rekey_of, retry);
             return;
         };
-        if !self.finish_child(i, now, spi_in, &p, ke, &ni, &nr, rekey_of) {
+        if !self.finish_child(i, now, spi_in, &p, ke, &ni, &nr, rekey_of, slot) {
             // finish_child queued the retry if there is one.
             let retry = rekey_of.is_some_and(|o| self.sas[i].tasks.contains(&Task::RekeyChild(o)));
             self.child_failed(i, now, rekey_of, retry);
@@ -3667,22 +3835,26 @@ impl Ike {
             return;
         };
         if let Some((out, _)) = c.pending_out.take() {
+            let slot = c.slot;
             self.events.push_back(Event::InstallSa(out));
             let ci = self.sas[i].conn;
-            self.outbound_replaced(ci);
+            self.outbound_replaced(ci, slot);
             if let Some(c) = self.sas[i].children.iter_mut().find(|c| c.spi_in == spi_in) {
                 c.out_active = true;
             }
         }
     }
 
-    /// A new outbound SA of connection `ci` replaced the one the data plane
-    /// used: no child (of any of the connection's IKE SAs, e.g. one still
-    /// being deleted) owns the current outbound SA any more.
-    fn outbound_replaced(&mut self, ci: usize) {
+    /// A new outbound SA of connection `ci` in per-CPU slot `slot`
+    /// replaced the one the data plane used there: no child of that slot
+    /// (of any of the connection's IKE SAs, e.g. one still being deleted)
+    /// owns the slot's outbound SA any more.
+    fn outbound_replaced(&mut self, ci: usize, slot: u32) {
         for &i in &self.by_conn[ci] {
             for c in &mut self.sas[i].children {
-                c.out_active = false;
+                if c.slot == slot {
+                    c.out_active = false;
+                }
             }
             self.dirty.push(i);
         }
@@ -3984,6 +4156,7 @@ impl Ike {
         sa.peer_id = old.peer_id.clone();
         sa.fragmentation = old.fragmentation;
         sa.qesp_declined = old.qesp_declined;
+        sa.per_cpu_peer = old.per_cpu_peer;
         let j = self.insert_sa(sa);
         if !self.install_ike_keys(j, g_ir, Some((old_prf, &old_sk_d))) {
             self.remove_sa(j);
@@ -4433,10 +4606,15 @@ impl Ike {
                 return;
             };
             match t {
-                Task::RekeyChild(s) => self.start_child(i, now, Some(s)),
+                Task::RekeyChild(s) => self.start_child(i, now, Some(s), false),
                 Task::CreateChild => {
                     if self.sas[i].state == State::Established {
-                        self.start_child(i, now, None);
+                        self.start_child(i, now, None, false);
+                    }
+                }
+                Task::CreatePerCpu => {
+                    if self.sas[i].state == State::Established {
+                        self.start_child(i, now, None, true);
                     }
                 }
                 Task::RekeyIke => {

@@ -401,6 +401,8 @@ codepoint! {
     TemporaryFailure = 43 => "TEMPORARY_FAILURE",
     /// CHILD_SA_NOT_FOUND.
     ChildSaNotFound = 44 => "CHILD_SA_NOT_FOUND",
+    /// TS_MAX_QUEUE (RFC 9611): no more child SAs with these selectors.
+    TsMaxQueue = 48 => "TS_MAX_QUEUE",
     /// INITIAL_CONTACT.
     InitialContact = 16384 => "INITIAL_CONTACT",
     /// SET_WINDOW_SIZE.
@@ -429,6 +431,9 @@ codepoint! {
     Ikev2FragmentationSupported = 16430 => "IKEV2_FRAGMENTATION_SUPPORTED",
     /// SIGNATURE_HASH_ALGORITHMS (RFC 7427).
     SignatureHashAlgorithms = 16431 => "SIGNATURE_HASH_ALGORITHMS",
+    /// SA_RESOURCE_INFO (RFC 9611): this child SA is one of several with
+    /// the same selectors, one per resource (here: per data-plane worker).
+    SaResourceInfo = 16444 => "SA_RESOURCE_INFO",
     }
 }
 

@@ -46,6 +46,10 @@ pub struct NegotiatedSa<'a> {
     pub esn: bool,
     /// UDP encapsulation ports (ours, the peer's) when NAT-T is in use.
     pub encap: Option<(u16, u16)>,
+    /// Its per-CPU slot (RFC 9611) on a connection with `per_cpu_sas` above
+    /// 1: an outbound SA replaces the one of its slot only, and worker `w`
+    /// sends on the `w % n`-th of the slots present. 0 otherwise.
+    pub slot: u32,
 }
 
 /// An installed SA's keys and addressing, for `espgate wireshark-keys`
@@ -258,7 +262,7 @@ impl Engine {
         if has("seq") {
             sc.initial_seq = parsed.initial_seq;
         }
-        self.install_sa(ci, outbound, sc, true, now)
+        self.install_sa(ci, (outbound, 0), sc, true, now)
     }
 
     /// Installs a child SA negotiated by IKE (`outbound`: it replaces the
@@ -308,7 +312,7 @@ impl Engine {
         // a restart (from etcd): its per-node IV counter must then go on
         // from where it was, so it takes a lease as manual keys do.
         let lease = self.cluster.is_some();
-        let change = self.install_sa(ci, s.outbound, sc, lease, now)?;
+        let change = self.install_sa(ci, (s.outbound, s.slot), sc, lease, now)?;
         if s.outbound && self.conns[ci].spec.layers != layers {
             // The new outbound SA replaced the other protocol's: the
             // connection now sends this one.
@@ -319,11 +323,13 @@ impl Engine {
 
     /// The common end of `sa add` and IKE installs: checks the SPI and
     /// keys, takes a lease (`lease`, manual keys only), inserts the SA and
-    /// points the connection's policies at it.
+    /// points the connection's policies at it. An outbound SA replaces the
+    /// connection's outbound SA of its layer, and with per-CPU SAs of its
+    /// slot `pair` only.
     fn install_sa(
         &mut self,
         ci: usize,
-        outbound: bool,
+        (outbound, pair): (bool, u32),
         mut sc: SaConfig,
         lease: bool,
         now: Duration,
@@ -357,10 +363,12 @@ impl Engine {
         // The suite, key lengths and options, checked before anything is
         // reserved or replaced.
         Sa::new(sc.clone(), now).map_err(|e| format!("{what}: {e}"))?;
+        let per_cpu = self.conns[ci].spec.per_cpu_sas > 1;
+        let pair = if per_cpu { pair } else { 0 };
         let old = if outbound {
             self.conns[ci].out_ids.iter().copied().find(|id| {
                 self.meta_of(*id)
-                    .is_some_and(|m| self.same_layer(ci, m.protocol, protocol))
+                    .is_some_and(|m| self.same_layer(ci, m.protocol, protocol) && m.slot == pair)
             })
         } else {
             None
@@ -403,6 +411,7 @@ impl Engine {
             outbound,
             protocol,
             added: true,
+            slot: if outbound { pair } else { 0 },
         });
         let mut warnings = Vec::new();
         let message = if outbound {
@@ -411,11 +420,20 @@ impl Engine {
                 self.remove_sa(o);
             }
             let layers = self.conns[ci].spec.layers.protocols();
-            let at = layers
-                .iter()
-                .position(|p| self.same_layer(ci, *p, protocol))
-                .unwrap_or(0)
-                .min(self.conns[ci].out_ids.len());
+            let c = &self.conns[ci];
+            let at = if per_cpu {
+                // Per-CPU pairs stay in slot order.
+                c.out_ids
+                    .iter()
+                    .position(|o| self.meta_of(*o).is_some_and(|m| m.slot > pair))
+                    .unwrap_or(c.out_ids.len())
+            } else {
+                layers
+                    .iter()
+                    .position(|p| self.same_layer(ci, *p, protocol))
+                    .unwrap_or(0)
+                    .min(c.out_ids.len())
+            };
             self.conns[ci].out_ids.insert(at, id);
             self.refresh_policies(ci);
             let next = self.sad.get(id).map_or(1, Sa::next_seq);

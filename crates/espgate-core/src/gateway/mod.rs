@@ -113,6 +113,9 @@ struct SaMeta {
     protocol: Protocol,
     /// Installed at run time (`espgate sa add`, IKE), not configured.
     added: bool,
+    /// Per-CPU SAs: the pair (slot) an outbound SA belongs to; 0 for every
+    /// other SA.
+    slot: u32,
 }
 
 /// What the engine tells the shell, from [`Engine::poll_event`].
@@ -280,11 +283,12 @@ impl Engine {
                     outbound: false,
                     protocol: sc.protocol,
                     added: false,
+                    slot: 0,
                 });
                 in_ids.push(id);
             }
             let mut out_ids = Vec::new();
-            for sc in &c.outbound {
+            for (k, sc) in c.outbound.iter().enumerate() {
                 let ctx = what(sc, "outbound");
                 let mut sc = sc.clone();
                 if let Some(o) = &opts.cluster {
@@ -311,6 +315,8 @@ impl Engine {
                     outbound: true,
                     protocol,
                     added: false,
+                    // Per-CPU pairs are configured in slot order.
+                    slot: if c.per_cpu_sas > 1 { k as u32 } else { 0 },
                 });
                 out_ids.push(id);
             }

@@ -168,6 +168,9 @@ impl IkeDriver {
         ike.set_fragment_size(g.ike_fragment_size);
         ike.set_cookie_threshold(g.ike_cookie_threshold);
         ike.set_half_open_limit(g.ike_half_open_limit);
+        // ESP-in-UDP reaches worker `spi % workers` (the SO_REUSEPORT
+        // program): per-CPU child SAs get SPIs that spread over them.
+        ike.set_spi_steering(g.workers);
         tracing::info!(
             "IKEv2 on {addr} and port {nat_t_port} (NAT-T): {} connection(s)",
             ike.conns().len()
@@ -428,6 +431,7 @@ impl IkeDriver {
                         integ_key: &s.integ_key,
                         esn: s.esn,
                         encap: s.encap,
+                        slot: s.slot,
                     };
                     let mut guards = lock_all(engines);
                     let mut refs: Vec<&mut Engine> = guards.iter_mut().map(|g| &mut **g).collect();
@@ -641,6 +645,7 @@ fn sa_status(s: &IkeStatus, now: Duration) -> IkeSaStatus {
                 expire_in_secs: secs_until(c.expire_at, now),
                 local_ts: c.local_ts.clone(),
                 remote_ts: c.remote_ts.clone(),
+                slot: c.slot,
             })
             .collect(),
     }

@@ -337,6 +337,9 @@ fn install(engines: &mut [&mut Engine], s: &SharedSa, now: Duration) -> Result<S
         integ_key: &integ,
         esn: s.esn,
         encap: s.encap,
+        // A cluster node runs one worker and no per-CPU SAs (the
+        // configuration refuses them with [cluster]).
+        slot: 0,
     };
     install_negotiated_all(engines, &sa, now).map(|c| c.message)
 }

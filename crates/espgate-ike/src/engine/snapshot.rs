@@ -213,6 +213,9 @@ pub struct ChildSnapshot {
     ni: Bytes,
     nr: Bytes,
     held_out: Option<HeldOut>,
+    /// Its per-CPU slot (RFC 9611).
+    #[serde(default)]
+    slot: u32,
 }
 
 /// Everything another engine with the same connection needs to continue an
@@ -258,6 +261,9 @@ pub struct IkeSnapshot {
     peer_id: Option<PeerId>,
     fragmentation: bool,
     qesp_declined: bool,
+    /// The peer keeps per-CPU children (RFC 9611).
+    #[serde(default)]
+    per_cpu_peer: bool,
     /// The PFS group the peer asked for.
     pfs_group: Option<u16>,
     /// How long it had been established.
@@ -306,7 +312,7 @@ pub(super) fn fingerprint(sa: &IkeSa) -> u64 {
     }
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (sa.serial, sa.spi_i, sa.spi_r, sa.local, sa.remote).hash(&mut h);
-    (sa.nat, sa.fragmentation, sa.qesp_declined).hash(&mut h);
+    (sa.nat, sa.fragmentation, sa.qesp_declined, sa.per_cpu_peer).hash(&mut h);
     sa.pfs_group.map(|g| g.id()).hash(&mut h);
     (next_out(sa), sa.next_in_id, sa.rekey_at).hash(&mut h);
     matches!(
@@ -398,6 +404,7 @@ impl Ike {
                         integ_key: Secret(out.integ_key.clone()),
                         switch_in: at.saturating_sub(now),
                     }),
+                    slot: c.slot,
                 }
             })
             .collect();
@@ -433,6 +440,7 @@ impl Ike {
             }),
             fragmentation: sa.fragmentation,
             qesp_declined: sa.qesp_declined,
+            per_cpu_peer: sa.per_cpu_peer,
             pfs_group: sa.pfs_group.map(|g| g.id()),
             established_for: sa
                 .established_at
@@ -605,6 +613,7 @@ impl Ike {
                 out_active: cs.out_active,
                 replaced: cs.replaced,
                 nonces: (cs.ni.0.clone(), cs.nr.0.clone()),
+                slot: cs.slot,
             });
         }
         let mut retiring = Vec::new();
@@ -679,6 +688,7 @@ impl Ike {
         sa.peer_id = peer_id;
         sa.fragmentation = snap.fragmentation;
         sa.qesp_declined = snap.qesp_declined;
+        sa.per_cpu_peer = snap.per_cpu_peer;
         sa.pfs_group = pfs_group;
         sa.continued = true;
         sa.resync_in = true;
@@ -709,9 +719,9 @@ impl Ike {
                 &c.chosen,
                 h.enc_key.0.clone(),
                 h.integ_key.0.clone(),
-                &c.local_ts,
-                &c.remote_ts,
+                (&c.local_ts, &c.remote_ts),
                 mode,
+                c.slot,
             );
             self.sas[i].children[pos].pending_out = Some((out, now + h.switch_in));
         }

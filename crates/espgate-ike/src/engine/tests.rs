@@ -38,6 +38,7 @@ fn conf(local: &str, remote: &str, ike: &str, esp: &str, lts: &str, rts: &str) -
             rekey_time: Duration::ZERO,
             life_time: Duration::ZERO,
             jitter: Duration::ZERO,
+            per_cpu_sas: 1,
         },
         rekey_time: Duration::ZERO,
         jitter: Duration::ZERO,
@@ -62,6 +63,8 @@ struct Plane {
     sas: BTreeMap<(bool, u32), Keys>,
     /// The protocol each SA was installed with.
     protocols: BTreeMap<(bool, u32), Protocol>,
+    /// The per-CPU slot of each outbound SA.
+    slots: BTreeMap<u32, u32>,
     /// The SPI outbound packets use (the last installed outbound SA).
     current_out: Option<u32>,
     log: Vec<String>,
@@ -99,9 +102,13 @@ fn apply(e: &mut Ike, p: &mut Plane) {
                     s.spi
                 ));
                 if s.outbound {
-                    // Like the gateway: a new outbound SA replaces the old one.
+                    // Like the gateway: a new outbound SA replaces the old
+                    // one of its per-CPU slot.
                     p.current_out = Some(s.spi);
-                    p.sas.retain(|(out, _), _| !*out);
+                    let slots = &p.slots;
+                    p.sas
+                        .retain(|(out, spi), _| !*out || slots.get(spi) != Some(&s.slot));
+                    p.slots.insert(s.spi, s.slot);
                 }
                 p.sas.insert(
                     (s.outbound, s.spi),
@@ -2624,4 +2631,228 @@ fn a_held_outbound_sa_of_a_rekey_we_answered_is_installed_after_a_takeover() {
     assert_eq!(p.pa.sas.len(), 2, "{:?}", p.pa.log);
     assert_eq!(p.pb.sas.len(), 2, "{:?}", p.pb.log);
     assert_eq!(child_counts(&p.a), vec![1]);
+}
+
+/// A pair whose connection keeps `a` and `b` per-CPU children (RFC 9611)
+/// on each side, both steering inbound SPIs over two workers.
+fn per_cpu_pair(a: u32, b: u32) -> Pair {
+    let mut ca = conf(
+        A,
+        B,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16",
+        "10.1.0.0/16",
+        "10.2.0.0/16",
+    );
+    let mut cb = conf(
+        B,
+        A,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16",
+        "10.2.0.0/16",
+        "10.1.0.0/16",
+    );
+    ca.child.per_cpu_sas = a;
+    cb.child.per_cpu_sas = b;
+    let mut p = Pair::new(ca, cb);
+    p.a.set_spi_steering(2);
+    p.b.set_spi_steering(2);
+    p
+}
+
+/// (slot, inbound SPI, outbound SPI) of `e`'s installed children, by slot.
+fn slots(e: &Ike) -> Vec<(u32, u32, u32)> {
+    let mut v: Vec<(u32, u32, u32)> = e
+        .status()
+        .iter()
+        .flat_map(|s| s.children.clone())
+        .filter(|c| c.state == "installed")
+        .map(|c| (c.slot, c.spi_in, c.spi_out))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// Each side's outbound SA of every slot is the other side's inbound SA
+/// with the same keys, and each slot's inbound SPI lands on its worker.
+fn assert_slots_matched(p: &Pair, n: usize) {
+    let (sa, sb) = (slots(&p.a), slots(&p.b));
+    assert_eq!(sa.len(), n, "A {sa:?}");
+    assert_eq!(sb.len(), n, "B {sb:?}");
+    for (k, (slot, spi_in, spi_out)) in sa.iter().enumerate() {
+        assert_eq!(*slot, k as u32);
+        assert_eq!(spi_in % 2, slot % 2, "A's slot {slot} SPI {spi_in:08x}");
+        assert_eq!(p.pa.slots.get(spi_out), Some(slot));
+        assert_eq!(
+            p.pa.sas.get(&(true, *spi_out)),
+            p.pb.sas.get(&(false, *spi_out)),
+            "A->B SA {spi_out:08x}"
+        );
+        assert_eq!(
+            p.pb.sas.get(&(true, *spi_in)),
+            p.pa.sas.get(&(false, *spi_in)),
+            "B->A SA {spi_in:08x}"
+        );
+    }
+    for (slot, spi_in, _) in &sb {
+        assert_eq!(spi_in % 2, slot % 2, "B's slot {slot} SPI {spi_in:08x}");
+    }
+    // One outbound SA per slot in each data plane.
+    assert_eq!(p.pa.sas.keys().filter(|(o, _)| *o).count(), n);
+    assert_eq!(p.pb.sas.keys().filter(|(o, _)| *o).count(), n);
+}
+
+/// The notifies of type `t` in the messages of `exch` seen so far.
+fn notifies_seen(
+    p: &Pair,
+    exch: ExchangeType,
+    from_a: bool,
+    response: bool,
+    t: NotifyType,
+) -> usize {
+    seen_of(p, exch, from_a, response)
+        .iter()
+        .filter(|m| notify_of_type(m, t))
+        .count()
+}
+
+fn notify_of_type(m: &[Payload], t: NotifyType) -> bool {
+    m.iter()
+        .any(|x| matches!(x, Payload::Notify(n) if n.notify_type == t))
+}
+
+#[test]
+fn per_cpu_children_are_negotiated_with_sa_resource_info() {
+    let mut p = per_cpu_pair(2, 2);
+    p.seen = Some(Vec::new());
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_slots_matched(&p, 2);
+    let info = NotifyType::SaResourceInfo;
+    // The notify in the IKE_AUTH request and answer, and in the
+    // CREATE_CHILD_SA of the second child and its answer.
+    assert_eq!(
+        notifies_seen(&p, ExchangeType::IkeAuth, true, false, info),
+        1
+    );
+    assert_eq!(
+        notifies_seen(&p, ExchangeType::IkeAuth, false, true, info),
+        1
+    );
+    assert_eq!(
+        notifies_seen(&p, ExchangeType::CreateChildSa, true, false, info),
+        1
+    );
+    assert_eq!(
+        notifies_seen(&p, ExchangeType::CreateChildSa, false, true, info),
+        1
+    );
+    assert_eq!(p.a.counter(IkeEvent::ChildrenEstablished), 2);
+    assert_eq!(p.b.counter(IkeEvent::ChildrenEstablished), 2);
+    // Status shows both slots.
+    let st = p.a.status();
+    let mut shown: Vec<u32> = st[0].children.iter().map(|c| c.slot).collect();
+    shown.sort_unstable();
+    assert_eq!(shown, [0, 1]);
+    // Terminating removes every child on both sides.
+    p.a.terminate(p.now, "c").unwrap();
+    p.run();
+    assert!(
+        p.pa.sas.is_empty() && p.pb.sas.is_empty(),
+        "{:?} {:?}",
+        p.pa.sas.keys(),
+        p.pb.sas.keys()
+    );
+}
+
+#[test]
+fn per_cpu_children_fall_back_to_one_against_a_peer_without_them() {
+    // A wants two, B (like a peer without RFC 9611) keeps one: B does not
+    // answer the notify, and A opens no second child.
+    for (a, b) in [(2, 1), (1, 2)] {
+        let mut p = per_cpu_pair(a, b);
+        p.seen = Some(Vec::new());
+        p.a.initiate(p.now, "c").unwrap();
+        p.run();
+        p.assert_matched();
+        assert_eq!(slots(&p.a).len(), 1, "{a}/{b}");
+        assert_eq!(slots(&p.b).len(), 1, "{a}/{b}");
+        let info = NotifyType::SaResourceInfo;
+        assert_eq!(
+            notifies_seen(&p, ExchangeType::IkeAuth, false, true, info),
+            0
+        );
+        assert_eq!(
+            seen_of(&p, ExchangeType::CreateChildSa, true, false).len(),
+            0
+        );
+        assert_eq!(p.a.counter(IkeEvent::ChildrenEstablished), 1);
+        if a == 2 {
+            assert_eq!(info_lines(&p.pa, "did not announce SA_RESOURCE_INFO"), 1);
+        }
+        // The one child serves whatever SPI the single slot got: with one
+        // child per connection any SPI is fine (no residue is forced).
+        assert_eq!(p.pa.sas.len(), 2);
+    }
+}
+
+#[test]
+fn a_peer_with_fewer_slots_answers_ts_max_queue() {
+    // A asks for three children, B keeps two: B refuses the third with
+    // TS_MAX_QUEUE and A keeps two without retrying.
+    let mut p = per_cpu_pair(3, 2);
+    p.seen = Some(Vec::new());
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_slots_matched(&p, 2);
+    let refusals = seen_of(&p, ExchangeType::CreateChildSa, false, true)
+        .iter()
+        .filter(|m| notify_of_type(m, NotifyType::TsMaxQueue))
+        .count();
+    assert_eq!(refusals, 1);
+    assert_eq!(p.a.counter(IkeEvent::ChildrenEstablished), 2);
+    p.advance(Duration::from_secs(30));
+    assert_eq!(
+        seen_of(&p, ExchangeType::CreateChildSa, true, false).len(),
+        2
+    );
+    assert!(
+        !p.pa
+            .lines
+            .iter()
+            .any(|(l, m)| *l == Level::Warn && m.contains("TS_MAX_QUEUE")),
+        "{:?}",
+        p.pa.lines
+    );
+}
+
+#[test]
+fn the_rekey_of_one_of_several_children_keeps_its_slot() {
+    for rekeying_side_a in [true, false] {
+        let mut p = per_cpu_pair(2, 2);
+        p.a.initiate(p.now, "c").unwrap();
+        p.run();
+        assert_slots_matched(&p, 2);
+        let (before_a, before_b) = (slots(&p.a), slots(&p.b));
+        // Rekey slot 1 of the side under test.
+        let before = if rekeying_side_a {
+            &before_a
+        } else {
+            &before_b
+        };
+        let old_in = before[1].1;
+        run_task(&mut p, rekeying_side_a, Task::RekeyChild(old_in));
+        p.advance(REKEYED_INBOUND_LINGER + Duration::from_secs(1));
+        assert_slots_matched(&p, 2);
+        let (after_a, after_b) = (slots(&p.a), slots(&p.b));
+        // Slot 0 untouched, slot 1 new on both sides.
+        assert_eq!(after_a[0], before_a[0]);
+        assert_eq!(after_b[0], before_b[0]);
+        assert_ne!(after_a[1], before_a[1]);
+        assert_ne!(after_b[1], before_b[1]);
+        assert_eq!(p.a.counter(IkeEvent::ChildRekeys), 1);
+        // Nothing of the old slot-1 child is left in either data plane.
+        assert_eq!(p.pa.sas.len(), 4, "{:?}", p.pa.log);
+        assert_eq!(p.pb.sas.len(), 4, "{:?}", p.pb.log);
+    }
 }

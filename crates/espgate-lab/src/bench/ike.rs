@@ -375,6 +375,7 @@ fn config(
             rekey_time: Duration::ZERO,
             life_time: Duration::ZERO,
             jitter: Duration::ZERO,
+            per_cpu_sas: 1,
         },
         rekey_time: Duration::ZERO,
         jitter: Duration::ZERO,
