@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -39,7 +40,7 @@ pytestmark = [
 PSK = "a pre-shared key for the IKE tests only"
 
 
-def ike_pair(lab, *, a_ike="", b_ike="", psk_b=PSK, encap="udp", extra_gw=""):
+def ike_pair(lab, *, a_ike="", b_ike="", psk_b=PSK, encap="udp", extra_gw="", extra_conn=""):
     """Two daemons with one IKE connection each (A: 10.1.0.0/24, B: 10.2.0.0/24)."""
     a_ns, b_ns, a_addr, b_addr = lab.pair()
     daemons = []
@@ -67,6 +68,7 @@ remote = "{remote}"
 mode = "tunnel"
 local_ts = ["10.{me}.0.0/24"]
 remote_ts = ["10.{peer}.0.0/24"]
+{extra_conn}
 
 [connection.ike]
 psk_file = "psk"
@@ -290,6 +292,83 @@ def test_two_workers_ike_sas_in_every_worker(lab):
         assert st["drops"].get("replay", 0) == 0 and st["drops"].get("icv_failure", 0) == 0, st["drops"]
     assert a.stop() == 0 and b.stop() == 0
 
+
+def installed_children(d):
+    return [c for sa in ike_status(d)["sas"] for c in sa["children"] if c["state"] == "installed"]
+
+
+# 64 UDP flows (a socket each) of 8 datagrams: the kernel spreads flows over
+# the TUN's queues by hash, so both workers of the sender get some (all in
+# one queue: a chance of 2^-63).
+SPRAY = r"""
+import socket, sys
+src, dst = sys.argv[1], sys.argv[2]
+for i in range(64):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((src, 0))
+    for _ in range(8):
+        s.sendto(b"x" * 64, (dst, 9))
+    s.close()
+"""
+
+
+def udp_spray(ns, src, dst):
+    run("ip", "netns", "exec", ns, sys.executable, "-c", SPRAY, src, dst)
+
+
+def test_per_cpu_child_sas_one_per_worker(lab):
+    """RFC 9611: `per_cpu_sas = 2` with two workers on both sides. IKE
+    negotiates two children with the same selectors (SA_RESOURCE_INFO),
+    each slot's inbound SPI is steered to its own worker, each worker sends
+    on its own outbound SA and on no other (per-worker counters), and each
+    slot is rekeyed on its own."""
+    from test_workers import parallel_transfers
+    a, b = ike_pair(lab, a_ike='start_action = "start"\nchild_rekey_time = "10s"\nchild_life_time = "30s"\n'
+                                'jitter = "1s"', extra_gw="workers = 2", extra_conn="per_cpu_sas = 2")
+    b.start()
+    a.start()
+    wait_for("two children on each side",
+             lambda: all(len(installed_children(d)) == 2 for d in (a, b)), 20, (a, b))
+    assert "did not announce SA_RESOURCE_INFO" not in a.log_text()
+
+    def check(d):
+        st = d.status()
+        kids = installed_children(d)
+        assert sorted(c["slot"] for c in kids) == [0, 1], kids
+        # Slot k's inbound SPI reaches worker k (the SPI steering is spi % 2).
+        for c in kids:
+            assert int(c["spi_in"], 16) % 2 == c["slot"], kids
+        outs = [s for s in st["connections"][0]["sas"] if s["direction"] == "out"]
+        assert sorted(s["spi"] for s in outs) == sorted(c["spi_out"] for c in kids), (outs, kids)
+        for s in outs:
+            assert s["next_seq"] == s["packets"] + 1, s
+        assert st["drops"].get("replay", 0) == 0 and st["drops"].get("icv_failure", 0) == 0, st["drops"]
+        pw = st["per_worker"]
+        assert len(pw) == 2, pw
+        # Worker w sent on slot w's outbound SA, and on no other.
+        by_slot = {c["slot"]: c["spi_out"] for c in kids}
+        for w in (0, 1):
+            sent = {k[len("out_sa_"):] for k, v in pw[w].items() if k.startswith("out_sa_") and v > 0}
+            assert sent == {by_slot[w]}, (d.ns, w, pw, kids)
+            # Both workers received ESP, each on its own inbound SA.
+            assert pw[w]["net_rx"] > 0, (d.ns, pw)
+
+    parallel_transfers(lab, a, b, 2 * 1000 * 1000, 5431)
+    udp_spray(a.ns, "10.1.0.1", "10.2.0.1")
+    udp_spray(b.ns, "10.2.0.1", "10.1.0.1")
+    for d in (a, b):
+        check(d)
+    # Rekeys replace each slot's child on its own.
+    before = {c["slot"]: c["spi_in"] for c in installed_children(a)}
+    wait_for("both slots rekeyed",
+             lambda: len(installed_children(a)) == 2
+             and all(before[c["slot"]] != c["spi_in"] for c in installed_children(a)), 30, (a, b))
+    assert ike_status(a)["counters"].get("child_rekeys", 0) >= 2
+    parallel_transfers(lab, a, b, 1 * 1000 * 1000, 5441)
+    for d in (a, b):
+        assert sorted(c["slot"] for c in installed_children(d)) == [0, 1], installed_children(d)
+        assert d.status()["drops"].get("icv_failure", 0) == 0
+    assert a.stop() == 0 and b.stop() == 0
 
 
 # ---------------------------------------------------------------------

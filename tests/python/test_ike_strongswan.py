@@ -115,7 +115,7 @@ curve25519 kernel-libipsec kernel-netlink socket-default vici updown
 
 
 def setup(lab, *, ike_extra="", charon_conn="", charon_child="", esp_proposals="aes128gcm16",
-          proposals="aes128gcm16-prfsha256-x25519", auth="psk", retransmit=""):
+          proposals="aes128gcm16-prfsha256-x25519", auth="psk", retransmit="", extra_gw="", extra_conn=""):
     """espgate in A, charon in B; returns (espgate daemon, charon)."""
     a_ns, b_ns, a_addr, b_addr = lab.pair()
     run("ip", "-n", b_ns, "addr", "add", "10.2.0.1/32", "dev", "lo")
@@ -165,6 +165,7 @@ encap = "udp"
 control_socket = "ctl.sock"
 state_dir = "state"
 log = "debug"
+{extra_gw}
 
 [[connection]]
 name = "sun"
@@ -173,6 +174,7 @@ remote = "{b_addr}"
 mode = "tunnel"
 local_ts = ["10.1.0.0/24"]
 remote_ts = ["10.2.0.1/32"]
+{extra_conn}
 
 [connection.ike]
 proposals = ["{proposals}"]
@@ -247,6 +249,23 @@ def test_espgate_initiates_psk(lab, proposals, esp, chosen):
     # espgate deletes; strongSwan follows.
     ctl(d, "terminate", "sun")
     wait_for("strongSwan to drop the SA", lambda: "ESTABLISHED" not in c.list_sas(), 15, (d,))
+    assert d.stop() == 0
+
+
+def test_per_cpu_sas_fall_back_to_one_child_with_strongswan(lab):
+    """RFC 9611 against a peer that does not announce it (strongSwan 5.9):
+    espgate asks for per-CPU children with SA_RESOURCE_INFO, gets one child
+    without the notify, says so, and both workers send on that child."""
+    d, c = setup(lab, ike_extra='start_action = "start"', extra_gw="workers = 2", extra_conn="per_cpu_sas = 2")
+    c.start()
+    d.start()
+    wait_for("the IKE SA", lambda: established(d) and charon_established(c), 30, (d,))
+    assert_traffic(d, c)
+    wait_for("the log line", lambda: "did not announce SA_RESOURCE_INFO" in d.log_text(), 10, (d,))
+    assert len(children(d)) == 1, ike_status(d)
+    assert len(d.sas("out")) == 1 and len(d.sas("in")) == 1, d.status()["connections"]
+    assert c.list_sas().count("INSTALLED") == 1, c.list_sas()
+    assert d.sas("in")[0]["packets"] >= 6 and d.sas("out")[0]["packets"] >= 6
     assert d.stop() == 0
 
 

@@ -29,7 +29,9 @@ pub struct Status {
     /// Data-plane threads running.
     pub workers: usize,
     /// With several workers: each worker's packets from the TUN
-    /// (`tun_rx`) and from the network (`net_rx`), worker 0 first.
+    /// (`tun_rx`) and from the network (`net_rx`), and what it sent on
+    /// each outbound SA (`out_sa_0x…`, its own copy's count), worker 0
+    /// first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub per_worker: Vec<BTreeMap<String, u64>>,
     /// Batching and offloads in use (`udp_gso`, `udp_gro`), as probed at
@@ -512,12 +514,18 @@ fn render_ike(out: &mut String, ike: &crate::ike::IkeDoc) {
             sa.established_secs.map_or("-".to_string(), duration),
             opt_secs(sa.rekey_in_secs)
         );
+        let per_cpu = sa.children.iter().any(|c| c.slot > 0);
         for c in &sa.children {
             let _ = writeln!(
                 out,
-                "    child {}_i {}_o {}{} {}, rekey in {}, expires in {}: {} === {}",
+                "    child {}_i {}_o {}{}{} {}, rekey in {}, expires in {}: {} === {}",
                 c.spi_in,
                 c.spi_out,
+                if per_cpu {
+                    format!("slot {} ", c.slot)
+                } else {
+                    String::new()
+                },
                 if c.protocol == "esp" {
                     String::new()
                 } else {

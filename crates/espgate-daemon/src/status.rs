@@ -217,12 +217,20 @@ pub fn document(
         for (k, v) in c.named() {
             *counters.entry(k.to_string()).or_insert(0) += v;
         }
-        per_worker.push(
+        let mut mine: BTreeMap<String, u64> =
             [("tun_rx", c.tun_rx.get()), ("net_rx", c.net_rx.get())]
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))
-                .collect(),
-        );
+                .collect();
+        // What this worker sent on each outbound SA (its own copy's
+        // count): with per-CPU SAs each worker shows its own SA.
+        for e in w.sas().iter() {
+            let n = e.counters.packets.get();
+            if e.outbound && n > 0 {
+                mine.insert(format!("out_sa_{:#010x}", e.spi), n);
+            }
+        }
+        per_worker.push(mine);
     }
     // A process-wide count, not a per-worker one.
     counters.insert("hot_path_allocs".into(), crate::alloc_count::hot_allocs());

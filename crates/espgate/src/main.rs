@@ -42,8 +42,7 @@ enum Cmd {
     ///
     /// Stops cleanly on SIGINT, SIGTERM or SIGHUP: the TUN device, routes,
     /// rules, the control socket and the pid file are removed. Under
-    /// systemd (Type=notify) it reports READY=1 once up. Not built yet:
-    /// per-CPU child SAs negotiated by IKE (RFC 9611).
+    /// systemd (Type=notify) it reports READY=1 once up.
     ///
     /// With a [cluster] table, this process also runs the node's cluster
     /// agent (etcd lease, report, election, plan) from the moment the
