@@ -1,5 +1,6 @@
-//! ESP pipeline throughput against raw aws-lc-rs AEAD in the same run, and
-//! SPD lookup with 10 000 policies.
+//! ESP pipeline throughput against raw aws-lc-rs AEAD in the same run, SPD
+//! lookup with 10 000 policies, and the Internet checksum (which the TCP
+//! segmentation and coalescing offloads run over every inner packet).
 //!
 //! `cargo bench -p espgate-core --bench esp` (add `-- outbound/aes128gcm16`
 //! etc. to filter). Packets are inner IPv4/UDP of the given total size,
@@ -135,6 +136,18 @@ fn replay(c: &mut Criterion) {
     });
 }
 
+fn checksum(c: &mut Criterion) {
+    let mut g = c.benchmark_group("checksum");
+    for size in [20usize, 1400, 65000] {
+        let data: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
+        g.throughput(Throughput::Bytes(size as u64));
+        g.bench_with_input(BenchmarkId::from_parameter(size), &data, |b, d| {
+            b.iter(|| espgate_core::wire::checksum::sum(0, black_box(d)))
+        });
+    }
+    g.finish();
+}
+
 fn spd(c: &mut Criterion) {
     // 10 000 site-to-site policies: one /24 remote subnet each, two
     // protocol/port-specific BYPASS rules in front, a catch-all DISCARD last.
@@ -188,5 +201,5 @@ fn spd(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, esp, replay, spd);
+criterion_group!(benches, esp, replay, spd, checksum);
 criterion_main!(benches);

@@ -2,17 +2,42 @@
 
 use std::net::IpAddr;
 
-/// Ones-complement sum of `data`, folded to 32 bits (not yet complemented).
-pub fn sum(mut acc: u32, data: &[u8]) -> u32 {
-    let mut chunks = data.chunks_exact(2);
-    for c in &mut chunks {
-        acc += u32::from(u16::from_be_bytes([c[0], c[1]]));
+/// Ones-complement sum of `data` added to `acc`, folded to at most 17 bits
+/// (not yet complemented).
+///
+/// Written for speed: the TCP offloads run it over every inner packet
+/// (segmentation fills each segment's checksum, coalescing verifies each
+/// one). RFC 1071 §2 lets the sum be taken in any byte order and over
+/// wider words, folded at the end: 32-bit words in native order go into a
+/// 64-bit accumulator with no per-word byte swap, which the compiler turns
+/// into a few vector instructions per 16 bytes; the folded 16-bit sum is
+/// put into network order once. `cargo bench -p espgate-core --bench esp
+/// -- checksum`: 1400 bytes in 76 ns with 16-bit big-endian words, 35 ns
+/// this way (docs/PERFORMANCE.md).
+pub fn sum(acc: u32, data: &[u8]) -> u32 {
+    let mut wide = 0u64;
+    let mut words = data.chunks_exact(4);
+    for w in &mut words {
+        wide += u64::from(u32::from_ne_bytes([w[0], w[1], w[2], w[3]]));
     }
-    if let [last] = chunks.remainder() {
-        acc += u32::from(*last) << 8;
+    // Fold 64 -> 16 bits: each step at least halves what is above 16 bits.
+    let mut f = (wide & 0xffff_ffff) + (wide >> 32);
+    f = (f & 0xffff) + (f >> 16);
+    f = (f & 0xffff) + (f >> 16);
+    f = (f & 0xffff) + (f >> 16);
+    // A native-order sum is the network-order sum with its bytes in native
+    // order (swapped on little-endian machines).
+    let mut t = u64::from(acc) + u64::from(u16::from_be(f as u16));
+    let mut rest = words.remainder().chunks_exact(2);
+    for c in &mut rest {
+        t += u64::from(u16::from_be_bytes([c[0], c[1]]));
     }
-    // Fold early so that long inputs never overflow.
-    (acc & 0xffff) + (acc >> 16)
+    if let [last] = rest.remainder() {
+        t += u64::from(*last) << 8;
+    }
+    // At most 2^32 + 3 * 2^16 here: two folds bring it under 2^17.
+    t = (t & 0xffff) + (t >> 16);
+    ((t & 0xffff) + (t >> 16)) as u32
 }
 
 /// Folds and complements an accumulated sum.
@@ -54,6 +79,48 @@ pub fn pseudo_header(src: IpAddr, dst: IpAddr, proto: u8, len: u32) -> u32 {
 
 #[cfg(test)]
 mod tests {
+
+    /// The straightforward RFC 1071 sum: 16-bit big-endian words.
+    fn reference(mut acc: u64, data: &[u8]) -> u16 {
+        let mut c = data.chunks_exact(2);
+        for w in &mut c {
+            acc += u64::from(u16::from_be_bytes([w[0], w[1]]));
+        }
+        if let [last] = c.remainder() {
+            acc += u64::from(*last) << 8;
+        }
+        while acc > 0xffff {
+            acc = (acc & 0xffff) + (acc >> 16);
+        }
+        acc as u16
+    }
+
+    #[test]
+    fn the_fast_sum_equals_the_reference_at_every_length_and_offset() {
+        // Pseudo-random bytes (an LCG), and runs of 0xff that carry most.
+        let mut x = 0x1234_5678u32;
+        let mut data: Vec<u8> = (0..3000)
+            .map(|_| {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (x >> 24) as u8
+            })
+            .collect();
+        data[1000..2000].fill(0xff);
+        for start in 0..4 {
+            for len in (0..140).chain([1399, 1400, 1401, 1999, 2995]) {
+                let d = &data[start..start + len];
+                for acc in [0u32, 1, 0xffff, 0x1_fffe, u32::MAX - 0x3_0000] {
+                    let got = finish(sum(acc, d));
+                    let want = !reference(u64::from(acc), d);
+                    assert_eq!(got, want, "start {start} len {len} acc {acc:#x}");
+                    assert!(sum(acc, d) < 0x2_0000);
+                }
+            }
+        }
+        // A long all-ones input (the largest sums).
+        let ones = vec![0xffu8; 65535];
+        assert_eq!(finish(sum(0, &ones)), !reference(0, &ones));
+    }
     use super::*;
 
     #[test]
