@@ -338,6 +338,9 @@ pub fn run_hooked(
     let ctl = Arc::new(Control::new(engines, views, info, start, ike, spi_filter));
     let failed = AtomicBool::new(false);
     let vnet = tun.has_vnet_hdr();
+    // The kernel takes UDP super-packets (USO): datagrams of one flow are
+    // written to the TUN coalesced too.
+    let udp_gro = vnet && tun_offloads.contains(Offloads::USO4 | Offloads::USO6);
     let tun_name = tun.name().to_string();
     let result = on_ready().and_then(|()| {
         // The workers stop when this pipe's write end closes.
@@ -357,6 +360,7 @@ pub fn run_hooked(
                     me: k,
                     tun: tunq,
                     vnet,
+                    udp_gro,
                     tun_name: &tun_name,
                     sockets: socks,
                     stop: stop_rd.as_fd(),
@@ -455,7 +459,8 @@ fn open_tun(name: &str, offloads: bool, queues: usize) -> Result<(Tun, Offloads)
 
 /// The TUN offloads in use, as `espgate status` lists them: `tun_vnet_hdr`
 /// (coalesced TCP written back as one super-segment), `tun_csum`,
-/// `tun_tso4`, `tun_tso6`, `tun_uso`.
+/// `tun_tso4`, `tun_tso6`, `tun_uso` (also: coalesced UDP written back as
+/// one super-packet).
 fn tun_offload_names(tun: &Tun, got: Offloads) -> Vec<String> {
     let mut v = Vec::new();
     if !tun.has_vnet_hdr() {

@@ -84,6 +84,9 @@ pub struct Worker<'a> {
     pub tun: &'a TunQueue,
     /// The TUN device carries virtio-net headers.
     pub vnet: bool,
+    /// UDP datagrams of one flow are coalesced into one TUN write (the
+    /// kernel takes USO super-packets).
+    pub udp_gro: bool,
     /// The TUN device's name, for messages.
     pub tun_name: &'a str,
     /// Outer side.
@@ -261,9 +264,10 @@ impl<'a> Worker<'a> {
             (!sockets.raw_rx.is_empty()).then(|| RecvBatch::new(RECV_SLOTS, MAX_PACKET));
         let mut tx = TxBatch::new(self.gso, self.batch);
         // With a vnet header: the super-segment being cut (TSO/USO reads)
-        // and the TCP segments being coalesced for the TUN.
+        // and the TCP segments (UDP datagrams too, with USO) being
+        // coalesced for the TUN.
         let mut seg_src = PacketBuf::with_capacity(MAX_PACKET + VNET_HDR_LEN);
-        let mut co = TcpCoalescer::new();
+        let mut co = TcpCoalescer::with_udp(self.udp_gro);
         // When each connection last sent something (NAT keepalives).
         let mut last_tx = vec![Duration::ZERO; lock(self.engine).connections().len()];
         let mut costs = Costs::over(self.costs.clone());

@@ -467,13 +467,21 @@ pub fn check_super(b: &[u8], info: &GsoInfo) {
     let v6 = b[0] >> 4 == 6;
     let l4 = if v6 { 40 } else { 20 };
     assert!(b.len() <= MAX_SUPER_LEN);
-    assert_eq!(info.kind, if v6 { GsoKind::TcpV6 } else { GsoKind::TcpV4 });
+    let udp = info.kind == GsoKind::UdpL4;
+    let (proto, csum_at) = if udp { (17, 6) } else { (6, 16) };
+    if udp {
+        // A UDP super-packet (USO): its length field covers all of it.
+        assert_eq!(usize::from(be16(b, l4 + 4)), b.len() - l4);
+        assert_eq!(usize::from(info.hdr_len), l4 + 8);
+    } else {
+        assert_eq!(info.kind, if v6 { GsoKind::TcpV6 } else { GsoKind::TcpV4 });
+        assert_eq!(
+            usize::from(info.hdr_len),
+            l4 + usize::from(b[l4 + 12] >> 4) * 4
+        );
+    }
     assert!(info.needs_csum);
-    assert_eq!((usize::from(info.csum_start), info.csum_offset), (l4, 16));
-    assert_eq!(
-        usize::from(info.hdr_len),
-        l4 + usize::from(b[l4 + 12] >> 4) * 4
-    );
+    assert_eq!((usize::from(info.csum_start), info.csum_offset), (l4, csum_at as u16));
     let n = (b.len() - usize::from(info.hdr_len)).div_ceil(usize::from(info.gso_size));
     assert!((2..=MAX_COALESCE_SEGMENTS).contains(&n), "{n} segments");
     if v6 {
@@ -482,8 +490,8 @@ pub fn check_super(b: &[u8], info: &GsoInfo) {
         assert_eq!(usize::from(be16(b, 2)), b.len());
         assert!(ref_ipv4_ok(b));
     }
-    let partial = ref_fold(ref_sum(&ref_pseudo(b, v6, 6, b.len() - l4)));
-    assert_eq!(be16(b, l4 + 16), partial, "partial checksum");
+    let partial = ref_fold(ref_sum(&ref_pseudo(b, v6, proto, b.len() - l4)));
+    assert_eq!(be16(b, l4 + csum_at), partial, "partial checksum");
 }
 
 /// Splits what was written again, marking packets that were merged.
@@ -516,8 +524,11 @@ pub fn assert_same_stream(pushed: &[Vec<u8>], got: &[(Vec<u8>, bool)]) {
         assert_eq!(p.len(), g.len(), "packet {i} length");
         let v6 = p[0] >> 4 == 6;
         let l4 = if v6 { 40 } else { 20 };
+        let proto = if v6 { p[6] } else { p[9] };
+        let csum_at = if proto == 17 { 6 } else { 16 };
+        // (A merged IPv4 UDP datagram may have had no checksum: 0.)
         assert!(
-            ref_l4_ok(p, v6, l4, 6),
+            ref_l4_ok(p, v6, l4, proto) || (proto == 17 && !v6 && be16(p, l4 + 6) == 0),
             "merged packet {i} had a bad checksum"
         );
         if !v6 {
@@ -529,7 +540,7 @@ pub fn assert_same_stream(pushed: &[Vec<u8>], got: &[(Vec<u8>, bool)]) {
                 m[4..6].fill(0);
                 m[10..12].fill(0);
             }
-            m[l4 + 16..l4 + 18].fill(0);
+            m[l4 + csum_at..l4 + csum_at + 2].fill(0);
         }
         assert_eq!(masked[0], masked[1], "packet {i}");
     }

@@ -1,9 +1,11 @@
 //! Merging back-to-back TCP packets of one flow into a super-segment for one
-//! TUN write (software GRO).
+//! TUN write (software GRO), and, when the kernel takes UDP super-packets
+//! (USO), back-to-back UDP datagrams of one flow likewise (as wireguard-go
+//! does since 2024): one TUN write instead of one per datagram.
 
-use super::{addrs, fold, GsoInfo, GsoKind, TCP_CSUM_OFFSET};
+use super::{addrs, fold, GsoInfo, GsoKind, TCP_CSUM_OFFSET, UDP_CSUM_OFFSET};
 use crate::wire::tcp::{field, flags, Tcp};
-use crate::wire::{checksum, ipv4, ipv6, proto, put16};
+use crate::wire::{checksum, ipv4, ipv6, proto, put16, udp};
 
 /// Largest super-segment the coalescer builds (IP total length, either
 /// version).
@@ -31,6 +33,8 @@ pub enum Push {
 #[derive(Debug, Clone, Copy)]
 struct Candidate {
     v6: bool,
+    /// UDP (else TCP).
+    udp: bool,
     /// IP header length (20 or 40: no options, no extension headers).
     l4: usize,
     /// IP + TCP header length.
@@ -70,7 +74,11 @@ pub struct TcpCoalescer {
     buf: Box<[u8]>,
     /// Bytes pending; 0 when empty.
     len: usize,
+    /// UDP datagrams are merged too ([`TcpCoalescer::with_udp`]).
+    udp_on: bool,
     v6: bool,
+    /// The pending super-segment is UDP (else TCP).
+    udp: bool,
     l4: usize,
     hdr: usize,
     gso_size: usize,
@@ -100,11 +108,28 @@ impl Default for TcpCoalescer {
 }
 
 impl TcpCoalescer {
-    /// An empty coalescer with its buffer.
+    /// An empty coalescer with its buffer, for TCP only.
     pub fn new() -> TcpCoalescer {
+        TcpCoalescer::with_udp(false)
+    }
+
+    /// An empty coalescer that, with `udp`, also merges UDP datagrams of
+    /// one flow into a UDP super-packet (`VIRTIO_NET_HDR_GSO_UDP_L4`): only
+    /// for a TUN whose kernel takes USO (`TUN_F_USO4 | TUN_F_USO6`).
+    ///
+    /// UDP datagrams join when everything but the IPv4 identification and
+    /// the UDP checksum is identical to the first one's (IP fields as for
+    /// TCP, ports), their payload is at most the first one's (a shorter one
+    /// closes the super-packet) and the limits hold. Each one's UDP
+    /// checksum is verified before it is merged (a zero IPv4 checksum means
+    /// none was sent; the kernel then fills one in), because the kernel
+    /// trusts the super-packet's.
+    pub fn with_udp(udp: bool) -> TcpCoalescer {
         TcpCoalescer {
             buf: vec![0u8; MAX_SUPER_LEN].into_boxed_slice(),
             len: 0,
+            udp_on: udp,
+            udp: false,
             v6: false,
             l4: 0,
             hdr: 0,
@@ -133,7 +158,7 @@ impl TcpCoalescer {
     /// Offers one complete inner IP packet. See [`Push`] for what the caller
     /// does with each answer.
     pub fn push(&mut self, pkt: &[u8]) -> Push {
-        let Some(c) = candidate(pkt) else {
+        let Some(c) = candidate(pkt, self.udp_on) else {
             return Push::Ineligible;
         };
         if self.len == 0 {
@@ -144,13 +169,13 @@ impl TcpCoalescer {
             return Push::FlushFirst;
         }
         if !self.first_verified {
-            if !tcp_checksum_ok(&self.buf[..self.len], self.v6, self.l4) {
+            if !l4_checksum_ok(&self.buf[..self.len], self.v6, self.udp, self.l4) {
                 self.closed = true;
                 return Push::FlushFirst;
             }
             self.first_verified = true;
         }
-        if !tcp_checksum_ok(pkt, c.v6, c.l4) {
+        if !l4_checksum_ok(pkt, c.v6, c.udp, c.l4) {
             return Push::Ineligible;
         }
         self.append(pkt, &c);
@@ -185,6 +210,7 @@ impl TcpCoalescer {
         self.buf[..pkt.len()].copy_from_slice(pkt);
         self.len = pkt.len();
         self.v6 = c.v6;
+        self.udp = c.udp;
         self.l4 = c.l4;
         self.hdr = c.hdr;
         self.gso_size = c.payload;
@@ -197,8 +223,9 @@ impl TcpCoalescer {
     fn mergeable(&self, pkt: &[u8], c: &Candidate) -> bool {
         if self.closed
             || c.v6 != self.v6
+            || c.udp != self.udp
             || c.hdr != self.hdr
-            || c.seq != self.next_seq
+            || (!c.udp && c.seq != self.next_seq)
             || c.payload > self.gso_size
             || self.segs >= MAX_COALESCE_SEGMENTS
             || self.len + c.payload > MAX_SUPER_LEN
@@ -217,6 +244,11 @@ impl TcpCoalescer {
                 && a[12..20] == b[12..20]
         };
         let (ta, tb) = (&a[self.l4..], &b[self.l4..]);
+        if self.udp {
+            // Ports (the length follows from the IP length, the checksum
+            // is verified).
+            return ip_same && ta[..4] == tb[..4];
+        }
         let ece = |t: &[u8]| t[field::FLAGS] & flags::ECE;
         // Ports; ack, data offset (and reserved bits); ECE; window,
         // [checksum skipped], urgent pointer, options.
@@ -239,7 +271,7 @@ impl TcpCoalescer {
         if c.payload < self.gso_size {
             self.closed = true;
         }
-        if c.flags & flags::PSH != 0 {
+        if !c.udp && c.flags & flags::PSH != 0 {
             let mut t = Tcp::new_unchecked(&mut self.buf[self.l4..self.hdr]);
             t.set_flags(t.flags() | flags::PSH);
             self.closed = true;
@@ -260,47 +292,74 @@ impl TcpCoalescer {
             (GsoKind::TcpV4, self.l4)
         };
         let (src, dst) = addrs(b, self.v6);
-        let pseudo = checksum::pseudo_header(src, dst, proto::TCP, (n - l4) as u32);
-        Tcp::new_unchecked(&mut b[l4..]).set_checksum(fold(pseudo));
+        let l4_len = n - l4;
+        let (kind, proto, csum_offset) = if self.udp {
+            // The UDP length covers the whole super-packet; the kernel's
+            // segmentation rewrites it (and adjusts the checksum) per
+            // datagram.
+            put16(b, l4 + 4, u16::try_from(l4_len).unwrap_or(u16::MAX));
+            (GsoKind::UdpL4, proto::UDP, UDP_CSUM_OFFSET)
+        } else {
+            (kind, proto::TCP, TCP_CSUM_OFFSET)
+        };
+        let pseudo = fold(checksum::pseudo_header(src, dst, proto, l4_len as u32));
+        put16(b, l4 + usize::from(csum_offset), pseudo);
         GsoInfo {
             kind,
             needs_csum: true,
             hdr_len: u16::try_from(self.hdr).unwrap_or(u16::MAX),
             gso_size: u16::try_from(self.gso_size).unwrap_or(u16::MAX),
             csum_start: u16::try_from(l4).unwrap_or(u16::MAX),
-            csum_offset: TCP_CSUM_OFFSET,
+            csum_offset,
         }
     }
 }
 
 /// Checks everything about `pkt` that does not depend on the pending
 /// super-segment (the TCP checksum is checked later, only if needed).
-fn candidate(pkt: &[u8]) -> Option<Candidate> {
+fn candidate(pkt: &[u8], udp_on: bool) -> Option<Candidate> {
     if pkt.len() > MAX_SUPER_LEN {
         return None;
     }
-    let (v6, l4) = match pkt.first()? >> 4 {
+    let wanted = |p: u8| p == proto::TCP || (udp_on && p == proto::UDP);
+    let (v6, l4, l4_proto) = match pkt.first()? >> 4 {
         4 => {
             let h = ipv4::Ipv4::new_checked(pkt).ok()?;
             if h.header_len() != ipv4::MIN_HEADER_LEN
                 || h.packet_len() != pkt.len()
                 || h.is_fragment()
-                || h.protocol() != proto::TCP
+                || !wanted(h.protocol())
                 || !h.checksum_ok()
             {
                 return None;
             }
-            (false, ipv4::MIN_HEADER_LEN)
+            (false, ipv4::MIN_HEADER_LEN, h.protocol())
         }
         6 => {
             let h = ipv6::Ipv6::new_checked(pkt).ok()?;
-            if h.packet_len() != pkt.len() || h.next_header() != proto::TCP {
+            if h.packet_len() != pkt.len() || !wanted(h.next_header()) {
                 return None;
             }
-            (true, ipv6::HEADER_LEN)
+            (true, ipv6::HEADER_LEN, h.next_header())
         }
         _ => return None,
     };
+    if l4_proto == proto::UDP {
+        let u = udp::Udp::new_checked(&pkt[l4..]).ok()?;
+        // The UDP length must be the IP payload's: no trailing bytes.
+        if u.len() != pkt.len() - l4 || u.payload().is_empty() {
+            return None;
+        }
+        return Some(Candidate {
+            v6,
+            udp: true,
+            l4,
+            hdr: l4 + udp::HEADER_LEN,
+            payload: u.payload().len(),
+            seq: 0,
+            flags: 0,
+        });
+    }
     let tcp = Tcp::new_checked(&pkt[l4..]).ok()?;
     let f = tcp.flags();
     let allowed = flags::ACK | flags::PSH | flags::ECE;
@@ -313,6 +372,7 @@ fn candidate(pkt: &[u8]) -> Option<Candidate> {
     }
     Some(Candidate {
         v6,
+        udp: false,
         l4,
         hdr: l4 + tcp.header_len(),
         payload,
@@ -321,8 +381,21 @@ fn candidate(pkt: &[u8]) -> Option<Candidate> {
     })
 }
 
-/// True if the TCP checksum of `pkt` (IP header of `l4` bytes) verifies.
-fn tcp_checksum_ok(pkt: &[u8], v6: bool, l4: usize) -> bool {
+/// True if the TCP or UDP checksum of `pkt` (IP header of `l4` bytes)
+/// verifies. An IPv4 UDP checksum of zero (none sent) passes; in IPv6 it
+/// is invalid (RFC 8200 §8.1).
+fn l4_checksum_ok(pkt: &[u8], v6: bool, is_udp: bool, l4: usize) -> bool {
     let (src, dst) = addrs(pkt, v6);
-    Tcp::new_unchecked(&pkt[l4..]).verify_checksum(src, dst)
+    if !is_udp {
+        return Tcp::new_unchecked(&pkt[l4..]).verify_checksum(src, dst);
+    }
+    let seg = &pkt[l4..];
+    if seg.len() < udp::HEADER_LEN {
+        return false;
+    }
+    if seg[6..8] == [0, 0] {
+        return !v6;
+    }
+    let acc = checksum::pseudo_header(src, dst, proto::UDP, seg.len() as u32);
+    checksum::finish(checksum::sum(acc, seg)) == 0
 }

@@ -1441,3 +1441,91 @@ proptest! {
         let _ = take(&mut c);
     }
 }
+
+// UDP coalescing (USO writes).
+
+#[test]
+fn udp_datagrams_of_one_flow_coalesce_and_split_back_exactly() {
+    for v6 in [false, true] {
+        let s = Spec::new(v6, true, 10 * 1200 + 100);
+        let segs = split_and_check(&s, 1200);
+        assert_eq!(segs.len(), 11);
+        // Without USO, UDP is never merged.
+        let mut tcp_only = TcpCoalescer::new();
+        assert_eq!(tcp_only.push(&segs[0]), Push::Ineligible);
+        let mut c = TcpCoalescer::with_udp(true);
+        for (i, p) in segs.iter().enumerate() {
+            assert_eq!(c.push(p), Push::Absorbed, "datagram {i}");
+        }
+        let (b, info) = take(&mut c).unwrap();
+        let b = b.to_vec();
+        assert_eq!(b, s.super_segment(), "v6 {v6}");
+        assert_eq!(
+            info,
+            GsoInfo {
+                hdr_len: s.hdr() as u16,
+                ..s.info(1200)
+            }
+        );
+        assert_eq!(info.kind, GsoKind::UdpL4);
+        // What the kernel's segmentation gives back: the same datagrams.
+        let again = segment_all(&b, &info).unwrap();
+        assert_eq!(again.len(), segs.len());
+        for (i, (a, g)) in segs.iter().zip(&again).enumerate() {
+            let l4 = s.l4();
+            assert!(ref_l4_ok(g, v6, l4, 17), "datagram {i}");
+            let mut m = [a.clone(), g.clone()];
+            for x in &mut m {
+                if !v6 {
+                    x[4..6].fill(0);
+                    x[10..12].fill(0);
+                }
+                x[l4 + 6..l4 + 8].fill(0);
+            }
+            assert_eq!(m[0], m[1], "datagram {i}");
+        }
+    }
+}
+
+#[test]
+fn udp_coalescing_refuses_what_it_must() {
+    let s = Spec::new(false, true, 4 * 1000);
+    let segs = split_and_check(&s, 1000);
+    let l4 = s.l4();
+    let mut c = TcpCoalescer::with_udp(true);
+    assert_eq!(c.push(&segs[0]), Push::Absorbed);
+    // Another destination port: another flow.
+    let mut other = segs[1].clone();
+    other[l4 + 3] ^= 1;
+    refix(&mut other);
+    assert_eq!(c.push(&other), Push::FlushFirst);
+    // A corrupted payload (checksum no longer matches) is never merged.
+    let mut bad = segs[1].clone();
+    let n = bad.len();
+    bad[n - 1] ^= 0x40;
+    assert_eq!(c.push(&bad), Push::Ineligible);
+    // A larger datagram than the first cannot join; a shorter one closes.
+    let big = Spec::new(false, true, 1100).packet(&[7u8; 1100], false);
+    assert_eq!(c.push(&big), Push::FlushFirst);
+    let short = Spec::new(false, true, 300).packet(&[9u8; 300], false);
+    assert_eq!(c.push(&short), Push::Absorbed);
+    assert_eq!(c.push(&segs[1]), Push::FlushFirst);
+    let (_, info) = take(&mut c).unwrap();
+    assert_eq!((info.kind, c.segments()), (GsoKind::UdpL4, 0));
+    // IPv4 without a UDP checksum (0) may be merged; IPv6 with 0 may not.
+    let mut none = segs[2].clone();
+    none[l4 + 6..l4 + 8].fill(0);
+    assert_eq!(c.push(&segs[1]), Push::Absorbed);
+    assert_eq!(c.push(&none), Push::Absorbed);
+    let _ = take(&mut c);
+    let s6 = Spec::new(true, true, 2 * 500);
+    let segs6 = split_and_check(&s6, 500);
+    let mut zero6 = segs6[1].clone();
+    let l6 = s6.l4();
+    zero6[l6 + 6..l6 + 8].fill(0);
+    assert_eq!(c.push(&segs6[0]), Push::Absorbed);
+    assert_eq!(c.push(&zero6), Push::Ineligible);
+    // TCP after UDP: another kind, another super-segment.
+    let t = split_and_check(&Spec::new(false, false, 2 * 1448), 1448);
+    assert_eq!(c.push(&t[0]), Push::FlushFirst);
+}
