@@ -30,7 +30,7 @@ use espgate_ike::engine::{Event, Ike, Ports, Transmit};
 use espgate_ike::proposal::{ProposalKind, ProposalSpec};
 use espgate_ike::ts;
 use libfuzzer_sys::fuzz_target;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 use zeroize::Zeroizing;
 
@@ -70,6 +70,8 @@ fn conf(local: &str, remote: &str, lts: &str, rts: &str) -> IkeConfig {
             rekey_time: Duration::from_secs(20),
             life_time: Duration::from_secs(60),
             jitter: Duration::from_secs(2),
+            // RFC 9611 per-CPU children, so that their paths are reached.
+            per_cpu_sas: 2,
         },
         rekey_time: Duration::from_secs(45),
         jitter: Duration::from_secs(2),
@@ -88,6 +90,8 @@ fn conf(local: &str, remote: &str, lts: &str, rts: &str) -> IkeConfig {
 #[derive(Default)]
 struct Plane {
     sas: BTreeSet<(bool, u32)>,
+    /// The per-CPU slot of each outbound SA.
+    slots: BTreeMap<u32, u32>,
 }
 
 fn drain(e: &mut Ike, p: &mut Plane) {
@@ -95,8 +99,12 @@ fn drain(e: &mut Ike, p: &mut Plane) {
         match ev {
             Event::InstallSa(s) => {
                 if s.outbound {
-                    // A new outbound SA replaces the connection's current one.
-                    p.sas.retain(|(o, _)| !*o);
+                    // A new outbound SA replaces the connection's current
+                    // one of its per-CPU slot.
+                    let slots = &p.slots;
+                    p.sas
+                        .retain(|(o, spi)| !*o || slots.get(spi) != Some(&s.slot));
+                    p.slots.insert(s.spi, s.slot);
                 }
                 assert!(p.sas.insert((s.outbound, s.spi)), "SA installed twice");
             }
@@ -120,6 +128,9 @@ fuzz_target!(|data: &[u8]| {
         vec![conf("192.0.2.2", "192.0.2.1", "10.2.0.0/16", "10.1.0.0/16")],
         Ports::default(),
     );
+    // Per-CPU children's inbound SPIs spread over two workers.
+    a.set_spi_steering(2);
+    b.set_spi_steering(2);
     let (mut pa, mut pb) = (Plane::default(), Plane::default());
     let mut now = Duration::from_secs(100);
     let _ = a.initiate(now, "c");
