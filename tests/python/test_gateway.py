@@ -478,10 +478,14 @@ def test_qesp_gateways_carry_tcp_with_the_ports_in_clear(lab, mode):
     assert int.from_bytes(raw[22:24], "big") == 5210 and raw[24] == 6, raw[20:36].hex()
     assert raw[25:28] == b"\0\0\0"
     for d in (a, b):
-        st = assert_clean(d, 100)
+        # Few ACKs come back (B's stack acknowledges the super-segments B
+        # coalesces, up to 64 segments each): 10 is the floor both ways.
+        st = assert_clean(d, 10)
         sas = st["connections"][0]["sas"]
         assert {sa["protocol"] for sa in sas} == {"qesp"}, sas
         assert all(sa["mode"] == mode for sa in sas)
+    # The data direction: 3 MB is over 2000 segments.
+    assert a.sas("out")[0]["packets"] >= 1000 and b.sas("in")[0]["packets"] >= 1000, (a.sas("out"), b.sas("in"))
     assert a.stop() == 0 and b.stop() == 0
 
 
