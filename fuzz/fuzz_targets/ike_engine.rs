@@ -29,6 +29,7 @@ use espgate_ike::config::{
 use espgate_ike::engine::{Event, Ike, Ports, Transmit};
 use espgate_ike::proposal::{ProposalKind, ProposalSpec};
 use espgate_ike::ts;
+use espgate_ike::wire::TrafficSelector;
 use libfuzzer_sys::fuzz_target;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -90,8 +91,18 @@ fn conf(local: &str, remote: &str, lts: &str, rts: &str) -> IkeConfig {
 #[derive(Default)]
 struct Plane {
     sas: BTreeSet<(bool, u32)>,
-    /// The per-CPU slot of each outbound SA.
-    slots: BTreeMap<u32, u32>,
+    /// The per-CPU slot and the selectors of each outbound SA.
+    slots: BTreeMap<u32, (u32, String)>,
+}
+
+/// Selectors as one comparable string, whatever their order.
+fn ts_key(local: &[TrafficSelector], remote: &[TrafficSelector]) -> String {
+    let side = |v: &[TrafficSelector]| {
+        let mut d: Vec<String> = v.iter().map(ts::display).collect();
+        d.sort();
+        d.join(",")
+    };
+    format!("{} === {}", side(local), side(remote))
 }
 
 fn drain(e: &mut Ike, p: &mut Plane) {
@@ -100,11 +111,12 @@ fn drain(e: &mut Ike, p: &mut Plane) {
             Event::InstallSa(s) => {
                 if s.outbound {
                     // A new outbound SA replaces the connection's current
-                    // one of its per-CPU slot.
+                    // one of its per-CPU slot and selectors.
+                    let key = (s.slot, ts_key(&s.local_ts, &s.remote_ts));
                     let slots = &p.slots;
                     p.sas
-                        .retain(|(o, spi)| !*o || slots.get(spi) != Some(&s.slot));
-                    p.slots.insert(s.spi, s.slot);
+                        .retain(|(o, spi)| !*o || slots.get(spi) != Some(&key));
+                    p.slots.insert(s.spi, key);
                 }
                 assert!(p.sas.insert((s.outbound, s.spi)), "SA installed twice");
             }

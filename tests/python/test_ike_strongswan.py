@@ -115,10 +115,14 @@ curve25519 kernel-libipsec kernel-netlink socket-default vici updown
 
 
 def setup(lab, *, ike_extra="", charon_conn="", charon_child="", esp_proposals="aes128gcm16",
-          proposals="aes128gcm16-prfsha256-x25519", auth="psk", retransmit="", extra_gw="", extra_conn=""):
-    """espgate in A, charon in B; returns (espgate daemon, charon)."""
+          proposals="aes128gcm16-prfsha256-x25519", auth="psk", retransmit="", extra_gw="", extra_conn="",
+          remote_ts="10.2.0.1/32", charon_children=None):
+    """espgate in A, charon in B; returns (espgate daemon, charon).
+    `charon_children`: (name, local_ts) of charon's children, each with
+    remote_ts 10.1.0.0/24 (default: one, "net", for 10.2.0.1/32)."""
     a_ns, b_ns, a_addr, b_addr = lab.pair()
     run("ip", "-n", b_ns, "addr", "add", "10.2.0.1/32", "dev", "lo")
+    run("ip", "-n", b_ns, "addr", "add", "10.2.0.2/32", "dev", "lo")
     da, db = lab.tmp / "A", lab.tmp / "B"
     da.mkdir()
     db.mkdir()
@@ -173,7 +177,7 @@ local = "{a_addr}"
 remote = "{b_addr}"
 mode = "tunnel"
 local_ts = ["10.1.0.0/24"]
-remote_ts = ["10.2.0.1/32"]
+remote_ts = ["{remote_ts}"]
 {extra_conn}
 
 [connection.ike]
@@ -185,6 +189,13 @@ esp_proposals = ["{esp_proposals}"]
     cfg.chmod(0o600)
     daemon = Daemon(lab, a_ns, cfg, da / "ctl.sock", da / "log")
     charon = Charon(lab, b_ns, db)
+    sw_children = "\n".join(f"""      {name} {{
+        local_ts = {lts}
+        remote_ts = 10.1.0.0/24
+        esp_proposals = {esp_proposals}
+        mode = tunnel
+        {charon_child}
+      }}""" for name, lts in (charon_children or [("net", "10.2.0.1/32")]))
     charon.write(f"""connections {{
   moon {{
     version = 2
@@ -200,13 +211,7 @@ esp_proposals = ["{esp_proposals}"]
       {sw_remote}
     }}
     children {{
-      net {{
-        local_ts = 10.2.0.1/32
-        remote_ts = 10.1.0.0/24
-        esp_proposals = {esp_proposals}
-        mode = tunnel
-        {charon_child}
-      }}
+{sw_children}
     }}
   }}
 }}
@@ -266,6 +271,68 @@ def test_per_cpu_sas_fall_back_to_one_child_with_strongswan(lab):
     assert len(d.sas("out")) == 1 and len(d.sas("in")) == 1, d.status()["connections"]
     assert c.list_sas().count("INSTALLED") == 1, c.list_sas()
     assert d.sas("in")[0]["packets"] >= 6 and d.sas("out")[0]["packets"] >= 6
+    assert d.stop() == 0
+
+
+def sent(d, spi):
+    """Packets espgate sent on its outbound SA `spi`."""
+    return next((sa["packets"] for sa in d.sas("out") if sa["spi"] == spi), None)
+
+
+def test_strongswan_children_with_narrowed_selectors_each_carry_their_own_traffic(lab):
+    """One espgate connection for 10.2.0.0/24; charon keeps two children
+    on one IKE SA, for 10.2.0.1 and 10.2.0.2. espgate narrows each child to
+    its host and keeps both outbound SAs: pings to each host go out on that
+    host's child (charon would drop them on the other), and a third
+    address, which no child covers, is dropped here as no_sa."""
+    d, c = setup(lab, remote_ts="10.2.0.0/24",
+                 charon_children=[("one", "10.2.0.1/32"), ("two", "10.2.0.2/32")])
+    c.start()
+    d.start()
+    for child in ("one", "two"):
+        r = c.swanctl_cmd("--initiate", "--child", child, timeout=60)
+        assert r.returncode == 0, f"{r.stdout}{r.stderr}\n{logs(d, c)}"
+    wait_for("two children", lambda: len(children(d)) == 2, 15, (d,))
+    kids = children(d)
+    assert sorted(ch["remote_ts"] for ch in kids) == [["10.2.0.1"], ["10.2.0.2"]], kids
+    assert len(d.sas("out")) == 2, d.status()["connections"]
+    for host in ("10.2.0.1", "10.2.0.2"):
+        child = next(ch for ch in kids if ch["remote_ts"] == [host])
+        before = sent(d, child["spi_out"])
+        r = ping(d.ns, host, "10.1.0.1")
+        assert r.returncode == 0, f"ping A -> {host}: {r.stdout}\n{logs(d, c)}"
+        assert sent(d, child["spi_out"]) >= before + 3, (host, d.sas("out"))
+    r = ping(c.ns, "10.1.0.1", "10.2.0.2")
+    assert r.returncode == 0, f"ping B -> A from 10.2.0.2: {r.stdout}\n{logs(d, c)}"
+    before = d.status()["drops"].get("no_sa", 0)
+    r = ping(d.ns, "10.2.0.3", "10.1.0.1")
+    assert r.returncode != 0
+    assert d.status()["drops"].get("no_sa", 0) >= before + 3, d.status()["drops"]
+    assert "outside the traffic selectors the peer agreed to" in d.log_text()
+    # charon deletes one child: the other still carries its traffic.
+    r = c.swanctl_cmd("--terminate", "--child", "one", timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_for("espgate to drop the child", lambda: len(children(d)) == 1, 15, (d,))
+    assert len(d.sas("out")) == 1, d.sas("out")
+    r = ping(d.ns, "10.2.0.2", "10.1.0.1")
+    assert r.returncode == 0, f"ping A -> 10.2.0.2: {r.stdout}\n{logs(d, c)}"
+    assert d.stop() == 0
+
+
+def test_espgate_installs_the_selectors_strongswan_narrowed(lab):
+    """espgate proposes 10.2.0.0/24, charon narrows to 10.2.0.1: espgate
+    sends only what the child covers and drops the rest as no_sa."""
+    d, c = setup(lab, remote_ts="10.2.0.0/24", ike_extra='start_action = "start"')
+    c.start()
+    d.start()
+    wait_for("the IKE SA", lambda: established(d) and charon_established(c), 30, (d,))
+    assert children(d)[0]["remote_ts"] == ["10.2.0.1"], ike_status(d)
+    assert_traffic(d, c)
+    out = d.sas("out")[0]["packets"]
+    r = ping(d.ns, "10.2.0.2", "10.1.0.1")
+    assert r.returncode != 0
+    assert d.sas("out")[0]["packets"] == out, "nothing outside the child was sent"
+    assert d.status()["drops"].get("no_sa", 0) >= 3, d.status()["drops"]
     assert d.stop() == 0
 
 

@@ -122,6 +122,12 @@ pub struct SharedSa {
     /// installing it and catching up).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share_from: Option<u64>,
+    /// The selectors negotiated for it when the peer narrowed the
+    /// configured ones, one per item in the form of
+    /// `espgate_core::selector::TrafficSelector`'s `Display`; empty: the
+    /// connection's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub selectors: Vec<String>,
 }
 
 impl fmt::Debug for SharedSa {

@@ -718,6 +718,7 @@ mod tests {
             encap: Some((4500, 4500)),
             owner: 2,
             share_from: None,
+            selectors: vec!["10.1.0.0/16 10.2.1.0/24 any 0-65535 0-65535".into()],
         };
         let shown = format!("{sa:?}");
         assert!(!shown.contains("001122"), "{shown}");

@@ -699,6 +699,7 @@ fn negotiated(owner: u16, spi: u32, outbound: bool, enc_key: &str) -> SharedSa {
         encap: None,
         owner,
         share_from: None,
+        selectors: Vec::new(),
     }
 }
 

@@ -181,6 +181,62 @@ impl TrafficSelector {
     }
 }
 
+/// `10.1.0.0/16 10.2.0.0/16 any 0-65535 0-65535`: our prefix, the peer's,
+/// the protocol (`any` or a number) and the two port ranges. The form a
+/// cluster node shares a negotiated SA's selectors in.
+impl fmt::Display for TrafficSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} ", self.local, self.remote)?;
+        match self.proto {
+            Some(p) => write!(f, "{p}")?,
+            None => f.write_str("any")?,
+        }
+        let (l, r) = (self.local_ports, self.remote_ports);
+        write!(f, " {}-{} {}-{}", l.lo, l.hi, r.lo, r.hi)
+    }
+}
+
+impl FromStr for TrafficSelector {
+    type Err = String;
+    fn from_str(s: &str) -> Result<TrafficSelector, String> {
+        let parts: Vec<&str> = s.split_whitespace().collect();
+        let [local, remote, proto, lports, rports] = parts[..] else {
+            return Err(format!(
+                "'{s}': a selector is 'LOCAL REMOTE PROTO LPORTS RPORTS' \
+                 (e.g. '10.1.0.0/16 10.2.0.0/16 any 0-65535 0-65535')"
+            ));
+        };
+        let ports = |r: &str| -> Result<PortRange, String> {
+            let (lo, hi) = r
+                .split_once('-')
+                .ok_or_else(|| format!("'{r}' is not a port range LO-HI"))?;
+            let n = |x: &str| x.parse::<u16>().map_err(|_| format!("'{x}' is not a port"));
+            let (lo, hi) = (n(lo)?, n(hi)?);
+            if lo > hi {
+                return Err(format!("port range '{r}' is empty"));
+            }
+            Ok(PortRange { lo, hi })
+        };
+        let (local, remote): (Prefix, Prefix) = (local.parse()?, remote.parse()?);
+        if local.addr().is_ipv4() != remote.addr().is_ipv4() {
+            return Err(format!("'{s}': the two prefixes are of different families"));
+        }
+        Ok(TrafficSelector {
+            local,
+            remote,
+            proto: match proto {
+                "any" => None,
+                p => Some(
+                    p.parse()
+                        .map_err(|_| format!("'{p}' is not an IP protocol"))?,
+                ),
+            },
+            local_ports: ports(lports)?,
+            remote_ports: ports(rports)?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,5 +281,31 @@ mod tests {
         assert!(ts.matches_inbound(&back));
         let opaque = Flow { dport: None, ..f };
         assert!(!ts.matches_outbound(&opaque));
+    }
+
+    #[test]
+    fn selectors_print_and_parse_back() {
+        let mut ts = TrafficSelector::between(
+            "10.1.0.0/16".parse().unwrap(),
+            "10.2.0.0/24".parse().unwrap(),
+        );
+        assert_eq!(
+            ts.to_string(),
+            "10.1.0.0/16 10.2.0.0/24 any 0-65535 0-65535"
+        );
+        assert_eq!(ts.to_string().parse::<TrafficSelector>().unwrap(), ts);
+        ts.proto = Some(17);
+        ts.remote_ports = PortRange { lo: 53, hi: 53 };
+        assert_eq!(ts.to_string().parse::<TrafficSelector>().unwrap(), ts);
+        for bad in [
+            "",
+            "10.1.0.0/16 10.2.0.0/16 any 0-65535",
+            "10.1.0.0/16 fd00::/8 any 0-65535 0-65535",
+            "10.1.0.0/16 10.2.0.0/16 tcp 0-65535 0-65535",
+            "10.1.0.0/16 10.2.0.0/16 6 9-1 0-65535",
+            "10.1.0.0/16 10.2.0.0/16 6 0-70000 0-65535",
+        ] {
+            assert!(bad.parse::<TrafficSelector>().is_err(), "{bad}");
+        }
     }
 }

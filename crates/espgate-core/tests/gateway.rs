@@ -660,6 +660,7 @@ fn negotiated_per_cpu_sas_replace_only_their_own_slot() {
             esn: false,
             encap: None,
             slot,
+            selectors: &[],
         };
         install_negotiated_all(&mut refs, &sa, T).unwrap()
     };
@@ -714,6 +715,7 @@ fn negotiated_sas_take_the_connection_shape() {
         encap: None,
         protocol: Protocol::Esp,
         slot: 0,
+        selectors: &[],
     };
     b.install_negotiated(&sa(false), T).unwrap();
     let ch = a.install_negotiated(&sa(true), T).unwrap();
@@ -769,6 +771,7 @@ fn negotiated_qesp_switches_the_layer_and_keeps_the_esp_overlap() {
         esn: false,
         encap: None,
         slot: 0,
+        selectors: &[],
     };
     // An ESP packet of the old pair, held back (the rekey overlap).
     let mut late = PacketBuf::with_capacity(2000);
@@ -867,6 +870,7 @@ fn manually_keyed_connections_keep_esp_and_qesp_apart() {
         esn: false,
         encap: None,
         slot: 0,
+        selectors: &[],
     };
     let e = a.install_negotiated(&q(true), T).unwrap_err();
     assert!(
@@ -1030,4 +1034,110 @@ fn a_learnt_path_mtu_answers_oversized_packets_with_icmp_too_big() {
     assert_eq!(a.path_mtu(0, later), None);
     buf.load(&big);
     assert_eq!(a.outbound(&mut buf, later), Ok(Some(0)));
+}
+
+/// The SPI A sends a packet to `dst` on, or the drop.
+fn sent_to(a: &mut Engine, dst: &str) -> Result<u32, DropReason> {
+    let mut buf = PacketBuf::with_capacity(2000);
+    buf.load(&udp4("10.1.0.5", dst, 10));
+    match a.outbound(&mut buf, T) {
+        Ok(Some(0)) => Ok(u32::from_be_bytes(
+            buf.as_slice()[28..32].try_into().unwrap(),
+        )),
+        Ok(other) => panic!("sent on connection {other:?}"),
+        Err(d) => Err(d.reason),
+    }
+}
+
+#[test]
+fn children_with_narrowed_selectors_each_carry_their_own_traffic() {
+    // The peer agreed to two children inside the connection's 10.1/16 ===
+    // 10.2/16, one for 10.2.1/24 and one for 10.2.2/24: each outbound SA
+    // carries its own traffic, a rekey replaces only its own child, and
+    // what no child covers is dropped as no_sa (the peer would drop it).
+    let (mut a, mut b) = pair(Layers::Esp, true);
+    let sel = |l: &str, r: &str| {
+        espgate_core::selector::TrafficSelector::between(l.parse().unwrap(), r.parse().unwrap())
+    };
+    let x = [sel("10.1.0.0/16", "10.2.1.0/24")];
+    let y = [sel("10.1.0.0/16", "10.2.2.0/24")];
+    let keys: Vec<Vec<u8>> = (1..=6u8).map(|k| vec![k; 20]).collect();
+    let child = |outbound, spi, k: usize, selectors| NegotiatedSa {
+        conn: "peer",
+        outbound,
+        protocol: Protocol::Esp,
+        spi,
+        suite: "aes128gcm16".parse().unwrap(),
+        enc_key: &keys[k],
+        integ_key: &[],
+        esn: false,
+        encap: None,
+        slot: 0,
+        selectors,
+    };
+    // The configured pair carries everything until it goes.
+    assert_eq!(sent_to(&mut a, "10.2.3.9"), Ok(0x1002));
+    let ch = a
+        .install_negotiated(&child(true, 0x5001, 0, &x), T)
+        .unwrap();
+    assert!(ch.message.contains("added outbound ESP SA"), "{ch:?}");
+    a.install_negotiated(&child(true, 0x5002, 1, &y), T)
+        .unwrap();
+    assert_eq!(sent_to(&mut a, "10.2.1.9"), Ok(0x5001));
+    assert_eq!(sent_to(&mut a, "10.2.2.9"), Ok(0x5002));
+    assert_eq!(sent_to(&mut a, "10.2.3.9"), Ok(0x1002));
+    a.del_sa(0x1002, None, Some(true), None).unwrap();
+    assert_eq!(sent_to(&mut a, "10.2.3.9"), Err(DropReason::NoSa));
+    let mut buf = PacketBuf::with_capacity(2000);
+    buf.load(&udp4("10.1.0.5", "10.2.3.9", 10));
+    let d = a.outbound(&mut buf, T).unwrap_err();
+    let said = a.describe(&d).to_string();
+    assert!(
+        said.contains("outside the traffic selectors the peer agreed to"),
+        "{said}"
+    );
+    assert_eq!(
+        sent_to(&mut a, "10.2.1.9"),
+        Ok(0x5001),
+        "the children still send"
+    );
+    // A rekey of X replaces X's SA only.
+    let ch = a
+        .install_negotiated(&child(true, 0x5003, 2, &x), T)
+        .unwrap();
+    assert!(ch.message.contains("replaces ESP SA 0x00005001"), "{ch:?}");
+    assert_eq!(sent_to(&mut a, "10.2.1.9"), Ok(0x5003));
+    assert_eq!(sent_to(&mut a, "10.2.2.9"), Ok(0x5002));
+    // Y deleted: its traffic has no SA, X's still has.
+    a.del_sa(0x5002, None, Some(true), None).unwrap();
+    assert_eq!(sent_to(&mut a, "10.2.2.9"), Err(DropReason::NoSa));
+    assert_eq!(sent_to(&mut a, "10.2.1.9"), Ok(0x5003));
+    // A child with the configured selectors (listed as given) is the
+    // connection's own group again: it carries what X does not.
+    let all = [sel("10.1.0.0/16", "10.2.0.0/16")];
+    a.install_negotiated(&child(true, 0x5004, 3, &all), T)
+        .unwrap();
+    assert_eq!(sent_to(&mut a, "10.2.2.9"), Ok(0x5004));
+    assert_eq!(
+        sent_to(&mut a, "10.2.1.9"),
+        Ok(0x5003),
+        "the narrower child first"
+    );
+
+    // B accepts on an inbound SA only what its selectors cover: a packet
+    // for 10.2.2/24 on X's SA (from an A that sends all on it) is refused.
+    let bx = [sel("10.2.1.0/24", "10.1.0.0/16")];
+    b.install_negotiated(&child(false, 0x5003, 2, &bx), T)
+        .unwrap();
+    let (mut wide, _) = pair(Layers::Esp, true);
+    wide.install_negotiated(&child(true, 0x5003, 2, &[]), T)
+        .unwrap();
+    for (dst, ok) in [("10.2.1.9", true), ("10.2.2.9", false)] {
+        let mut buf = PacketBuf::with_capacity(2000);
+        buf.load(&udp4("10.1.0.5", dst, 10));
+        assert_eq!(wide.outbound(&mut buf, T), Ok(Some(0)));
+        let r = b.inbound(&mut buf, T, from_a());
+        assert_eq!(r.is_ok(), ok, "{dst}: {r:?}");
+    }
+    assert_eq!(drops(&b), [("selector_mismatch", 1)]);
 }

@@ -329,6 +329,13 @@ enum ChildState {
     Deleting,
 }
 
+impl Child {
+    /// True when the child's selectors are these (in any order).
+    fn same_ts(&self, local_ts: &[TrafficSelector], remote_ts: &[TrafficSelector]) -> bool {
+        ts::same(&self.local_ts, local_ts) && ts::same(&self.remote_ts, remote_ts)
+    }
+}
+
 struct Child {
     spi_in: u32,
     spi_out: u32,
@@ -1052,12 +1059,21 @@ impl Ike {
     /// `per_cpu_sas`) that no live child of its IKE SAs holds; `None` when
     /// all are taken. A child being rekeyed holds its slot; one replaced
     /// by a rekey or being deleted does not.
-    fn free_slot(&self, ci: usize) -> Option<u32> {
+    /// With `ts`, only children with those selectors count: children with
+    /// other (narrowed) selectors carry other traffic and have slots of
+    /// their own.
+    fn free_slot(
+        &self,
+        ci: usize,
+        ts: Option<(&[TrafficSelector], &[TrafficSelector])>,
+    ) -> Option<u32> {
         let n = self.conns[ci].child.per_cpu_sas.max(1);
         (0..n).find(|k| {
             !self.by_conn[ci].iter().any(|&i| {
                 self.sas[i].children.iter().any(|c| {
-                    c.slot == *k && matches!(c.state, ChildState::Installed | ChildState::Rekeying)
+                    c.slot == *k
+                        && matches!(c.state, ChildState::Installed | ChildState::Rekeying)
+                        && ts.is_none_or(|(l, r)| c.same_ts(l, r))
                 })
             })
         })
@@ -2609,7 +2625,7 @@ impl Ike {
                 .iter()
                 .find(|c| c.spi_out == old_out)
                 .map_or(0, |c| c.slot),
-            (_, None) => match self.free_slot(ci) {
+            (_, None) => match self.free_slot(ci, Some((&local_ts, &remote_ts))) {
                 Some(k) => k,
                 // Every slot is taken: a per-CPU request is refused
                 // (RFC 9611 §4); a plain new child replaces slot 0 as
@@ -2722,7 +2738,7 @@ impl Ike {
             child.pending_out = Some((outbound, now + OUTBOUND_SWITCH_DEADLINE));
         } else {
             self.events.push_back(Event::InstallSa(outbound));
-            self.outbound_replaced(ci, slot);
+            self.outbound_replaced(ci, slot, (&child.local_ts, &child.remote_ts));
             child.out_active = true;
         }
         self.log(
@@ -3087,7 +3103,7 @@ impl Ike {
         child.out_active = true;
         self.events.push_back(Event::InstallSa(inbound));
         self.events.push_back(Event::InstallSa(outbound));
-        self.outbound_replaced(ci, slot);
+        self.outbound_replaced(ci, slot, (&child.local_ts, &child.remote_ts));
         self.sas[i].children.push(child);
         self.count(if rekey_of.is_some() {
             IkeEvent::ChildRekeys
@@ -3560,7 +3576,7 @@ impl Ike {
                 .iter()
                 .find(|c| c.spi_in == o)
                 .map_or(0, |c| c.slot),
-            None => match self.free_slot(ci) {
+            None => match self.free_slot(ci, None) {
                 Some(k) => k,
                 None if per_cpu => return,
                 None => 0,
@@ -3798,10 +3814,13 @@ impl Ike {
                 "simultaneous child rekey: ours won".into(),
             );
         }
+        // The new child's outbound SA replaced the old one's in the data
+        // plane (finish_child) if their selectors are the same; if the peer
+        // narrowed them differently, the old one stays active until its
+        // delete removes it.
         if let Some(old) = self.sas[i].children.iter_mut().find(|c| c.spi_in == old_in) {
             old.state = ChildState::Rekeyed;
             old.replaced = true;
-            old.out_active = false;
         }
         self.sas[i].tasks.push_front(Task::DeleteChild(old_in));
     }
@@ -3835,24 +3854,31 @@ impl Ike {
             return;
         };
         if let Some((out, _)) = c.pending_out.take() {
-            let slot = c.slot;
+            let (slot, local_ts, remote_ts) = (c.slot, c.local_ts.clone(), c.remote_ts.clone());
             self.events.push_back(Event::InstallSa(out));
             let ci = self.sas[i].conn;
-            self.outbound_replaced(ci, slot);
+            self.outbound_replaced(ci, slot, (&local_ts, &remote_ts));
             if let Some(c) = self.sas[i].children.iter_mut().find(|c| c.spi_in == spi_in) {
                 c.out_active = true;
             }
         }
     }
 
-    /// A new outbound SA of connection `ci` in per-CPU slot `slot`
-    /// replaced the one the data plane used there: no child of that slot
-    /// (of any of the connection's IKE SAs, e.g. one still being deleted)
-    /// owns the slot's outbound SA any more.
-    fn outbound_replaced(&mut self, ci: usize, slot: u32) {
+    /// A new outbound SA of connection `ci` in per-CPU slot `slot`, with
+    /// selectors `ts`, replaced the one the data plane used there: no
+    /// child of that slot and those selectors (of any of the connection's
+    /// IKE SAs, e.g. one still being deleted) owns the slot's outbound SA
+    /// any more. Children with other selectors keep theirs (the data plane
+    /// replaces an outbound SA only by one with the same selectors).
+    fn outbound_replaced(
+        &mut self,
+        ci: usize,
+        slot: u32,
+        (local_ts, remote_ts): (&[TrafficSelector], &[TrafficSelector]),
+    ) {
         for &i in &self.by_conn[ci] {
             for c in &mut self.sas[i].children {
-                if c.slot == slot {
+                if c.slot == slot && c.same_ts(local_ts, remote_ts) {
                     c.out_active = false;
                 }
             }

@@ -7,6 +7,7 @@ use super::{slot, ConnSpec, Engine, Layers, SaMeta};
 use crate::crypto::Suite;
 use crate::sa::{Encap, Mode, Protocol, Sa, SaConfig};
 use crate::sad::SaId;
+use crate::selector::TrafficSelector;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -50,6 +51,12 @@ pub struct NegotiatedSa<'a> {
     /// 1: an outbound SA replaces the one of its slot only, and worker `w`
     /// sends on the `w % n`-th of the slots present. 0 otherwise.
     pub slot: u32,
+    /// The selectors negotiated for it, our side as `local` (the peer may
+    /// have narrowed the configured ones); empty: the connection's. An
+    /// inbound SA accepts only packets inside them; an outbound SA carries
+    /// their traffic, replacing only an SA with the same selectors (a
+    /// peer may keep several children with different selectors).
+    pub selectors: &'a [TrafficSelector],
 }
 
 /// An installed SA's keys and addressing, for `espgate wireshark-keys`
@@ -305,6 +312,9 @@ impl Engine {
         let mut sc = SaConfig::new(s.spi, s.protocol, s.suite, s.enc_key, s.integ_key);
         let ports = s.encap.unwrap_or((c.local_port, c.remote_port));
         c.shape_sa(&mut sc, c.mode, s.outbound, ports);
+        if !s.selectors.is_empty() {
+            sc.selectors = s.selectors.to_vec();
+        }
         // Negotiated, not configured.
         sc.esn = s.esn;
         sc.allow_insecure = false;
@@ -365,13 +375,20 @@ impl Engine {
         Sa::new(sc.clone(), now).map_err(|e| format!("{what}: {e}"))?;
         let per_cpu = self.conns[ci].spec.per_cpu_sas > 1;
         let pair = if per_cpu { pair } else { 0 };
-        let old = if outbound {
-            self.conns[ci].out_ids.iter().copied().find(|id| {
-                self.meta_of(*id)
-                    .is_some_and(|m| self.same_layer(ci, m.protocol, protocol) && m.slot == pair)
-            })
+        // An outbound SA joins the selector group of its selectors (`None`:
+        // a new one) and replaces the SA of its layer, group and slot.
+        let group = if outbound {
+            self.find_group(ci, &sc.selectors)
         } else {
-            None
+            Some(0)
+        };
+        let old = match group {
+            Some(g) if outbound => self.conns[ci].out_ids.iter().copied().find(|id| {
+                self.meta_of(*id).is_some_and(|m| {
+                    self.same_layer(ci, m.protocol, protocol) && m.slot == pair && m.group == g
+                })
+            }),
+            _ => None,
         };
         let mut taken = None;
         if let (true, Some(node)) = (outbound, self.cluster_node()) {
@@ -405,13 +422,24 @@ impl Engine {
             sa.set_lease(l);
         }
         let suite = sa.config().suite.name();
+        let selectors = (group.is_none()).then(|| sa.config().selectors.clone());
         let id = self.sad.insert(sa).map_err(|e| format!("{what}: {e}"))?;
+        let new_group = selectors.is_some();
+        let group = match (group, selectors) {
+            (Some(g), _) => g,
+            (None, Some(sels)) => {
+                self.conns[ci].groups.push(sels);
+                self.conns[ci].groups.len() as u32
+            }
+            (None, None) => 0,
+        };
         *slot(&mut self.meta, id) = Some(SaMeta {
             conn: ci,
             outbound,
             protocol,
             added: true,
             slot: if outbound { pair } else { 0 },
+            group,
         });
         let mut warnings = Vec::new();
         let message = if outbound {
@@ -435,15 +463,14 @@ impl Engine {
                     .min(c.out_ids.len())
             };
             self.conns[ci].out_ids.insert(at, id);
-            self.refresh_policies(ci);
+            if new_group {
+                self.rebuild_spd();
+            } else {
+                self.refresh_policies(ci);
+            }
             let next = self.sad.get(id).map_or(1, Sa::next_seq);
-            if self.conns[ci].can_send() {
-                let overhead: usize = self.conns[ci]
-                    .out_ids
-                    .iter()
-                    .filter_map(|i| self.sad.get(*i))
-                    .map(Sa::overhead)
-                    .sum();
+            if self.group_can_send(ci, group) {
+                let overhead = self.group_overhead(&self.conns[ci], group);
                 if overhead > self.sized_overhead {
                     warnings.push(format!(
                         "connection \"{name}\"'s bundle now adds up to {overhead} bytes per \
@@ -569,7 +596,7 @@ impl Engine {
         self.remove_sa(id);
         let mut warnings = Vec::new();
         if m.outbound {
-            if !self.conns[m.conn].can_send() {
+            if !self.can_send(m.conn) {
                 warnings.push(self.no_outbound_warning(m.conn));
             }
         } else if self.layer_spis(m.conn, false, m.protocol).is_empty() {

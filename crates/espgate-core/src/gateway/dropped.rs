@@ -46,6 +46,10 @@ pub enum DropContext {
         src: IpAddr,
         /// Inner destination.
         dst: IpAddr,
+        /// The packet is outside every selector set the peer agreed to
+        /// (it narrowed the connection's selectors), though inside the
+        /// configured ones.
+        narrowed: bool,
     },
     /// Outbound processing on a connection failed.
     Outbound {
@@ -104,7 +108,18 @@ impl fmt::Display for Describe<'_> {
                 "{src} -> {dst} (protocol {proto}) from the TUN matches no connection's selectors"
             ),
             DropContext::NotProtect => f.write_str("the policy is not PROTECT"),
-            DropContext::NoSa { conn, src, dst } => {
+            DropContext::NoSa {
+                conn,
+                src,
+                dst,
+                narrowed: true,
+            } => write!(
+                f,
+                "{src} -> {dst} on connection \"{}\": outside the traffic selectors the peer \
+                 agreed to (it narrowed ours; `espgate status` shows each child SA's)",
+                name(conn)
+            ),
+            DropContext::NoSa { conn, src, dst, .. } => {
                 let c = name(conn);
                 write!(f, "{src} -> {dst} on connection \"{c}\": no outbound ")?;
                 let mut first = true;

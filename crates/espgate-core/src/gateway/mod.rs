@@ -37,6 +37,7 @@ use crate::error::DropReason;
 use crate::mss::{self, MssLimit};
 use crate::sa::{Classifier, Encap, Protocol, Sa, SaConfig, SaEvent, SeqLease};
 use crate::sad::{InGate, InboundOutcome, SaId, Sad, MAX_LAYERS};
+use crate::selector::TrafficSelector;
 use crate::spd::{Action, Direction, Policy, Spd};
 use crate::wire::flow::{self, Flow};
 use crate::wire::icmp;
@@ -91,6 +92,12 @@ struct ConnState {
     /// Inbound SAs: the configured ones, then those added at run time. Any
     /// of a layer's SAs is accepted.
     in_ids: Vec<SaId>,
+    /// The narrowed selector sets of the connection's negotiated child SAs
+    /// (a peer may agree to less than the configured selectors, and keep
+    /// several children with different selectors): outbound SA group
+    /// `k + 1` carries `groups[k]`'s traffic; group 0 the configured
+    /// selectors. A group goes when its last outbound SA does.
+    groups: Vec<Vec<TrafficSelector>>,
     /// MSS clamping of TCP SYNs both ways.
     mss: Option<MssLimit>,
     /// The outer path MTU the shell learnt for this connection's peer
@@ -99,9 +106,9 @@ struct ConnState {
 }
 
 impl ConnState {
-    /// True when every layer has its outbound SA.
-    fn can_send(&self) -> bool {
-        let n = self.out_ids.len();
+    /// True when a bundle of `n` outbound SAs (of one selector group) has
+    /// every layer.
+    fn complete(&self, n: usize) -> bool {
         n == self.spec.layers.protocols().len() || (self.spec.per_cpu_sas > 1 && n >= 1)
     }
 }
@@ -116,6 +123,9 @@ struct SaMeta {
     /// Per-CPU SAs: the pair (slot) an outbound SA belongs to; 0 for every
     /// other SA.
     slot: u32,
+    /// An outbound SA's selector group ([`ConnState::groups`]): 0 for the
+    /// configured selectors, and for every inbound SA.
+    group: u32,
 }
 
 /// What the engine tells the shell, from [`Engine::poll_event`].
@@ -158,8 +168,8 @@ pub enum Received {
 pub struct Engine {
     sad: Sad,
     spd: Spd,
-    /// Policy index → connection index.
-    policy_conn: Vec<usize>,
+    /// Policy index → (connection index, selector group).
+    policy_conn: Vec<(usize, u32)>,
     conns: Vec<ConnState>,
     /// By `SaId.0`.
     meta: Vec<Option<SaMeta>>,
@@ -284,6 +294,7 @@ impl Engine {
                     protocol: sc.protocol,
                     added: false,
                     slot: 0,
+                    group: 0,
                 });
                 in_ids.push(id);
             }
@@ -317,25 +328,20 @@ impl Engine {
                     added: false,
                     // Per-CPU pairs are configured in slot order.
                     slot: if c.per_cpu_sas > 1 { k as u32 } else { 0 },
+                    group: 0,
                 });
                 out_ids.push(id);
-            }
-            for selector in &c.selectors {
-                e.spd.push(Policy {
-                    selector: *selector,
-                    action: Action::Protect(out_ids.clone()),
-                });
-                e.policy_conn.push(ci);
             }
             e.conns.push(ConnState {
                 spec: c.clone(),
                 out_ids,
                 in_ids,
+                groups: Vec::new(),
                 mss: None,
                 path_mtu: None,
             });
-            e.refresh_policies(ci);
         }
+        e.rebuild_spd();
         e.sized_overhead = e.max_overhead();
         let tun_mtu = e.tun_mtu(opts.mtu);
         for c in &mut e.conns {
@@ -384,13 +390,21 @@ impl Engine {
 
     /// The largest number of bytes connection `c`'s outbound bundle adds.
     fn overhead_of(&self, c: &ConnState) -> usize {
-        let installed: usize = c
-            .out_ids
+        let installed = (0..=c.groups.len() as u32)
+            .map(|g| self.group_overhead(c, g))
+            .max()
+            .unwrap_or(0);
+        installed.max(c.spec.negotiated_overhead)
+    }
+
+    /// The bytes the outbound bundle of selector group `g` of `c` adds.
+    fn group_overhead(&self, c: &ConnState, g: u32) -> usize {
+        c.out_ids
             .iter()
+            .filter(|id| self.meta_of(**id).is_some_and(|m| m.group == g))
             .filter_map(|id| self.sad.get(*id))
             .map(Sa::overhead)
-            .sum();
-        installed.max(c.spec.negotiated_overhead)
+            .sum()
     }
 
     /// The shell learnt that outer packets of connection `conn` longer
@@ -520,10 +534,19 @@ impl Engine {
                 DropContext::NoPolicy { src, dst, proto },
             ));
         };
-        let conn = self.policy_conn[pi];
-        if !self.conns[conn].can_send() {
+        let (conn, group) = self.policy_conn[pi];
+        if matches!(&self.spd.policies()[pi].action, Action::Protect(ids) if ids.is_empty()) {
             let (src, dst) = (f.src, f.dst);
-            return Err(self.count_drop(DropReason::NoSa, DropContext::NoSa { conn, src, dst }));
+            let narrowed = group == 0 && !self.conns[conn].groups.is_empty();
+            return Err(self.count_drop(
+                DropReason::NoSa,
+                DropContext::NoSa {
+                    conn,
+                    src,
+                    dst,
+                    narrowed,
+                },
+            ));
         }
         if self.conns[conn].path_mtu.is_some() {
             if let Some(d) = self.check_path_mtu(conn, buf, &f, now) {
@@ -751,25 +774,113 @@ impl Engine {
             })
     }
 
-    /// Points connection `ci`'s policies at its current outbound bundle,
-    /// or DISCARD while a layer has no SA (counted as `no_sa`).
+    /// Connection `ci`'s outbound SAs of selector group `g`, in bundle
+    /// (or slot) order.
+    fn group_ids(&self, ci: usize, g: u32) -> Vec<SaId> {
+        self.conns[ci]
+            .out_ids
+            .iter()
+            .copied()
+            .filter(|id| self.meta_of(*id).is_some_and(|m| m.group == g))
+            .collect()
+    }
+
+    /// True when connection `ci`'s selector group `g` has every layer's
+    /// outbound SA.
+    fn group_can_send(&self, ci: usize, g: u32) -> bool {
+        self.conns[ci].complete(self.group_ids(ci, g).len())
+    }
+
+    /// True when connection `ci` can send some of its traffic: one of its
+    /// selector groups has a complete bundle.
+    fn can_send(&self, ci: usize) -> bool {
+        (0..=self.conns[ci].groups.len() as u32).any(|g| self.group_can_send(ci, g))
+    }
+
+    /// Points connection `ci`'s policies at their groups' current outbound
+    /// bundles, or at none while a layer has no SA (counted as `no_sa`).
     fn refresh_policies(&mut self, ci: usize) {
         let c = &self.conns[ci];
-        let action = if c.can_send() {
-            if c.spec.per_cpu_sas > 1 && c.out_ids.len() > 1 {
-                // Per-CPU SAs: this worker's pair alone.
-                Action::Protect(vec![c.out_ids[self.worker % c.out_ids.len()]])
-            } else {
-                Action::Protect(c.out_ids.clone())
-            }
-        } else {
-            Action::Discard
-        };
-        for (pi, c) in self.policy_conn.iter().enumerate() {
+        let actions: Vec<Action> = (0..=c.groups.len() as u32)
+            .map(|g| {
+                let ids = self.group_ids(ci, g);
+                if !c.complete(ids.len()) {
+                    Action::Protect(Vec::new())
+                } else if c.spec.per_cpu_sas > 1 && ids.len() > 1 {
+                    // Per-CPU SAs: this worker's pair alone.
+                    Action::Protect(vec![ids[self.worker % ids.len()]])
+                } else {
+                    Action::Protect(ids)
+                }
+            })
+            .collect();
+        for (pi, (c, g)) in self.policy_conn.iter().enumerate() {
             if *c == ci {
-                self.spd.set_action(pi, action.clone());
+                if let Some(a) = actions.get(*g as usize) {
+                    self.spd.set_action(pi, a.clone());
+                }
             }
         }
+    }
+
+    /// Builds the SPD from the connections in order: each connection's
+    /// narrowed selector groups first (they lie inside its configured
+    /// selectors, so they must match before them), then its configured
+    /// selectors. Control path only: it allocates.
+    fn rebuild_spd(&mut self) {
+        self.spd = Spd::new();
+        self.policy_conn.clear();
+        for (ci, c) in self.conns.iter().enumerate() {
+            let narrowed = c.groups.iter().enumerate().map(|(k, g)| (k as u32 + 1, g));
+            for (g, sels) in narrowed.chain(std::iter::once((0, &c.spec.selectors))) {
+                for selector in sels {
+                    self.spd.push(Policy {
+                        selector: *selector,
+                        action: Action::Protect(Vec::new()),
+                    });
+                    self.policy_conn.push((ci, g));
+                }
+            }
+        }
+        for ci in 0..self.conns.len() {
+            self.refresh_policies(ci);
+        }
+    }
+
+    /// The selector group of connection `ci` an outbound SA with these
+    /// negotiated selectors joins: 0 when they are the configured ones
+    /// (in any order) or empty, else an existing group's or `None` (a new
+    /// group is needed).
+    fn find_group(&self, ci: usize, selectors: &[TrafficSelector]) -> Option<u32> {
+        let same = |a: &[TrafficSelector], b: &[TrafficSelector]| {
+            a.iter().all(|x| b.contains(x)) && b.iter().all(|x| a.contains(x))
+        };
+        let c = &self.conns[ci];
+        if selectors.is_empty() || same(selectors, &c.spec.selectors) {
+            return Some(0);
+        }
+        c.groups
+            .iter()
+            .position(|g| same(g, selectors))
+            .map(|k| k as u32 + 1)
+    }
+
+    /// Drops connection `ci`'s selector group `g` (not 0) once it has no
+    /// outbound SA left, renumbering the groups above it; true if it did.
+    fn prune_group(&mut self, ci: usize, g: u32) -> bool {
+        // By the SAs' records, not `out_ids`: an SA being installed in
+        // the group (replacing its last one) has its record already.
+        let ours = |m: &SaMeta| m.conn == ci && m.outbound;
+        if g == 0 || self.meta.iter().flatten().any(|m| ours(m) && m.group == g) {
+            return false;
+        }
+        self.conns[ci].groups.remove(g as usize - 1);
+        for m in self.meta.iter_mut().flatten() {
+            if ours(m) && m.group > g {
+                m.group -= 1;
+            }
+        }
+        true
     }
 
     /// "ESP SA 0x00001001".
@@ -797,7 +908,11 @@ impl Engine {
         c.in_ids.retain(|x| *x != id);
         c.out_ids.retain(|x| *x != id);
         if m.outbound {
-            self.refresh_policies(m.conn);
+            if self.prune_group(m.conn, m.group) {
+                self.rebuild_spd();
+            } else {
+                self.refresh_policies(m.conn);
+            }
         }
         Some(m)
     }

@@ -17,6 +17,7 @@ use espgate_api::ike::{ChildSaStatus, IkeDoc, IkeOpCost, IkeSaStatus};
 use espgate_config::LoadedConfig;
 use espgate_core::gateway::WorkerStats;
 use espgate_core::gateway::{del_sa_all, install_negotiated_all, Engine, NegotiatedSa};
+use espgate_core::selector::TrafficSelector;
 use espgate_ike::engine::IkeSnapshot;
 use espgate_ike::engine::{CommandError, Event, Ike, IkeOp, IkeStatus, Level, Ports};
 use std::collections::HashMap;
@@ -84,6 +85,30 @@ const IKE_RECV_PER_WAKE: usize = 256;
 pub const TRAFFIC_LOOK: Duration = Duration::from_secs(1);
 
 /// Monotonic nanoseconds for the engine's cost accounting.
+/// The most data-plane selectors one negotiated child SA may need (its
+/// ranges split into prefixes, local × remote); beyond it the connection's
+/// configured selectors are used and a warning says so.
+const MAX_CHILD_SELECTORS: usize = 256;
+
+/// The data plane's selectors for a negotiated SA: its negotiated ones as
+/// prefixes. Empty (the connection's) when they need more than
+/// [`MAX_CHILD_SELECTORS`] policies.
+fn data_plane_selectors(s: &espgate_ike::engine::SaInstall) -> Vec<TrafficSelector> {
+    match espgate_ike::ts::to_selectors(&s.local_ts, &s.remote_ts, MAX_CHILD_SELECTORS) {
+        Some(v) => v,
+        None => {
+            tracing::warn!(
+                "ike: connection \"{}\": SA {:#010x}'s negotiated selectors need more than \
+                 {MAX_CHILD_SELECTORS} prefix pairs; the data plane uses the connection's \
+                 configured selectors for it",
+                s.conn,
+                s.spi
+            );
+            Vec::new()
+        }
+    }
+}
+
 fn mono_ns() -> u64 {
     let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
@@ -421,6 +446,7 @@ impl IkeDriver {
             match ev {
                 Event::InstallSa(s) => {
                     installed = true;
+                    let selectors = data_plane_selectors(&s);
                     let sa = NegotiatedSa {
                         conn: &s.conn,
                         outbound: s.outbound,
@@ -432,6 +458,7 @@ impl IkeDriver {
                         esn: s.esn,
                         encap: s.encap,
                         slot: s.slot,
+                        selectors: &selectors,
                     };
                     let mut guards = lock_all(engines);
                     let mut refs: Vec<&mut Engine> = guards.iter_mut().map(|g| &mut **g).collect();

@@ -11,6 +11,7 @@ use espgate_core::cluster::NodeId;
 use espgate_core::crypto::Suite;
 use espgate_core::gateway::{del_sa_all, install_negotiated_all, Engine, NegotiatedSa};
 use espgate_core::sa::Protocol;
+use espgate_core::selector::TrafficSelector;
 use std::time::Duration;
 use zeroize::Zeroizing;
 
@@ -123,6 +124,7 @@ impl SharedSas {
                 encap: s.encap,
                 owner: self.me,
                 share_from: None,
+                selectors: s.selectors.iter().map(ToString::to_string).collect(),
             },
             installed: now,
             imported: false,
@@ -327,6 +329,12 @@ fn install(engines: &mut [&mut Engine], s: &SharedSa, now: Duration) -> Result<S
         .map_err(|e| format!("suite {:?}: {e}", s.suite))?;
     let enc = key_bytes(&s.enc_key).ok_or("bad enc_key hex")?;
     let integ = key_bytes(&s.integ_key).ok_or("bad integ_key hex")?;
+    let selectors = s
+        .selectors
+        .iter()
+        .map(|t| t.parse())
+        .collect::<Result<Vec<TrafficSelector>, String>>()
+        .map_err(|e| format!("selectors: {e}"))?;
     let sa = NegotiatedSa {
         conn: &s.conn,
         outbound: s.outbound,
@@ -340,6 +348,7 @@ fn install(engines: &mut [&mut Engine], s: &SharedSa, now: Duration) -> Result<S
         // A cluster node runs one worker and no per-CPU SAs (the
         // configuration refuses them with [cluster]).
         slot: 0,
+        selectors: &selectors,
     };
     install_negotiated_all(engines, &sa, now).map(|c| c.message)
 }

@@ -63,8 +63,8 @@ struct Plane {
     sas: BTreeMap<(bool, u32), Keys>,
     /// The protocol each SA was installed with.
     protocols: BTreeMap<(bool, u32), Protocol>,
-    /// The per-CPU slot of each outbound SA.
-    slots: BTreeMap<u32, u32>,
+    /// The per-CPU slot and the selectors of each outbound SA.
+    slots: BTreeMap<u32, (u32, String)>,
     /// The SPI outbound packets use (the last installed outbound SA).
     current_out: Option<u32>,
     log: Vec<String>,
@@ -92,6 +92,16 @@ struct Pair {
     seen: Option<Vec<Seen>>,
 }
 
+/// Selectors as one comparable string, whatever their order.
+fn ts_key(local: &[TrafficSelector], remote: &[TrafficSelector]) -> String {
+    let side = |v: &[TrafficSelector]| {
+        let mut d: Vec<String> = v.iter().map(ts::display).collect();
+        d.sort();
+        d.join(",")
+    };
+    format!("{} === {}", side(local), side(remote))
+}
+
 fn apply(e: &mut Ike, p: &mut Plane) {
     while let Some(ev) = e.poll_event() {
         match ev {
@@ -103,12 +113,13 @@ fn apply(e: &mut Ike, p: &mut Plane) {
                 ));
                 if s.outbound {
                     // Like the gateway: a new outbound SA replaces the old
-                    // one of its per-CPU slot.
+                    // one of its per-CPU slot and selectors.
                     p.current_out = Some(s.spi);
+                    let key = (s.slot, ts_key(&s.local_ts, &s.remote_ts));
                     let slots = &p.slots;
                     p.sas
-                        .retain(|(out, spi), _| !*out || slots.get(spi) != Some(&s.slot));
-                    p.slots.insert(s.spi, s.slot);
+                        .retain(|(out, spi), _| !*out || slots.get(spi) != Some(&key));
+                    p.slots.insert(s.spi, key);
                 }
                 p.sas.insert(
                     (s.outbound, s.spi),
@@ -2682,7 +2693,7 @@ fn assert_slots_matched(p: &Pair, n: usize) {
     for (k, (slot, spi_in, spi_out)) in sa.iter().enumerate() {
         assert_eq!(*slot, k as u32);
         assert_eq!(spi_in % 2, slot % 2, "A's slot {slot} SPI {spi_in:08x}");
-        assert_eq!(p.pa.slots.get(spi_out), Some(slot));
+        assert_eq!(p.pa.slots.get(spi_out).map(|s| &s.0), Some(slot));
         assert_eq!(
             p.pa.sas.get(&(true, *spi_out)),
             p.pb.sas.get(&(false, *spi_out)),
@@ -2855,4 +2866,69 @@ fn the_rekey_of_one_of_several_children_keeps_its_slot() {
         assert_eq!(p.pa.sas.len(), 4, "{:?}", p.pa.log);
         assert_eq!(p.pb.sas.len(), 4, "{:?}", p.pb.log);
     }
+}
+
+#[test]
+fn children_with_different_selectors_keep_their_own_outbound_sas() {
+    // A asks for 10.2.1/24, then (another child on the same IKE SA) for
+    // 10.2.2/24; B's one connection covers 10.2/16 and narrows to each.
+    // B keeps both children's outbound SAs (the data plane carries each
+    // one's traffic); a rekey replaces its own child's only, and a delete
+    // removes only its own.
+    let ike = "aes128gcm16-prfsha256-x25519";
+    let esp = "aes128gcm16";
+    let ca = conf(A, B, ike, esp, "10.1.0.0/16", "10.2.1.0/24");
+    let cb = conf(B, A, ike, esp, "10.2.0.0/16", "10.1.0.0/16");
+    let mut p = Pair::new(ca, cb);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    p.a.conns[0].child.remote_ts = vec![ts::from_prefix(pfx("10.2.2.0/24"), 0)];
+    p.a.sas[0].tasks.push_back(Task::CreateChild);
+    p.a.kick_now(0, p.now);
+    p.run();
+    assert_eq!(p.b.counter(IkeEvent::ChildrenEstablished), 2);
+    assert_eq!(child_counts(&p.b), vec![2]);
+    p.assert_matched();
+    let outs =
+        |pl: &Plane| -> Vec<u32> { pl.sas.keys().filter(|(o, _)| *o).map(|(_, s)| *s).collect() };
+    assert_eq!(outs(&p.pb).len(), 2, "B sends on both children");
+    let b_local: Vec<String> = p.b.sas[0]
+        .children
+        .iter()
+        .map(|c| ts_key(&c.local_ts, &[]))
+        .collect();
+    assert_eq!(
+        b_local,
+        ["10.2.1.0-10.2.1.255 === ", "10.2.2.0-10.2.2.255 === "],
+        "B narrowed each to what A asked"
+    );
+    assert!(p.b.sas[0].children.iter().all(|c| c.out_active));
+    // B rekeys the first child: its outbound SA is replaced, the second's
+    // stays.
+    let (x_in, y_out) = {
+        let c = &p.b.sas[0].children;
+        (c[0].spi_in, c[1].spi_out)
+    };
+    p.b.sas[0].tasks.push_back(Task::RekeyChild(x_in));
+    p.b.kick_now(0, p.now);
+    p.run();
+    p.assert_matched();
+    assert_eq!(child_counts(&p.b), vec![2]);
+    let now_out = outs(&p.pb);
+    assert_eq!(now_out.len(), 2, "{now_out:08x?}");
+    assert!(now_out.contains(&y_out), "the other child's SA stays");
+    // A deletes its second child: B removes that child's outbound SA and
+    // keeps the first's (the plane refuses a removal of an SA it lacks).
+    let y_in_a = p.a.sas[0]
+        .children
+        .iter()
+        .find(|c| c.spi_out == p.b.sas[0].children[1].spi_in)
+        .map(|c| c.spi_in)
+        .unwrap();
+    p.a.sas[0].tasks.push_back(Task::DeleteChild(y_in_a));
+    p.a.kick_now(0, p.now);
+    p.run();
+    assert_eq!(child_counts(&p.b), vec![1]);
+    assert_eq!(outs(&p.pb).len(), 1);
+    assert!(!outs(&p.pb).contains(&y_out));
 }
