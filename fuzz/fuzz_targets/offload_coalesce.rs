@@ -1,4 +1,4 @@
-//! TUN offload coalescing: `offload::TcpCoalescer` on a fuzz-chosen stream
+//! TUN offload coalescing: `offload::Coalescer` on a fuzz-chosen stream
 //! of decrypted inner packets, driven the way the data plane must
 //! (`offload_common::drive`: FlushFirst → take, write, push again;
 //! Ineligible → take and write the pending one, then write this one).
@@ -30,7 +30,7 @@
 mod common;
 
 use common::*;
-use espgate_core::offload::TcpCoalescer;
+use espgate_core::offload::Coalescer;
 use espgate_fuzz::Cursor;
 use libfuzzer_sys::fuzz_target;
 
@@ -119,7 +119,7 @@ fuzz_target!(|data: &[u8]| {
     }
     // UDP merging on (as with a USO TUN): the raw packets of op 4 also go
     // through its parser, and TCP must behave exactly as without it.
-    let mut co = TcpCoalescer::with_udp(true);
+    let mut co = Coalescer::with_udp(true);
     let written = drive(&mut co, &pkts);
     assert!(co.is_empty());
     assert_same_stream(&pkts, &expand(&written));

@@ -24,7 +24,7 @@
 //! - raw: a zero segment size is refused, GSO-none without `needs_csum` is
 //!   always accepted;
 //! - built: the super-segment is always accepted; TCP segments fed to a
-//!   `TcpCoalescer` and the result split again give back exactly those
+//!   `Coalescer` and the result split again give back exactly those
 //!   segments, and a coalescable flow of 2..=64 segments comes back as the
 //!   original super-segment in one write.
 #![no_main]
@@ -34,7 +34,7 @@ mod common;
 
 use common::*;
 use espgate_core::offload::{
-    GsoInfo, GsoKind, Segmenter, TcpCoalescer, MAX_COALESCE_SEGMENTS, MAX_SEGMENTS,
+    GsoInfo, GsoKind, Segmenter, Coalescer, MAX_COALESCE_SEGMENTS, MAX_SEGMENTS,
 };
 use espgate_core::DropReason;
 use espgate_fuzz::Cursor;
@@ -120,7 +120,7 @@ fn run_built(data: &[u8]) {
     if flow.udp {
         return;
     }
-    let written = drive(&mut TcpCoalescer::new(), &segs);
+    let written = drive(&mut Coalescer::new(), &segs);
     assert_same_stream(&segs, &expand(&written));
     let coalescable = flow.ip_opts.is_empty()
         && flow.ext == 0

@@ -15,7 +15,7 @@ use crate::sys::{self, RecvBatch};
 use anyhow::{Context, Result};
 use espgate_api::costs::{CostCells, Costs, Dir};
 use espgate_core::gateway::{Dropped, Engine, EngineEvent, Received};
-use espgate_core::offload::{self, GsoInfo, GsoKind, Push, Segmenter, TcpCoalescer};
+use espgate_core::offload::{self, Coalescer, GsoInfo, GsoKind, Push, Segmenter};
 use espgate_core::sa::SaEvent;
 use espgate_core::stats::WorkerCounters;
 use espgate_core::wire::{ip, proto, udp};
@@ -267,7 +267,7 @@ impl<'a> Worker<'a> {
         // and the TCP segments (UDP datagrams too, with USO) being
         // coalesced for the TUN.
         let mut seg_src = PacketBuf::with_capacity(MAX_PACKET + VNET_HDR_LEN);
-        let mut co = TcpCoalescer::with_udp(self.udp_gro);
+        let mut co = Coalescer::with_udp(self.udp_gro);
         // When each connection last sent something (NAT keepalives).
         let mut last_tx = vec![Duration::ZERO; lock(self.engine).connections().len()];
         let mut costs = Costs::over(self.costs.clone());
@@ -731,7 +731,7 @@ impl Round<'_> {
     /// super-segment first (written by [`Round::flush_tun`] when the flow
     /// changes or the batch ends): one write, one pass up the kernel's
     /// stack for many segments.
-    fn deliver(&mut self, pkt: &[u8], co: &mut TcpCoalescer) {
+    fn deliver(&mut self, pkt: &[u8], co: &mut Coalescer) {
         if !self.w.vnet {
             self.write_tun(None, pkt, 1);
             return;
@@ -750,7 +750,7 @@ impl Round<'_> {
     }
 
     /// Writes the coalesced super-segment, if any.
-    fn flush_tun(&mut self, co: &mut TcpCoalescer) {
+    fn flush_tun(&mut self, co: &mut Coalescer) {
         let Some((pkt, info, segs)) = co.take() else {
             return;
         };
@@ -800,7 +800,7 @@ impl Round<'_> {
 
     /// Verifies and removes the IPsec layers of the packet in `buf` and
     /// delivers what is inside.
-    fn receive(&mut self, buf: &mut PacketBuf, from: IpAddr, co: &mut TcpCoalescer) {
+    fn receive(&mut self, buf: &mut PacketBuf, from: IpAddr, co: &mut Coalescer) {
         let now = self.now();
         let r = match self.costs.as_deref_mut() {
             None => self.engine.inbound(buf, now, from),
@@ -834,7 +834,7 @@ impl Round<'_> {
     /// the kernel reports. Each is copied into `buf` (which has the
     /// headroom for the synthetic outer header the core expects) and
     /// processed alone.
-    fn on_udp(&mut self, rx: &mut RecvBatch, buf: &mut PacketBuf, co: &mut TcpCoalescer) {
+    fn on_udp(&mut self, rx: &mut RecvBatch, buf: &mut PacketBuf, co: &mut Coalescer) {
         let sockets = self.w.sockets;
         let Some(u) = &sockets.udp else { return };
         let listen = u.local;
@@ -920,13 +920,7 @@ impl Round<'_> {
 
     /// Receives up to `batch` packets from a raw ESP/AH socket, many per
     /// `recvmmsg` call, like [`Round::on_udp`].
-    fn on_raw(
-        &mut self,
-        r: &RawRx,
-        rx: &mut RecvBatch,
-        buf: &mut PacketBuf,
-        co: &mut TcpCoalescer,
-    ) {
+    fn on_raw(&mut self, r: &RawRx, rx: &mut RecvBatch, buf: &mut PacketBuf, co: &mut Coalescer) {
         let mut read = 0;
         for _ in 0..self.w.batch {
             if read >= self.w.batch {

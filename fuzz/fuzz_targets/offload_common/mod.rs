@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use espgate_core::offload::{
-    GsoInfo, GsoKind, Push, Segmenter, TcpCoalescer, MAX_COALESCE_SEGMENTS, MAX_SEGMENTS,
+    GsoInfo, GsoKind, Push, Segmenter, Coalescer, MAX_COALESCE_SEGMENTS, MAX_SEGMENTS,
     MAX_SUPER_LEN,
 };
 use espgate_core::wire::ip;
@@ -429,9 +429,9 @@ pub fn check_split(orig: &[u8], info: &GsoInfo, out: &[Vec<u8>]) {
 // Coalescing.
 
 /// Drives a coalescer as the data plane must; returns what it would write.
-pub fn drive(co: &mut TcpCoalescer, pkts: &[Vec<u8>]) -> Vec<(Vec<u8>, GsoInfo)> {
+pub fn drive(co: &mut Coalescer, pkts: &[Vec<u8>]) -> Vec<(Vec<u8>, GsoInfo)> {
     let mut out = Vec::new();
-    let take = |co: &mut TcpCoalescer, out: &mut Vec<(Vec<u8>, GsoInfo)>| {
+    let take = |co: &mut Coalescer, out: &mut Vec<(Vec<u8>, GsoInfo)>| {
         let pending = co.segments();
         if let Some((b, info, n)) = co.take() {
             assert_eq!(n, pending, "take() count");

@@ -13,7 +13,7 @@ pub const MAX_SUPER_LEN: usize = 65535;
 /// Most packets merged into one super-segment.
 pub const MAX_COALESCE_SEGMENTS: usize = 64;
 
-/// What [`TcpCoalescer::push`] did with a packet.
+/// What [`Coalescer::push`] did with a packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Push {
     /// Copied in: it started a new super-segment or was appended to the
@@ -21,7 +21,7 @@ pub enum Push {
     Absorbed,
     /// It cannot join the pending super-segment (other flow, sequence gap,
     /// larger payload, limits reached, the pending one is closed or its first
-    /// packet's checksum is bad). [`TcpCoalescer::take`] and write the pending
+    /// packet's checksum is bad). [`Coalescer::take`] and write the pending
     /// one, then push this packet again (it will be absorbed or ineligible).
     FlushFirst,
     /// Not coalescable at all. Nothing was copied. Take and write the pending
@@ -44,8 +44,9 @@ struct Candidate {
     flags: u8,
 }
 
-/// Builds TCP super-segments out of consecutive packets of one flow, in one
-/// buffer of [`MAX_SUPER_LEN`] bytes allocated at construction.
+/// Builds TCP super-segments out of consecutive packets of one flow (and,
+/// with [`Coalescer::with_udp`], UDP super-datagrams), in one buffer of
+/// [`MAX_SUPER_LEN`] bytes allocated at construction.
 ///
 /// A packet is a candidate if it is IPv4 without options, not a fragment,
 /// with a correct header checksum, or IPv6 with TCP directly after the fixed
@@ -70,11 +71,11 @@ struct Candidate {
 /// appended (bad: `Ineligible`), and the pending first packet's when the
 /// second arrives (bad: `FlushFirst`, and it goes out alone, unchanged, for
 /// the receiver to drop). A packet that is never merged is never verified.
-pub struct TcpCoalescer {
+pub struct Coalescer {
     buf: Box<[u8]>,
     /// Bytes pending; 0 when empty.
     len: usize,
-    /// UDP datagrams are merged too ([`TcpCoalescer::with_udp`]).
+    /// UDP datagrams are merged too ([`Coalescer::with_udp`]).
     udp_on: bool,
     v6: bool,
     /// The pending super-segment is UDP (else TCP).
@@ -90,9 +91,9 @@ pub struct TcpCoalescer {
     first_verified: bool,
 }
 
-impl std::fmt::Debug for TcpCoalescer {
+impl std::fmt::Debug for Coalescer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TcpCoalescer")
+        f.debug_struct("Coalescer")
             .field("len", &self.len)
             .field("segs", &self.segs)
             .field("gso_size", &self.gso_size)
@@ -101,16 +102,16 @@ impl std::fmt::Debug for TcpCoalescer {
     }
 }
 
-impl Default for TcpCoalescer {
+impl Default for Coalescer {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl TcpCoalescer {
+impl Coalescer {
     /// An empty coalescer with its buffer, for TCP only.
-    pub fn new() -> TcpCoalescer {
-        TcpCoalescer::with_udp(false)
+    pub fn new() -> Coalescer {
+        Coalescer::with_udp(false)
     }
 
     /// An empty coalescer that, with `udp`, also merges UDP datagrams of
@@ -124,8 +125,8 @@ impl TcpCoalescer {
     /// checksum is verified before it is merged (a zero IPv4 checksum means
     /// none was sent; the kernel then fills one in), because the kernel
     /// trusts the super-packet's.
-    pub fn with_udp(udp: bool) -> TcpCoalescer {
-        TcpCoalescer {
+    pub fn with_udp(udp: bool) -> Coalescer {
+        Coalescer {
             buf: vec![0u8; MAX_SUPER_LEN].into_boxed_slice(),
             len: 0,
             udp_on: udp,

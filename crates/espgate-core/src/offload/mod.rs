@@ -8,7 +8,7 @@
 //! sees it, [`Segmenter`] turns it into ordinary packets, each with full
 //! headers and a full checksum (what the kernel's `tcp_gso_segment` and
 //! `__udp_gso_segment` would have produced); [`complete_checksum`] fills in a
-//! partial checksum. In the other direction [`TcpCoalescer`] merges decrypted
+//! partial checksum. In the other direction [`Coalescer`] merges decrypted
 //! inner TCP packets of one flow that arrive back to back into one
 //! super-segment, written with one `write(2)` and a header that lets the
 //! kernel segment it again (or hand it to its local stack whole, like GRO).
@@ -28,7 +28,7 @@ mod segment;
 #[cfg(test)]
 mod tests;
 
-pub use coalesce::{Push, TcpCoalescer, MAX_COALESCE_SEGMENTS, MAX_SUPER_LEN};
+pub use coalesce::{Coalescer, Push, MAX_COALESCE_SEGMENTS, MAX_SUPER_LEN};
 pub use segment::{Segmenter, MAX_SEGMENTS};
 
 use crate::error::{DropReason, PResult};
@@ -88,7 +88,7 @@ impl GsoKind {
     }
 
     /// The `virtio_net_hdr.gso_type` byte for this kind (never with the ECN
-    /// flag: [`TcpCoalescer`] does not merge CWR packets).
+    /// flag: [`Coalescer`] does not merge CWR packets).
     pub fn to_virtio(self) -> u8 {
         match self {
             GsoKind::None => VIRTIO_NET_HDR_GSO_NONE,

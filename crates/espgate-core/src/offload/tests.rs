@@ -807,9 +807,9 @@ fn gso_of(s: &Spec) -> usize {
     }
 }
 
-/// `TcpCoalescer::take` with its packet count checked against the pending
+/// `Coalescer::take` with its packet count checked against the pending
 /// count and the bytes.
-fn take(c: &mut TcpCoalescer) -> Option<(&[u8], GsoInfo)> {
+fn take(c: &mut Coalescer) -> Option<(&[u8], GsoInfo)> {
     let pending = c.segments();
     let (b, info, n) = c.take()?;
     assert_eq!(n, pending);
@@ -825,7 +825,7 @@ fn take(c: &mut TcpCoalescer) -> Option<(&[u8], GsoInfo)> {
 /// Drives a coalescer the way the shell must: FlushFirst → take, write,
 /// push again; Ineligible → take and write the pending one, write this one.
 /// Returns what would be written, in order.
-fn drive(c: &mut TcpCoalescer, pkts: &[Vec<u8>]) -> Vec<(Vec<u8>, GsoInfo)> {
+fn drive(c: &mut Coalescer, pkts: &[Vec<u8>]) -> Vec<(Vec<u8>, GsoInfo)> {
     let mut out = Vec::new();
     for p in pkts {
         let mut tries = 0;
@@ -948,7 +948,7 @@ fn coalesce_roundtrip_exact() {
         let gso = gso_of(&s);
         let segs = split_and_check(&s, gso);
         assert_eq!(segs.len(), 11);
-        let mut c = TcpCoalescer::new();
+        let mut c = Coalescer::new();
         for (i, p) in segs.iter().enumerate() {
             assert_eq!(c.push(p), Push::Absorbed, "segment {i}");
             assert_eq!(c.segments(), i + 1);
@@ -986,7 +986,7 @@ fn psh_ends_a_super_segment() {
         t.packet(&s.payload[..gso], false)
     };
     segs.push(more.clone());
-    let mut c = TcpCoalescer::new();
+    let mut c = Coalescer::new();
     for p in &segs[..11] {
         assert_eq!(c.push(p), Push::Absorbed);
     }
@@ -996,7 +996,7 @@ fn psh_ends_a_super_segment() {
     assert_eq!(b, &s.super_segment()[..], "PSH kept on the super-segment");
     assert_eq!(c.push(&more), Push::Absorbed);
     // A first packet with PSH stays alone.
-    let mut c = TcpCoalescer::new();
+    let mut c = Coalescer::new();
     let mut first = segs[0].clone();
     first[s.l4() + 13] |= PSH;
     refix(&mut first);
@@ -1009,7 +1009,7 @@ fn psh_ends_a_super_segment() {
 fn short_segment_closes() {
     let s = flows().remove(1);
     let gso = gso_of(&s);
-    let mut c = TcpCoalescer::new();
+    let mut c = Coalescer::new();
     let a = s.segment(gso, 0);
     let mut t = s.clone();
     t.seq = s.seq.wrapping_add(gso as u32);
@@ -1030,7 +1030,7 @@ fn segment_and_length_limits() {
     // 64 small segments, then FlushFirst.
     let s = Spec::new(false, false, 65 * 100);
     let segs = split_and_check(&s, 100);
-    let mut c = TcpCoalescer::new();
+    let mut c = Coalescer::new();
     for p in &segs[..MAX_COALESCE_SEGMENTS] {
         assert_eq!(c.push(p), Push::Absorbed);
     }
@@ -1042,7 +1042,7 @@ fn segment_and_length_limits() {
     // (Built one by one: 45 of them do not fit one super-segment.)
     let s = Spec::new(false, false, 46 * 1460);
     let segs: Vec<Vec<u8>> = (0..46).map(|i| s.segment(1460, i)).collect();
-    let mut c = TcpCoalescer::new();
+    let mut c = Coalescer::new();
     for p in &segs[..44] {
         assert_eq!(c.push(p), Push::Absorbed);
     }
@@ -1051,7 +1051,7 @@ fn segment_and_length_limits() {
     check_super(b, &info);
     assert_eq!(b.len(), 40 + 44 * 1460);
     // A shorter packet that still fits is appended right up to the cap.
-    let mut c = TcpCoalescer::new();
+    let mut c = Coalescer::new();
     for p in &segs[..44] {
         assert_eq!(c.push(p), Push::Absorbed);
     }
@@ -1115,7 +1115,7 @@ fn flush_first_reasons() {
         }
         for (name, f) in &cases {
             let p = variant(&s, f);
-            let mut c = TcpCoalescer::new();
+            let mut c = Coalescer::new();
             assert_eq!(c.push(&first), Push::Absorbed);
             assert_eq!(c.push(&p), Push::FlushFirst, "{name} v6={}", s.v6);
             assert_eq!(take(&mut c).unwrap(), (&first[..], GsoInfo::NONE));
@@ -1126,7 +1126,7 @@ fn flush_first_reasons() {
             let mut p = good.clone();
             p[at] ^= 1;
             refix(&mut p);
-            let mut c = TcpCoalescer::new();
+            let mut c = Coalescer::new();
             c.push(&first);
             assert_eq!(c.push(&p), Push::FlushFirst, "address byte {at}");
         }
@@ -1134,12 +1134,12 @@ fn flush_first_reasons() {
         let mut t = s.clone();
         t.seq = s.seq.wrapping_add(gso as u32);
         let bigger = t.packet(&s.payload[gso..2 * gso + 1], false);
-        let mut c = TcpCoalescer::new();
+        let mut c = Coalescer::new();
         c.push(&first);
         assert_eq!(c.push(&bigger), Push::FlushFirst, "larger payload");
         // Identification need not be consecutive.
         let odd_id = variant(&s, |t| t.id = t.id.wrapping_add(1000));
-        let mut c = TcpCoalescer::new();
+        let mut c = Coalescer::new();
         c.push(&first);
         assert_eq!(c.push(&odd_id), Push::Absorbed, "IPv4 ID is free");
     }
@@ -1153,7 +1153,7 @@ fn bad_first_checksum_is_found_when_merging() {
         let n = bad.len();
         bad[n - 1] ^= 0x40;
         let second = s.segment(gso, 1);
-        let mut c = TcpCoalescer::new();
+        let mut c = Coalescer::new();
         assert_eq!(c.push(&bad), Push::Absorbed, "held unverified");
         assert_eq!(c.push(&second), Push::FlushFirst);
         assert_eq!(
@@ -1163,7 +1163,7 @@ fn bad_first_checksum_is_found_when_merging() {
         );
         assert_eq!(c.push(&second), Push::Absorbed);
         // And once flagged, the bad one stays closed.
-        let mut c = TcpCoalescer::new();
+        let mut c = Coalescer::new();
         c.push(&bad);
         assert_eq!(c.push(&second), Push::FlushFirst);
         assert_eq!(c.push(&second), Push::FlushFirst);
@@ -1239,7 +1239,7 @@ fn ineligible_packets() {
             cases.push(("bad IPv4 header checksum", hcs));
         }
         for (name, p) in &cases {
-            let mut c = TcpCoalescer::new();
+            let mut c = Coalescer::new();
             if name != &"bad TCP checksum" {
                 assert_eq!(c.push(p), Push::Ineligible, "{name} alone v6={}", s.v6);
                 assert!(c.is_empty());
@@ -1264,7 +1264,7 @@ fn ineligible_stream_keeps_order() {
     let mut pkts: Vec<Vec<u8>> = (0..6).map(|i| s.segment(gso, i)).collect();
     let udp = Spec::new(false, true, 50).packet(&[7; 50], false);
     pkts.insert(3, udp);
-    let written = drive(&mut TcpCoalescer::new(), &pkts);
+    let written = drive(&mut Coalescer::new(), &pkts);
     assert_eq!(written.len(), 3, "super, UDP alone, super");
     assert_eq!(written[1].0, pkts[3]);
     assert_same_stream(&pkts, &expand(&written));
@@ -1315,7 +1315,7 @@ proptest! {
             *b = x as u8;
         }
         let segs = split_and_check(&s, gso);
-        let mut c = TcpCoalescer::new();
+        let mut c = Coalescer::new();
         for p in &segs {
             prop_assert_eq!(c.push(p), Push::Absorbed);
         }
@@ -1342,7 +1342,7 @@ proptest! {
         let mut s = s;
         s.flags = extra.iter().fold(ACK, |a, f| a | f);
         let segs = split_and_check(&s, gso);
-        let written = drive(&mut TcpCoalescer::new(), &segs);
+        let written = drive(&mut Coalescer::new(), &segs);
         for (b, i) in &written {
             if i.kind != GsoKind::None {
                 prop_assert_eq!(usize::from(i.gso_size), gso);
@@ -1369,7 +1369,7 @@ proptest! {
         let victim = if corrupt_first { &mut a } else { &mut b };
         let i = at.index(victim.len());
         victim[i] ^= xor;
-        let mut c = TcpCoalescer::new();
+        let mut c = Coalescer::new();
         let first = c.push(&a);
         let second = c.push(&b);
         prop_assert_ne!((first, second), (Push::Absorbed, Push::Absorbed), "byte {} ^ {:#x}", i, xor);
@@ -1402,7 +1402,7 @@ proptest! {
                 _ => { next[f] += 2; pkts.push(seg) }
             }
         }
-        let written = drive(&mut TcpCoalescer::new(), &pkts);
+        let written = drive(&mut Coalescer::new(), &pkts);
         assert_same_stream(&pkts, &expand(&written));
     }
 
@@ -1436,7 +1436,7 @@ proptest! {
             }
             prop_assert_eq!(n, Segmenter::new(&pkt, &info).unwrap().count());
         }
-        let mut c = TcpCoalescer::new();
+        let mut c = Coalescer::new();
         let _ = c.push(&pkt);
         let _ = take(&mut c);
     }
@@ -1451,9 +1451,9 @@ fn udp_datagrams_of_one_flow_coalesce_and_split_back_exactly() {
         let segs = split_and_check(&s, 1200);
         assert_eq!(segs.len(), 11);
         // Without USO, UDP is never merged.
-        let mut tcp_only = TcpCoalescer::new();
+        let mut tcp_only = Coalescer::new();
         assert_eq!(tcp_only.push(&segs[0]), Push::Ineligible);
-        let mut c = TcpCoalescer::with_udp(true);
+        let mut c = Coalescer::with_udp(true);
         for (i, p) in segs.iter().enumerate() {
             assert_eq!(c.push(p), Push::Absorbed, "datagram {i}");
         }
@@ -1492,7 +1492,7 @@ fn udp_coalescing_refuses_what_it_must() {
     let s = Spec::new(false, true, 4 * 1000);
     let segs = split_and_check(&s, 1000);
     let l4 = s.l4();
-    let mut c = TcpCoalescer::with_udp(true);
+    let mut c = Coalescer::with_udp(true);
     assert_eq!(c.push(&segs[0]), Push::Absorbed);
     // Another destination port: another flow.
     let mut other = segs[1].clone();
