@@ -89,24 +89,42 @@ impl PacketBuf {
 
     /// Grows the packet at the front by `n` bytes (contents unspecified) and
     /// returns the whole packet. Reallocates only if the headroom is short.
+    ///
+    /// Inlined, with the reallocation out of line: each packet calls this
+    /// and [`PacketBuf::push_back`] a few times, and a call that is not
+    /// inlined cost about 30 instructions each (callgrind, `hotpath`).
+    #[inline]
     pub fn push_front(&mut self, n: usize) -> &mut [u8] {
         if self.start < n {
-            let extra = n - self.start + DEFAULT_HEADROOM;
-            self.data.splice(0..0, std::iter::repeat_n(0, extra));
-            self.start += extra;
-            self.end += extra;
+            self.grow_front(n);
         }
         self.start -= n;
         self.as_mut_slice()
     }
 
+    #[cold]
+    #[inline(never)]
+    fn grow_front(&mut self, n: usize) {
+        let extra = n - self.start + DEFAULT_HEADROOM;
+        self.data.splice(0..0, std::iter::repeat_n(0, extra));
+        self.start += extra;
+        self.end += extra;
+    }
+
     /// Grows the packet at the back by `n` bytes and returns the whole packet.
+    #[inline]
     pub fn push_back(&mut self, n: usize) -> &mut [u8] {
         if self.data.len() < self.end + n {
-            self.data.resize(self.end + n + DEFAULT_TAILROOM, 0);
+            self.grow_back(n);
         }
         self.end += n;
         self.as_mut_slice()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn grow_back(&mut self, n: usize) {
+        self.data.resize(self.end + n + DEFAULT_TAILROOM, 0);
     }
 
     /// Drops `n` bytes from the front.

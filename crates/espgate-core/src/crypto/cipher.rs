@@ -215,6 +215,7 @@ impl Transform {
     /// number itself for counter-based modes (unique per SA because sequence
     /// numbers never repeat), CSPRNG output for CBC (RFC 3602 §3), drawn
     /// from a per-SA pool refilled 4 KiB at a time.
+    #[inline]
     pub fn fill_iv(&mut self, iv: &mut [u8], seq: u64) -> PResult<()> {
         match &mut self.cipher {
             Cipher::Null => Ok(()),
