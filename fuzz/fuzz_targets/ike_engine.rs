@@ -92,17 +92,7 @@ fn conf(local: &str, remote: &str, lts: &str, rts: &str) -> IkeConfig {
 struct Plane {
     sas: BTreeSet<(bool, u32)>,
     /// The per-CPU slot and the selectors of each outbound SA.
-    slots: BTreeMap<u32, (u32, String)>,
-}
-
-/// Selectors as one comparable string, whatever their order.
-fn ts_key(local: &[TrafficSelector], remote: &[TrafficSelector]) -> String {
-    let side = |v: &[TrafficSelector]| {
-        let mut d: Vec<String> = v.iter().map(ts::display).collect();
-        d.sort();
-        d.join(",")
-    };
-    format!("{} === {}", side(local), side(remote))
+    slots: BTreeMap<u32, (u32, Vec<TrafficSelector>, Vec<TrafficSelector>)>,
 }
 
 fn drain(e: &mut Ike, p: &mut Plane) {
@@ -112,11 +102,15 @@ fn drain(e: &mut Ike, p: &mut Plane) {
                 if s.outbound {
                     // A new outbound SA replaces the connection's current
                     // one of its per-CPU slot and selectors.
-                    let key = (s.slot, ts_key(&s.local_ts, &s.remote_ts));
                     let slots = &p.slots;
-                    p.sas
-                        .retain(|(o, spi)| !*o || slots.get(spi) != Some(&key));
-                    p.slots.insert(s.spi, key);
+                    p.sas.retain(|(o, spi)| {
+                        !*o
+                            || !slots.get(spi).is_some_and(|(k, l, r)| {
+                                *k == s.slot && ts::same(l, &s.local_ts) && ts::same(r, &s.remote_ts)
+                            })
+                    });
+                    p.slots
+                        .insert(s.spi, (s.slot, s.local_ts.clone(), s.remote_ts.clone()));
                 }
                 assert!(p.sas.insert((s.outbound, s.spi)), "SA installed twice");
             }

@@ -634,6 +634,29 @@ fn sent_spi(a: &mut Engine) -> u32 {
     u32::from_be_bytes(buf.as_slice()[28..32].try_into().unwrap())
 }
 
+/// An AES-128-GCM ESP SA of "peer" as IKE negotiates it, without ESN.
+fn gcm_child<'a>(
+    outbound: bool,
+    spi: u32,
+    key: &'a [u8],
+    slot: u32,
+    selectors: &'a [espgate_core::selector::TrafficSelector],
+) -> NegotiatedSa<'a> {
+    NegotiatedSa {
+        conn: "peer",
+        outbound,
+        protocol: Protocol::Esp,
+        spi,
+        suite: "aes128gcm16".parse().unwrap(),
+        enc_key: key,
+        integ_key: &[],
+        esn: false,
+        encap: None,
+        slot,
+        selectors,
+    }
+}
+
 #[test]
 fn negotiated_per_cpu_sas_replace_only_their_own_slot() {
     // Two workers on a per-CPU connection (RFC 9611 children, as IKE
@@ -649,19 +672,7 @@ fn negotiated_per_cpu_sas_replace_only_their_own_slot() {
     let keys: Vec<Vec<u8>> = (1..=4u8).map(|k| vec![k; 20]).collect();
     let install = |aw: &mut [Engine], spi, slot, k: usize| {
         let mut refs: Vec<&mut Engine> = aw.iter_mut().collect();
-        let sa = NegotiatedSa {
-            conn: "peer",
-            outbound: true,
-            protocol: Protocol::Esp,
-            spi,
-            suite: "aes128gcm16".parse().unwrap(),
-            enc_key: &keys[k],
-            integ_key: &[],
-            esn: false,
-            encap: None,
-            slot,
-            selectors: &[],
-        };
+        let sa = gcm_child(true, spi, &keys[k], slot, &[]);
         install_negotiated_all(&mut refs, &sa, T).unwrap()
     };
     let ch = install(&mut aw, 0x4001, 1, 0);
@@ -761,17 +772,8 @@ fn negotiated_qesp_switches_the_layer_and_keeps_the_esp_overlap() {
     let (mut a, mut b) = ike_pair();
     let (k_ab, k_ba) = (hex(K_NEW_AB), hex(K_AB));
     let negotiated = |outbound, protocol, spi, key| NegotiatedSa {
-        conn: "peer",
-        outbound,
         protocol,
-        spi,
-        suite: "aes128gcm16".parse().unwrap(),
-        enc_key: key,
-        integ_key: &[],
-        esn: false,
-        encap: None,
-        slot: 0,
-        selectors: &[],
+        ..gcm_child(outbound, spi, key, 0, &[])
     };
     // An ESP packet of the old pair, held back (the rekey overlap).
     let mut late = PacketBuf::with_capacity(2000);
@@ -1062,19 +1064,8 @@ fn children_with_narrowed_selectors_each_carry_their_own_traffic() {
     let x = [sel("10.1.0.0/16", "10.2.1.0/24")];
     let y = [sel("10.1.0.0/16", "10.2.2.0/24")];
     let keys: Vec<Vec<u8>> = (1..=6u8).map(|k| vec![k; 20]).collect();
-    let child = |outbound, spi, k: usize, selectors| NegotiatedSa {
-        conn: "peer",
-        outbound,
-        protocol: Protocol::Esp,
-        spi,
-        suite: "aes128gcm16".parse().unwrap(),
-        enc_key: &keys[k],
-        integ_key: &[],
-        esn: false,
-        encap: None,
-        slot: 0,
-        selectors,
-    };
+    let child =
+        |outbound, spi, k: usize, selectors| gcm_child(outbound, spi, &keys[k], 0, selectors);
     // The configured pair carries everything until it goes.
     assert_eq!(sent_to(&mut a, "10.2.3.9"), Ok(0x1002));
     let ch = a
