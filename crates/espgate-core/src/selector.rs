@@ -181,6 +181,12 @@ impl TrafficSelector {
     }
 }
 
+/// True when two lists of selectors (in the data plane's form or IKE's)
+/// hold the same items, in any order.
+pub fn same_set<T: PartialEq>(a: &[T], b: &[T]) -> bool {
+    a.iter().all(|x| b.contains(x)) && b.iter().all(|x| a.contains(x))
+}
+
 /// `10.1.0.0/16 10.2.0.0/16 any 0-65535 0-65535`: our prefix, the peer's,
 /// the protocol (`any` or a number) and the two port ranges. The form a
 /// cluster node shares a negotiated SA's selectors in.

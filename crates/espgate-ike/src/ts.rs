@@ -231,7 +231,7 @@ pub fn to_selectors(local: &[Ts], remote: &[Ts], max: usize) -> Option<Vec<Traff
 
 /// True when two selector lists hold the same selectors, in any order.
 pub fn same(a: &[Ts], b: &[Ts]) -> bool {
-    a.iter().all(|x| b.contains(x)) && b.iter().all(|x| a.contains(x))
+    espgate_core::selector::same_set(a, b)
 }
 
 /// Human-readable form (`10.1.0.0-10.1.255.255`, with `[proto/ports]`

@@ -422,17 +422,13 @@ impl Engine {
             sa.set_lease(l);
         }
         let suite = sa.config().suite.name();
-        let selectors = (group.is_none()).then(|| sa.config().selectors.clone());
+        let new_group = group.is_none();
+        let selectors = new_group.then(|| sa.config().selectors.clone());
         let id = self.sad.insert(sa).map_err(|e| format!("{what}: {e}"))?;
-        let new_group = selectors.is_some();
-        let group = match (group, selectors) {
-            (Some(g), _) => g,
-            (None, Some(sels)) => {
-                self.conns[ci].groups.push(sels);
-                self.conns[ci].groups.len() as u32
-            }
-            (None, None) => 0,
-        };
+        let group = group.unwrap_or_else(|| {
+            self.conns[ci].groups.extend(selectors);
+            self.conns[ci].groups.len() as u32
+        });
         *slot(&mut self.meta, id) = Some(SaMeta {
             conn: ci,
             outbound,

@@ -852,9 +852,7 @@ impl Engine {
     /// (in any order) or empty, else an existing group's or `None` (a new
     /// group is needed).
     fn find_group(&self, ci: usize, selectors: &[TrafficSelector]) -> Option<u32> {
-        let same = |a: &[TrafficSelector], b: &[TrafficSelector]| {
-            a.iter().all(|x| b.contains(x)) && b.iter().all(|x| a.contains(x))
-        };
+        let same = crate::selector::same_set::<TrafficSelector>;
         let c = &self.conns[ci];
         if selectors.is_empty() || same(selectors, &c.spec.selectors) {
             return Some(0);
