@@ -31,6 +31,10 @@ def test_bench_esp_json_rows(espgate):
         else:
             assert 0 < x["ratio_to_raw"] < 10
             assert 0 <= x["crypto_share"] <= 1
+        if x["suite"] != "null" and x["direction"] == "outbound":
+            assert 0 < x["ceiling"] < 10
+        else:
+            assert x["ceiling"] is None
 
 
 def test_bench_esp_table_and_one_direction(espgate):
