@@ -128,6 +128,8 @@ pub fn pseudo_header(src: IpAddr, dst: IpAddr, proto: u8, len: u32) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// The straightforward RFC 1071 sum: 16-bit big-endian words.
     fn reference(mut acc: u64, data: &[u8]) -> u16 {
         let mut c = data.chunks_exact(2);
@@ -143,16 +145,20 @@ mod tests {
         acc as u16
     }
 
-    #[test]
-    fn the_fast_sum_equals_the_reference_at_every_length_and_offset() {
-        // Pseudo-random bytes (an LCG), and runs of 0xff that carry most.
-        let mut x = 0x1234_5678u32;
-        let mut data: Vec<u8> = (0..3000)
+    /// `n` pseudo-random bytes from a linear congruential generator.
+    fn lcg_bytes(mut x: u32, n: usize) -> Vec<u8> {
+        (0..n)
             .map(|_| {
                 x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
                 (x >> 24) as u8
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn the_fast_sum_equals_the_reference_at_every_length_and_offset() {
+        // Pseudo-random bytes, and runs of 0xff that carry most.
+        let mut data = lcg_bytes(0x1234_5678, 3000);
         data[1000..2000].fill(0xff);
         for start in 0..4 {
             for len in (0..140).chain([1399, 1400, 1401, 1999, 2995]) {
@@ -169,20 +175,13 @@ mod tests {
         let ones = vec![0xffu8; 65535];
         assert_eq!(finish(sum(0, &ones)), !reference(0, &ones));
     }
-    use super::*;
 
     #[test]
     fn the_avx2_loop_and_the_baseline_loop_agree() {
         // `sum` takes the AVX2 loop from WIDE_MIN bytes on CPUs that have
         // it, so the test above checks that path there; this one compares
         // the two loops word for word, whichever CPU runs it.
-        let mut x = 0x9e37_79b9u32;
-        let mut data: Vec<u8> = (0..4100)
-            .map(|_| {
-                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (x >> 24) as u8
-            })
-            .collect();
+        let mut data = lcg_bytes(0x9e37_79b9, 4100);
         data[2048..].fill(0xff);
         for start in [0, 1, 2, 3, 17, 2040] {
             for len in (0..2048).step_by(4) {
