@@ -16,6 +16,7 @@ build: setup
 lint: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --workspace --quiet
 
 unit: setup
 	$(CARGO) test --workspace

@@ -1,6 +1,6 @@
 //! Problems found in a configuration file and where they are: the
-//! public [`Diagnostic`] and [`ConfigError`], and the [`Validator`] that
-//! collects errors and warnings at an [`At`] (a key path, the span of the
+//! public [`Diagnostic`] and [`ConfigError`], and the `Validator` that
+//! collects errors and warnings at an `At` (a key path, the span of the
 //! value in the text, the connection's name) while the parts are checked.
 //!
 //! Positions come from the spans the single TOML parse records

@@ -209,7 +209,7 @@ impl KeyExchange {
     /// its public value: 32 random bytes for X25519 (clamped by the
     /// library, RFC 7748), a random scalar in [1, n-1] for the ECP groups
     /// (rejection sampling), a random exponent of exactly 320 (modp2048)
-    /// or 420 (modp3072) bits for MODP (see [`modp::exponent_bits`]).
+    /// or 420 (modp3072) bits for MODP (see `modp::exponent_bits`).
     ///
     /// # Errors
     /// [`DhError::Random`] if `rng` fails (never a key from zeros),

@@ -2,7 +2,7 @@
 //!
 //! Every random value of IKE — SPIs, nonces, Diffie-Hellman private keys,
 //! the cookie secret, rekey jitter — is drawn through the [`Rng`] trait,
-//! so that a test can make the engine deterministic ([`tests::SeededRng`],
+//! so that a test can make the engine deterministic (`tests::SeededRng`,
 //! test builds only) or make the generator fail. Production uses
 //! [`SystemRng`], aws-lc's CSPRNG.
 //!

@@ -3,7 +3,7 @@
 //!
 //! - [`netlab`]: namespaces, veth links, processes, iperf3 runs;
 //! - [`demo`]: `espgate demo`, two sites through two gateways;
-//! - [`bench`]: `espgate bench crypto|esp|tunnel|parallel|ike`;
+//! - [`mod@bench`]: `espgate bench crypto|esp|tunnel|parallel|ike`;
 //! - [`lab`]: `espgate lab list|run|report`, the seed papers' experiments;
 //! - [`pcap`] and [`capture`]: `espgate pcap encrypt|decrypt` over capture
 //!   files.

@@ -1,5 +1,11 @@
 //! The `espgate` command.
 
+// The doc comments of the argument types below are clap's help text for
+// users, written for a terminal: `[cluster]` is a TOML table,
+// `[,tfc=N]` an optional part of an argument and `<redacted>` literal
+// output, not rustdoc links or HTML.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
+
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use espgate_api::control::{self, Client, CostsAction, Proto, Request, Response, SaDir};

@@ -356,7 +356,7 @@ impl IkeDriver {
         }
     }
 
-    /// Reads up to [`IKE_RECV_PER_WAKE`] waiting datagrams on UDP 500, many
+    /// Reads up to `IKE_RECV_PER_WAKE` waiting datagrams on UDP 500, many
     /// per `recvmmsg`; false when the socket has no more (`WouldBlock`).
     pub fn on_readable(&mut self, now: Duration) -> bool {
         let mut read = 0;

@@ -1,5 +1,5 @@
 //! The control thread: one single-threaded tokio runtime that answers the
-//! control socket ([`server`]), serves the metrics endpoint ([`metrics`]),
+//! control socket (`server`), serves the metrics endpoint (`metrics`),
 //! runs IKE ([`ike`]), and waits for a stop signal or a worker that failed.
 //!
 //! Every request is answered by one function, [`Control::handle`]. Status

@@ -219,7 +219,7 @@ pub struct ChildSnapshot {
 }
 
 /// Everything another engine with the same connection needs to continue an
-/// established IKE SA: see the [module](self) documentation. Serialize it
+/// established IKE SA: see the module documentation. Serialize it
 /// (JSON) to carry it; it holds the IKE SA's keys: seal it, never log it.
 /// Key bytes are wiped on drop and left out of `Debug`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -92,7 +92,7 @@ const CONN: &str = "dos";
 /// The IKE proposals both gateways accept (espgate's documented defaults,
 /// written out so that the flood's proposal stays acceptable).
 const IKE_PROPOSALS: [&str; 2] = ["aes128gcm16-prfsha256-x25519", "aes256-sha256-modp2048"];
-/// The flood's IKE proposal by default: the one of [`IKE_PROPOSALS`] whose
+/// The flood's IKE proposal by default: the one of `IKE_PROPOSALS` whose
 /// key exchange costs the responder most.
 pub const DEFAULT_IKE_PROPOSAL: &str = "aes256-sha256-modp2048";
 /// Seconds of flood before the flooded measurement starts.

@@ -1076,7 +1076,7 @@ impl ClusterRig {
 
     /// Sends `sends` from the host at `rate_bps` (bits of IPv4 packets
     /// per second, paced by the bits before each packet) and counts what
-    /// reaches the peer until [`DRAIN`] after the last packet.
+    /// reaches the peer until `DRAIN` after the last packet.
     pub fn trial(&mut self, sends: &[Send], rate_bps: f64) -> Result<Trial> {
         netlab::check_interrupt()?;
         ensure!(rate_bps > 0.0, "a trial needs a rate");

@@ -117,7 +117,7 @@ fn table_4_1_col(label: &str, frame: u32) -> Option<&'static str> {
         .map(|c| c.0)
 }
 
-/// Why an experiment of [`PENDING`] does not run yet.
+/// Why an experiment of `PENDING` does not run yet.
 pub const RIG_PENDING: &str = "needs a rig that is not built yet; nothing was run";
 
 /// The experiments that wait for more of the cluster rig (none: the
