@@ -29,7 +29,7 @@ needs_tools = pytest.mark.skipif(
     not shutil.which("iperf3") or not shutil.which("ping"),
     reason="needs iperf3 and ping (scripts/setup.sh installs them)")
 
-KEYS = {"system", "suite", "test", "runs", "runs_mbps", "median_mbps", "min_mbps", "max_mbps",
+KEYS = {"system", "suite", "test", "runs", "runs_mbps", "runs_started_s", "median_mbps", "min_mbps", "max_mbps",
         "median_pps", "loss_percent", "ratio_to_plain", "cpu", "cpu_s_per_gbit", "version", "error",
         "settings"}
 SETTINGS = {"mtu", "offloads", "workers", "batch", "socket_buffer", "mss_clamp", "time_s"}
@@ -75,6 +75,7 @@ def check_rows(rows, systems, tests, espgate_bin):
         assert r["median_mbps"] > 0, r
         assert r["min_mbps"] <= r["median_mbps"] <= r["max_mbps"], r
         assert r["runs_mbps"][0] == r["median_mbps"]
+        assert len(r["runs_started_s"]) == 1 and r["runs_started_s"][0] >= 0, r
         if r["system"] == "plain":
             assert r["ratio_to_plain"] == 1.0, r
             assert r["cpu"] == {}, r
@@ -116,6 +117,26 @@ def test_plain_and_espgate_json(espgate):
     rows = json.loads(r.stdout)
     check_rows(rows, ["plain", "espgate"], ["tcp", "udp512"], espgate)
     print(json.dumps(rows, indent=1))
+
+
+@needs_tools
+def test_runs_are_rounds_that_interleave_the_systems(espgate):
+    """--runs 2: each round runs every system in turn, so plain routing's
+    second run starts after espgate's first and espgate's second after
+    that; the median is over both runs."""
+    r = bench(espgate, "--time", "1", "--runs", "2", "--tests", "tcp", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {x["system"]: x for x in json.loads(r.stdout)}
+    assert set(rows) == {"plain", "espgate"}, rows
+    p, e = rows["plain"]["runs_started_s"], rows["espgate"]["runs_started_s"]
+    assert len(p) == len(e) == 2, rows
+    assert p[0] < e[0] < p[1] < e[1], (p, e)
+    # One-second runs a round apart, not back to back.
+    assert e[0] - p[0] >= 1 and p[1] - e[0] >= 1, (p, e)
+    for x in rows.values():
+        assert x["runs"] == 2 and len(x["runs_mbps"]) == 2, x
+        assert x["min_mbps"] <= x["median_mbps"] <= x["max_mbps"], x
+        assert x["median_mbps"] == pytest.approx(sum(x["runs_mbps"]) / 2, rel=1e-3), x
 
 
 @needs_tools

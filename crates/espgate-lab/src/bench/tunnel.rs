@@ -4,9 +4,11 @@
 //! Debian's 2022 build, boringtun, strongSwan with its userspace ESP,
 //! OpenVPN), all in one run on the same topology ([`crate::netlab`]).
 //!
-//! Each system gets a fresh topology (namespaces made anew), is brought up
-//! and checked with ping, then every test runs `--runs` times (tests
-//! interleaved within a system). A row per system and test gives the
+//! The systems are measured in `--runs` rounds: in each round every system
+//! in turn gets a fresh topology (namespaces made anew), is brought up,
+//! checked with ping, runs every test once and is taken down. Interleaving
+//! the systems this way keeps a drift in the shared host's load from
+//! falling on one system only. A row per system and test gives the
 //! median, minimum and maximum of the receiver's throughput, for UDP the
 //! delivered packet rate and the loss, the ratio to plain routing's median
 //! of the same test in the same run, and the CPU of the gateway processes
@@ -64,16 +66,19 @@ Examples:
   espgate bench tunnel --peers wireguard-go,wireguard-go-debian --tests tcp
   espgate bench tunnel --tests tcp --runs 5 --mtu 9000 --offloads off --json
 
-Topology (network namespaces <prefix>-ha, -ga, -gb, -hb, made anew for each system):
+Topology (network namespaces <prefix>-ha, -ga, -gb, -hb, made anew for each system and round):
   host A 10.1.0.10 -- 10.1.0.1 gateway A 192.0.2.1 -- 192.0.2.2 gateway B 10.2.0.1 -- 10.2.0.10 host B
 iperf3 runs from host A to host B. Tests: tcp is one TCP stream (iperf3 -t TIME); udpN sends
 N-byte UDP payloads as fast as iperf3 can (-u -l N -b 0) and reports what the RECEIVER got:
-its Mbit/s, packets per second and loss %. Each row: median, min and max over the runs,
-the ratio of the median to plain routing's median of the same test in this run, and the
-CPU of each gateway process (median over the runs, % of one core; NAME@gwA / NAME@gwB),
-and the efficiency figure CPU s/Gbit: the gateway processes' CPU seconds (both sides) per
-gigabit delivered, fair on a small machine where the systems saturate the CPUs, not the
-link. Kernel work done for a gateway outside its process (softirq receive) is not in it.
+its Mbit/s, packets per second and loss %. The runs are rounds: each round brings up every
+system in turn and runs each test once on it, so a drift in the host's load during the bench
+falls on all systems alike (--json gives each run's start time). Each row: median, min and
+max over the runs, the ratio of the median to plain routing's median of the same test in
+this run, and the CPU of each gateway process (median over the runs, % of one core;
+NAME@gwA / NAME@gwB), and the efficiency figure CPU s/Gbit: the gateway processes' CPU
+seconds (both sides) per gigabit delivered, fair on a small machine where the systems
+saturate the CPUs, not the link. Kernel work done for a gateway outside its process
+(softirq receive) is not in it.
 
 Systems: plain (kernel forwarding, no encryption); espgate (two `espgate up` with generated
 manual keys, ESP-in-UDP, --suite); with --peers:
@@ -109,8 +114,9 @@ bigger host, run --tests tcp,udp64 --pin --workers N for N = 1, 2, 4, ... and co
 median Mbit/s and CPU s/Gbit between the runs.
 
 --json prints one JSON list of rows: system, version, suite (espgate), test, runs, runs_mbps,
-median_mbps, min_mbps, max_mbps, median_pps and loss_percent (UDP; null for tcp),
-ratio_to_plain, cpu {process: %}, cpu_s_per_gbit, error (null unless it failed), settings.
+runs_started_s (each run's start, seconds into the bench), median_mbps, min_mbps, max_mbps,
+median_pps and loss_percent (UDP; null for tcp), ratio_to_plain, cpu {process: %},
+cpu_s_per_gbit, error (null unless it failed), settings.
 
 Needs root, iproute2, ping and iperf3. Removes everything it made (namespaces, processes,
 its work directory), also on error and on Ctrl-C; a progress line is shown on stderr when
@@ -124,7 +130,7 @@ pub struct Args {
     /// payloads) [default: all four].
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub tests: Vec<String>,
-    /// Repetitions of each test per system.
+    /// Rounds: each brings up every system in turn and runs each test once.
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub runs: usize,
     /// Seconds per iperf3 run.
@@ -798,6 +804,8 @@ pub struct Sample {
     /// Peak resident memory (VmHWM) of each gateway process after the
     /// run, MiB.
     pub rss_mib: BTreeMap<String, f64>,
+    /// When the run started, seconds after the bench began.
+    pub started_s: f64,
 }
 
 /// The receiver's numbers from iperf3's `-J` document: Mbit/s and, for
@@ -886,6 +894,9 @@ pub struct Row {
     pub runs: usize,
     /// Mbit/s of each successful run.
     pub runs_mbps: Vec<f64>,
+    /// When each of those runs started, seconds after the bench began
+    /// (the rounds interleave the systems: see [`measure_all`]).
+    pub runs_started_s: Vec<f64>,
     /// Median Mbit/s.
     pub median_mbps: Option<f64>,
     /// Slowest run.
@@ -956,6 +967,7 @@ impl Row {
             test: test.name(),
             runs: samples.len(),
             runs_mbps: mbps.iter().map(|v| round(*v, 3)).collect(),
+            runs_started_s: samples.iter().map(|s| round(s.started_s, 1)).collect(),
             median_mbps: st.map(|s| round(s.0, 3)),
             min_mbps: st.map(|s| round(s.1, 3)),
             max_mbps: st.map(|s| round(s.2, 3)),
@@ -1270,54 +1282,82 @@ pub fn run_bench(opts: &Options, mut progress: impl FnMut(&str)) -> Result<Vec<R
     r
 }
 
+/// What one system has gathered so far, over the rounds.
+struct Gathered {
+    /// Why it failed to come up (then it is not tried again).
+    down: Option<String>,
+    version: Option<String>,
+    /// Per test: the samples and the first error.
+    plain: Vec<(Vec<Sample>, Option<String>)>,
+    /// Per test, under a scrape loop: samples, first error, scrapes done.
+    scraped: Vec<(Vec<Sample>, Option<String>, u64)>,
+}
+
+/// Measures every system `opts.runs` times, interleaved: each round
+/// brings every system up in turn on a fresh topology, runs each test
+/// once and takes it down again. A slow drift of this shared host's load
+/// then falls on every system alike instead of on whichever system ran
+/// while it lasted, so the ratios compare runs taken close together. A
+/// system that does not come up is reported as failed and left out of
+/// later rounds.
 fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Vec<Row>> {
     let systems = opts.systems();
-    let per_system = opts.tests.len() * opts.runs;
-    let total = systems.len() * per_system;
-    let mut rows = Vec::new();
-    for (i, sys) in systems.iter().enumerate() {
-        netlab::check_interrupt()?;
-        let done = i * per_system;
-        let doing = match sys {
-            System::Peer(p) if !p.installed() => p.preparing(),
-            _ => "setting up",
-        };
-        progress(&format!("[{done}/{total}] {doing} {}", sys.name()));
-        lab.remove_namespaces();
-        let topo = Topology::create(lab, &opts.prefix, Some(opts.settings.mtu))?;
-        let up = start(lab, &topo, sys, opts)
-            .and_then(|logs| wait_path(&topo).map_err(|e| with_logs(e, &logs)));
-        // After start: what start installed can tell its version now.
-        let version = sys.version(&opts.exe);
-        let row = |t: Test, s: &[Sample], e: Option<String>| Row {
-            version: version.clone(),
-            ..Row::new(sys, t, s, e, &opts.settings)
-        };
-        if let Err(e) = up {
+    let total = systems.len() * opts.tests.len() * opts.runs;
+    let hz = opts.settings.scrape_hz;
+    let t0 = Instant::now();
+    let mut g: Vec<Gathered> = systems
+        .iter()
+        .map(|_| Gathered {
+            down: None,
+            version: None,
+            plain: vec![(Vec::new(), None); opts.tests.len()],
+            scraped: vec![(Vec::new(), None, 0); opts.tests.len()],
+        })
+        .collect();
+    let mut step = 0;
+    for run in 1..=opts.runs {
+        for (sys, g) in systems.iter().zip(g.iter_mut()) {
             netlab::check_interrupt()?;
-            let e = format!("{} did not come up: {e:#}", sys.name());
-            for t in &opts.tests {
-                rows.push(row(*t, &[], Some(e.clone())));
+            if g.down.is_some() {
+                step += opts.tests.len();
+                continue;
             }
+            let doing = match sys {
+                System::Peer(p) if !p.installed() => p.preparing(),
+                _ => "setting up",
+            };
+            progress(&format!(
+                "[{step}/{total}] {doing} {} (round {run}/{})",
+                sys.name(),
+                opts.runs
+            ));
             lab.remove_namespaces();
-            continue;
-        }
-        let mut samples: Vec<(Vec<Sample>, Option<String>)> =
-            vec![(Vec::new(), None); opts.tests.len()];
-        let hz = opts.settings.scrape_hz;
-        let scrape = matches!(sys, System::Espgate(_)) && hz > 0;
-        let mut scraped: Vec<(Vec<Sample>, Option<String>, u64)> =
-            vec![(Vec::new(), None, 0); opts.tests.len()];
-        for run in 1..=opts.runs {
+            let topo = Topology::create(lab, &opts.prefix, Some(opts.settings.mtu))?;
+            let up = start(lab, &topo, sys, opts)
+                .and_then(|logs| wait_path(&topo).map_err(|e| with_logs(e, &logs)));
+            // After start: what start installed can tell its version now.
+            if g.version.is_none() {
+                g.version = sys.version(&opts.exe);
+            }
+            if let Err(e) = up {
+                netlab::check_interrupt()?;
+                g.down = Some(format!("{} did not come up: {e:#}", sys.name()));
+                step += opts.tests.len();
+                lab.remove_namespaces();
+                continue;
+            }
+            let scrape = matches!(sys, System::Espgate(_)) && hz > 0;
             for (ti, test) in opts.tests.iter().enumerate() {
                 netlab::check_interrupt()?;
-                let step = done + (run - 1) * opts.tests.len() + ti + 1;
-                progress(&format!(
+                step += 1;
+                let what = format!(
                     "[{step}/{total}] {} {} run {run}/{}",
                     sys.name(),
                     test.name(),
                     opts.runs
-                ));
+                );
+                progress(&what);
+                let at = t0.elapsed().as_secs_f64();
                 match measure(
                     lab,
                     &topo,
@@ -1325,21 +1365,17 @@ fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) ->
                     opts.settings.time_s,
                     opts.settings.pin.as_ref(),
                 ) {
-                    Ok(s) => samples[ti].0.push(s),
+                    Ok(s) => g.plain[ti].0.push(Sample { started_s: at, ..s }),
                     Err(e) => {
                         netlab::check_interrupt()?;
-                        samples[ti].1.get_or_insert_with(|| format!("{e:#}"));
+                        g.plain[ti].1.get_or_insert_with(|| format!("{e:#}"));
                     }
                 }
                 if scrape {
                     // The same test again, on the same gateways, under a
                     // status-and-metrics scrape loop.
-                    progress(&format!(
-                        "[{step}/{total}] {} {} run {run}/{} under a {hz} Hz scrape",
-                        sys.name(),
-                        test.name(),
-                        opts.runs
-                    ));
+                    progress(&format!("{what} under a {hz} Hz scrape"));
+                    let at = t0.elapsed().as_secs_f64();
                     let scraper = super::scrape::Scraper::start(&scrape_targets(lab, &topo), hz);
                     let r = measure(
                         lab,
@@ -1349,31 +1385,40 @@ fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) ->
                         opts.settings.pin.as_ref(),
                     );
                     let n = scraper.stop();
+                    let sc = &mut g.scraped[ti];
                     match (r, n) {
                         (Ok(s), Ok(n)) => {
-                            scraped[ti].0.push(s);
-                            scraped[ti].2 += n;
+                            sc.0.push(Sample { started_s: at, ..s });
+                            sc.2 += n;
                         }
                         (Err(e), _) | (_, Err(e)) => {
                             netlab::check_interrupt()?;
-                            scraped[ti].1.get_or_insert_with(|| format!("{e:#}"));
+                            sc.1.get_or_insert_with(|| format!("{e:#}"));
                         }
                     }
                 }
             }
+            lab.remove_namespaces();
         }
-        for (t, (s, e)) in opts.tests.iter().zip(samples) {
-            rows.push(row(*t, &s, e));
+    }
+    let mut rows = Vec::new();
+    for (sys, g) in systems.iter().zip(g) {
+        let row = |t: Test, s: &[Sample], e: Option<String>| Row {
+            version: g.version.clone(),
+            // Not coming up (in a later round too) outranks a failed run.
+            ..Row::new(sys, t, s, g.down.clone().or(e), &opts.settings)
+        };
+        for (t, (s, e)) in opts.tests.iter().zip(&g.plain) {
+            rows.push(row(*t, s, e.clone()));
         }
-        if scrape {
-            for (t, (s, e, n)) in opts.tests.iter().zip(scraped) {
-                let mut r = row(*t, &s, e);
+        if matches!(sys, System::Espgate(_)) && hz > 0 {
+            for (t, (s, e, n)) in opts.tests.iter().zip(&g.scraped) {
+                let mut r = row(*t, s, e.clone());
                 r.scraped_hz = Some(hz);
-                r.scrapes = Some(n);
+                r.scrapes = Some(*n);
                 rows.push(r);
             }
         }
-        lab.remove_namespaces();
     }
     fill_ratios(&mut rows);
     Ok(rows)
@@ -1454,6 +1499,8 @@ fn measure(
         loss_percent,
         cpu,
         rss_mib,
+        // Set by the caller, which knows when the bench began.
+        started_s: 0.0,
     })
 }
 
@@ -2327,6 +2374,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), *v / 10.0))
                 .collect(),
+            started_s: mbps / 1000.0,
         }
     }
 
@@ -2478,6 +2526,8 @@ mod tests {
         assert_eq!(r[2].ratio_to_plain, Some(0.25));
         assert_eq!(r[2].runs, 3);
         assert_eq!(r[2].runs_mbps, vec![2500.0, 2000.0, 3000.0]);
+        // Each run's start, in the runs' order (the helper makes it mbps / 1000).
+        assert_eq!(r[2].runs_started_s, vec![2.5, 2.0, 3.0]);
         assert_eq!(r[2].cpu["espgate@gwA"], 90.0);
         assert_eq!(r[2].cpu["espgate@gwB"], 60.0);
         assert_eq!(r[2].suite.as_deref(), Some("aes128gcm16"));
@@ -2502,6 +2552,7 @@ mod tests {
             "max_mbps",
             "runs",
             "runs_mbps",
+            "runs_started_s",
             "ratio_to_plain",
             "cpu",
             "median_pps",
