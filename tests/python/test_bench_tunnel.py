@@ -29,9 +29,9 @@ needs_tools = pytest.mark.skipif(
     not shutil.which("iperf3") or not shutil.which("ping"),
     reason="needs iperf3 and ping (scripts/setup.sh installs them)")
 
-KEYS = {"system", "suite", "test", "runs", "runs_mbps", "runs_started_s", "median_mbps", "min_mbps", "max_mbps",
-        "median_pps", "loss_percent", "ratio_to_plain", "cpu", "cpu_s_per_gbit", "version", "error",
-        "settings"}
+KEYS = {"system", "suite", "test", "runs", "runs_mbps", "runs_started_s", "runs_retransmits",
+        "median_mbps", "min_mbps", "max_mbps", "median_pps", "loss_percent", "ratio_to_plain", "cpu",
+        "cpu_s_per_gbit", "version", "error", "settings"}
 SETTINGS = {"mtu", "offloads", "workers", "batch", "socket_buffer", "mss_clamp", "time_s"}
 
 
@@ -76,6 +76,10 @@ def check_rows(rows, systems, tests, espgate_bin):
         assert r["min_mbps"] <= r["median_mbps"] <= r["max_mbps"], r
         assert r["runs_mbps"][0] == r["median_mbps"]
         assert len(r["runs_started_s"]) == 1 and r["runs_started_s"][0] >= 0, r
+        # TCP: the sender's retransmissions, one count per run; none for UDP.
+        want = 1 if r["test"] == "tcp" else 0
+        assert len(r["runs_retransmits"]) == want, r
+        assert all(isinstance(n, int) and n >= 0 for n in r["runs_retransmits"]), r
         if r["system"] == "plain":
             assert r["ratio_to_plain"] == 1.0, r
             assert r["cpu"] == {}, r

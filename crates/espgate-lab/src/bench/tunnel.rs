@@ -114,9 +114,10 @@ bigger host, run --tests tcp,udp64 --pin --workers N for N = 1, 2, 4, ... and co
 median Mbit/s and CPU s/Gbit between the runs.
 
 --json prints one JSON list of rows: system, version, suite (espgate), test, runs, runs_mbps,
-runs_started_s (each run's start, seconds into the bench), median_mbps, min_mbps, max_mbps,
-median_pps and loss_percent (UDP; null for tcp), ratio_to_plain, cpu {process: %},
-cpu_s_per_gbit, error (null unless it failed), settings.
+runs_started_s (each run's start, seconds into the bench), runs_retransmits (tcp: the
+sender's retransmitted segments per run), median_mbps, min_mbps, max_mbps, median_pps and
+loss_percent (UDP; null for tcp), ratio_to_plain, cpu {process: %}, cpu_s_per_gbit, error
+(null unless it failed), settings.
 
 Needs root, iproute2, ping and iperf3. Removes everything it made (namespaces, processes,
 its work directory), also on error and on Ctrl-C; a progress line is shown on stderr when
@@ -806,6 +807,16 @@ pub struct Sample {
     pub rss_mib: BTreeMap<String, f64>,
     /// When the run started, seconds after the bench began.
     pub started_s: f64,
+    /// TCP: segments the sender retransmitted (iperf3's
+    /// `end.sum_sent.retransmits`; `None` for UDP or where iperf3 does
+    /// not report it).
+    pub retransmits: Option<u64>,
+}
+
+/// TCP retransmissions from iperf3's `-J` document (the sender's count:
+/// loss or reordering in the path, the tunnel included).
+pub fn tcp_retransmits(v: &serde_json::Value) -> Option<u64> {
+    v["end"]["sum_sent"]["retransmits"].as_u64()
 }
 
 /// The receiver's numbers from iperf3's `-J` document: Mbit/s and, for
@@ -897,6 +908,8 @@ pub struct Row {
     /// When each of those runs started, seconds after the bench began
     /// (the rounds interleave the systems: see [`measure_all`]).
     pub runs_started_s: Vec<f64>,
+    /// TCP: each run's retransmitted segments (empty for UDP).
+    pub runs_retransmits: Vec<u64>,
     /// Median Mbit/s.
     pub median_mbps: Option<f64>,
     /// Slowest run.
@@ -968,6 +981,7 @@ impl Row {
             runs: samples.len(),
             runs_mbps: mbps.iter().map(|v| round(*v, 3)).collect(),
             runs_started_s: samples.iter().map(|s| round(s.started_s, 1)).collect(),
+            runs_retransmits: samples.iter().filter_map(|s| s.retransmits).collect(),
             median_mbps: st.map(|s| round(s.0, 3)),
             min_mbps: st.map(|s| round(s.1, 3)),
             max_mbps: st.map(|s| round(s.2, 3)),
@@ -1501,6 +1515,10 @@ fn measure(
         rss_mib,
         // Set by the caller, which knows when the bench began.
         started_s: 0.0,
+        retransmits: match test {
+            Test::Tcp => tcp_retransmits(&r.json),
+            Test::Udp(_) => None,
+        },
     })
 }
 
@@ -2375,6 +2393,7 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), *v / 10.0))
                 .collect(),
             started_s: mbps / 1000.0,
+            retransmits: pps.is_none().then_some(7),
         }
     }
 
@@ -2384,6 +2403,7 @@ mod tests {
         let (mbps, pps, loss) = parse_iperf(Test::Tcp, &v).unwrap();
         assert_eq!(mbps, 950.0);
         assert_eq!((pps, loss), (None, None));
+        assert_eq!(tcp_retransmits(&v), Some(3));
     }
 
     #[test]
@@ -2528,6 +2548,9 @@ mod tests {
         assert_eq!(r[2].runs_mbps, vec![2500.0, 2000.0, 3000.0]);
         // Each run's start, in the runs' order (the helper makes it mbps / 1000).
         assert_eq!(r[2].runs_started_s, vec![2.5, 2.0, 3.0]);
+        assert_eq!(r[2].runs_retransmits, vec![7, 7, 7]);
+        // UDP rows have none.
+        assert!(r[1].runs_retransmits.is_empty());
         assert_eq!(r[2].cpu["espgate@gwA"], 90.0);
         assert_eq!(r[2].cpu["espgate@gwB"], 60.0);
         assert_eq!(r[2].suite.as_deref(), Some("aes128gcm16"));
@@ -2553,6 +2576,7 @@ mod tests {
             "runs",
             "runs_mbps",
             "runs_started_s",
+            "runs_retransmits",
             "ratio_to_plain",
             "cpu",
             "median_pps",
