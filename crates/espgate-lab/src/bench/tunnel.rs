@@ -906,7 +906,7 @@ pub struct Row {
     /// Mbit/s of each successful run.
     pub runs_mbps: Vec<f64>,
     /// When each of those runs started, seconds after the bench began
-    /// (the rounds interleave the systems: see [`measure_all`]).
+    /// (the rounds interleave the systems: see `measure_all`).
     pub runs_started_s: Vec<f64>,
     /// TCP: each run's retransmitted segments (empty for UDP).
     pub runs_retransmits: Vec<u64>,
