@@ -15,7 +15,8 @@
 //!
 //! Asserts:
 //! - whatever `Segmenter::new` accepts yields exactly `count()` packets, each
-//!   at most `max_segment_len()`; a GSO-none packet comes back unchanged or
+//!   at most `max_segment_len()`, the same whether copied out or cut in
+//!   place; a GSO-none packet comes back unchanged or
 //!   with exactly the checksum the kernel's `skb_checksum_help` would write;
 //!   a super-segment's segments carry the original payload in order, the
 //!   original headers except the rewritten fields, consecutive IPv4 IDs,

@@ -162,6 +162,73 @@ fn drops_are_counted_by_reason_with_their_context() {
     assert_eq!(b.poll_event(), None);
 }
 
+/// `outbound_from` (a clear packet outside the buffer, as a segment of a
+/// TSO read is) gives what `outbound` gives on a copy of it: the same
+/// result, the same bytes to send, the same drops and counters. Both for
+/// packets it seals straight from the caller's bytes (one AES-GCM ESP SA)
+/// and for those it leaves to the general path: no policy, multicast, a
+/// packet that does not parse, AH around ESP, a learnt path MTU (whose
+/// ICMP "too big" lands in the buffer, as `outbound` leaves it).
+#[test]
+fn outbound_from_the_callers_packet_equals_outbound_on_a_copy() {
+    for (layers, udp, pmtu) in [
+        (Layers::Esp, true, false),
+        (Layers::Esp, false, false),
+        (Layers::EspAh, false, false),
+        (Layers::Esp, true, true),
+    ] {
+        let what = format!("{layers:?} udp={udp} pmtu={pmtu}");
+        let (mut a1, _) = pair(layers, udp);
+        let (mut a2, mut b) = pair(layers, udp);
+        if pmtu {
+            a1.note_path_mtu(0, 1280, T);
+            a2.note_path_mtu(0, 1280, T);
+        }
+        let pkts = [
+            udp4("10.1.0.5", "10.2.0.9", 10),
+            udp4("10.1.0.5", "10.2.0.9", 1400),
+            udp4("10.1.0.5", "10.2.0.9", 0),
+            udp4("10.1.0.5", "10.3.0.9", 10),
+            udp4("10.1.0.5", "224.0.0.22", 10),
+            tcp_syn4("10.1.0.5", "10.2.0.9", 1460),
+            vec![0x45, 0, 0],
+        ];
+        let mut copy = PacketBuf::with_capacity(2000);
+        let mut out = PacketBuf::with_capacity(64);
+        let mut sent = 0;
+        for p in &pkts {
+            copy.load(p);
+            let r1 = a1.outbound(&mut copy, T);
+            let mut src = p.clone();
+            let r2 = a2.outbound_from(&mut src, &mut out, T);
+            assert_eq!(r1, r2, "{what}: {p:02x?}");
+            if r1.is_ok() && r1 != Ok(None) || r1.as_ref().is_err_and(|d| d.reply) {
+                assert_eq!(copy.as_slice(), out.as_slice(), "{what}");
+            }
+            if r1 == Ok(Some(0)) {
+                sent += 1;
+                assert_eq!(
+                    b.inbound(&mut out, T, from_a()),
+                    Ok(Received::Packet),
+                    "{what}"
+                );
+            }
+        }
+        assert_eq!(drops(&a1), drops(&a2), "{what}");
+        let (c1, c2) = (&a1.stats().counters, &a2.stats().counters);
+        assert_eq!(c1.tun_rx.get(), c2.tun_rx.get(), "{what}");
+        assert_eq!(c1.not_unicast.get(), c2.not_unicast.get(), "{what}");
+        assert_eq!(c1.mss_clamped.get(), c2.mss_clamped.get(), "{what}");
+        assert_eq!(c1.icmp_too_big.get(), c2.icmp_too_big.get(), "{what}");
+        assert_eq!(
+            entry(&a1, true).counters.bytes.get(),
+            entry(&a2, true).counters.bytes.get()
+        );
+        // The path MTU of 1280 refuses the 1400-byte packet only.
+        assert_eq!(sent, if pmtu { 3 } else { 4 }, "{what}");
+    }
+}
+
 #[test]
 fn an_incomplete_bundle_is_refused() {
     // B expects AH around ESP; A's ESP SA alone (same keys) must not pass.

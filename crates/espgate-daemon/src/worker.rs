@@ -479,7 +479,7 @@ impl Round<'_> {
             // reading per packet was about 1 % of all CPU time in the TCP test).
             self.clock = Some(self.w.start.elapsed());
             if !vnet {
-                self.protect(tx, last_tx);
+                self.protect(tx, last_tx, None);
                 continue;
             }
             let Some(h) = VirtioNetHdr::parse(buf.as_slice()) else {
@@ -508,13 +508,13 @@ impl Round<'_> {
                         continue;
                     }
                 }
-                self.protect(tx, last_tx);
+                self.protect(tx, last_tx, None);
                 continue;
             }
-            // A super-segment: cut it from a buffer of its own into the
-            // batch's slots.
+            // A super-segment: cut it in place in a buffer of its own,
+            // each segment sealed from there into the batch's next slot.
             std::mem::swap(&mut tx.bufs[tx.n], seg_src);
-            let mut segs = match Segmenter::new(seg_src.as_slice(), &info) {
+            let mut segs = match Segmenter::new(seg_src.as_mut_slice(), &info) {
                 Ok(s) => s,
                 Err(d) => {
                     self.counters.tun_rx.incr();
@@ -524,13 +524,15 @@ impl Round<'_> {
                 }
             };
             self.counters.tso_reads.incr();
-            while let Some(r) = segs.next_into(&mut tx.bufs[tx.n]) {
-                if let Err(d) = r {
-                    self.counters.tun_rx.incr();
-                    self.io_drop(d, |f| f.write_str("cutting a TUN super-segment"));
-                    break;
+            while let Some(r) = segs.next_in_place() {
+                match r {
+                    Ok(clear) => self.protect(tx, last_tx, Some(clear)),
+                    Err(d) => {
+                        self.counters.tun_rx.incr();
+                        self.io_drop(d, |f| f.write_str("cutting a TUN super-segment"));
+                        break;
+                    }
                 }
-                self.protect(tx, last_tx);
             }
         }
         self.flush(tx);
@@ -538,16 +540,21 @@ impl Round<'_> {
         result
     }
 
-    /// Protects the clear packet in the batch's next slot and adds it to
-    /// the GSO run (or sends it at once: raw ESP/AH, no GSO).
-    fn protect(&mut self, tx: &mut TxBatch, last_tx: &mut [Duration]) {
+    /// Protects a clear packet into the batch's next slot and adds it to
+    /// the GSO run (or sends it at once: raw ESP/AH, no GSO). The packet
+    /// is `clear` (a segment cut in place), else already in that slot.
+    fn protect(&mut self, tx: &mut TxBatch, last_tx: &mut [Duration], clear: Option<&mut [u8]>) {
         let buf = &mut tx.bufs[tx.n];
         let now = self.now();
-        let r = match self.costs.as_deref_mut() {
-            None => self.engine.outbound(buf, now),
-            Some(c) => {
+        let r = match (self.costs.as_deref_mut(), clear) {
+            (None, None) => self.engine.outbound(buf, now),
+            (None, Some(p)) => self.engine.outbound_from(p, buf, now),
+            (Some(c), p) => {
                 c.begin(Dir::Outbound);
-                self.engine.outbound_probed(buf, now, c)
+                match p {
+                    None => self.engine.outbound_probed(buf, now, c),
+                    Some(p) => self.engine.outbound_from_probed(p, buf, now, c),
+                }
             }
         };
         let ci = match r {

@@ -311,6 +311,17 @@ pub fn split(pkt: &[u8], info: &GsoInfo) -> Result<Vec<Vec<u8>>, DropReason> {
         assert!(out.len() <= n);
     }
     assert_eq!(out.len(), n, "count() vs segments written");
+    // Cut in place (each segment's headers over the previous payload's
+    // end): the same packets.
+    let mut owned = pkt.to_vec();
+    let mut s = Segmenter::new(&mut owned[..], info).expect("accepted in place too");
+    let mut k = 0;
+    while let Some(r) = s.next_in_place() {
+        let seg = r.expect("next_in_place failed after new() accepted");
+        assert_eq!(seg, &out[k][..], "segment {k} in place");
+        k += 1;
+    }
+    assert_eq!(k, n, "count() vs segments cut in place");
     Ok(out)
 }
 

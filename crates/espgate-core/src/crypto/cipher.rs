@@ -285,6 +285,45 @@ impl Transform {
         Ok(())
     }
 
+    /// Whether [`Transform::seal_from`] can seal this suite: the AEAD
+    /// suites, whose cipher writes its output wherever it is told.
+    pub fn seals_from(&self) -> bool {
+        matches!(self.cipher, Cipher::Aead { .. })
+    }
+
+    /// [`Transform::seal_probed`] out of place: the body's plaintext is
+    /// `clear` followed by `tail` (padding and trailer), read where it lies
+    /// and written as ciphertext into `pkt` = `[header (hdr_len) | IV |
+    /// body | ICV]`, whose IV must already be written. The same bytes as
+    /// copying `clear` and `tail` into the body and sealing in place, minus
+    /// the copy: a TSO segment is sealed straight from the TUN read. Only
+    /// for suites where [`Transform::seals_from`] holds (`Unsupported`
+    /// otherwise); a `pkt` of the wrong length is `BadLength`.
+    pub fn seal_from<P: Probe + ?Sized>(
+        &self,
+        clear: &[u8],
+        tail: &[u8],
+        pkt: &mut [u8],
+        hdr_len: usize,
+        auth: &AuthCtx<'_>,
+        probe: &mut P,
+    ) -> PResult<()> {
+        let Cipher::Aead { key, salt } = &self.cipher else {
+            return Err(DropReason::Unsupported);
+        };
+        let (iv_end, icv_start) = self.layout(pkt.len(), hdr_len)?;
+        if icv_start - iv_end != clear.len() + tail.len() {
+            return Err(DropReason::BadLength);
+        }
+        let n = nonce(salt, &pkt[hdr_len..iv_end])?;
+        let (body, rest) = pkt[iv_end..].split_at_mut(clear.len());
+        let r = key
+            .seal_out_of_place_scatter(n, Aad::from(auth.aad), clear, body, tail, rest)
+            .map_err(|_| DropReason::Crypto);
+        probe.mark(Stage::Cipher);
+        r
+    }
+
     /// Verifies and opens `pkt` in place (same layout as [`Transform::seal`]).
     /// The ICV is checked in constant time before anything is decrypted; on
     /// success the body holds the plaintext.

@@ -596,6 +596,81 @@ impl Engine {
         }
     }
 
+    /// [`Engine::outbound`] for a clear packet that lies outside `out`
+    /// (a segment of a TSO read, its headers written in front of its
+    /// payload): the same result, counters and bytes in `out` as loading
+    /// `clear` into `out` and calling [`Engine::outbound`]. In the common
+    /// case (one SA that [`Sa::seals_from`], no learnt path MTU, no
+    /// cluster) the SA seals straight from `clear` and the copy is not
+    /// made; every other case takes that copy and the general path. The
+    /// MSS clamp, if on, edits `clear` itself.
+    pub fn outbound_from(
+        &mut self,
+        clear: &mut [u8],
+        out: &mut PacketBuf,
+        now: Duration,
+    ) -> Result<Option<usize>, Dropped> {
+        self.outbound_from_probed(clear, out, now, &mut NoProbe)
+    }
+
+    /// [`Engine::outbound_from`], marking the stages of
+    /// [`Engine::outbound_probed`] on `probe`.
+    pub fn outbound_from_probed<P: Probe + ?Sized>(
+        &mut self,
+        clear: &mut [u8],
+        out: &mut PacketBuf,
+        now: Duration,
+        probe: &mut P,
+    ) -> Result<Option<usize>, Dropped> {
+        let Some((conn, id, f)) = self.direct_target(clear) else {
+            out.load(clear);
+            return self.outbound_probed(out, now, probe);
+        };
+        self.stats.counters.tun_rx.incr();
+        if let Some(limit) = self.conns[conn].mss {
+            if mss::clamp(clear, limit) {
+                self.stats.counters.mss_clamped.incr();
+            }
+        }
+        probe.mark(Stage::Lookup);
+        let r = self
+            .sad
+            .get_mut(id)
+            .ok_or(DropReason::UnknownSpi)
+            .and_then(|sa| sa.encapsulate_from_probed(clear, out, now, probe));
+        match r {
+            Ok(()) => Ok(Some(conn)),
+            Err(d) => {
+                let (src, dst) = (f.src, f.dst);
+                Err(self.count_drop(d, DropContext::Outbound { conn, src, dst }))
+            }
+        }
+    }
+
+    /// Where [`Engine::outbound_from`] may seal `clear` without the
+    /// general path: (connection, its one SA, the flow) when the packet
+    /// parses, is unicast, its policy protects it with exactly one SA and
+    /// neither a learnt path MTU nor a cluster has a say. Counts nothing:
+    /// `None` leaves every count to [`Engine::outbound`].
+    fn direct_target(&self, clear: &[u8]) -> Option<(usize, SaId, Flow)> {
+        if self.cluster.is_some() {
+            return None;
+        }
+        let f = flow::of_packet(clear).ok()?;
+        if !is_unicast(&f) {
+            return None;
+        }
+        let (pi, _) = self.spd.lookup(&f, Direction::Outbound)?;
+        let (conn, _) = self.policy_conn[pi];
+        if self.conns[conn].path_mtu.is_some() {
+            return None;
+        }
+        match &self.spd.policies()[pi].action {
+            Action::Protect(ids) if ids.len() == 1 => Some((conn, ids[0], f)),
+            _ => None,
+        }
+    }
+
     /// Verifies and removes the IPsec layers of the outer packet in `buf`
     /// (received from `from`).
     pub fn inbound(

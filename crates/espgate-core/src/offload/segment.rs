@@ -38,10 +38,27 @@ enum Mode {
 /// the last segment only and CWR on the first only; for UDP the datagram
 /// length; and a full L4 checksum (a UDP checksum of 0 is sent as 0xFFFF).
 /// All validation happens in [`Segmenter::new`].
+///
+/// Over a shared slice, [`Segmenter::next_into`] copies each packet into a
+/// buffer of its own. Over a mutable one, [`Segmenter::next_in_place`]
+/// instead writes each segment's headers in front of its payload, where
+/// the previous segment's payload ended (already protected by then), and
+/// hands out the segment where it lies: no copy of the payload, which the
+/// cipher then reads from the read buffer itself
+/// ([`crate::gateway::Engine::outbound_from`]).
 #[derive(Debug, Clone)]
-pub struct Segmenter<'a> {
-    /// The packet, cut to its IP length for super-segments.
-    pkt: &'a [u8],
+pub struct Segmenter<B> {
+    /// The packet (read up to `len`).
+    pkt: B,
+    /// Its IP length for super-segments, else its length.
+    len: usize,
+    cut: Cut,
+    next: usize,
+}
+
+/// How a super-segment is cut: what each segment's headers get.
+#[derive(Debug, Clone, Copy)]
+struct Cut {
     mode: Mode,
     v6: bool,
     src: IpAddr,
@@ -52,12 +69,14 @@ pub struct Segmenter<'a> {
     hdr: usize,
     gso_size: usize,
     count: usize,
-    next: usize,
     ip_id: u16,
     seq: u32,
+    /// The super-segment's TCP flags (segments in place overwrite the
+    /// header the later ones are made from).
+    tcp_flags: u8,
 }
 
-impl<'a> Segmenter<'a> {
+impl<B: AsRef<[u8]>> Segmenter<B> {
     /// Validates `pkt` against `info`.
     ///
     /// `GsoKind::None`: without `needs_csum` the packet passes through
@@ -73,7 +92,7 @@ impl<'a> Segmenter<'a> {
     /// (`BadOffload`); the TCP data offset and the UDP length must fit the
     /// IP length (`BadLength`). `info.hdr_len` is ignored: the real header
     /// length is computed from the packet.
-    pub fn new(pkt: &'a [u8], info: &GsoInfo) -> PResult<Segmenter<'a>> {
+    pub fn new(pkt: B, info: &GsoInfo) -> PResult<Segmenter<B>> {
         let (want_v6, l4_proto) = match info.kind {
             GsoKind::None => return Self::single(pkt, info),
             GsoKind::TcpV4 => (Some(false), proto::TCP),
@@ -83,9 +102,10 @@ impl<'a> Segmenter<'a> {
         if info.gso_size == 0 {
             return Err(DropReason::BadOffload);
         }
-        let (v6, l4, end, protocol, ip_id) = match pkt.first().map(|b| b >> 4) {
+        let whole = pkt.as_ref();
+        let (v6, l4, end, protocol, ip_id) = match whole.first().map(|b| b >> 4) {
             Some(4) => {
-                let h = ipv4::Ipv4::new_checked(pkt)?;
+                let h = ipv4::Ipv4::new_checked(whole)?;
                 if h.is_fragment() {
                     return Err(DropReason::Fragment);
                 }
@@ -98,8 +118,8 @@ impl<'a> Segmenter<'a> {
                 )
             }
             Some(6) => {
-                let h = ipv6::Ipv6::new_checked(pkt)?;
-                let w = ipv6::walk_ext(pkt)?;
+                let h = ipv6::Ipv6::new_checked(whole)?;
+                let w = ipv6::walk_ext(whole)?;
                 if w.fragment {
                     return Err(DropReason::Fragment);
                 }
@@ -115,19 +135,20 @@ impl<'a> Segmenter<'a> {
             return Err(DropReason::BadOffload);
         }
         // Both parsers guarantee l4 <= end <= pkt.len().
-        let pkt = &pkt[..end];
+        let cut = &whole[..end];
         let l4_len = end - l4;
-        let (l4_hdr, csum_offset, mode, seq) = if l4_proto == proto::TCP {
-            let t = Tcp::new_checked(&pkt[l4..])?;
+        let (l4_hdr, csum_offset, mode, seq, tcp_flags) = if l4_proto == proto::TCP {
+            let t = Tcp::new_checked(&cut[l4..])?;
             if t.flags() & (flags::SYN | flags::RST) != 0 {
                 return Err(DropReason::BadOffload);
             }
-            (t.header_len(), TCP_CSUM_OFFSET, Mode::Tcp, t.seq_number())
+            let (h, s, f) = (t.header_len(), t.seq_number(), t.flags());
+            (h, TCP_CSUM_OFFSET, Mode::Tcp, s, f)
         } else {
-            if l4_len < 8 || usize::from(be16(pkt, l4 + 4)) != l4_len {
+            if l4_len < 8 || usize::from(be16(cut, l4 + 4)) != l4_len {
                 return Err(DropReason::BadLength);
             }
-            (8, UDP_CSUM_OFFSET, Mode::Udp, 0)
+            (8, UDP_CSUM_OFFSET, Mode::Udp, 0, 0)
         };
         if info.needs_csum
             && (usize::from(info.csum_start) != l4 || info.csum_offset != csum_offset)
@@ -141,27 +162,32 @@ impl<'a> Segmenter<'a> {
         if count == 0 || count > MAX_SEGMENTS {
             return Err(DropReason::BadOffload);
         }
-        let (src, dst) = addrs(pkt, v6);
+        let (src, dst) = addrs(cut, v6);
         Ok(Segmenter {
             pkt,
-            mode,
-            v6,
-            src,
-            dst,
-            l4,
-            hdr,
-            gso_size,
-            count,
+            len: end,
+            cut: Cut {
+                mode,
+                v6,
+                src,
+                dst,
+                l4,
+                hdr,
+                gso_size,
+                count,
+                ip_id,
+                seq,
+                tcp_flags,
+            },
             next: 0,
-            ip_id,
-            seq,
         })
     }
 
-    fn single(pkt: &'a [u8], info: &GsoInfo) -> PResult<Segmenter<'a>> {
+    fn single(pkt: B, info: &GsoInfo) -> PResult<Segmenter<B>> {
+        let len = pkt.as_ref().len();
         let mode = if info.needs_csum {
             let (start, offset) = (usize::from(info.csum_start), usize::from(info.csum_offset));
-            if !csum_range_ok(pkt.len(), start, offset) {
+            if !csum_range_ok(len, start, offset) {
                 return Err(DropReason::BadOffload);
             }
             Mode::Csum { start, offset }
@@ -171,31 +197,40 @@ impl<'a> Segmenter<'a> {
         let unspecified = IpAddr::from([0u8; 4]);
         Ok(Segmenter {
             pkt,
-            mode,
-            v6: false,
-            src: unspecified,
-            dst: unspecified,
-            l4: 0,
-            hdr: 0,
-            gso_size: pkt.len(),
-            count: 1,
+            len,
+            cut: Cut {
+                mode,
+                v6: false,
+                src: unspecified,
+                dst: unspecified,
+                l4: 0,
+                hdr: 0,
+                gso_size: len,
+                count: 1,
+                ip_id: 0,
+                seq: 0,
+                tcp_flags: 0,
+            },
             next: 0,
-            ip_id: 0,
-            seq: 0,
         })
+    }
+
+    /// The packet as [`Segmenter::new`] cut it.
+    fn packet(&self) -> &[u8] {
+        &self.pkt.as_ref()[..self.len]
     }
 
     /// Number of packets this read yields (1 unless it is a super-segment).
     pub fn count(&self) -> usize {
-        self.count
+        self.cut.count
     }
 
     /// Length of the largest packet produced (all headers plus `gso_size`,
     /// or the packet's length if it is not split).
     pub fn max_segment_len(&self) -> usize {
-        match self.mode {
-            Mode::Pass | Mode::Csum { .. } => self.pkt.len(),
-            Mode::Tcp | Mode::Udp => self.pkt.len().min(self.hdr + self.gso_size),
+        match self.cut.mode {
+            Mode::Pass | Mode::Csum { .. } => self.len,
+            Mode::Tcp | Mode::Udp => self.len.min(self.cut.hdr + self.cut.gso_size),
         }
     }
 
@@ -204,36 +239,50 @@ impl<'a> Segmenter<'a> {
     /// The error case is defensive only: everything is checked by
     /// [`Segmenter::new`].
     pub fn next_into(&mut self, out: &mut PacketBuf) -> Option<PResult<()>> {
-        if self.next >= self.count {
+        if self.next >= self.cut.count {
             return None;
         }
         let i = self.next;
         self.next += 1;
-        Some(match self.mode {
+        Some(match self.cut.mode {
             Mode::Pass => {
-                out.prepare(self.pkt.len()).copy_from_slice(self.pkt);
+                out.prepare(self.len).copy_from_slice(self.packet());
                 Ok(())
             }
             Mode::Csum { start, offset } => {
-                let b = out.prepare(self.pkt.len());
-                b.copy_from_slice(self.pkt);
+                let b = out.prepare(self.len);
+                b.copy_from_slice(self.packet());
                 complete_checksum(b, start, offset)
             }
             Mode::Tcp | Mode::Udp => self.segment(i, out),
         })
     }
 
+    /// Where segment `i`'s payload lies in the packet.
+    fn payload_range(&self, i: usize) -> PResult<std::ops::Range<usize>> {
+        let off = self.cut.hdr + i * self.cut.gso_size;
+        if off > self.len {
+            return Err(DropReason::BadLength);
+        }
+        Ok(off..self.len.min(off + self.cut.gso_size))
+    }
+
     /// Writes segment `i` of a super-segment.
     fn segment(&self, i: usize, out: &mut PacketBuf) -> PResult<()> {
-        let off = self.hdr + i * self.gso_size;
-        let rest = self.pkt.get(off..).ok_or(DropReason::BadLength)?;
-        let payload = &rest[..rest.len().min(self.gso_size)];
-        let headers = self.pkt.get(..self.hdr).ok_or(DropReason::BadLength)?;
-        let len = self.hdr + payload.len();
-        let len16 = u16::try_from(len).map_err(|_| DropReason::TooBig)?;
-        let b = out.prepare(len);
-        b[..self.hdr].copy_from_slice(headers);
-        b[self.hdr..].copy_from_slice(payload);
+        let payload = self.payload_range(i)?;
+        let pkt = self.packet();
+        let b = out.prepare(self.cut.hdr + payload.len());
+        b[..self.cut.hdr].copy_from_slice(&pkt[..self.cut.hdr]);
+        b[self.cut.hdr..].copy_from_slice(&pkt[payload]);
+        self.cut.fix_headers(i, b)
+    }
+}
+
+impl Cut {
+    /// Sets the fields of segment `i`'s headers in `b` (the segment, its
+    /// headers copied from the super-segment's).
+    fn fix_headers(&self, i: usize, b: &mut [u8]) -> PResult<()> {
+        let len16 = u16::try_from(b.len()).map_err(|_| DropReason::TooBig)?;
 
         // IP layer. The index is below MAX_SEGMENTS, so it fits a u16.
         let index = u16::try_from(i).map_err(|_| DropReason::BadOffload)?;
@@ -253,7 +302,7 @@ impl<'a> Segmenter<'a> {
             let mut t = Tcp::new_unchecked(l4);
             // i * gso_size < 64 KiB: no truncation.
             t.set_seq_number(self.seq.wrapping_add((i * self.gso_size) as u32));
-            let mut f = t.flags();
+            let mut f = self.tcp_flags;
             if i + 1 < self.count {
                 f &= !(flags::FIN | flags::PSH);
             }
@@ -273,5 +322,47 @@ impl<'a> Segmenter<'a> {
             put16(l4, 6, c);
         }
         Ok(())
+    }
+}
+
+impl<B: AsRef<[u8]> + AsMut<[u8]>> Segmenter<B> {
+    /// The next packet, in place in the packet given to
+    /// [`Segmenter::new`]: the same bytes [`Segmenter::next_into`] would
+    /// write, at a place of their own in that packet; `None` when all are
+    /// out. Segment `i > 0` gets its headers where segment `i - 1`'s
+    /// payload ends, so that segment must be done with (protected, or
+    /// copied) before the next call: the borrow of the returned slice sees
+    /// to that. The error case is defensive only, as for `next_into`.
+    pub fn next_in_place(&mut self) -> Option<PResult<&mut [u8]>> {
+        if self.next >= self.cut.count {
+            return None;
+        }
+        let i = self.next;
+        self.next += 1;
+        Some(match self.cut.mode {
+            Mode::Pass => Ok(&mut self.pkt.as_mut()[..self.len]),
+            Mode::Csum { start, offset } => {
+                let b = &mut self.pkt.as_mut()[..self.len];
+                complete_checksum(b, start, offset).map(|()| b)
+            }
+            Mode::Tcp | Mode::Udp => self.segment_in_place(i),
+        })
+    }
+
+    fn segment_in_place(&mut self, i: usize) -> PResult<&mut [u8]> {
+        let payload = self.payload_range(i)?;
+        let at = payload.start - self.cut.hdr;
+        let pkt = &mut self.pkt.as_mut()[..self.len];
+        if i > 0 {
+            // The previous segment's headers, one segment size earlier
+            // (overlapping when the headers are longer than a segment:
+            // copy_within moves them correctly); fix_headers sets every
+            // field that differs.
+            let prev = at - self.cut.gso_size;
+            pkt.copy_within(prev..prev + self.cut.hdr, at);
+        }
+        let b = &mut pkt[at..payload.end];
+        self.cut.fix_headers(i, b)?;
+        Ok(b)
     }
 }

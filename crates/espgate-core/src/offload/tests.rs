@@ -287,6 +287,23 @@ fn segment_all(pkt: &[u8], info: &GsoInfo) -> PResult<Vec<Vec<u8>>> {
     assert_eq!(out.len(), n);
     // Drained: nothing more, however often asked.
     assert!(seg.next_into(&mut buf).is_none());
+    // Cut in place (headers written over the previous segment's payload),
+    // the same packets.
+    assert_eq!(segment_in_place(pkt, info)?, out);
+    Ok(out)
+}
+
+/// The packets of [`Segmenter::next_in_place`] on a copy of `pkt`.
+fn segment_in_place(pkt: &[u8], info: &GsoInfo) -> PResult<Vec<Vec<u8>>> {
+    let mut owned = pkt.to_vec();
+    let mut seg = Segmenter::new(&mut owned[..], info)?;
+    let n = seg.count();
+    let mut out = Vec::new();
+    while let Some(r) = seg.next_in_place() {
+        out.push(r?.to_vec());
+        assert!(out.len() <= n, "more segments than count()");
+    }
+    assert!(seg.next_in_place().is_none());
     Ok(out)
 }
 
@@ -437,6 +454,27 @@ fn tcp6_with_extension_header_and_options() {
         seqs,
         [0xffff_ff00, 0x3c4, 0x3c4 + 1220, 0x3c4 + 2440, 0x3c4 + 3660]
     );
+}
+
+/// Segments shorter than the headers: cut in place, each segment's
+/// headers overlap the previous one's (`segment_all` compares the in-place
+/// cut with the copying one byte for byte).
+#[test]
+fn segments_shorter_than_their_headers() {
+    for (v6, udp) in [(false, false), (true, false), (false, true), (true, true)] {
+        for gso in [1, 7, 48] {
+            let mut s = Spec::new(v6, udp, 5 * gso + 1);
+            if !udp {
+                s.tcp_opts = vec![1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2];
+                s.flags = ACK | PSH | FIN | CWR;
+            }
+            assert_eq!(
+                split_and_check(&s, gso).len(),
+                6,
+                "v6={v6} udp={udp} gso={gso}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -1429,12 +1467,15 @@ proptest! {
             let mut buf = PacketBuf::with_capacity(64);
             let mut n = 0;
             let max = seg.max_segment_len();
+            let mut copied = Vec::new();
             while let Some(r) = seg.next_into(&mut buf) {
                 prop_assert!(r.is_ok());
                 prop_assert!(buf.len() <= max.max(pkt.len()));
+                copied.push(buf.as_slice().to_vec());
                 n += 1;
             }
             prop_assert_eq!(n, Segmenter::new(&pkt, &info).unwrap().count());
+            prop_assert_eq!(segment_in_place(&pkt, &info).unwrap(), copied);
         }
         let mut c = Coalescer::new();
         let _ = c.push(&pkt);

@@ -52,18 +52,10 @@ impl Sa {
         clear: L::Clear,
         probe: &mut P,
     ) -> PResult<()> {
-        let udp_len = if matches!(self.cfg.encap, Encap::Udp { .. }) {
-            udp::HEADER_LEN
-        } else {
-            0
-        };
+        let udp_len = self.udp_len();
         match self.cfg.mode {
             Mode::Tunnel => {
-                let nh = if info.version == 4 {
-                    proto::IPV4
-                } else {
-                    proto::IPV6
-                };
+                let nh = tunnel_next_header(info);
                 let tfc = self
                     .cfg
                     .tfc_pad_to
@@ -80,21 +72,7 @@ impl Sa {
                     clear,
                 };
                 self.esp_wrap::<L, P>(buf, &w, seq, probe)?;
-                let outer_proto = if udp_len > 0 {
-                    proto::UDP
-                } else {
-                    self.cfg.ip_protocol
-                };
-                self.push_outer(buf, info, outer_proto)?;
-                let hdr_len = if self.cfg.tunnel_dst.is_some_and(|d| d.is_ipv6()) {
-                    ipv6::HEADER_LEN
-                } else {
-                    crate::wire::ipv4::MIN_HEADER_LEN
-                };
-                if udp_len > 0 {
-                    self.finish_udp(buf.as_mut_slice(), hdr_len, hdr_len == ipv6::HEADER_LEN);
-                }
-                Ok(())
+                self.finish_tunnel(buf, info, udp_len)
             }
             Mode::Transport => {
                 if info.fragment {
@@ -139,6 +117,74 @@ impl Sa {
         }
     }
 
+    /// Tunnel mode, sealed out of place: `clear`, one IP packet described
+    /// by `info` and left as it is, becomes the packet in `out`: the same
+    /// bytes [`Sa::esp_out`] makes from a copy of it in `out`, without the
+    /// copy. Only where [`Sa::seals_from`] holds (no TFC padding).
+    pub(super) fn esp_out_from<L: EspLayout, P: Probe + ?Sized>(
+        &mut self,
+        clear: &[u8],
+        out: &mut PacketBuf,
+        info: &IpInfo,
+        seq: u64,
+        probe: &mut P,
+    ) -> PResult<()> {
+        let shown = L::clear_of(clear)?;
+        let udp_len = self.udp_len();
+        let (Some(src), Some(dst)) = (self.cfg.tunnel_src, self.cfg.tunnel_dst) else {
+            return Err(DropReason::Unsupported);
+        };
+        let t = &self.transform;
+        let (iv_len, icv_len) = (t.iv_len(), t.icv_len());
+        let pad = esp::pad_len(clear.len(), t.block_len());
+        // The default padding only aligns, to at most 16 bytes here (AEAD
+        // suites align to 4): at most 15 bytes. (A larger one would be
+        // refused below, never cut.)
+        let mut tail = [0u8; 15 + esp::TRAILER_LEN];
+        let tail = tail
+            .get_mut(..pad + esp::TRAILER_LEN)
+            .ok_or(DropReason::BadLength)?;
+        esp::emit_trailer(tail, tunnel_next_header(info));
+        let pre = udp_len + L::HEADER_LEN + iv_len;
+        let p = out.prepare(pre + clear.len() + tail.len() + icv_len);
+        let e = &mut p[udp_len..];
+        self.esp_head::<L>(e, seq, &shown)?;
+        let auth = L::auth(e, seq, self.cfg.esn, &OuterAddrs { src, dst });
+        probe.mark(Stage::Encap);
+        self.transform
+            .seal_from(clear, tail, e, L::HEADER_LEN, &auth.auth_ctx(), probe)?;
+        self.finish_tunnel(out, info, udp_len)
+    }
+
+    /// The UDP header's length with ESP-in-UDP, else 0.
+    fn udp_len(&self) -> usize {
+        if matches!(self.cfg.encap, Encap::Udp { .. }) {
+            udp::HEADER_LEN
+        } else {
+            0
+        }
+    }
+
+    /// Tunnel mode: puts the outer IP header (and the UDP header's fields)
+    /// in front of the ESP packet in `buf`.
+    fn finish_tunnel(&mut self, buf: &mut PacketBuf, info: &IpInfo, udp_len: usize) -> PResult<()> {
+        let outer_proto = if udp_len > 0 {
+            proto::UDP
+        } else {
+            self.cfg.ip_protocol
+        };
+        self.push_outer(buf, info, outer_proto)?;
+        let hdr_len = if self.cfg.tunnel_dst.is_some_and(|d| d.is_ipv6()) {
+            ipv6::HEADER_LEN
+        } else {
+            crate::wire::ipv4::MIN_HEADER_LEN
+        };
+        if udp_len > 0 {
+            self.finish_udp(buf.as_mut_slice(), hdr_len, hdr_len == ipv6::HEADER_LEN);
+        }
+        Ok(())
+    }
+
     /// Fills in the UDP header at `off` (length, ports; checksum for IPv6,
     /// zero for IPv4 as RFC 3948 §2.1 recommends).
     fn finish_udp(&self, pkt: &mut [u8], off: usize, ipv6_outer: bool) {
@@ -177,7 +223,7 @@ impl Sa {
             tfc,
             ..
         } = *w;
-        let t = &mut self.transform;
+        let t = &self.transform;
         let (iv_len, icv_len) = (t.iv_len(), t.icv_len());
         let len0 = buf.len();
         let payload_len = len0.checked_sub(keep).ok_or(DropReason::BadLength)?;
@@ -193,9 +239,20 @@ impl Sa {
         p.copy_within(pre..pre + keep, 0);
         let esp_off = keep + udp_len;
         let e = &mut p[esp_off..];
+        self.esp_head::<L>(e, seq, &w.clear)?;
+        let auth = L::auth(e, seq, self.cfg.esn, &w.outer);
+        probe.mark(Stage::Encap);
+        self.transform
+            .seal_probed(e, L::HEADER_LEN, &auth.auth_ctx(), probe)
+    }
+
+    /// Writes the ESP header and the IV at the front of `e` (`[header |
+    /// IV | …]`).
+    fn esp_head<L: EspLayout>(&mut self, e: &mut [u8], seq: u64, clear: &L::Clear) -> PResult<()> {
+        let iv_len = self.transform.iv_len();
         let (hdr, rest) = e.split_at_mut(L::HEADER_LEN);
-        let (iv, _) = rest.split_at_mut(iv_len);
-        L::emit_header(hdr, self.cfg.spi, seq, &w.clear)?;
+        let iv = rest.get_mut(..iv_len).ok_or(DropReason::BadLength)?;
+        L::emit_header(hdr, self.cfg.spi, seq, clear)?;
         let iv_value = match self.cfg.iv_source {
             super::IvSource::Sequence => seq,
             super::IvSource::PerNode { node } => {
@@ -217,11 +274,7 @@ impl Sa {
                 v
             }
         };
-        let t = &mut self.transform;
-        t.fill_iv(iv, iv_value)?;
-        let auth = L::auth(e, seq, self.cfg.esn, &w.outer);
-        probe.mark(Stage::Encap);
-        t.seal_probed(e, L::HEADER_LEN, &auth.auth_ctx(), probe)
+        self.transform.fill_iv(iv, iv_value)
     }
 
     pub(super) fn esp_in<L: EspLayout, P: Probe + ?Sized>(
@@ -347,5 +400,14 @@ impl Sa {
         self.check_selectors(buf.as_slice())?;
         self.account(plen, now);
         Ok(Decapsulated::Packet)
+    }
+}
+
+/// The next header of a tunnel-mode packet: the inner IP version.
+fn tunnel_next_header(info: &IpInfo) -> u8 {
+    if info.version == 4 {
+        proto::IPV4
+    } else {
+        proto::IPV6
     }
 }

@@ -287,7 +287,7 @@ impl From<SuiteError> for SaError {
 
 /// A snapshot of an SA's counters ([`Sa::stats`]; the live ones are
 /// [`Sa::counters`]).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SaStats {
     /// Packets processed successfully.
     pub packets: u64,
@@ -828,6 +828,65 @@ impl Sa {
             Protocol::Ah => self.ah_out(buf, &info, seq, probe)?,
         }
         self.account(len, now);
+        probe.mark(Stage::Encap);
+        Ok(())
+    }
+
+    /// Whether [`Sa::encapsulate_from`] seals straight from the caller's
+    /// packet: ESP in tunnel mode with an AEAD suite and no TFC padding.
+    /// Otherwise it copies the packet into the buffer first.
+    pub fn seals_from(&self) -> bool {
+        self.cfg.protocol == Protocol::Esp
+            && self.cfg.mode == Mode::Tunnel
+            && self.cfg.tfc_pad_to.is_none()
+            && self.transform.seals_from()
+    }
+
+    /// Protects the IP packet `clear` into `out`, which then holds the
+    /// packet to send: the same bytes, counters and events as
+    /// [`Sa::encapsulate`] on a copy of `clear`. Where [`Sa::seals_from`]
+    /// holds the copy is not made: the cipher reads `clear` where it lies
+    /// (a segment of a TSO read) and writes into `out`.
+    pub fn encapsulate_from(
+        &mut self,
+        clear: &[u8],
+        out: &mut PacketBuf,
+        now: Duration,
+    ) -> PResult<()> {
+        self.encapsulate_from_probed(clear, out, now, &mut NoProbe)
+    }
+
+    /// [`Sa::encapsulate_from`], marking the stages of
+    /// [`Sa::encapsulate_probed`] on `probe`.
+    pub fn encapsulate_from_probed<P: Probe + ?Sized>(
+        &mut self,
+        clear: &[u8],
+        out: &mut PacketBuf,
+        now: Duration,
+        probe: &mut P,
+    ) -> PResult<()> {
+        if !self.seals_from() {
+            out.load(clear);
+            return self.encapsulate_probed(out, now, probe);
+        }
+        let r = self.encapsulate_from_inner(clear, out, now, probe);
+        self.count_drop(r)
+    }
+
+    fn encapsulate_from_inner<P: Probe + ?Sized>(
+        &mut self,
+        clear: &[u8],
+        out: &mut PacketBuf,
+        now: Duration,
+        probe: &mut P,
+    ) -> PResult<()> {
+        let info = ip::parse(clear)?;
+        let clear = clear.get(..info.packet_len).ok_or(DropReason::BadLength)?;
+        let seq = self.take_seq(now);
+        probe.mark(Stage::Replay);
+        let seq = seq?;
+        self.esp_out_from::<Rfc4303, P>(clear, out, &info, seq, probe)?;
+        self.account(clear.len(), now);
         probe.mark(Stage::Encap);
         Ok(())
     }
