@@ -553,11 +553,7 @@ impl Engine {
                 return Err(d);
             }
         }
-        if let Some(limit) = self.conns[conn].mss {
-            if mss::clamp(buf.as_mut_slice(), limit) {
-                self.stats.counters.mss_clamped.incr();
-            }
-        }
+        self.clamp_mss(conn, buf.as_mut_slice());
         probe.mark(Stage::Lookup);
         if self.cluster.is_some() {
             if let Action::Protect(ids) = &self.spd.policies()[pi].action {
@@ -587,6 +583,27 @@ impl Engine {
                 return Err(self.count_drop(DropReason::NoPolicy, DropContext::NotProtect))
             }
         };
+        self.sealed(r, conn, &f)
+    }
+
+    /// Clamps the MSS of a TCP SYN in `pkt` to connection `conn`'s limit,
+    /// if it has one.
+    fn clamp_mss(&self, conn: usize, pkt: &mut [u8]) {
+        if let Some(limit) = self.conns[conn].mss {
+            if mss::clamp(pkt, limit) {
+                self.stats.counters.mss_clamped.incr();
+            }
+        }
+    }
+
+    /// The outcome of sealing flow `f` on connection `conn`: the
+    /// connection to send on, or the drop, counted.
+    fn sealed(
+        &self,
+        r: crate::error::PResult<()>,
+        conn: usize,
+        f: &Flow,
+    ) -> Result<Option<usize>, Dropped> {
         match r {
             Ok(()) => Ok(Some(conn)),
             Err(d) => {
@@ -627,24 +644,14 @@ impl Engine {
             return self.outbound_probed(out, now, probe);
         };
         self.stats.counters.tun_rx.incr();
-        if let Some(limit) = self.conns[conn].mss {
-            if mss::clamp(clear, limit) {
-                self.stats.counters.mss_clamped.incr();
-            }
-        }
+        self.clamp_mss(conn, clear);
         probe.mark(Stage::Lookup);
         let r = self
             .sad
             .get_mut(id)
             .ok_or(DropReason::UnknownSpi)
             .and_then(|sa| sa.encapsulate_from_probed(clear, out, now, probe));
-        match r {
-            Ok(()) => Ok(Some(conn)),
-            Err(d) => {
-                let (src, dst) = (f.src, f.dst);
-                Err(self.count_drop(d, DropContext::Outbound { conn, src, dst }))
-            }
-        }
+        self.sealed(r, conn, &f)
     }
 
     /// Where [`Engine::outbound_from`] may seal `clear` without the

@@ -818,15 +818,29 @@ impl Sa {
     ) -> PResult<()> {
         let info = ip::parse(buf.as_slice())?;
         buf.truncate(info.packet_len);
-        let len = info.packet_len;
+        self.numbered(info.packet_len, now, probe, |sa, seq, probe| {
+            match sa.cfg.protocol {
+                Protocol::Esp => sa.esp_out::<Rfc4303, P>(buf, &info, seq, probe),
+                Protocol::Qesp => sa.esp_out::<Qesp, P>(buf, &info, seq, probe),
+                Protocol::Ah => sa.ah_out(buf, &info, seq, probe),
+            }
+        })
+    }
+
+    /// Protects one packet of `len` bytes with the next sequence number:
+    /// takes it, lets `seal` protect the packet with it, then counts the
+    /// packet against the lifetime (the steps around the sealing that
+    /// [`Sa::encapsulate`] and [`Sa::encapsulate_from`] share).
+    fn numbered<P: Probe + ?Sized>(
+        &mut self,
+        len: usize,
+        now: Duration,
+        probe: &mut P,
+        seal: impl FnOnce(&mut Sa, u64, &mut P) -> PResult<()>,
+    ) -> PResult<()> {
         let seq = self.take_seq(now);
         probe.mark(Stage::Replay);
-        let seq = seq?;
-        match self.cfg.protocol {
-            Protocol::Esp => self.esp_out::<Rfc4303, P>(buf, &info, seq, probe)?,
-            Protocol::Qesp => self.esp_out::<Qesp, P>(buf, &info, seq, probe)?,
-            Protocol::Ah => self.ah_out(buf, &info, seq, probe)?,
-        }
+        seal(self, seq?, probe)?;
         self.account(len, now);
         probe.mark(Stage::Encap);
         Ok(())
@@ -882,13 +896,9 @@ impl Sa {
     ) -> PResult<()> {
         let info = ip::parse(clear)?;
         let clear = clear.get(..info.packet_len).ok_or(DropReason::BadLength)?;
-        let seq = self.take_seq(now);
-        probe.mark(Stage::Replay);
-        let seq = seq?;
-        self.esp_out_from::<Rfc4303, P>(clear, out, &info, seq, probe)?;
-        self.account(clear.len(), now);
-        probe.mark(Stage::Encap);
-        Ok(())
+        self.numbered(clear.len(), now, probe, |sa, seq, probe| {
+            sa.esp_out_from::<Rfc4303, P>(clear, out, &info, seq, probe)
+        })
     }
 
     /// Verifies and removes this SA's ESP/AH layer (`inb` from [`classify`]).
