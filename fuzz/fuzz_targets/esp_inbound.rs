@@ -49,6 +49,10 @@
 //!   succeeds, processing never fails that SA's replay or ICV check; and
 //!   the observed packet is afterwards a replay (or, with window 0, is
 //!   processed as on a fresh SAD).
+//! - every mode: `Sad::decapsulate_from_probed` of the packet loaded as the
+//!   daemon loads a datagram (the head only, the rest decrypted from the
+//!   bytes received), split at its start and halfway, gives exactly what
+//!   `Sad::decapsulate` gives: outcome, SAs and bytes.
 #![no_main]
 
 use espgate_core::cost::NoProbe;
@@ -397,6 +401,53 @@ fn check_expect(what: &str, e: &Expect, r: &Res, out: &[u8], input: &[u8]) {
     }
 }
 
+/// True when an outcome with the SAs `applied` and the buffer `out` is
+/// what `Sad::decapsulate` gave (`reference`, `ref_out`).
+fn same_outcome(
+    r: &Result<InboundOutcome, InboundError>,
+    applied: &[SaId],
+    out: &[u8],
+    reference: &Res,
+    ref_out: &[u8],
+) -> bool {
+    match (r, reference) {
+        (Ok(InboundOutcome::Packet), Ok(InboundResult::Packet(want))) => {
+            applied == want && out == ref_out
+        }
+        (Ok(InboundOutcome::Dummy(a)), Ok(InboundResult::Dummy(w))) => a == w,
+        (Ok(InboundOutcome::Ike), Ok(InboundResult::Ike))
+        | (Ok(InboundOutcome::Keepalive), Ok(InboundResult::Keepalive)) => true,
+        (Err(a), Err(w)) => a == w,
+        _ => false,
+    }
+}
+
+/// The same packet through `Sad::decapsulate_from_probed` on a fresh
+/// SAD, loaded as the daemon loads a datagram: the bytes before `k`
+/// (the outer header it adds) copied in, the rest with
+/// `PacketBuf::load_head` into a buffer of stale bytes, for `k` at the
+/// start and halfway. The outcome, the SAs and the bytes are what
+/// `Sad::decapsulate` gave; no stale byte reaches the result.
+fn lazily(pkt: &[u8], reference: &Res, ref_out: &[u8]) {
+    for k in [0, pkt.len() / 2] {
+        let (mut sad, _) = build_sad();
+        let mut b = PacketBuf::from_packet(&vec![0xa5; pkt.len() + 64]);
+        b.load_head(&pkt[k..]);
+        b.push_front(k)[..k].copy_from_slice(&pkt[..k]);
+        let mut applied = vec![SaId(u32::MAX)];
+        let r = sad.decapsulate_from_probed(
+            &mut b,
+            &pkt[k..],
+            &*CLASSIFIER,
+            T0,
+            &mut applied,
+            &mut NoProbe,
+        );
+        let same = same_outcome(&r, &applied, b.as_slice(), reference, ref_out);
+        assert!(same, "split at {k}: {r:?} / decapsulate {reference:?}");
+    }
+}
+
 /// The same packet through `Sad::decapsulate_gated` on a fresh SAD, the
 /// gate answering as `gate` says; `reference` and `ref_out` are what
 /// `Sad::decapsulate` gave on another fresh SAD.
@@ -436,16 +487,7 @@ fn gated(pkt: &[u8], reference: &Res, ref_out: &[u8], gate: u8) {
     }
     let outer = asked.first().map(|a| a.0);
     if gate == 3 {
-        let same = match (&r, reference) {
-            (Ok(InboundOutcome::Packet), Ok(InboundResult::Packet(want))) => {
-                applied == *want && b.as_slice() == ref_out
-            }
-            (Ok(InboundOutcome::Dummy(a)), Ok(InboundResult::Dummy(w))) => a == w,
-            (Ok(InboundOutcome::Ike), Ok(InboundResult::Ike))
-            | (Ok(InboundOutcome::Keepalive), Ok(InboundResult::Keepalive)) => true,
-            (Err(a), Err(w)) => a == w,
-            _ => false,
-        };
+        let same = same_outcome(&r, &applied, b.as_slice(), reference, ref_out);
         assert!(same, "gated Process {r:?} / decapsulate {reference:?}");
         return;
     }
@@ -532,6 +574,7 @@ fn raw(data: &[u8], gate: u8) {
     let (r, out) = decap(&mut sad, data);
     generic(&sad, data, &r, &out);
     gated(data, &r, &out, gate);
+    lazily(data, &r, &out);
 }
 
 fn stacked(c: &mut Cursor<'_>, mutate: bool, gate: u8) {
@@ -609,6 +652,7 @@ fn stacked(c: &mut Cursor<'_>, mutate: bool, gate: u8) {
         generic(&sad, &wire, &r, &out);
         check_expect("valid", &expect, &r, &out, &wire);
         gated(&wire, &r, &out, gate);
+        lazily(&wire, &r, &out);
         if profile != 0 && expect != Expect::Unknown {
             if let Ok(InboundResult::Packet(ids)) = &r {
                 if check_lifetime(&mut sad, ids, &wire, profile) {
@@ -646,6 +690,7 @@ fn stacked(c: &mut Cursor<'_>, mutate: bool, gate: u8) {
     let (r, out) = decap(&mut sad, &pkt);
     generic(&sad, &pkt, &r, &out);
     gated(&pkt, &r, &out, gate);
+    lazily(&pkt, &r, &out);
     if let (Expect::Packet(ids, want), Ok(InboundResult::Packet(got))) = (&expect, &r) {
         if ids == got {
             if tunnel_end {
@@ -862,6 +907,7 @@ fn crafted(c: &mut Cursor<'_>, gate: u8) {
     generic(&sad, &pkt, &r, &out);
     check_expect("crafted", &expect, &r, &out, &pkt);
     gated(&pkt, &r, &out, gate);
+    lazily(&pkt, &r, &out);
 }
 
 fuzz_target!(|data: &[u8]| {

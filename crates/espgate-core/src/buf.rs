@@ -8,6 +8,12 @@ pub const DEFAULT_HEADROOM: usize = 160;
 /// Default space after a loaded packet: padding, trailer, ICV, TFC padding.
 pub const DEFAULT_TAILROOM: usize = 320;
 
+/// Bytes of a packet [`PacketBuf::load_head`] copies: enough for every
+/// header the inbound path reads before it decrypts (an IPv4 header with
+/// options, 60, then a Q-ESP header, 16, and the longest IV, 16; behind a
+/// synthetic outer header the caller adds, the ESP header and IV alone).
+pub const LOAD_HEAD: usize = 128;
+
 /// Bytes `data[start..end]` are the packet.
 #[derive(Clone, Default)]
 pub struct PacketBuf {
@@ -53,6 +59,23 @@ impl PacketBuf {
         self.start = DEFAULT_HEADROOM;
         self.end = DEFAULT_HEADROOM + pkt.len();
         self.data[self.start..self.end].copy_from_slice(pkt);
+    }
+
+    /// [`PacketBuf::load`] copying only the first [`LOAD_HEAD`] bytes of
+    /// `pkt`: the buffer has `pkt`'s length, but the bytes after the head
+    /// are whatever was there (not `pkt`'s). For the inbound path, which
+    /// then decrypts the rest straight from `pkt`
+    /// ([`crate::gateway::Engine::inbound_from`]) instead of copying it in
+    /// first and decrypting it in place.
+    pub fn load_head(&mut self, pkt: &[u8]) {
+        let need = DEFAULT_HEADROOM + pkt.len() + DEFAULT_TAILROOM;
+        if self.data.len() < need {
+            self.data.resize(need, 0);
+        }
+        self.start = DEFAULT_HEADROOM;
+        self.end = DEFAULT_HEADROOM + pkt.len();
+        let head = pkt.len().min(LOAD_HEAD);
+        self.data[self.start..self.start + head].copy_from_slice(&pkt[..head]);
     }
 
     /// Makes room for `n` bytes of payload after the headroom and returns them
@@ -138,6 +161,50 @@ impl PacketBuf {
     }
 }
 
+/// The bytes a [`PacketBuf::load_head`] left out: the buffer's last
+/// `src.len()` bytes stand for `src`, of which only the first
+/// [`LOAD_HEAD`] are in the buffer. The inbound path decrypts its
+/// outermost layer straight from `src` ([`Rest::source`]) or copies the
+/// rest in first ([`Rest::fill`]) where it needs the whole packet.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rest<'a> {
+    src: &'a [u8],
+    /// Where `src` starts in the buffer (after a synthetic outer header).
+    at: usize,
+}
+
+impl<'a> Rest<'a> {
+    /// `buf`'s tail is `src`, loaded with [`PacketBuf::load_head`] (then
+    /// headers may have been pushed in front). `None` if `buf` is shorter.
+    pub(crate) fn of(buf: &PacketBuf, src: &'a [u8]) -> Option<Rest<'a>> {
+        let at = buf.len().checked_sub(src.len())?;
+        Some(Rest { src, at })
+    }
+
+    /// Copies the bytes the head left out into `buf` (unchanged since
+    /// [`Rest::of`]): `buf` is then the whole packet.
+    pub(crate) fn fill(&self, buf: &mut PacketBuf) {
+        let head = self.src.len().min(LOAD_HEAD);
+        if let Some(d) = buf.as_mut_slice().get_mut(self.at + head..) {
+            if d.len() == self.src.len() - head {
+                d.copy_from_slice(&self.src[head..]);
+            }
+        }
+    }
+
+    /// `src`'s bytes for the buffer's bytes `range`, if they lie in `src`
+    /// and the buffer holds everything before `present` (the headers the
+    /// caller reads from the buffer); else `None` (then [`Rest::fill`]).
+    pub(crate) fn source(&self, range: std::ops::Range<usize>, present: usize) -> Option<&'a [u8]> {
+        let head = self.src.len().min(LOAD_HEAD);
+        if present > self.at + head || range.start < self.at {
+            return None;
+        }
+        self.src
+            .get(range.start - self.at..range.end.checked_sub(self.at)?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +222,30 @@ mod tests {
         b.push_front(1000);
         assert_eq!(b.len(), 1003);
         assert_eq!(&b.as_slice()[1000..], &[9, 1, 2]);
+    }
+
+    #[test]
+    fn a_head_load_and_its_rest() {
+        let pkt: Vec<u8> = (0..300u16).map(|i| i as u8).collect();
+        let mut b = PacketBuf::with_capacity(400);
+        b.load(&[0xee; 400]);
+        b.load_head(&pkt);
+        assert_eq!(b.len(), 300);
+        assert_eq!(&b.as_slice()[..LOAD_HEAD], &pkt[..LOAD_HEAD]);
+        assert_eq!(b.as_slice()[LOAD_HEAD], 0xee, "the rest is not copied");
+        b.push_front(8)[..8].fill(7);
+        let r = Rest::of(&b, &pkt).unwrap();
+        // Bytes 8.. of the buffer are the packet; the head reaches 8 + 128.
+        assert_eq!(r.source(10..308, 136), Some(&pkt[2..]));
+        assert_eq!(r.source(10..308, 137), None, "a header past the head");
+        assert_eq!(r.source(7..308, 20), None, "before the packet");
+        assert_eq!(r.source(10..309, 20), None, "past its end");
+        r.fill(&mut b);
+        assert_eq!(&b.as_slice()[8..], &pkt[..]);
+        assert_eq!(&b.as_slice()[..8], &[7; 8]);
+        assert!(Rest::of(&b, &[0; 309]).is_none());
+        // A short packet is loaded whole.
+        b.load_head(&pkt[..5]);
+        assert_eq!(b.as_slice(), &pkt[..5]);
     }
 }

@@ -1,7 +1,7 @@
 //! The Security Association Database (RFC 4301 §4.4.2): SAs in a slab,
 //! found by (protocol, SPI) in O(1).
 
-use crate::buf::PacketBuf;
+use crate::buf::{PacketBuf, Rest};
 use crate::cost::{NoProbe, Probe, Stage};
 use crate::error::{DropReason, PResult};
 use crate::sa::{classify, Classified, Classifier, Decapsulated, Mode, Protocol, Sa};
@@ -224,6 +224,57 @@ impl Sad {
         probe: &mut P,
         gate: &mut dyn FnMut(SaId, u32, usize) -> InGate,
     ) -> Result<InboundOutcome, InboundError> {
+        self.decapsulate_layers(buf, None, classifier, now, applied, probe, gate)
+    }
+
+    /// [`Sad::decapsulate_into_probed`] of a buffer loaded with
+    /// [`PacketBuf::load_head`]: `src` is the packet's tail as received
+    /// (the buffer's last `src.len()` bytes, of which only the head was
+    /// copied). The outermost ESP layer is decrypted straight from `src`;
+    /// where the whole packet is needed first (AH) it is copied in. The
+    /// same outcome, SAs and bytes as loading it whole. `BadLength` if the
+    /// buffer is shorter than `src`.
+    pub fn decapsulate_from_probed<P: Probe + ?Sized>(
+        &mut self,
+        buf: &mut PacketBuf,
+        src: &[u8],
+        classifier: &Classifier,
+        now: Duration,
+        applied: &mut Vec<SaId>,
+        probe: &mut P,
+    ) -> Result<InboundOutcome, InboundError> {
+        let Some(rest) = Rest::of(buf, src) else {
+            applied.clear();
+            return Err(InboundError {
+                reason: DropReason::BadLength,
+                sa: None,
+                spi: None,
+            });
+        };
+        self.decapsulate_layers(
+            buf,
+            Some(rest),
+            classifier,
+            now,
+            applied,
+            probe,
+            &mut |_, _, _| InGate::Process,
+        )
+    }
+
+    /// The layers of one inbound packet, outermost first; `rest` (see
+    /// [`Sad::decapsulate_from_probed`]) is the outermost layer's.
+    #[allow(clippy::too_many_arguments)]
+    fn decapsulate_layers<P: Probe + ?Sized>(
+        &mut self,
+        buf: &mut PacketBuf,
+        mut rest: Option<Rest<'_>>,
+        classifier: &Classifier,
+        now: Duration,
+        applied: &mut Vec<SaId>,
+        probe: &mut P,
+        gate: &mut dyn FnMut(SaId, u32, usize) -> InGate,
+    ) -> Result<InboundOutcome, InboundError> {
         applied.clear();
         for layer in 0..MAX_LAYERS {
             let c = classify(buf.as_slice(), classifier);
@@ -257,7 +308,13 @@ impl Sad {
             let mode = sa.config().mode;
             if layer == 0 {
                 let seq = inb.wire_seq(buf.as_slice()).unwrap_or(0);
-                match gate(id, seq, buf.len()) {
+                let g = gate(id, seq, buf.len());
+                if g != InGate::Process {
+                    if let Some(r) = rest.take() {
+                        r.fill(buf);
+                    }
+                }
+                match g {
                     InGate::Process => {}
                     InGate::Observe => {
                         sa.observe_inbound(buf, &inb, now)
@@ -272,7 +329,7 @@ impl Sad {
                 }
             }
             match sa
-                .decapsulate_probed(buf, &inb, now, probe)
+                .decapsulate_rest(buf, &inb, rest.take().as_ref(), now, probe)
                 .map_err(|d| err(d, Some(id)))?
             {
                 Decapsulated::Dummy => return Ok(InboundOutcome::Dummy(id)),

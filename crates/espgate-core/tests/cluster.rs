@@ -113,16 +113,30 @@ fn every_inbound_packet_is_decrypted_by_exactly_one_node_and_windows_agree() {
     let mut b = peer();
     for k in 0..300u64 {
         let mut buf = PacketBuf::with_capacity(2000);
-        buf.load(&udp4("10.2.0.9", "10.1.0.5", 40 + (k % 5) as usize));
+        let clear = udp4("10.2.0.9", "10.1.0.5", 200 + (k % 5) as usize);
+        buf.load(&clear);
         assert_eq!(b.outbound(&mut buf, T), Ok(Some(0)));
         let wire = buf.as_slice().to_vec();
         let b_addr: IpAddr = espgate_testkit::B.into();
         let mut delivered = 0;
-        for n in &mut nodes {
-            let mut x = PacketBuf::with_capacity(2000);
-            x.load(&wire);
-            match n.inbound(&mut x, T, b_addr) {
-                Ok(Received::Packet) => delivered += 1,
+        for (i, n) in nodes.iter_mut().enumerate() {
+            let mut x = PacketBuf::from_packet(&[0xa5; 200]);
+            // Every other packet as the daemon receives it: the head
+            // behind the outer IP and UDP header, the rest left where it
+            // was received (the node copies it in to keep its window).
+            let r = if (k as usize + i).is_multiple_of(2) {
+                x.load(&wire);
+                n.inbound(&mut x, T, b_addr)
+            } else {
+                x.load_head(&wire[28..]);
+                x.push_front(28)[..28].copy_from_slice(&wire[..28]);
+                n.inbound_from(&mut x, &wire[28..], T, b_addr)
+            };
+            match r {
+                Ok(Received::Packet) => {
+                    assert_eq!(x.as_slice(), &clear[..], "packet {k}");
+                    delivered += 1;
+                }
                 Ok(Received::Observed) => {}
                 other => panic!("packet {k}: {other:?}"),
             }

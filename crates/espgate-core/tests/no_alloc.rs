@@ -8,7 +8,7 @@
 //! policy, no SA, a replay, an ICV failure, an unknown SPI, an expired
 //! SA, an incomplete bundle, garbage, plus keepalives, IKE and multicast.
 
-use espgate_core::gateway::{Engine, Layers};
+use espgate_core::gateway::{Engine, Layers, Received};
 use espgate_core::{DropReason, PacketBuf};
 use espgate_testkit::{from_a, opts, side, udp4, Shape};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -124,6 +124,8 @@ fn packet_paths_allocate_nothing_even_when_they_drop() {
     let no_policy = udp4("10.1.0.5", "10.3.0.9", 100);
     let multicast = udp4("10.1.0.5", "224.0.0.22", 10);
     let garbage = [0x45u8, 0, 0, 3];
+    let big = udp4("10.1.0.5", "10.2.0.9", 1000);
+    let mut wire = Vec::with_capacity(2000);
 
     let n = allocations(|| {
         for lone in &lone_esp {
@@ -131,6 +133,19 @@ fn packet_paths_allocate_nothing_even_when_they_drop() {
             buf.load(&clear);
             assert_eq!(a.outbound(&mut buf, T), Ok(Some(0)));
             assert!(b.inbound(&mut buf, T, from_a()).is_ok());
+            // Received as the daemon receives a datagram: its head behind
+            // the outer header, the rest decrypted from where it lies.
+            buf.load(&big);
+            assert_eq!(a.outbound(&mut buf, T), Ok(Some(0)));
+            wire.clear();
+            wire.extend_from_slice(buf.as_slice());
+            buf.load_head(&wire[28..]);
+            buf.push_front(28)[..28].copy_from_slice(&wire[..28]);
+            assert_eq!(
+                b.inbound_from(&mut buf, &wire[28..], T, from_a()),
+                Ok(Received::Packet)
+            );
+            assert_eq!(buf.as_slice(), &big[..]);
             // Outbound drops and ignores.
             buf.load(&no_policy);
             assert_eq!(

@@ -812,13 +812,17 @@ impl Round<'_> {
 
     /// Verifies and removes the IPsec layers of the packet in `buf` and
     /// delivers what is inside.
-    fn receive(&mut self, buf: &mut PacketBuf, from: IpAddr, co: &mut Coalescer) {
+    /// Opens one received packet: `buf` holds the synthetic outer header
+    /// (if any) and the head of `src`, the packet as received
+    /// ([`PacketBuf::load_head`]); the engine decrypts the rest straight
+    /// from `src` ([`Engine::inbound_from`]).
+    fn receive(&mut self, buf: &mut PacketBuf, src: &[u8], from: IpAddr, co: &mut Coalescer) {
         let now = self.now();
         let r = match self.costs.as_deref_mut() {
-            None => self.engine.inbound(buf, now, from),
+            None => self.engine.inbound_from(buf, src, now, from),
             Some(c) => {
                 c.begin(Dir::Inbound);
-                self.engine.inbound_probed(buf, now, from, c)
+                self.engine.inbound_from_probed(buf, src, now, from, c)
             }
         };
         match r {
@@ -843,9 +847,9 @@ impl Round<'_> {
     /// `recvmmsg` call (a flood of junk from many senders costs one system
     /// call per [`RECV_SLOTS`] datagrams, not one each); with `UDP_GRO` one
     /// datagram read may hold many of one sender, cut at the segment size
-    /// the kernel reports. Each is copied into `buf` (which has the
-    /// headroom for the synthetic outer header the core expects) and
-    /// processed alone.
+    /// the kernel reports. Each one's head is copied into `buf` (which has
+    /// the headroom for the synthetic outer header the core expects) and
+    /// it is processed alone, its body decrypted from where it was read.
     fn on_udp(&mut self, rx: &mut RecvBatch, buf: &mut PacketBuf, co: &mut Coalescer) {
         let sockets = self.w.sockets;
         let Some(u) = &sockets.udp else { return };
@@ -896,14 +900,14 @@ impl Round<'_> {
                         self.hand_to_ike(dst, src, &d[4..]);
                         continue;
                     }
-                    buf.load(d);
+                    buf.load_head(d);
                     if let Err(e) = push_udp_outer(buf, src, dst, meta.tos.unwrap_or(0)) {
                         self.counters.net_rx.incr();
                         let len = d.len();
                         self.io_drop(e, |f| write!(f, "datagram from {src} ({len} bytes)"));
                         continue;
                     }
-                    self.receive(buf, src.ip(), co);
+                    self.receive(buf, d, src.ip(), co);
                 }
             }
         }
@@ -960,7 +964,7 @@ impl Round<'_> {
                     continue;
                 };
                 let n = data.len();
-                buf.load(data);
+                buf.load_head(data);
                 let from = meta
                     .src
                     .map_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED), |s| s.ip());
@@ -978,7 +982,7 @@ impl Round<'_> {
                         continue;
                     }
                 }
-                self.receive(buf, from, co);
+                self.receive(buf, data, from, co);
             }
         }
         self.clock = None;

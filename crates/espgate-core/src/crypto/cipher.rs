@@ -389,6 +389,45 @@ impl Transform {
         Ok(())
     }
 
+    /// [`Transform::open_probed`] out of place: `src` is the packet as
+    /// received, `pkt` a buffer of the same length whose header and IV
+    /// (`..hdr_len + iv_len`) are already `src`'s. The ICV and body are
+    /// read from `src`; on success `pkt`'s body holds the plaintext (its
+    /// ICV bytes are left as they were). The same verdict and plaintext as
+    /// copying `src` into `pkt` and opening in place, minus the copy, for
+    /// an AEAD suite; any other suite copies the body and ICV in and opens
+    /// in place. A `src` of another length is `BadLength`.
+    pub fn open_from<P: Probe + ?Sized>(
+        &self,
+        src: &[u8],
+        pkt: &mut [u8],
+        hdr_len: usize,
+        auth: &AuthCtx<'_>,
+        probe: &mut P,
+    ) -> PResult<()> {
+        if src.len() != pkt.len() {
+            return Err(DropReason::BadLength);
+        }
+        let (iv_end, icv_start) = self.layout(pkt.len(), hdr_len)?;
+        let Cipher::Aead { key, salt } = &self.cipher else {
+            pkt[iv_end..].copy_from_slice(&src[iv_end..]);
+            return self.open_probed(pkt, hdr_len, auth, probe);
+        };
+        let n = nonce(salt, &pkt[hdr_len..iv_end])?;
+        let (body, tag) = src[iv_end..].split_at(icv_start - iv_end);
+        let r = key
+            .open_separate_gather(
+                n,
+                Aad::from(auth.aad),
+                body,
+                tag,
+                &mut pkt[iv_end..icv_start],
+            )
+            .map_err(|_| DropReason::Integrity);
+        probe.mark(Stage::Cipher);
+        r
+    }
+
     /// Checks the ICV of `pkt` (laid out as for [`Transform::open`])
     /// without decrypting where the suite allows it: a separate MAC is
     /// checked alone (in constant time) and the body stays ciphertext. An

@@ -31,12 +31,12 @@ pub use conn::{ConnSpec, Layers, MssClamp, SaSettings};
 pub use dropped::{Describe, DropContext, Dropped};
 pub use status::{SaEntry, WorkerStats};
 
-use crate::buf::PacketBuf;
+use crate::buf::{PacketBuf, Rest};
 use crate::cost::{NoProbe, Probe, Stage};
 use crate::error::DropReason;
 use crate::mss::{self, MssLimit};
 use crate::sa::{Classifier, Encap, Protocol, Sa, SaConfig, SaEvent, SeqLease};
-use crate::sad::{InGate, InboundOutcome, SaId, Sad, MAX_LAYERS};
+use crate::sad::{InGate, InboundError, InboundOutcome, SaId, Sad, MAX_LAYERS};
 use crate::selector::TrafficSelector;
 use crate::spd::{Action, Direction, Policy, Spd};
 use crate::wire::flow::{self, Flow};
@@ -719,6 +719,63 @@ impl Engine {
                 },
             ),
         };
+        self.inbound_outcome(r, buf, from, probe)
+    }
+
+    /// [`Engine::inbound`] of a packet whose tail `src` (the bytes after a
+    /// synthetic outer header, as received) is loaded into `buf` with
+    /// [`PacketBuf::load_head`] only: the outermost ESP layer is decrypted
+    /// straight from `src` into `buf`, saving the copy of the packet into
+    /// the buffer. Where the whole packet is needed first (AH, a cluster
+    /// node) the rest is copied in. The same result, bytes, drops and
+    /// counters as [`Engine::inbound`] on the whole packet; a `buf`
+    /// shorter than `src` is dropped as `BadLength`.
+    pub fn inbound_from(
+        &mut self,
+        buf: &mut PacketBuf,
+        src: &[u8],
+        now: Duration,
+        from: IpAddr,
+    ) -> Result<Received, Dropped> {
+        self.inbound_from_probed(buf, src, now, from, &mut NoProbe)
+    }
+
+    /// [`Engine::inbound_from`], marking its stages on `probe`.
+    pub fn inbound_from_probed<P: Probe + ?Sized>(
+        &mut self,
+        buf: &mut PacketBuf,
+        src: &[u8],
+        now: Duration,
+        from: IpAddr,
+        probe: &mut P,
+    ) -> Result<Received, Dropped> {
+        if self.cluster.is_some() {
+            if let Some(r) = Rest::of(buf, src) {
+                r.fill(buf);
+                return self.inbound_probed(buf, now, from, probe);
+            }
+        }
+        self.stats.counters.net_rx.incr();
+        let r = self.sad.decapsulate_from_probed(
+            buf,
+            src,
+            &self.classifier,
+            now,
+            &mut self.applied,
+            probe,
+        );
+        self.inbound_outcome(r, buf, from, probe)
+    }
+
+    /// What [`Engine::inbound`] makes of the SAD's outcome: the inbound
+    /// policy check and MSS clamp, counters, drops.
+    fn inbound_outcome<P: Probe + ?Sized>(
+        &mut self,
+        r: Result<InboundOutcome, InboundError>,
+        buf: &mut PacketBuf,
+        from: IpAddr,
+        probe: &mut P,
+    ) -> Result<Received, Dropped> {
         let c = &self.stats.counters;
         match r {
             Ok(InboundOutcome::Packet) => {

@@ -3,7 +3,7 @@
 //! replay and lifetime handling here serve every ESP header format.
 
 use super::{finish_tunnel_inner, fix_transport_header, Decapsulated, Encap, Inbound, Mode, Sa};
-use crate::buf::PacketBuf;
+use crate::buf::{PacketBuf, Rest};
 use crate::cost::{NoProbe, Probe, Stage};
 use crate::error::{DropReason, PResult};
 use crate::wire::esp::{EspAuth, EspLayout, OuterAddrs};
@@ -277,14 +277,31 @@ impl Sa {
         self.transform.fill_iv(iv, iv_value)
     }
 
+    /// Removes this SA's ESP (or Q-ESP) layer. With `rest` (the buffer
+    /// was loaded with [`PacketBuf::load_head`]), the body is decrypted
+    /// straight from the bytes received where the headers up to the IV
+    /// are in the buffer; otherwise the rest is copied in first.
     pub(super) fn esp_in<L: EspLayout, P: Probe + ?Sized>(
         &mut self,
         buf: &mut PacketBuf,
         inb: &Inbound,
+        rest: Option<&Rest<'_>>,
         now: Duration,
         probe: &mut P,
     ) -> PResult<Decapsulated> {
-        let (_, clear, _) = self.esp_authenticate::<L, P>(buf, inb, true, probe)?;
+        let present = inb.offset + L::HEADER_LEN + self.transform.iv_len();
+        let src = rest.and_then(|r| {
+            let s = r.source(inb.offset..inb.end, present);
+            if s.is_none() {
+                r.fill(buf);
+            }
+            s
+        });
+        let how = match src {
+            Some(s) => Decrypt::From(s),
+            None => Decrypt::InPlace,
+        };
+        let (_, clear, _) = self.esp_authenticate::<L, P>(buf, inb, how, probe)?;
         let r = self.esp_unframe::<L>(buf, inb, now, &clear);
         probe.mark(Stage::Decap);
         r
@@ -301,7 +318,8 @@ impl Sa {
         inb: &Inbound,
         now: Duration,
     ) -> PResult<u64> {
-        let (seq, _, body) = self.esp_authenticate::<L, NoProbe>(buf, inb, false, &mut NoProbe)?;
+        let (seq, _, body) =
+            self.esp_authenticate::<L, NoProbe>(buf, inb, Decrypt::No, &mut NoProbe)?;
         // The body length (payload, padding, trailer): what every node can
         // count alike without decrypting, for the lifetime's byte limit.
         self.observed(body, now);
@@ -309,14 +327,14 @@ impl Sa {
     }
 
     /// The common front of [`Sa::esp_in`] and [`Sa::esp_observe`]: length,
-    /// header, replay check, ICV (and decryption when `decrypt`), window
+    /// header, replay check, ICV (and decryption, as `how` says), window
     /// update. Returns the full sequence number, the header's clear fields
     /// and the length of the encrypted body.
     fn esp_authenticate<L: EspLayout, P: Probe + ?Sized>(
         &mut self,
         buf: &mut PacketBuf,
         inb: &Inbound,
-        decrypt: bool,
+        how: Decrypt<'_>,
         probe: &mut P,
     ) -> PResult<(u64, L::Clear, usize)> {
         if self.life.is_hard_expired() {
@@ -341,11 +359,16 @@ impl Sa {
             dst: inb.outer.dst,
         };
         let auth = L::auth(e, seq, self.cfg.esn, &outer);
-        if decrypt {
-            self.transform
-                .open_probed(e, L::HEADER_LEN, &auth.auth_ctx(), probe)?;
-        } else {
-            self.transform.verify(e, L::HEADER_LEN, &auth.auth_ctx())?;
+        match how {
+            Decrypt::InPlace => {
+                self.transform
+                    .open_probed(e, L::HEADER_LEN, &auth.auth_ctx(), probe)?
+            }
+            Decrypt::From(src) => {
+                self.transform
+                    .open_from(src, e, L::HEADER_LEN, &auth.auth_ctx(), probe)?
+            }
+            Decrypt::No => self.transform.verify(e, L::HEADER_LEN, &auth.auth_ctx())?,
         }
         let updated = self.replay.update(seq);
         self.counters.replay_top.set(self.replay.top());
@@ -401,6 +424,18 @@ impl Sa {
         self.account(plen, now);
         Ok(Decapsulated::Packet)
     }
+}
+
+/// What [`Sa::esp_authenticate`] does with the body once the ICV passes.
+#[derive(Clone, Copy)]
+enum Decrypt<'a> {
+    /// Decrypts it in place.
+    InPlace,
+    /// Decrypts it from these bytes (the ESP packet as received) into the
+    /// buffer, whose body is not yet there.
+    From(&'a [u8]),
+    /// Leaves it (a cluster node observing the packet).
+    No,
 }
 
 /// The next header of a tunnel-mode packet: the inner IP version.

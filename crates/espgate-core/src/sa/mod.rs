@@ -9,7 +9,7 @@ mod per_cpu;
 pub mod replay;
 pub mod spec;
 
-use crate::buf::PacketBuf;
+use crate::buf::{PacketBuf, Rest};
 use crate::cost::{NoProbe, Probe, Stage};
 use crate::crypto::{Suite, SuiteError, Transform};
 use crate::error::{DropReason, PResult};
@@ -921,10 +921,30 @@ impl Sa {
         now: Duration,
         probe: &mut P,
     ) -> PResult<Decapsulated> {
+        self.decapsulate_rest(buf, inb, None, now, probe)
+    }
+
+    /// [`Sa::decapsulate_probed`] of a buffer loaded with
+    /// [`PacketBuf::load_head`] whose `rest` is still outside it: ESP and
+    /// Q-ESP decrypt the body straight from it, AH (which authenticates
+    /// the whole packet in place) copies it in first.
+    pub(crate) fn decapsulate_rest<P: Probe + ?Sized>(
+        &mut self,
+        buf: &mut PacketBuf,
+        inb: &Inbound,
+        rest: Option<&Rest<'_>>,
+        now: Duration,
+        probe: &mut P,
+    ) -> PResult<Decapsulated> {
         let r = match inb.protocol {
-            Protocol::Esp => self.esp_in::<Rfc4303, P>(buf, inb, now, probe),
-            Protocol::Qesp => self.esp_in::<Qesp, P>(buf, inb, now, probe),
-            Protocol::Ah => self.ah_in(buf, inb, now, probe),
+            Protocol::Esp => self.esp_in::<Rfc4303, P>(buf, inb, rest, now, probe),
+            Protocol::Qesp => self.esp_in::<Qesp, P>(buf, inb, rest, now, probe),
+            Protocol::Ah => {
+                if let Some(r) = rest {
+                    r.fill(buf);
+                }
+                self.ah_in(buf, inb, now, probe)
+            }
         };
         self.count_drop(r)
     }
