@@ -924,6 +924,25 @@ impl Sa {
         self.decapsulate_rest(buf, inb, None, now, probe)
     }
 
+    /// [`Sa::decapsulate`] of a buffer loaded with
+    /// [`PacketBuf::load_head`] from `src` (then headers may have been
+    /// pushed in front: the buffer's last `src.len()` bytes stand for
+    /// `src`), as the gateway receives a datagram: ESP and Q-ESP decrypt
+    /// the body straight from `src`. The same result, bytes and counters
+    /// as loading `src` whole; a buffer shorter than `src` is `BadLength`.
+    pub fn decapsulate_from(
+        &mut self,
+        buf: &mut PacketBuf,
+        src: &[u8],
+        inb: &Inbound,
+        now: Duration,
+    ) -> PResult<Decapsulated> {
+        match Rest::of(buf, src) {
+            Some(r) => self.decapsulate_rest(buf, inb, Some(&r), now, &mut NoProbe),
+            None => self.count_drop(Err(DropReason::BadLength)),
+        }
+    }
+
     /// [`Sa::decapsulate_probed`] of a buffer loaded with
     /// [`PacketBuf::load_head`] whose `rest` is still outside it: ESP and
     /// Q-ESP decrypt the body straight from it, AH (which authenticates
