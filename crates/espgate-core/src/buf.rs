@@ -52,13 +52,7 @@ impl PacketBuf {
 
     /// Replaces the contents with `pkt`, reusing the allocation when it fits.
     pub fn load(&mut self, pkt: &[u8]) {
-        let need = DEFAULT_HEADROOM + pkt.len() + DEFAULT_TAILROOM;
-        if self.data.len() < need {
-            self.data.resize(need, 0);
-        }
-        self.start = DEFAULT_HEADROOM;
-        self.end = DEFAULT_HEADROOM + pkt.len();
-        self.data[self.start..self.end].copy_from_slice(pkt);
+        self.prepare(pkt.len()).copy_from_slice(pkt);
     }
 
     /// [`PacketBuf::load`] copying only the first [`LOAD_HEAD`] bytes of
@@ -68,18 +62,13 @@ impl PacketBuf {
     /// ([`crate::gateway::Engine::inbound_from`]) instead of copying it in
     /// first and decrypting it in place.
     pub fn load_head(&mut self, pkt: &[u8]) {
-        let need = DEFAULT_HEADROOM + pkt.len() + DEFAULT_TAILROOM;
-        if self.data.len() < need {
-            self.data.resize(need, 0);
-        }
-        self.start = DEFAULT_HEADROOM;
-        self.end = DEFAULT_HEADROOM + pkt.len();
         let head = pkt.len().min(LOAD_HEAD);
-        self.data[self.start..self.start + head].copy_from_slice(&pkt[..head]);
+        self.prepare(pkt.len())[..head].copy_from_slice(&pkt[..head]);
     }
 
     /// Makes room for `n` bytes of payload after the headroom and returns them
     /// (for receiving directly into the buffer).
+    #[inline]
     pub fn prepare(&mut self, n: usize) -> &mut [u8] {
         let need = DEFAULT_HEADROOM + n + DEFAULT_TAILROOM;
         if self.data.len() < need {

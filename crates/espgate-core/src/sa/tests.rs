@@ -146,6 +146,16 @@ fn every_suite_mode_encap_family_roundtrips() {
     }
 }
 
+/// (UDP encapsulation, outer IPv6, inner IPv6, ESN): each setting on and
+/// off at least once, for the tests that compare two ways of one path.
+const SETTINGS: [(bool, bool, bool, bool); 5] = [
+    (true, false, false, false),
+    (false, false, false, true),
+    (true, true, true, false),
+    (false, true, false, true),
+    (true, false, true, true),
+];
+
 /// `encapsulate_from` (sealed straight from the caller's packet where the
 /// SA can, else through a copy) gives the bytes, counters and sequence
 /// numbers `encapsulate` gives on a copy, for every suite, mode,
@@ -156,13 +166,7 @@ fn sealing_from_the_callers_packet_equals_sealing_a_copy() {
     let mut direct = 0;
     for suite in Suite::all() {
         for mode in [Mode::Tunnel, Mode::Transport] {
-            for (udp, outer_v6, inner_v6, esn) in [
-                (true, false, false, false),
-                (false, false, false, true),
-                (true, true, true, false),
-                (false, true, false, true),
-                (true, false, true, true),
-            ] {
+            for (udp, outer_v6, inner_v6, esn) in SETTINGS {
                 if mode == Mode::Transport && inner_v6 != outer_v6 {
                     continue;
                 }
@@ -270,13 +274,7 @@ fn opening_from_the_received_packet_equals_opening_a_copy() {
     let mut cases = Vec::new();
     for suite in Suite::all() {
         for mode in [Mode::Tunnel, Mode::Transport] {
-            for (udp, outer_v6, inner_v6, esn) in [
-                (true, false, false, false),
-                (false, false, false, true),
-                (true, true, true, false),
-                (false, true, false, true),
-                (true, false, true, true),
-            ] {
+            for (udp, outer_v6, inner_v6, esn) in SETTINGS {
                 if mode == Mode::Transport && inner_v6 != outer_v6 {
                     continue;
                 }
