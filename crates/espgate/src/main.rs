@@ -499,6 +499,8 @@ fn run_bench(what: BenchCmd) -> Result<ExitCode> {
                  as `bench crypto` measures them, in this run; \
                  ceiling (outbound): raw seal / (copy the packet in + raw seal), the best \
                  `vs raw` a pipeline that starts with the TUN read's copy can reach; \
+                 no copy (outbound, AEAD): raw seal / the pipeline sealing straight from the \
+                 packet where it lies, as a TSO segment is sealed (ESP's own work, no copy); \
                  crypto: share of the time that is cryptography (1 - null skeleton / suite)"
             );
         }
