@@ -847,8 +847,9 @@ impl Sa {
     }
 
     /// Whether [`Sa::encapsulate_from`] seals straight from the caller's
-    /// packet: ESP in tunnel mode with an AEAD suite and no TFC padding.
-    /// Otherwise it copies the packet into the buffer first.
+    /// packet: ESP in tunnel mode with AES-GCM and no TFC padding
+    /// ([`Transform::seals_from`]). Otherwise it copies the packet into
+    /// the buffer first.
     pub fn seals_from(&self) -> bool {
         self.cfg.protocol == Protocol::Esp
             && self.cfg.mode == Mode::Tunnel
