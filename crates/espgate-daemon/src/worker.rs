@@ -810,10 +810,9 @@ impl Round<'_> {
         }
     }
 
-    /// Verifies and removes the IPsec layers of the packet in `buf` and
-    /// delivers what is inside.
-    /// Opens one received packet: `buf` holds the synthetic outer header
-    /// (if any) and the head of `src`, the packet as received
+    /// Verifies and removes the IPsec layers of one received packet and
+    /// delivers what is inside. `buf` holds the synthetic outer header (if
+    /// any) and the head of `src`, the packet as received
     /// ([`PacketBuf::load_head`]); the engine decrypts the rest straight
     /// from `src` ([`Engine::inbound_from`]).
     fn receive(&mut self, buf: &mut PacketBuf, src: &[u8], from: IpAddr, co: &mut Coalescer) {
