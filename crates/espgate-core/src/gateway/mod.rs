@@ -41,6 +41,7 @@ use crate::selector::TrafficSelector;
 use crate::spd::{Action, Direction, Policy, Spd};
 use crate::wire::flow::{self, Flow};
 use crate::wire::icmp;
+use crate::wire::ip::{self, IpInfo};
 use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -639,7 +640,7 @@ impl Engine {
         now: Duration,
         probe: &mut P,
     ) -> Result<Option<usize>, Dropped> {
-        let Some((conn, id, f)) = self.direct_target(clear) else {
+        let Some((conn, id, f, info)) = self.direct_target(clear) else {
             out.load(clear);
             return self.outbound_probed(out, now, probe);
         };
@@ -650,20 +651,22 @@ impl Engine {
             .sad
             .get_mut(id)
             .ok_or(DropReason::UnknownSpi)
-            .and_then(|sa| sa.encapsulate_from_probed(clear, out, now, probe));
+            .and_then(|sa| sa.encapsulate_parsed(clear, &info, out, now, probe));
         self.sealed(r, conn, &f)
     }
 
     /// Where [`Engine::outbound_from`] may seal `clear` without the
-    /// general path: (connection, its one SA, the flow) when the packet
+    /// general path: (connection, its one SA, the flow, its parsed IP
+    /// header, which the SA then need not parse again) when the packet
     /// parses, is unicast, its policy protects it with exactly one SA and
     /// neither a learnt path MTU nor a cluster has a say. Counts nothing:
     /// `None` leaves every count to [`Engine::outbound`].
-    fn direct_target(&self, clear: &[u8]) -> Option<(usize, SaId, Flow)> {
+    fn direct_target(&self, clear: &[u8]) -> Option<(usize, SaId, Flow, IpInfo)> {
         if self.cluster.is_some() {
             return None;
         }
-        let f = flow::of_packet(clear).ok()?;
+        let info = ip::parse(clear).ok()?;
+        let f = flow::of_parsed(clear, &info);
         if !is_unicast(&f) {
             return None;
         }
@@ -673,7 +676,7 @@ impl Engine {
             return None;
         }
         match &self.spd.policies()[pi].action {
-            Action::Protect(ids) if ids.len() == 1 => Some((conn, ids[0], f)),
+            Action::Protect(ids) if ids.len() == 1 => Some((conn, ids[0], f, info)),
             _ => None,
         }
     }

@@ -880,26 +880,50 @@ impl Sa {
         now: Duration,
         probe: &mut P,
     ) -> PResult<()> {
-        if !self.seals_from() {
-            out.load(clear);
-            return self.encapsulate_probed(out, now, probe);
+        match ip::parse(clear) {
+            Ok(info) => self.encapsulate_parsed(clear, &info, out, now, probe),
+            Err(d) if self.seals_from() => self.count_drop(Err(d)),
+            // The general path finds (and counts) what is wrong with it.
+            Err(_) => self.encapsulate_copy(clear, out, now, probe),
         }
-        let r = self.encapsulate_from_inner(clear, out, now, probe);
+    }
+
+    /// [`Sa::encapsulate_from_probed`] of a packet whose IP header `info`
+    /// the caller already parsed (the engine, to find its flow), so the
+    /// per-packet path parses it once.
+    pub(crate) fn encapsulate_parsed<P: Probe + ?Sized>(
+        &mut self,
+        clear: &[u8],
+        info: &IpInfo,
+        out: &mut PacketBuf,
+        now: Duration,
+        probe: &mut P,
+    ) -> PResult<()> {
+        if !self.seals_from() {
+            return self.encapsulate_copy(clear, out, now, probe);
+        }
+        let r = clear
+            .get(..info.packet_len)
+            .ok_or(DropReason::BadLength)
+            .and_then(|clear| {
+                self.numbered(clear.len(), now, probe, |sa, seq, probe| {
+                    sa.esp_out_from::<Rfc4303, P>(clear, out, info, seq, probe)
+                })
+            });
         self.count_drop(r)
     }
 
-    fn encapsulate_from_inner<P: Probe + ?Sized>(
+    /// The way without [`Sa::seals_from`]: `clear` copied into `out`, then
+    /// [`Sa::encapsulate_probed`].
+    fn encapsulate_copy<P: Probe + ?Sized>(
         &mut self,
         clear: &[u8],
         out: &mut PacketBuf,
         now: Duration,
         probe: &mut P,
     ) -> PResult<()> {
-        let info = ip::parse(clear)?;
-        let clear = clear.get(..info.packet_len).ok_or(DropReason::BadLength)?;
-        self.numbered(clear.len(), now, probe, |sa, seq, probe| {
-            sa.esp_out_from::<Rfc4303, P>(clear, out, &info, seq, probe)
-        })
+        out.load(clear);
+        self.encapsulate_probed(out, now, probe)
     }
 
     /// Verifies and removes this SA's ESP/AH layer (`inb` from [`classify`]).

@@ -23,7 +23,12 @@ pub struct Flow {
 
 /// Extracts the flow of an IP packet.
 pub fn of_packet(pkt: &[u8]) -> PResult<Flow> {
-    let info = ip::parse(pkt)?;
+    Ok(of_parsed(pkt, &ip::parse(pkt)?))
+}
+
+/// [`of_packet`] of a packet whose IP header `info` the caller has
+/// already parsed (with [`ip::parse`]), so it is not parsed twice.
+pub fn of_parsed(pkt: &[u8], info: &ip::IpInfo) -> Flow {
     let l4 = pkt.get(info.payload_offset..info.packet_len).unwrap_or(&[]);
     let (sport, dport) = if info.later_fragment {
         (None, None)
@@ -38,11 +43,11 @@ pub fn of_packet(pkt: &[u8]) -> PResult<Flow> {
             _ => (None, None),
         }
     };
-    Ok(Flow {
+    Flow {
         src: info.src,
         dst: info.dst,
         proto: info.protocol,
         sport,
         dport,
-    })
+    }
 }
