@@ -3,8 +3,10 @@
 //! work instead of time and so is stable on a shared machine.
 //!
 //! `cargo run --release -p espgate-core --example hotpath -- SUITE SIZE N [WHAT]`
-//! where WHAT is `both` (default), `out`, `in`, or `raw` (aws-lc-rs seal of
-//! the same number of bytes, AEAD suites only). Instruction counts per
+//! where WHAT is `both` (default), `out`, `from` (outbound sealed from the
+//! packet where it lies, [`Sa::encapsulate_from`], as for a TSO segment),
+//! `in`, or `raw` (aws-lc-rs seal of the same number of bytes, AEAD suites
+//! only). Instruction counts per
 //! packet: total from callgrind divided by N, minus a run with N = 0.
 
 use aws_lc_rs::aead::{
@@ -66,6 +68,15 @@ fn main() {
             sum += tag.as_ref().len();
         }
         println!("{n} raw seals of {size} B: {sum}");
+        return;
+    }
+    if what == "from" {
+        for _ in 0..n {
+            tx.encapsulate_from(&clear, &mut buf, Duration::ZERO)
+                .expect("encapsulate");
+            sum += buf.len();
+        }
+        println!("{n} encapsulations from the packet of {size} B: {sum}");
         return;
     }
     if what == "out" {

@@ -79,6 +79,17 @@ pub struct Transform {
     suite: Suite,
     cipher: Cipher,
     mac: Option<Mac>,
+    /// The suite's lengths, looked up once: the per-packet path reads them
+    /// several times and each lookup is a match on the suite.
+    lens: Lens,
+}
+
+/// [`Suite::iv_len`], [`Suite::icv_len`] and [`Suite::block_len`].
+#[derive(Debug, Clone, Copy)]
+struct Lens {
+    iv: usize,
+    icv: usize,
+    block: usize,
 }
 
 impl std::fmt::Debug for Transform {
@@ -178,7 +189,17 @@ impl Transform {
             }
         };
         let mac = suite.integ.map(|i| Mac::new(i, integ_key)).transpose()?;
-        Ok(Transform { suite, cipher, mac })
+        let lens = Lens {
+            iv: suite.iv_len(),
+            icv: suite.icv_len(),
+            block: suite.block_len(),
+        };
+        Ok(Transform {
+            suite,
+            cipher,
+            mac,
+            lens,
+        })
     }
 
     /// The suite.
@@ -187,18 +208,21 @@ impl Transform {
     }
 
     /// Explicit IV length.
+    #[inline]
     pub fn iv_len(&self) -> usize {
-        self.suite.iv_len()
+        self.lens.iv
     }
 
     /// ICV length.
+    #[inline]
     pub fn icv_len(&self) -> usize {
-        self.suite.icv_len()
+        self.lens.icv
     }
 
     /// Padding alignment.
+    #[inline]
     pub fn block_len(&self) -> usize {
-        self.suite.block_len()
+        self.lens.block
     }
 
     /// Combined mode (the AAD of [`AuthCtx`] is used, not the MAC fields).
@@ -467,6 +491,7 @@ impl Transform {
     }
 
     /// Checks lengths and returns (end of IV, start of ICV).
+    #[inline]
     fn layout(&self, len: usize, hdr_len: usize) -> PResult<(usize, usize)> {
         let iv_end = hdr_len + self.iv_len();
         let icv_start = len
@@ -509,13 +534,14 @@ fn aead_key(
 }
 
 /// RFC 4106 §4 / RFC 7634 §2: nonce = salt (4) || explicit IV (8).
+/// Inlined, and the IV taken as one 8-byte value: built out of line, the
+/// `Result<Nonce>` was assembled and unpacked byte by byte on each packet.
+#[inline]
 fn nonce(salt: &[u8; 4], iv: &[u8]) -> PResult<Nonce> {
+    let iv: [u8; 8] = iv.try_into().map_err(|_| DropReason::BadLength)?;
     let mut n = [0u8; 12];
     n[..4].copy_from_slice(salt);
-    n.get_mut(4..)
-        .filter(|d| d.len() == iv.len())
-        .ok_or(DropReason::BadLength)?
-        .copy_from_slice(iv);
+    n[4..].copy_from_slice(&iv);
     Ok(Nonce::assume_unique_for_key(n))
 }
 

@@ -248,6 +248,7 @@ impl Sa {
 
     /// Writes the ESP header and the IV at the front of `e` (`[header |
     /// IV | …]`).
+    #[inline]
     fn esp_head<L: EspLayout>(&mut self, e: &mut [u8], seq: u64, clear: &L::Clear) -> PResult<()> {
         let iv_len = self.transform.iv_len();
         let (hdr, rest) = e.split_at_mut(L::HEADER_LEN);

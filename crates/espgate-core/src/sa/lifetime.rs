@@ -100,6 +100,7 @@ impl LifetimeState {
     }
 
     /// Counts one packet of `bytes` and returns any newly crossed limit.
+    #[inline]
     pub fn account(&mut self, bytes: usize, now: Duration) -> Option<SaEvent> {
         self.bytes = self.bytes.saturating_add(bytes as u64);
         self.packets = self.packets.saturating_add(1);
@@ -113,11 +114,19 @@ impl LifetimeState {
     }
 
     /// Checks limits without traffic (timers). Returns the most severe new event.
+    #[inline]
     pub fn poll(&mut self, now: Duration) -> Option<SaEvent> {
         if self.hard || (self.soft && !self.any_hard) || !self.any_limit {
             // Nothing left that could fire.
             return None;
         }
+        self.check(now)
+    }
+
+    /// [`LifetimeState::poll`] past its quick exit, out of line: the
+    /// per-packet path of an SA without limits stops at that exit.
+    #[inline(never)]
+    fn check(&mut self, now: Duration) -> Option<SaEvent> {
         let age = now.saturating_sub(self.created);
         let over = |b: Option<u64>, p: Option<u64>, t: Option<Duration>| {
             b.is_some_and(|b| self.bytes >= b)

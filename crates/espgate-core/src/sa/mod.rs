@@ -683,6 +683,7 @@ impl Sa {
         }
     }
 
+    #[inline]
     fn account(&mut self, bytes: usize, now: Duration) {
         self.counters.packets.incr();
         self.counters.bytes.add(bytes as u64);
@@ -747,6 +748,7 @@ impl Sa {
     }
 
     /// Reserves the next outbound sequence number, refusing to wrap.
+    #[inline]
     fn take_seq(&mut self, now: Duration) -> PResult<u64> {
         if self.life.has_pending_time_limit() {
             self.tick(now);
@@ -1012,6 +1014,7 @@ impl Sa {
 
     /// Writes the outer header for tunnel mode in front of `buf`, from the
     /// SA's template ([`OuterTemplate`]).
+    #[inline]
     fn push_outer(&mut self, buf: &mut PacketBuf, inner: &IpInfo, protocol: u8) -> PResult<()> {
         let t = match &self.outer {
             Some(t) if t.protocol == protocol => t,

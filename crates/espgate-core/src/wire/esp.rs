@@ -184,6 +184,7 @@ impl EspLayout for Rfc4303 {
 
 /// Number of padding bytes so that payload + padding + trailer is a multiple
 /// of `align` (the cipher block size, at least 4; RFC 4303 §2.4).
+#[inline]
 pub fn pad_len(payload_len: usize, align: usize) -> usize {
     let align = align.max(4);
     let rem = (payload_len + TRAILER_LEN) % align;
@@ -196,6 +197,7 @@ pub fn pad_len(payload_len: usize, align: usize) -> usize {
 
 /// Writes the default monotonic padding 1, 2, 3, … (RFC 4303 §2.4) followed by
 /// the pad length and next header. `out` is exactly `pad + 2` bytes.
+#[inline]
 pub fn emit_trailer(out: &mut [u8], next_header: u8) {
     let pad = out.len() - TRAILER_LEN;
     for (i, b) in out[..pad].iter_mut().enumerate() {
