@@ -283,12 +283,14 @@ impl Transform {
             }
             Cipher::Aead { key, salt } => {
                 let n = nonce(salt, &pkt[hdr_len..iv_end])?;
-                let tag = key
-                    .seal_in_place_separate_tag(n, Aad::from(auth.aad), &mut pkt[iv_end..icv_start])
+                // The tag written straight into the ICV field, not
+                // returned in a `Tag` and copied there.
+                let (body, icv) = pkt[iv_end..].split_at_mut(icv_start - iv_end);
+                let r = key
+                    .seal_in_place_scatter(n, Aad::from(auth.aad), body, &[], icv)
                     .map_err(|_| DropReason::Crypto);
                 probe.mark(Stage::Cipher);
-                pkt[icv_start..].copy_from_slice(tag?.as_ref());
-                return Ok(());
+                return r;
             }
             Cipher::Gmac { key, salt } => {
                 let n = nonce(salt, &pkt[hdr_len..iv_end])?;

@@ -236,7 +236,10 @@ impl Sa {
         esp::emit_trailer(&mut p[len0 + tfc..len0 + tfc + pad + esp::TRAILER_LEN], nh);
         let pre = udp_len + L::HEADER_LEN + iv_len;
         let p = buf.push_front(pre);
-        p.copy_within(pre..pre + keep, 0);
+        if keep > 0 {
+            // (Tunnel mode keeps nothing: no memmove call for 0 bytes.)
+            p.copy_within(pre..pre + keep, 0);
+        }
         let esp_off = keep + udp_len;
         let e = &mut p[esp_off..];
         self.esp_head::<L>(e, seq, &w.clear)?;
