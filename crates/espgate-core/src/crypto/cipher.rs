@@ -502,8 +502,9 @@ impl Transform {
         if icv_start < iv_end {
             return Err(DropReason::BadLength);
         }
-        if !(icv_start - iv_end).is_multiple_of(self.block_len().max(1))
-            && matches!(self.cipher, Cipher::Cbc(_))
+        // CBC first: the length check divides, and only CBC needs it.
+        if matches!(self.cipher, Cipher::Cbc(_))
+            && !(icv_start - iv_end).is_multiple_of(self.block_len().max(1))
         {
             return Err(DropReason::BadCiphertextLength);
         }
