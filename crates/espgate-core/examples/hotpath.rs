@@ -6,8 +6,9 @@
 //! where WHAT is `both` (default), `out`, `from` (outbound sealed from the
 //! packet where it lies, [`Sa::encapsulate_from`], as for a TSO segment),
 //! `in`, or `raw` (aws-lc-rs seal of the same number of bytes, AEAD suites
-//! only). Instruction counts per
-//! packet: total from callgrind divided by N, minus a run with N = 0.
+//! only). Instruction counts per packet: total from callgrind divided by N,
+//! minus a run with N = 0. (Valgrind has no AVX-512, so aws-lc takes its
+//! AVX2 path there; use `perf` for where the time goes on such a CPU.)
 
 use aws_lc_rs::aead::{
     Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM, AES_256_GCM, CHACHA20_POLY1305,
