@@ -162,6 +162,13 @@ pub trait Probe {
     /// `stage` has just ended: the time since the previous mark (or since
     /// the caller started the packet) belongs to it.
     fn mark(&mut self, stage: Stage);
+
+    /// Whether marks are wanted at all. A path may take a faster way that
+    /// marks nothing when they are not ([`NoProbe`]).
+    #[inline(always)]
+    fn active(&self) -> bool {
+        true
+    }
 }
 
 /// The probe of the unprobed entry points: does nothing, compiled away.
@@ -171,12 +178,22 @@ pub struct NoProbe;
 impl Probe for NoProbe {
     #[inline(always)]
     fn mark(&mut self, _: Stage) {}
+
+    #[inline(always)]
+    fn active(&self) -> bool {
+        false
+    }
 }
 
 impl<P: Probe + ?Sized> Probe for &mut P {
     #[inline(always)]
     fn mark(&mut self, stage: Stage) {
         (**self).mark(stage);
+    }
+
+    #[inline(always)]
+    fn active(&self) -> bool {
+        (**self).active()
     }
 }
 

@@ -311,6 +311,13 @@ impl Transform {
         Ok(())
     }
 
+    /// Whether this is an AEAD suite (AES-GCM, ChaCha20-Poly1305): one
+    /// key, encryption and integrity in one seal.
+    #[inline]
+    pub fn is_aead(&self) -> bool {
+        matches!(self.cipher, Cipher::Aead { .. })
+    }
+
     /// Whether the SA seals this suite with [`Transform::seal_from`]
     /// rather than copying the packet in and sealing in place: AES-GCM.
     /// [`Transform::seal_from`] also takes ChaCha20-Poly1305, but

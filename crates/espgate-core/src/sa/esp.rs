@@ -6,7 +6,7 @@ use super::{finish_tunnel_inner, fix_transport_header, Decapsulated, Encap, Inbo
 use crate::buf::{PacketBuf, Rest};
 use crate::cost::{NoProbe, Probe, Stage};
 use crate::error::{DropReason, PResult};
-use crate::wire::esp::{EspAuth, EspLayout, OuterAddrs};
+use crate::wire::esp::{EspAuth, EspLayout, OuterAddrs, Rfc4303};
 use crate::wire::ip::IpInfo;
 use crate::wire::{checksum, esp, ipv6, proto, put16, udp};
 use std::time::Duration;
@@ -117,6 +117,45 @@ impl Sa {
         }
     }
 
+    /// Whether outbound packets take [`Sa::esp_tunnel_out`]: ESP in
+    /// tunnel mode with an AEAD suite, the sequence number as IV and no
+    /// TFC padding (the usual gateway SA). Fixed at [`Sa::new`].
+    pub(super) fn is_plain_tunnel(cfg: &super::SaConfig, t: &crate::crypto::Transform) -> bool {
+        cfg.protocol == super::Protocol::Esp
+            && cfg.mode == Mode::Tunnel
+            && cfg.tfc_pad_to.is_none()
+            && cfg.iv_source == super::IvSource::Sequence
+            && t.is_aead()
+    }
+
+    /// [`Sa::encapsulate_probed`] without a probe, for the SAs of
+    /// [`Sa::is_plain_tunnel`]: the same steps, bytes, counters and events,
+    /// in one function compiled in this crate rather than through the
+    /// generic layers (`esp_out`, `esp_wrap`, the probe's marks) that
+    /// serve every protocol and mode. Measured (`hotpath out`,
+    /// AES-128-GCM, medians of alternated runs): 64 B about 97 -> 94 ns,
+    /// 1400 B about 178 -> 175 ns; marking the generic layers
+    /// `inline(always)` instead gained nothing (docs/PERFORMANCE.md). A
+    /// test checks that both ways give the same bytes, drops, counters
+    /// and events.
+    #[inline(never)]
+    pub(super) fn esp_tunnel_out(&mut self, buf: &mut PacketBuf, now: Duration) -> PResult<()> {
+        let info = crate::wire::ip::parse(buf.as_slice())?;
+        buf.truncate(info.packet_len);
+        let seq = self.take_seq(now)?;
+        let (Some(src), Some(dst)) = (self.cfg.tunnel_src, self.cfg.tunnel_dst) else {
+            return Err(DropReason::Unsupported);
+        };
+        let udp_len = self.udp_len();
+        let nh = tunnel_next_header(&info);
+        let e = self.esp_frame::<Rfc4303>(buf, 0, nh, udp_len, 0, seq, &())?;
+        let auth = Rfc4303::auth(e, seq, self.cfg.esn, &OuterAddrs { src, dst });
+        self.transform.seal(e, esp::HEADER_LEN, &auth.auth_ctx())?;
+        self.finish_tunnel(buf, &info, udp_len)?;
+        self.account(info.packet_len, now);
+        Ok(())
+    }
+
     /// Tunnel mode, sealed out of place: `clear`, one IP packet described
     /// by `info` and left as it is, becomes the packet in `out`: the same
     /// bytes [`Sa::esp_out`] makes from a copy of it in `out`, without the
@@ -167,6 +206,7 @@ impl Sa {
 
     /// Tunnel mode: puts the outer IP header (and the UDP header's fields)
     /// in front of the ESP packet in `buf`.
+    #[inline(always)]
     fn finish_tunnel(&mut self, buf: &mut PacketBuf, info: &IpInfo, udp_len: usize) -> PResult<()> {
         let outer_proto = if udp_len > 0 {
             proto::UDP
@@ -216,13 +256,30 @@ impl Sa {
         seq: u64,
         probe: &mut P,
     ) -> PResult<()> {
-        let Wrap {
-            keep,
-            nh,
-            udp_len,
-            tfc,
-            ..
-        } = *w;
+        let e = self.esp_frame::<L>(buf, w.keep, w.nh, w.udp_len, w.tfc, seq, &w.clear)?;
+        let auth = L::auth(e, seq, self.cfg.esn, &w.outer);
+        probe.mark(Stage::Encap);
+        self.transform
+            .seal_probed(e, L::HEADER_LEN, &auth.auth_ctx(), probe)
+    }
+
+    /// The framing of [`Sa::esp_wrap`] without the seal: the trailer
+    /// (after `tfc` bytes of TFC padding) appended in clear, room for the
+    /// UDP header made after the `keep` bytes, and the ESP header and IV
+    /// written there. Returns the ESP packet, `[header | IV | payload |
+    /// TFC | pad | pad len | nh | ICV room]`, ready to seal.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn esp_frame<'b, L: EspLayout>(
+        &mut self,
+        buf: &'b mut PacketBuf,
+        keep: usize,
+        nh: u8,
+        udp_len: usize,
+        tfc: usize,
+        seq: u64,
+        clear: &L::Clear,
+    ) -> PResult<&'b mut [u8]> {
         let t = &self.transform;
         let (iv_len, icv_len) = (t.iv_len(), t.icv_len());
         let len0 = buf.len();
@@ -240,13 +297,9 @@ impl Sa {
             // (Tunnel mode keeps nothing: no memmove call for 0 bytes.)
             p.copy_within(pre..pre + keep, 0);
         }
-        let esp_off = keep + udp_len;
-        let e = &mut p[esp_off..];
-        self.esp_head::<L>(e, seq, &w.clear)?;
-        let auth = L::auth(e, seq, self.cfg.esn, &w.outer);
-        probe.mark(Stage::Encap);
-        self.transform
-            .seal_probed(e, L::HEADER_LEN, &auth.auth_ctx(), probe)
+        let e = &mut p[keep + udp_len..];
+        self.esp_head::<L>(e, seq, clear)?;
+        Ok(e)
     }
 
     /// Writes the ESP header and the IV at the front of `e` (`[header |

@@ -411,6 +411,9 @@ pub struct Sa {
     seq_exhausted_raised: bool,
     /// The next node-local IV counter ([`IvSource::PerNode`]).
     iv_local: u64,
+    /// Unprobed outbound packets take [`Sa::esp_tunnel_out`]
+    /// ([`Sa::is_plain_tunnel`]).
+    plain_tunnel: bool,
 }
 
 impl std::fmt::Debug for Sa {
@@ -519,6 +522,7 @@ impl Sa {
             events: [None; 3],
             seq_exhausted_raised: false,
             iv_local: cfg.initial_iv.max(1),
+            plain_tunnel: Sa::is_plain_tunnel(&cfg, &transform),
             transform,
             cfg,
         })
@@ -683,7 +687,7 @@ impl Sa {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn account(&mut self, bytes: usize, now: Duration) {
         self.counters.packets.incr();
         self.counters.bytes.add(bytes as u64);
@@ -748,7 +752,12 @@ impl Sa {
     }
 
     /// Reserves the next outbound sequence number, refusing to wrap.
-    #[inline]
+    ///
+    /// This, [`Sa::account`] and [`Sa::push_outer`] are forced inline:
+    /// the one-function outbound path ([`Sa::esp_tunnel_out`]) and the
+    /// path sealing from the caller's packet gain only with them inlined
+    /// (with `#[inline]` alone they stayed calls).
+    #[inline(always)]
     fn take_seq(&mut self, now: Duration) -> PResult<u64> {
         if self.life.has_pending_time_limit() {
             self.tick(now);
@@ -808,7 +817,11 @@ impl Sa {
         now: Duration,
         probe: &mut P,
     ) -> PResult<()> {
-        let r = self.encapsulate_inner(buf, now, probe);
+        let r = if self.plain_tunnel && !probe.active() {
+            self.esp_tunnel_out(buf, now)
+        } else {
+            self.encapsulate_inner(buf, now, probe)
+        };
         self.count_drop(r)
     }
 
@@ -1014,7 +1027,7 @@ impl Sa {
 
     /// Writes the outer header for tunnel mode in front of `buf`, from the
     /// SA's template ([`OuterTemplate`]).
-    #[inline]
+    #[inline(always)]
     fn push_outer(&mut self, buf: &mut PacketBuf, inner: &IpInfo, protocol: u8) -> PResult<()> {
         let t = match &self.outer {
             Some(t) if t.protocol == protocol => t,

@@ -215,6 +215,120 @@ fn sealing_from_the_callers_packet_equals_sealing_a_copy() {
     assert!(direct >= 3, "{direct} SAs sealed from the caller's packet");
 }
 
+/// A probe that wants its marks: it sends a packet down the general
+/// outbound path even where [`Sa::esp_tunnel_out`] would take it.
+#[derive(Default)]
+struct Marks(Vec<crate::cost::Stage>);
+
+impl crate::cost::Probe for Marks {
+    fn mark(&mut self, stage: crate::cost::Stage) {
+        self.0.push(stage);
+    }
+}
+
+/// The one-function outbound path of the usual gateway SA (ESP, tunnel
+/// mode, AEAD, sequence-number IV, no TFC) gives the bytes, drops,
+/// counters, sequence numbers and lifetime events that the general path
+/// gives: every AEAD suite, with and without UDP encapsulation, IPv4 and
+/// IPv6 inside and out, ESN on and off, DSCP copied or not, packets that
+/// do not parse or are cut short, and an SA that reaches its soft and
+/// hard packet limits. The SAs it does not serve keep the general path.
+#[test]
+fn the_plain_tunnel_path_equals_the_general_path() {
+    let mut plain = 0;
+    for suite in Suite::all() {
+        for (udp, outer_v6, inner_v6, esn) in SETTINGS {
+            let mut c = config(&suite.name(), Protocol::Esp, Mode::Tunnel, udp, outer_v6);
+            c.esn = esn;
+            c.copy_dscp = !esn;
+            // Seven of the packets below are sealed: the last two meet
+            // the hard limit.
+            c.lifetime = Lifetime {
+                soft_packets: Some(4),
+                hard_packets: Some(7),
+                ..Default::default()
+            };
+            let (mut fast, mut general) = pair(&c);
+            if !fast.plain_tunnel {
+                assert!(
+                    !matches!(
+                        suite.enc,
+                        Some(
+                            crate::crypto::Enc::AesGcm16(_) | crate::crypto::Enc::ChaCha20Poly1305
+                        )
+                    ),
+                    "{suite}: an AEAD tunnel SA left on the general path"
+                );
+                continue;
+            }
+            plain += 1;
+            let what = format!("{suite} udp={udp} v6={outer_v6}/{inner_v6} esn={esn}");
+            let good = udp_packet(inner_v6, 100, 0xb9);
+            let mut long = good.clone();
+            long[if inner_v6 { 4 } else { 2 }] ^= 0x40;
+            let packets: Vec<Vec<u8>> = vec![
+                udp_packet(inner_v6, 0, 0),
+                udp_packet(inner_v6, 17, 0x2e),
+                good.clone(),
+                vec![0x45, 0, 0],
+                long,
+                udp_packet(inner_v6, 1400, 0x01),
+                [good.clone(), vec![0xee; 3]].concat(),
+                udp_packet(inner_v6, 1, 0),
+                udp_packet(inner_v6, 300, 0),
+                good.clone(),
+                good,
+            ];
+            for (i, pkt) in packets.iter().enumerate() {
+                let mut a = PacketBuf::from_packet(pkt);
+                let mut b = PacketBuf::from_packet(pkt);
+                let mut marks = Marks::default();
+                let ra = fast.encapsulate(&mut a, T0);
+                let rb = general.encapsulate_probed(&mut b, T0, &mut marks);
+                assert_eq!(ra, rb, "{what}, packet {i}");
+                if ra.is_ok() {
+                    assert!(!marks.0.is_empty(), "{what}: the general path ran");
+                    assert_eq!(a.as_slice(), b.as_slice(), "{what}, packet {i}");
+                }
+                assert_eq!(
+                    fast.poll_event(),
+                    general.poll_event(),
+                    "{what}, packet {i}"
+                );
+            }
+            assert_eq!(fast.stats(), general.stats(), "{what}");
+            assert_eq!(fast.next_seq(), general.next_seq(), "{what}");
+            assert_eq!(
+                fast.stats().drops_for(DropReason::SaExpired),
+                2,
+                "{what}: the hard limit stopped both"
+            );
+        }
+    }
+    assert!(plain >= 3 * SETTINGS.len(), "{plain} SAs on the plain path");
+    // What it does not serve.
+    let mut tfc = config("aes128gcm16", Protocol::Esp, Mode::Tunnel, false, false);
+    tfc.tfc_pad_to = Some(200);
+    let mut per_node = config("aes128gcm16", Protocol::Esp, Mode::Tunnel, false, false);
+    per_node.iv_source = IvSource::PerNode { node: 1 };
+    for c in [
+        config("aes128gcm16", Protocol::Esp, Mode::Transport, false, false),
+        config("aes128-sha256", Protocol::Esp, Mode::Tunnel, false, false),
+        config("aes128gcm16", Protocol::Qesp, Mode::Tunnel, false, false),
+        config("sha256", Protocol::Ah, Mode::Tunnel, false, false),
+        tfc,
+        per_node,
+    ] {
+        let what = format!("{:?} {:?} {}", c.protocol, c.mode, c.suite);
+        let mut c = c;
+        if c.protocol == Protocol::Qesp {
+            c.ip_protocol = crate::wire::qesp::DEFAULT_IP_PROTOCOL;
+        }
+        let sa = Sa::new(c, T0).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(!sa.plain_tunnel, "{what}");
+    }
+}
+
 /// Where the direct path refuses a packet it drops it as `encapsulate`
 /// would, with the same counters: a packet that does not parse, one whose
 /// header says it is longer than it is, and an SA out of sequence numbers.
