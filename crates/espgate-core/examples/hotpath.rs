@@ -80,6 +80,25 @@ fn main() {
         println!("{n} encapsulations from the packet of {size} B: {sum}");
         return;
     }
+    if what == "in" {
+        // One ESP packet opened again and again: the receiving SA has no
+        // replay window (0 above), so every copy is accepted.
+        buf.load(&clear);
+        tx.encapsulate(&mut buf, Duration::ZERO)
+            .expect("encapsulate");
+        let wire = buf.as_slice().to_vec();
+        let Ok(Classified::Ipsec(inb)) = classify(&wire, &Classifier::NAT_T) else {
+            panic!("not ESP")
+        };
+        for _ in 0..n {
+            buf.load(&wire);
+            rx.decapsulate(&mut buf, &inb, Duration::ZERO)
+                .expect("decapsulate");
+            sum += buf.len();
+        }
+        println!("{n} decapsulations of {size} B: {sum}");
+        return;
+    }
     if what == "out" {
         for _ in 0..n {
             buf.load(&clear);
