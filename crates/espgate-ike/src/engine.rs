@@ -484,6 +484,9 @@ struct IkeSa {
     /// The peer announced SA_RESOURCE_INFO (RFC 9611) with the first
     /// child: it keeps several children with the same selectors.
     per_cpu_peer: bool,
+    /// When a per-CPU child the peer deleted was last opened again
+    /// ([`PER_CPU_REOPEN_HOLDOFF`]).
+    per_cpu_reopened: Option<Duration>,
     /// Continued from another engine's snapshot ([`Ike::import`]) and
     /// nothing authenticated heard from the peer since: if the peer
     /// never answers, the connection is negotiated anew.
@@ -575,6 +578,7 @@ impl IkeSa {
             pfs_group: None,
             qesp_declined: false,
             per_cpu_peer: false,
+            per_cpu_reopened: None,
             continued: false,
             resync_in: false,
             export_fp: 0,
@@ -680,6 +684,13 @@ const RETRY_DELAY: Duration = Duration::from_secs(10);
 /// far beyond that reordering and stays short of the shortest rekey
 /// interval a test or lab run uses, so at most two inbound SAs per child.
 const REKEYED_INBOUND_LINGER: Duration = Duration::from_secs(1);
+
+/// A per-CPU child (RFC 9611) that the peer deletes outside a rekey is
+/// opened again, into the same slot, at most once in this long per IKE
+/// SA: a peer that keeps deleting them (it wants fewer) is not answered
+/// with a new one each time. A slot deleted again within the hold-off
+/// stays closed until the IKE SA is established anew.
+const PER_CPU_REOPEN_HOLDOFF: Duration = Duration::from_secs(60);
 
 /// The IKEv2 engine of one gateway: every connection's IKE SAs.
 pub struct Ike {
@@ -4183,6 +4194,7 @@ impl Ike {
         sa.fragmentation = old.fragmentation;
         sa.qesp_declined = old.qesp_declined;
         sa.per_cpu_peer = old.per_cpu_peer;
+        sa.per_cpu_reopened = old.per_cpu_reopened;
         let j = self.insert_sa(sa);
         if !self.install_ike_keys(j, g_ir, Some((old_prf, &old_sk_d))) {
             self.remove_sa(j);
@@ -4237,6 +4249,8 @@ impl Ike {
         let ci = self.sas[i].conn;
         let mut out = Vec::new();
         let mut delete_ike = false;
+        // Slots of per-CPU children the peer deleted outside a rekey.
+        let mut closed: Vec<u32> = Vec::new();
         for x in &p {
             match x {
                 Payload::Delete(Delete::Ike) => delete_ike = true,
@@ -4255,7 +4269,7 @@ impl Ike {
                         else {
                             continue;
                         };
-                        let spi_in = c.spi_in;
+                        let (spi_in, slot, replaced) = (c.spi_in, c.slot, c.replaced);
                         let we_deleting = c.state == ChildState::Deleting;
                         // A rekey responder switches to the new SA now.
                         let successor: Option<u32> = self.sas[i]
@@ -4268,6 +4282,9 @@ impl Ike {
                         }
                         if !we_deleting {
                             ours.push(spi_in);
+                            if successor.is_none() && !replaced {
+                                closed.push(slot);
+                            }
                         }
                         self.remove_child(i, spi_in, Some(now));
                     }
@@ -4301,7 +4318,55 @@ impl Ike {
                 && self.sas[i].remove_at.is_some();
             self.destroy(i, "deleted by peer".into(), !replaced);
         } else {
+            self.reopen_per_cpu(i, now, &closed);
             self.kick(i, now);
+        }
+    }
+
+    /// The peer deleted the per-CPU children of `slots` (RFC 9611) outside
+    /// a rekey, on an IKE SA that keeps them: each is opened again with a
+    /// CREATE_CHILD_SA of its own (into the lowest free slot, which is one
+    /// of these), unless it already happened within
+    /// [`PER_CPU_REOPEN_HOLDOFF`]. The peer may still refuse with
+    /// TS_MAX_QUEUE, which leaves the slot closed as before.
+    fn reopen_per_cpu(&mut self, i: usize, now: Duration, slots: &[u32]) {
+        let ci = self.sas[i].conn;
+        let n = self.conns[ci].child.per_cpu_sas;
+        if slots.is_empty()
+            || n <= 1
+            || !self.sas[i].per_cpu_peer
+            || self.sas[i].state != State::Established
+        {
+            return;
+        }
+        let list = slots
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        if self.sas[i]
+            .per_cpu_reopened
+            .is_some_and(|t| now < t + PER_CPU_REOPEN_HOLDOFF)
+        {
+            self.log(
+                Level::Info,
+                Some(ci),
+                format!(
+                    "the peer deleted the per-CPU child SA of slot {list} again within {} s: \
+                     left closed until the IKE SA is established anew (the workers share the others)",
+                    PER_CPU_REOPEN_HOLDOFF.as_secs()
+                ),
+            );
+            return;
+        }
+        self.sas[i].per_cpu_reopened = Some(now);
+        self.log(
+            Level::Info,
+            Some(ci),
+            format!("the peer deleted the per-CPU child SA of slot {list}: opening it again"),
+        );
+        for _ in slots {
+            self.sas[i].tasks.push_back(Task::CreatePerCpu);
         }
     }
 

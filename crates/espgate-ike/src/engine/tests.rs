@@ -2858,10 +2858,81 @@ fn the_rekey_of_one_of_several_children_keeps_its_slot() {
         assert_ne!(after_a[1], before_a[1]);
         assert_ne!(after_b[1], before_b[1]);
         assert_eq!(p.a.counter(IkeEvent::ChildRekeys), 1);
+        // A rekey's Delete of the old child opens nothing.
+        assert_eq!(info_lines(&p.pa, "opening it again"), 0);
+        assert_eq!(info_lines(&p.pb, "opening it again"), 0);
         // Nothing of the old slot-1 child is left in either data plane.
         assert_eq!(p.pa.sas.len(), 4, "{:?}", p.pa.log);
         assert_eq!(p.pb.sas.len(), 4, "{:?}", p.pb.log);
     }
+}
+
+#[test]
+fn a_per_cpu_child_the_peer_deletes_is_opened_again_once_per_holdoff() {
+    for a_deletes in [false, true] {
+        let mut p = per_cpu_pair(2, 2);
+        p.a.initiate(p.now, "c").unwrap();
+        p.run();
+        assert_slots_matched(&p, 2);
+        let before = slots(&p.a);
+        // One side deletes its slot-1 child (not a rekey): the other
+        // opens that slot again with new SPIs.
+        let deleter = |p: &Pair| if a_deletes { slots(&p.a) } else { slots(&p.b) };
+        let spi = deleter(&p)[1].1;
+        run_task(&mut p, a_deletes, Task::DeleteChild(spi));
+        p.advance(Duration::from_secs(2));
+        assert_slots_matched(&p, 2);
+        let after = slots(&p.a);
+        assert_eq!(after[0], before[0], "slot 0 untouched");
+        assert_ne!(after[1], before[1], "slot 1 opened anew");
+        let (reopener, other) = if a_deletes {
+            (&p.pb, &p.pa)
+        } else {
+            (&p.pa, &p.pb)
+        };
+        assert_eq!(
+            info_lines(reopener, "opening it again"),
+            1,
+            "{:?}",
+            reopener.lines
+        );
+        assert_eq!(info_lines(other, "opening it again"), 0);
+        assert_eq!(p.pa.sas.len(), 4, "{:?}", p.pa.log);
+        assert_eq!(p.pb.sas.len(), 4, "{:?}", p.pb.log);
+        // Deleted again within the hold-off: left closed, said once.
+        let spi = deleter(&p)[1].1;
+        run_task(&mut p, a_deletes, Task::DeleteChild(spi));
+        p.advance(PER_CPU_REOPEN_HOLDOFF + Duration::from_secs(1));
+        assert_eq!(slots(&p.a).len(), 1);
+        assert_eq!(slots(&p.b).len(), 1);
+        let (reopener, _) = if a_deletes {
+            (&p.pb, &p.pa)
+        } else {
+            (&p.pa, &p.pb)
+        };
+        assert_eq!(
+            info_lines(reopener, "again within 60 s"),
+            1,
+            "{:?}",
+            reopener.lines
+        );
+        assert_eq!(info_lines(reopener, "opening it again"), 1);
+        assert_slots_matched(&p, 1);
+    }
+}
+
+#[test]
+fn a_per_cpu_child_is_not_reopened_when_the_connection_keeps_one() {
+    // Against a peer without RFC 9611 the one child is deleted and not
+    // replaced: a child SA of its own is the peer's call, as before.
+    let mut p = per_cpu_pair(2, 1);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let spi = slots(&p.b)[0].1;
+    run_task(&mut p, false, Task::DeleteChild(spi));
+    p.advance(Duration::from_secs(2));
+    assert!(slots(&p.a).is_empty() && slots(&p.b).is_empty());
+    assert_eq!(info_lines(&p.pa, "opening it again"), 0);
 }
 
 #[test]
