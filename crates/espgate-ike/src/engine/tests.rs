@@ -2867,6 +2867,15 @@ fn the_rekey_of_one_of_several_children_keeps_its_slot() {
     }
 }
 
+/// A's and B's data planes, A's first when `a_first`.
+fn planes(p: &Pair, a_first: bool) -> (&Plane, &Plane) {
+    if a_first {
+        (&p.pa, &p.pb)
+    } else {
+        (&p.pb, &p.pa)
+    }
+}
+
 #[test]
 fn a_per_cpu_child_the_peer_deletes_is_opened_again_once_per_holdoff() {
     for a_deletes in [false, true] {
@@ -2885,11 +2894,8 @@ fn a_per_cpu_child_the_peer_deletes_is_opened_again_once_per_holdoff() {
         let after = slots(&p.a);
         assert_eq!(after[0], before[0], "slot 0 untouched");
         assert_ne!(after[1], before[1], "slot 1 opened anew");
-        let (reopener, other) = if a_deletes {
-            (&p.pb, &p.pa)
-        } else {
-            (&p.pa, &p.pb)
-        };
+        // The side that did not delete opens it again, the other not.
+        let (reopener, other) = planes(&p, !a_deletes);
         assert_eq!(
             info_lines(reopener, "opening it again"),
             1,
@@ -2905,11 +2911,7 @@ fn a_per_cpu_child_the_peer_deletes_is_opened_again_once_per_holdoff() {
         p.advance(PER_CPU_REOPEN_HOLDOFF + Duration::from_secs(1));
         assert_eq!(slots(&p.a).len(), 1);
         assert_eq!(slots(&p.b).len(), 1);
-        let (reopener, _) = if a_deletes {
-            (&p.pb, &p.pa)
-        } else {
-            (&p.pa, &p.pb)
-        };
+        let (reopener, _) = planes(&p, !a_deletes);
         assert_eq!(
             info_lines(reopener, "again within 60 s"),
             1,
