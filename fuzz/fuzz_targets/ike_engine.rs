@@ -24,7 +24,7 @@ use espgate_core::sa::Mode;
 use espgate_core::selector::Prefix;
 use espgate_ike::cert::Identity;
 use espgate_ike::config::{
-    ChildConfig, DpdAction, IkeConfig, LocalAuth, QespMode, RemoteAuth, Retransmit,
+    ChildConfig, DpdAction, IkeConfig, LocalAuth, QespMode, RemoteAuth, Retransmit, SelectorSet,
 };
 use espgate_ike::engine::{Event, Ike, Ports, Transmit};
 use espgate_ike::proposal::{ProposalKind, ProposalSpec};
@@ -35,7 +35,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 use zeroize::Zeroizing;
 
-fn conf(local: &str, remote: &str, lts: &str, rts: &str) -> IkeConfig {
+fn conf(local: &str, remote: &str, (lts, rts): (&str, &str), more: (&str, &str)) -> IkeConfig {
     let psk = Zeroizing::new(b"fuzzing pre-shared key".to_vec());
     let p = |s: &str| {
         let (a, l) = s.split_once('/').unwrap();
@@ -73,6 +73,12 @@ fn conf(local: &str, remote: &str, lts: &str, rts: &str) -> IkeConfig {
             jitter: Duration::from_secs(2),
             // RFC 9611 per-CPU children, so that their paths are reached.
             per_cpu_sas: 2,
+            // A second selector set, a child of its own, so that its
+            // paths are reached too.
+            more_ts: vec![SelectorSet {
+                local_ts: vec![p(more.0)],
+                remote_ts: vec![p(more.1)],
+            }],
         },
         rekey_time: Duration::from_secs(45),
         jitter: Duration::from_secs(2),
@@ -104,10 +110,9 @@ fn drain(e: &mut Ike, p: &mut Plane) {
                     // one of its per-CPU slot and selectors.
                     let slots = &p.slots;
                     p.sas.retain(|(o, spi)| {
-                        !*o
-                            || !slots.get(spi).is_some_and(|(k, l, r)| {
-                                *k == s.slot && ts::same(l, &s.local_ts) && ts::same(r, &s.remote_ts)
-                            })
+                        !*o || !slots.get(spi).is_some_and(|(k, l, r)| {
+                            *k == s.slot && ts::same(l, &s.local_ts) && ts::same(r, &s.remote_ts)
+                        })
                     });
                     p.slots
                         .insert(s.spi, (s.slot, s.local_ts.clone(), s.remote_ts.clone()));
@@ -127,11 +132,21 @@ fn drain(e: &mut Ike, p: &mut Plane) {
 
 fuzz_target!(|data: &[u8]| {
     let mut a = Ike::new(
-        vec![conf("192.0.2.1", "192.0.2.2", "10.1.0.0/16", "10.2.0.0/16")],
+        vec![conf(
+            "192.0.2.1",
+            "192.0.2.2",
+            ("10.1.0.0/16", "10.2.0.0/16"),
+            ("10.1.0.0/16", "10.4.0.0/16"),
+        )],
         Ports::default(),
     );
     let mut b = Ike::new(
-        vec![conf("192.0.2.2", "192.0.2.1", "10.2.0.0/16", "10.1.0.0/16")],
+        vec![conf(
+            "192.0.2.2",
+            "192.0.2.1",
+            ("10.2.0.0/16", "10.1.0.0/16"),
+            ("10.4.0.0/16", "10.1.0.0/16"),
+        )],
         Ports::default(),
     );
     // Per-CPU children's inbound SPIs spread over two workers.

@@ -297,6 +297,36 @@ def installed_children(d):
     return [c for sa in ike_status(d)["sas"] for c in sa["children"] if c["state"] == "installed"]
 
 
+def test_two_selector_sets_are_two_children_each_carrying_its_own_traffic(lab):
+    """A's connection has two selector sets (10.2.0.0/24, and 10.3.0.0/24
+    in a [[connection.ike.child]] table); B's has the same two, mirrored.
+    A opens one child per set on one IKE SA; each side sends each
+    subnet's traffic on that subnet's child, both ways."""
+    a, b = ike_pair(lab, a_ike='start_action = "start"\n[[connection.ike.child]]\nremote_ts = ["10.3.0.0/24"]',
+                    b_ike='[[connection.ike.child]]\nlocal_ts = ["10.3.0.0/24"]')
+    run("ip", "-n", b.ns, "addr", "add", "10.3.0.1/32", "dev", "lo")
+    b.start()
+    a.start()
+    wait_for("two children each side", lambda: len(installed_children(a)) == 2 and len(installed_children(b)) == 2,
+             20, (a, b))
+    assert len(ike_status(a)["sas"]) == 1, ike_status(a)
+    kids = installed_children(a)
+    assert sorted(c["remote_ts"] for c in kids) == [["10.2.0.0-10.2.0.255"], ["10.3.0.0-10.3.0.255"]], kids
+    for host in ("10.2.0.1", "10.3.0.1"):
+        child = next(c for c in kids if c["remote_ts"][0].startswith(host[:5]))
+        b_child = next(c for c in installed_children(b) if c["spi_in"] == child["spi_out"])
+        sent = {sa["spi"]: sa["packets"] for sa in a.sas("out")}
+        b_sent = {sa["spi"]: sa["packets"] for sa in b.sas("out")}
+        assert_ping(a.ns, host, "10.1.0.1", daemons=(a, b))
+        after = {sa["spi"]: sa["packets"] for sa in a.sas("out")}
+        b_after = {sa["spi"]: sa["packets"] for sa in b.sas("out")}
+        assert after[child["spi_out"]] >= sent[child["spi_out"]] + 3, (host, a.sas("out"))
+        assert b_after[b_child["spi_out"]] >= b_sent[b_child["spi_out"]] + 3, (host, b.sas("out"))
+        others = [s for s in after if s != child["spi_out"]]
+        assert all(after[s] == sent[s] for s in others), (host, sent, after)
+    assert a.stop() == 0 and b.stop() == 0
+
+
 # 64 UDP flows (a socket each) of 8 datagrams: the kernel spreads flows over
 # the TUN's queues by hash, so both workers of the sender get some (all in
 # one queue: a chance of 2^-63).

@@ -319,6 +319,45 @@ def test_strongswan_children_with_narrowed_selectors_each_carry_their_own_traffi
     assert d.stop() == 0
 
 
+def test_espgate_asks_for_a_child_per_selector_set(lab):
+    """espgate's connection has two selector sets (10.2.0.1 and, in a
+    [[connection.ike.child]] table, 10.2.0.2); charon has a child for
+    each. espgate opens the first with IKE_AUTH and the second with a
+    CREATE_CHILD_SA on the same IKE SA; each host's traffic goes on its own
+    child. charon closes the second: `espgate initiate` opens that one
+    again, and only that one."""
+    d, c = setup(lab, ike_extra='start_action = "start"\n[[connection.ike.child]]\nremote_ts = ["10.2.0.2/32"]',
+                 charon_children=[("one", "10.2.0.1/32"), ("two", "10.2.0.2/32")])
+    c.start()
+    d.start()
+    wait_for("two children", lambda: len(children(d)) == 2 and charon_established(c), 30, (d,))
+    kids = children(d)
+    assert sorted(ch["remote_ts"] for ch in kids) == [["10.2.0.1"], ["10.2.0.2"]], kids
+    sw = c.list_sas()
+    assert sw.count("INSTALLED") == 2 and "one:" in sw and "two:" in sw, sw
+    assert len(ike_status(d)["sas"]) == 1, ike_status(d)
+    for host in ("10.2.0.1", "10.2.0.2"):
+        child = next(ch for ch in kids if ch["remote_ts"] == [host])
+        before = sent(d, child["spi_out"])
+        r = ping(d.ns, host, "10.1.0.1")
+        assert r.returncode == 0, f"ping A -> {host}: {r.stdout}\n{logs(d, c)}"
+        assert sent(d, child["spi_out"]) >= before + 3, (host, d.sas("out"))
+        r = ping(c.ns, "10.1.0.1", host)
+        assert r.returncode == 0, f"ping B -> A from {host}: {r.stdout}\n{logs(d, c)}"
+    r = c.swanctl_cmd("--terminate", "--child", "two", timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_for("espgate to drop the second child", lambda: len(children(d)) == 1, 15, (d,))
+    assert children(d)[0]["remote_ts"] == ["10.2.0.1"], children(d)
+    ctl(d, "initiate", "sun")
+    wait_for("the second child again", lambda: len(children(d)) == 2 and "two:" in c.list_sas(), 20, (d,))
+    r = ping(d.ns, "10.2.0.2", "10.1.0.1")
+    assert r.returncode == 0, f"ping A -> 10.2.0.2: {r.stdout}\n{logs(d, c)}"
+    counters = ike_status(d)["counters"]
+    assert counters.get("children_established", 0) == 3, counters
+    assert counters.get("child_failed", 0) == 0, counters
+    assert d.stop() == 0
+
+
 def test_espgate_installs_the_selectors_strongswan_narrowed(lab):
     """espgate proposes 10.2.0.0/24, charon narrows to 10.2.0.1: espgate
     sends only what the child covers and drops the rest as no_sa."""

@@ -7,7 +7,8 @@ use crate::gateway::{self, Gateway};
 use crate::ike::{self, IkeSettings, StartAction};
 use crate::sa::{self, family, KeyText, ManualSa};
 use crate::schema::{
-    value, ConnectionTable, Dscp, Encapsulation, GatewayTable, ModeName, Protocols, Scalar,
+    value, ChildTable, ConnectionTable, Dscp, Encapsulation, GatewayTable, ModeName, Protocols,
+    Scalar,
 };
 use espgate_core::crypto::{Integ, Suite};
 use espgate_core::gateway::{ConnSpec, Layers, MssClamp as CoreMssClamp, SaSettings};
@@ -16,7 +17,7 @@ use espgate_core::sa::{per_cpu_key, Lifetime, Mode, Protocol, Sa, SaConfig};
 use espgate_core::selector::{PortRange, Prefix, TrafficSelector};
 use espgate_core::wire::proto;
 use espgate_core::wire::qesp::DEFAULT_IP_PROTOCOL as DEFAULT_QESP_PROTOCOL;
-use espgate_ike::config::{ChildConfig, IkeConfig, QespMode};
+use espgate_ike::config::{ChildConfig, IkeConfig, QespMode, SelectorSet};
 use espgate_ike::ts;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -123,6 +124,17 @@ impl ManualKeys {
     }
 }
 
+/// One further selector set of an IKE connection (a
+/// `[[connection.ike.child]]` table), negotiated as a child SA of its own;
+/// a side the table omits is the connection's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildSelectors {
+    /// Our side's selectors.
+    pub local_ts: Vec<Prefix>,
+    /// The peer side's selectors.
+    pub remote_ts: Vec<Prefix>,
+}
+
 /// One `[[connection]]`: a peer and the SAs to it.
 #[derive(Debug, Clone)]
 pub struct Connection {
@@ -144,9 +156,14 @@ pub struct Connection {
     pub local_ts: Vec<Prefix>,
     /// The peer side's selectors (defaults to `remote/32` in transport mode).
     pub remote_ts: Vec<Prefix>,
+    /// Selector sets beyond `local_ts`/`remote_ts` (the first), each a
+    /// child SA of its own (`[[connection.ike.child]]`, tunnel mode only).
+    /// Empty with manual keys and for IKE connections without child tables.
+    pub children: Vec<ChildSelectors>,
     /// IP protocol restriction.
     pub proto: IpProto,
-    /// Install routes for `remote_ts` through the TUN.
+    /// Install routes for the `remote_ts` of every selector set through
+    /// the TUN.
     pub routes: bool,
     /// TCP MSS clamping.
     pub mss_clamp: MssClamp,
@@ -234,23 +251,41 @@ impl Connection {
         }
     }
 
-    /// Selectors: every same-family pair of `local_ts` × `remote_ts`, with
-    /// `proto` (ICMP resolved per family) and any ports.
+    /// The selector sets (local prefixes, remote prefixes): the
+    /// connection's own `local_ts`/`remote_ts` first, then each of
+    /// [`Connection::children`].
+    pub fn selector_sets(&self) -> impl Iterator<Item = (&[Prefix], &[Prefix])> {
+        std::iter::once((&self.local_ts[..], &self.remote_ts[..])).chain(
+            self.children
+                .iter()
+                .map(|c| (&c.local_ts[..], &c.remote_ts[..])),
+        )
+    }
+
+    /// Selectors: every same-family pair of local × remote prefixes of
+    /// each selector set ([`Connection::selector_sets`], in that order,
+    /// each pair once), with `proto` (ICMP resolved per family) and any
+    /// ports.
     pub fn selectors(&self) -> Vec<TrafficSelector> {
         let mut out = Vec::new();
-        for l in &self.local_ts {
-            for r in &self.remote_ts {
-                let v6 = l.addr().is_ipv6();
-                if v6 != r.addr().is_ipv6() {
-                    continue;
+        for (local, remote) in self.selector_sets() {
+            for l in local {
+                for r in remote {
+                    let v6 = l.addr().is_ipv6();
+                    if v6 != r.addr().is_ipv6() {
+                        continue;
+                    }
+                    let ts = TrafficSelector {
+                        local: *l,
+                        remote: *r,
+                        proto: self.proto.for_family(v6),
+                        local_ports: PortRange::ANY,
+                        remote_ports: PortRange::ANY,
+                    };
+                    if !out.contains(&ts) {
+                        out.push(ts);
+                    }
                 }
-                out.push(TrafficSelector {
-                    local: *l,
-                    remote: *r,
-                    proto: self.proto.for_family(v6),
-                    local_ports: PortRange::ANY,
-                    remote_ports: PortRange::ANY,
-                });
             }
         }
         out
@@ -398,7 +433,8 @@ impl Connection {
     /// identities, loaded authentication material, proposals, timers, and
     /// the child SA's traffic selectors — every `local_ts` and `remote_ts`
     /// prefix as a range selector with the connection's `proto` (ICMP
-    /// resolved per family, 0 for any) and all ports — and mode.
+    /// resolved per family, 0 for any) and all ports, and likewise each of
+    /// [`Connection::children`] as a further set (`more_ts`) — and mode.
     pub fn ike_config(&self) -> Option<IkeConfig> {
         let s = self.ike()?;
         let selectors = |list: &[Prefix]| {
@@ -427,6 +463,14 @@ impl Connection {
                 life_time: s.child_life_time,
                 jitter: s.jitter,
                 per_cpu_sas: self.per_cpu_sas.max(1),
+                more_ts: self
+                    .children
+                    .iter()
+                    .map(|c| SelectorSet {
+                        local_ts: selectors(&c.local_ts),
+                        remote_ts: selectors(&c.remote_ts),
+                    })
+                    .collect(),
             },
             rekey_time: s.rekey_time,
             jitter: s.jitter,
@@ -492,7 +536,20 @@ impl Connection {
                 t.esp = m.esp().map(|s| value(s.to_table(keys)));
                 t.ah = m.ah().map(|s| value(s.to_table(keys)));
             }
-            Keying::Ike(s) => t.ike = Some(value(s.to_table())),
+            Keying::Ike(s) => {
+                let mut ike = s.to_table();
+                ike.child = self
+                    .children
+                    .iter()
+                    .map(|c| {
+                        value(ChildTable {
+                            local_ts: list(&c.local_ts),
+                            remote_ts: list(&c.remote_ts),
+                        })
+                    })
+                    .collect();
+                t.ike = Some(value(ike));
+            }
         }
         t
     }
@@ -504,6 +561,53 @@ pub(crate) fn at(i: usize, t: &Spanned<ConnectionTable>) -> At {
         .key("connection", None)
         .index(i, Some(t.span()))
         .in_connection(t.get_ref().name.get_ref())
+}
+
+/// The `remote_ts` list of selector set `k` of connection `i` (0: the
+/// connection's own, `k` > 0: `ike.child[k - 1]`'s, absent when that
+/// child uses the connection's) and where it is.
+fn remote_ts_of_set(
+    i: usize,
+    t: &Spanned<ConnectionTable>,
+    k: usize,
+) -> (At, Option<&Spanned<Vec<Spanned<String>>>>) {
+    let c = t.get_ref();
+    let child = k
+        .checked_sub(1)
+        .and_then(|k| Some((k, c.ike.as_ref()?, c.ike.as_ref()?.get_ref().child.get(k)?)));
+    match child {
+        None => (
+            at(i, t).key("remote_ts", span(&c.remote_ts)),
+            c.remote_ts.as_ref(),
+        ),
+        Some((k, ike, ct)) => {
+            let list = ct.get_ref().remote_ts.as_ref();
+            let here = at(i, t)
+                .key("ike", Some(ike.span()))
+                .key("child", None)
+                .index(k, Some(ct.span()))
+                .key("remote_ts", list.map(Spanned::span));
+            (here, list)
+        }
+    }
+}
+
+/// Where two selector sets (local prefixes, remote prefixes) overlap: a
+/// local prefix of each that meet and a remote prefix of each that meet
+/// (two prefixes meet when one contains the other, never across
+/// families). `None`: they are disjoint. Identical sets overlap.
+pub(crate) fn sets_overlap(
+    (al, ar): (&[Prefix], &[Prefix]),
+    (bl, br): (&[Prefix], &[Prefix]),
+) -> Option<((Prefix, Prefix), (Prefix, Prefix))> {
+    let meet = |x: &[Prefix], y: &[Prefix]| {
+        x.iter().find_map(|p| {
+            y.iter()
+                .find(|q| p.contains(q.addr()) || q.contains(p.addr()))
+                .map(|q| (*p, *q))
+        })
+    };
+    Some((meet(al, bl)?, meet(ar, br)?))
 }
 
 fn parse_outer_addr(s: &str) -> Result<IpAddr, String> {
@@ -805,16 +909,28 @@ pub(crate) fn validate(
             );
         }
     }
-    let ike = match &c.ike {
-        Some(r) => ike::settings(
-            v,
-            &key("ike", Some(r.span())),
-            r.get_ref(),
-            (local, remote),
-            encap,
-            replay_window,
-        ),
-        None => None,
+    let (ike, children) = match &c.ike {
+        Some(r) => {
+            let ike_at = key("ike", Some(r.span()));
+            let settings = ike::settings(
+                v,
+                &ike_at,
+                r.get_ref(),
+                (local, remote),
+                encap,
+                replay_window,
+            );
+            let children = ike::children(
+                v,
+                &ike_at,
+                r.get_ref(),
+                mode,
+                (per_cpu_sas, &per_cpu_at),
+                (&local_ts, &remote_ts),
+            );
+            (settings, children)
+        }
+        None => (None, Vec::new()),
     };
 
     // The manual SAs.
@@ -922,6 +1038,7 @@ pub(crate) fn validate(
         encap,
         local_ts,
         remote_ts,
+        children,
         proto: proto?,
         routes: c.routes.unwrap_or(true),
         mss_clamp: mss_clamp?,
@@ -1009,19 +1126,16 @@ pub(crate) fn gateway_vs_connections(
         // A route to the peer's own address through the TUN would send
         // the ESP packets back into the tunnel.
         if c.routes && g.fwmark.is_none() {
-            if let Some((j, pf)) = c
-                .remote_ts
-                .iter()
-                .enumerate()
-                .find(|(_, pf)| pf.contains(c.remote))
-            {
-                let list = &t.get_ref().remote_ts;
-                let item = list
-                    .as_ref()
-                    .and_then(|l| l.get_ref().get(j))
-                    .map(Spanned::span);
+            if let Some((k, j, pf)) = c.selector_sets().enumerate().find_map(|(k, (_, r))| {
+                r.iter()
+                    .enumerate()
+                    .find(|(_, pf)| pf.contains(c.remote))
+                    .map(|(j, pf)| (k, j, pf))
+            }) {
+                let (list_at, list) = remote_ts_of_set(*i, t, k);
+                let item = list.and_then(|l| l.get_ref().get(j)).map(Spanned::span);
                 v.warn(
-                    at(*i, t).key("remote_ts", span(list)).index(j, item),
+                    list_at.index(j, item),
                     format!(
                         "{pf} contains the peer's outer address {}: with routes = true \
                          and no gateway.fwmark, the packets to the peer would be routed \
@@ -1131,26 +1245,30 @@ pub(crate) fn across_connections(
             }
         }
     }
-    // Overlapping selectors: the first connection in file order wins.
+    // Overlapping selectors (any set of one with any set of the other):
+    // the first connection in file order wins.
     for (a, (i, ci)) in conns.iter().enumerate() {
         for (j, cj) in conns.iter().skip(a + 1) {
             let proto_overlap =
                 ci.proto == IpProto::Any || cj.proto == IpProto::Any || ci.proto == cj.proto;
-            let overlap = |x: &[Prefix], y: &[Prefix]| {
-                x.iter().any(|p| {
-                    y.iter()
-                        .any(|q| p.contains(q.addr()) || q.contains(p.addr()))
-                })
-            };
-            if proto_overlap
-                && overlap(&ci.local_ts, &cj.local_ts)
-                && overlap(&ci.remote_ts, &cj.remote_ts)
-            {
+            if !proto_overlap {
+                continue;
+            }
+            let found = cj.selector_sets().enumerate().find_map(|(kj, sj)| {
+                ci.selector_sets()
+                    .position(|si| sets_overlap(si, sj).is_some())
+                    .map(|ki| (ki, kj))
+            });
+            if let Some((ki, kj)) = found {
                 let t = &tables[*j];
+                let theirs = match ki {
+                    0 => format!("connection[{i}]"),
+                    k => format!("connection[{i}].ike.child[{}]", k - 1),
+                };
                 v.warn(
-                    at(*j, t).key("remote_ts", span(&t.get_ref().remote_ts)),
+                    remote_ts_of_set(*j, t, kj).0,
                     format!(
-                        "selectors overlap those of connection \"{}\" (connection[{i}]); \
+                        "selectors overlap those of connection \"{}\" ({theirs}); \
                          traffic in both goes to the first in file order",
                         ci.name
                     ),

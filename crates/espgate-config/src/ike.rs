@@ -8,14 +8,17 @@
 //! [`Arc`], certificates, public keys), so the engine never reads a file.
 //! `Debug` shows the kind of each secret, never its value.
 
+use crate::connection::{sets_overlap, ChildSelectors};
 use crate::diag::{span, At, Validator};
 use crate::files::{read_secret_bytes, MAX_CERT_FILE_BYTES, MAX_KEY_FILE_BYTES};
-use crate::sa::decode_hex;
+use crate::sa::{self, decode_hex};
 use crate::schema::{
     format_duration, value, DpdActionName, Encapsulation, IkeTable, QespName, Scalar,
 };
 pub use crate::schema::{AuthMethod, StartAction};
 use espgate_core::crypto::Enc;
+use espgate_core::sa::Mode;
+use espgate_core::selector::Prefix;
 use espgate_ike::cert::{Certificate, Identity};
 use espgate_ike::config::{DpdAction, LocalAuth, QespMode, RemoteAuth, Retransmit};
 use espgate_ike::proposal::{qesp_capable, ProposalKind, ProposalSpec};
@@ -32,6 +35,8 @@ pub const DEFAULT_IKE_PROPOSALS: &[&str] =
     &["aes128gcm16-prfsha256-x25519", "aes256-sha256-modp2048"];
 /// Default `[connection.ike]` `esp_proposals`.
 pub const DEFAULT_ESP_PROPOSALS: &[&str] = &["aes128gcm16", "aes256-sha256"];
+/// Most `[[connection.ike.child]]` tables of one connection.
+pub const MAX_CHILD_TABLES: usize = 16;
 /// A pre-shared key shorter than this draws a warning.
 const MIN_GOOD_PSK: usize = 20;
 
@@ -158,6 +163,8 @@ impl IkeSettings {
                 QespMode::Prefer => QespName::Prefer,
                 QespMode::Require => QespName::Require,
             })),
+            // The connection's (`Connection::to_table` fills them in).
+            child: Vec::new(),
         }
     }
 }
@@ -579,6 +586,99 @@ pub(crate) fn settings(
             remote_public_key,
         },
     })
+}
+
+/// Checks the `[[connection.ike.child]]` tables of the IKE table `r` (at
+/// `at`) and reads each into a [`ChildSelectors`], an omitted side being
+/// the connection's own (`own`: its `local_ts` and `remote_ts`, selector
+/// set 0). `mode` and `per_cpu_sas` (at `per_cpu_at`) are the
+/// connection's. Empty without child tables, and when any has an error.
+pub(crate) fn children(
+    v: &mut Validator,
+    at: &At,
+    r: &IkeTable,
+    mode: Mode,
+    (per_cpu_sas, per_cpu_at): (u32, &At),
+    own: (&[Prefix], &[Prefix]),
+) -> Vec<ChildSelectors> {
+    let Some(first) = r.child.first() else {
+        return Vec::new();
+    };
+    let before = v.error_count();
+    let list_at = at.key("child", Some(first.span()));
+    let child_at = |k: usize| list_at.index(k, r.child.get(k).map(Spanned::span));
+    if mode == Mode::Transport {
+        v.err(
+            list_at.clone(),
+            "[[connection.ike.child]] selector sets need mode = \"tunnel\": in transport \
+             mode a connection carries the two hosts' own packets, one selector set; \
+             remove the child tables or set mode = \"tunnel\"",
+        );
+        return Vec::new();
+    }
+    if r.child.len() > MAX_CHILD_TABLES {
+        v.err(
+            child_at(MAX_CHILD_TABLES),
+            format!(
+                "{} [[connection.ike.child]] tables: at most {MAX_CHILD_TABLES} per \
+                 connection (selector sets beyond its own local_ts/remote_ts)",
+                r.child.len()
+            ),
+        );
+    }
+    if per_cpu_sas > 1 {
+        v.err(
+            per_cpu_at.clone(),
+            format!(
+                "per_cpu_sas = {per_cpu_sas} together with [[connection.ike.child]] \
+                 selector sets is not supported yet: set per_cpu_sas = 1, or remove the \
+                 child tables"
+            ),
+        );
+    }
+    let mut sets: Vec<(usize, ChildSelectors)> = Vec::new();
+    for (k, t) in r.child.iter().enumerate() {
+        let t = t.get_ref();
+        if let Some((local_ts, remote_ts)) =
+            sa::child_selectors(v, &child_at(k), own, &t.local_ts, &t.remote_ts)
+        {
+            sets.push((
+                k,
+                ChildSelectors {
+                    local_ts,
+                    remote_ts,
+                },
+            ));
+        }
+    }
+    // Each packet must select one child: the sets are disjoint, the
+    // connection's own (set 0) included.
+    for (b, (k, set)) in sets.iter().enumerate() {
+        let mine = (&set.local_ts[..], &set.remote_ts[..]);
+        let earlier = std::iter::once(("the connection's own local_ts/remote_ts".to_string(), own))
+            .chain(
+                sets[..b]
+                    .iter()
+                    .map(|(j, s)| (format!("child[{j}]"), (&s.local_ts[..], &s.remote_ts[..]))),
+            );
+        for (name, other) in earlier {
+            if let Some(((l, ol), (r, or))) = sets_overlap(mine, other) {
+                v.err(
+                    child_at(*k),
+                    format!(
+                        "this selector set overlaps {name} (local_ts {l} meets {ol} and \
+                         remote_ts {r} meets {or}): the selector sets of one connection \
+                         must be disjoint, so that each packet selects one child SA"
+                    ),
+                );
+                break;
+            }
+        }
+    }
+    if v.error_count() != before {
+        return Vec::new();
+    }
+    sets.into_iter().map(|(_, s)| s).collect()
 }
 
 /// `qesp` (`docs/QESP.md` §7), checked against what Q-ESP needs: raw IP
@@ -1743,6 +1843,352 @@ retransmit_tries = 3"#,
             ),
         );
         assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A range selector of all protocols and ports.
+    fn ts4(start: &str, end: &str) -> Ts {
+        Ts::Ipv4 {
+            ip_protocol: 0,
+            start_port: 0,
+            end_port: 65535,
+            start: start.parse().unwrap(),
+            end: end.parse().unwrap(),
+        }
+    }
+
+    fn prefixes(list: &[&str]) -> Vec<Prefix> {
+        list.iter().map(|p| p.parse().unwrap()).collect()
+    }
+
+    /// `psk_file` and one `[[connection.ike.child]]` per item (its keys).
+    fn with_children(children: &[&str]) -> String {
+        let mut s = "psk_file = \"psk\"\n".to_string();
+        for c in children {
+            s.push_str(&format!("[[connection.ike.child]]\n{c}\n"));
+        }
+        s
+    }
+
+    #[test]
+    fn ike_child_selector_sets() {
+        let d = ike_dir();
+        let text = ike_conn(
+            "",
+            &with_children(&[
+                "remote_ts = [\"10.3.0.0/24\"]",
+                "local_ts = [\"10.1.5.0/24\", \"2001:db8:1::/48\"]\n\
+                 remote_ts = [\"10.4.0.0/24\", \"2001:db8:4::/48\"]",
+            ]),
+        );
+        let c = ike_ok(&d, &text);
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        let k = &c.connections[0];
+        // An omitted side is the connection's own.
+        assert_eq!(
+            k.children,
+            [
+                ChildSelectors {
+                    local_ts: prefixes(&["10.1.0.0/16"]),
+                    remote_ts: prefixes(&["10.3.0.0/24"]),
+                },
+                ChildSelectors {
+                    local_ts: prefixes(&["10.1.5.0/24", "2001:db8:1::/48"]),
+                    remote_ts: prefixes(&["10.4.0.0/24", "2001:db8:4::/48"]),
+                },
+            ]
+        );
+        let sets: Vec<_> = k.selector_sets().collect();
+        assert_eq!(sets.len(), 3);
+        assert_eq!(sets[0], (&k.local_ts[..], &k.remote_ts[..]));
+        assert_eq!(
+            sets[2].1,
+            &prefixes(&["10.4.0.0/24", "2001:db8:4::/48"])[..]
+        );
+
+        // The engine gets the further sets, converted as the first.
+        let e = k.ike_config().unwrap();
+        assert_eq!(e.child.local_ts, [ts4("10.1.0.0", "10.1.255.255")]);
+        assert_eq!(e.child.set_count(), 3);
+        let more = &e.child.more_ts;
+        assert_eq!(more[0].local_ts, [ts4("10.1.0.0", "10.1.255.255")]);
+        assert_eq!(more[0].remote_ts, [ts4("10.3.0.0", "10.3.0.255")]);
+        assert_eq!(
+            more[1].local_ts,
+            [
+                ts4("10.1.5.0", "10.1.5.255"),
+                Ts::Ipv6 {
+                    ip_protocol: 0,
+                    start_port: 0,
+                    end_port: 65535,
+                    start: "2001:db8:1::".parse().unwrap(),
+                    end: "2001:db8:1:ffff:ffff:ffff:ffff:ffff".parse().unwrap(),
+                }
+            ]
+        );
+        assert_eq!(more[1].remote_ts.len(), 2);
+
+        // The data plane's selectors cover every set, each pair once.
+        let pairs: Vec<(String, String)> = k
+            .selectors()
+            .iter()
+            .map(|t| (t.local.to_string(), t.remote.to_string()))
+            .collect();
+        let want = [
+            ("10.1.0.0/16", "10.2.0.0/16"),
+            ("10.1.0.0/16", "10.3.0.0/24"),
+            ("10.1.5.0/24", "10.4.0.0/24"),
+            ("2001:db8:1::/48", "2001:db8:4::/48"),
+        ];
+        assert_eq!(pairs, want.map(|(l, r)| (l.to_string(), r.to_string())));
+
+        // Written back: both sides of each child, loaded to the same.
+        let t = k.to_table(crate::KeyText::Hex);
+        let child = &t.ike.as_ref().unwrap().get_ref().child;
+        assert_eq!(child.len(), 2);
+        let local = child[0].get_ref().local_ts.as_ref().unwrap().get_ref();
+        assert_eq!(local[0].get_ref(), "10.1.0.0/16");
+        let written = toml::to_string(&c.effective(crate::KeyText::Hex)).unwrap();
+        assert_eq!(
+            written.matches("[[connection.ike.child]]").count(),
+            2,
+            "{written}"
+        );
+        crate::assert_effective_round_trips(&c, &d);
+
+        // Without child tables: none, and nothing written.
+        let c = ike_ok(&d, &ike_conn("", "psk_file = \"psk\""));
+        assert!(c.connections[0].children.is_empty());
+        assert!(c.connections[0]
+            .ike_config()
+            .unwrap()
+            .child
+            .more_ts
+            .is_empty());
+        assert_eq!(c.connections[0].selectors().len(), 1);
+        let written = toml::to_string(&c.effective(crate::KeyText::Hex)).unwrap();
+        assert!(!written.contains("child]]"), "{written}");
+        // Manual keys: none either.
+        assert!(parse_str(&minimal()).unwrap().connections[0]
+            .children
+            .is_empty());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn ike_child_selector_set_errors() {
+        let d = ike_dir();
+        let bad = |extra: &str, children: &[&str]| {
+            ike_err(&d, &ike_conn(extra, &with_children(children)))
+        };
+        let one = ["remote_ts = [\"10.3.0.0/24\"]"];
+        // Transport mode has one selector set.
+        assert_has(
+            &bad("mode = \"transport\"", &one),
+            &[
+                "connection[0].ike.child (connection \"ik\")",
+                "need mode = \"tunnel\"",
+            ],
+        );
+        // Per-CPU child SAs of several sets: not yet.
+        assert_has(
+            &bad("per_cpu_sas = 2", &one),
+            &[
+                "connection[0].per_cpu_sas",
+                "per_cpu_sas = 2 together with [[connection.ike.child]]",
+                "not supported yet",
+            ],
+        );
+        // Prefixes as in the connection's lists.
+        assert_has(
+            &bad("", &["remote_ts = [\"10.3.0.0/24\", \"10.3.0.0/33\"]"]),
+            &[
+                "connection[0].ike.child[0].remote_ts[1]",
+                "\"10.3.0.0/33\"",
+                "expected a prefix like",
+            ],
+        );
+        assert_has(
+            &bad("", &[one[0], "local_ts = [\"10.9.0.0/x\"]"]),
+            &[
+                "connection[0].ike.child[1].local_ts[0]",
+                "expected a prefix like",
+            ],
+        );
+        assert_has(
+            &bad("", &["local_ts = []\nremote_ts = [\"10.3.0.0/24\"]"]),
+            &["connection[0].ike.child[0].local_ts", "empty list"],
+        );
+        // A set without a same-family pair.
+        let e = bad(
+            "",
+            &["local_ts = [\"2001:db8:1::/48\"]\nremote_ts = [\"10.3.0.0/24\"]"],
+        );
+        assert_has(
+            &e,
+            &[
+                "connection[0].ike.child[0].local_ts[0]",
+                "2001:db8:1::/48 is IPv6 but remote_ts has no IPv6 prefix",
+                "connection[0].ike.child[0].remote_ts[0]",
+                "10.3.0.0/24 is IPv4 but local_ts has no IPv4 prefix",
+            ],
+        );
+        // ...with the connection's own side.
+        assert_has(
+            &bad("", &["remote_ts = [\"2001:db8:3::/48\"]"]),
+            &[
+                "connection[0].ike.child[0].remote_ts[0]",
+                "is IPv6 but the connection's local_ts (this child's, as it sets none) \
+                 has no IPv6 prefix",
+            ],
+        );
+        // Overlaps: with the connection's own set (identical, or a part of
+        // it), and between two children.
+        assert_has(
+            &bad("", &[""]),
+            &[
+                "connection[0].ike.child[0]",
+                "overlaps the connection's own local_ts/remote_ts",
+                "local_ts 10.1.0.0/16 meets 10.1.0.0/16",
+                "must be disjoint",
+            ],
+        );
+        assert_has(
+            &bad("", &["remote_ts = [\"10.2.5.0/24\"]"]),
+            &[
+                "connection[0].ike.child[0]",
+                "overlaps the connection's own",
+            ],
+        );
+        let e = bad(
+            "",
+            &[
+                "remote_ts = [\"10.3.0.0/16\"]",
+                "remote_ts = [\"10.4.0.0/16\"]",
+                "local_ts = [\"10.1.7.0/24\"]\nremote_ts = [\"10.9.0.0/16\", \"10.3.1.0/24\"]",
+            ],
+        );
+        assert_has(
+            &e,
+            &[
+                "connection[0].ike.child[2]",
+                "overlaps child[0] (local_ts 10.1.7.0/24 meets 10.1.0.0/16 and remote_ts \
+                 10.3.1.0/24 meets 10.3.0.0/16)",
+            ],
+        );
+        assert!(!e.contains("child[1]"), "{e}");
+        // Disjoint: other locals for the same remotes, another family.
+        let c = ike_ok(
+            &d,
+            &ike_conn(
+                "local_ts = [\"10.1.0.0/16\", \"2001:db8:1::/48\"]\n\
+                 remote_ts = [\"10.2.0.0/16\", \"2001:db8:2::/48\"]",
+                &with_children(&[
+                    "local_ts = [\"10.5.0.0/16\"]\nremote_ts = [\"10.2.0.0/16\"]",
+                    "local_ts = [\"2001:db8:5::/48\"]\nremote_ts = [\"2001:db8:2::/48\"]",
+                    // An inherited dual-stack side pairs with one family.
+                    "remote_ts = [\"10.6.0.0/16\"]",
+                ]),
+            )
+            .replacen(
+                "local_ts = [\"10.1.0.0/16\"]\nremote_ts = [\"10.2.0.0/16\"]\n",
+                "",
+                1,
+            ),
+        );
+        assert_eq!(c.connections[0].children.len(), 3);
+        // At most 16 child tables.
+        let many: Vec<String> = (0..17)
+            .map(|k| format!("remote_ts = [\"10.{}.0.0/16\"]", 100 + k))
+            .collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_has(
+            &bad("", &many),
+            &[
+                "connection[0].ike.child[16]",
+                "17 [[connection.ike.child]] tables",
+                "at most 16",
+            ],
+        );
+        let c = ike_ok(&d, &ike_conn("", &with_children(&many[..16])));
+        assert_eq!(c.connections[0].children.len(), 16);
+        // Unknown keys and syntax errors name the child, per connection.
+        assert_has(
+            &bad("", &["remote_ts = [\"10.3.0.0/24\"]\nproto = \"tcp\""]),
+            &["connection[0].ike.child[0].proto", "unknown field `proto`"],
+        );
+        let two = format!(
+            "{}{}",
+            ike_conn("", &with_children(&one)),
+            ike_conn(
+                "",
+                &with_children(&[
+                    "remote_ts = [\"10.5.0.0/24\"]",
+                    "remote_ts = [\"10.3.0.0/24\" \"10.4.0.0/24\"]"
+                ])
+            )
+            .replace("\"ik\"", "\"ik2\"")
+            .replace("198.51.100.2", "198.51.100.3")
+        );
+        // The second connection's second child (its own count).
+        assert_has(
+            &ike_err(&d, &two),
+            &["TOML syntax", "connection[1].ike.child[1].remote_ts:"],
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn ike_child_selector_sets_across_connections() {
+        let d = ike_dir();
+        // A child's set overlaps another connection's own: warned, naming
+        // the child.
+        let text = format!(
+            "{}{}",
+            ike_conn("", &with_children(&["remote_ts = [\"10.3.0.0/24\"]"])),
+            conn("m", "", &good_esp(0x1001, 0x1002)).replace("10.2.0.0/16", "10.3.0.0/16")
+        );
+        let c = ike_ok(&d, &text);
+        assert_has(
+            &c.warnings.join("\n"),
+            &[
+                "connection[1].remote_ts",
+                "selectors overlap those of connection \"ik\" (connection[0].ike.child[0])",
+            ],
+        );
+        // The other way round: the warning is at the child.
+        let text = format!(
+            "{}{}",
+            conn("m", "", &good_esp(0x1001, 0x1002)).replace("10.2.0.0/16", "10.3.0.0/16"),
+            ike_conn("", &with_children(&["remote_ts = [\"10.3.0.0/24\"]"]))
+        );
+        let c = ike_ok(&d, &text);
+        assert_has(
+            &c.warnings.join("\n"),
+            &[
+                "connection[1].ike.child[0].remote_ts",
+                "selectors overlap those of connection \"m\" (connection[0])",
+            ],
+        );
+        // Disjoint sets: no warning.
+        let text = format!(
+            "{}{}",
+            ike_conn("", &with_children(&["remote_ts = [\"10.3.0.0/24\"]"])),
+            conn("m", "", &good_esp(0x1001, 0x1002)).replace("10.2.0.0/16", "10.4.0.0/16")
+        );
+        assert!(ike_ok(&d, &text).warnings.is_empty());
+        // A child's remote_ts holding the peer: routed into the TUN.
+        let c = ike_ok(
+            &d,
+            &ike_conn("", &with_children(&["remote_ts = [\"198.51.100.0/24\"]"])),
+        );
+        assert_has(
+            &c.warnings.join("\n"),
+            &[
+                "connection[0].ike.child[0].remote_ts[0]",
+                "contains the peer's outer address 198.51.100.2",
+            ],
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

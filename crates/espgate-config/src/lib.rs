@@ -34,7 +34,9 @@ pub mod sa;
 pub mod schema;
 
 pub use cluster::Cluster;
-pub use connection::{Connection, ConnectionSas, Ecn, IpProto, Keying, ManualKeys, MssClamp};
+pub use connection::{
+    ChildSelectors, Connection, ConnectionSas, Ecn, IpProto, Keying, ManualKeys, MssClamp,
+};
 pub use diag::{ConfigError, Diagnostic};
 pub use gateway::{Gateway, IfAddr};
 pub use ike::{DEFAULT_ESP_PROPOSALS, DEFAULT_IKE_PROPOSALS};

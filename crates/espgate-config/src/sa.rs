@@ -582,28 +582,82 @@ pub(crate) fn selectors(
         }
     }
     // Every family on one side needs a partner on the other.
-    for (mine, other, other_k) in [(&l, &r, "remote_ts"), (&r, &l, "local_ts")] {
-        if other.prefixes.is_empty() {
-            continue;
-        }
-        for (j, pf) in mine.prefixes.iter().enumerate() {
-            if !other
-                .prefixes
-                .iter()
-                .any(|o| o.addr().is_ipv4() == pf.addr().is_ipv4())
-            {
-                v.err(
-                    mine.at(j),
-                    format!(
-                        "{pf} is {} but {other_k} has no {} prefix to pair it with",
-                        family(pf.addr()),
-                        family(pf.addr())
-                    ),
-                );
-            }
+    pair_families(v, &l, &r, "remote_ts");
+    pair_families(v, &r, &l, "local_ts");
+    (l.prefixes, r.prefixes)
+}
+
+/// Each prefix of `mine` needs a prefix of its family in `other` (said
+/// `other_k` in the message), unless `other` is empty (an error of its
+/// own).
+fn pair_families(v: &mut Validator, mine: &Selectors, other: &Selectors, other_k: &str) {
+    if other.prefixes.is_empty() {
+        return;
+    }
+    for (j, pf) in mine.prefixes.iter().enumerate() {
+        if !other
+            .prefixes
+            .iter()
+            .any(|o| o.addr().is_ipv4() == pf.addr().is_ipv4())
+        {
+            v.err(
+                mine.at(j),
+                format!(
+                    "{pf} is {} but {other_k} has no {} prefix to pair it with",
+                    family(pf.addr()),
+                    family(pf.addr())
+                ),
+            );
         }
     }
-    (l.prefixes, r.prefixes)
+}
+
+/// Reads `local_ts` and `remote_ts` of one `[[connection.ike.child]]` (at
+/// `at`, a tunnel-mode connection's): a side the table omits is the
+/// connection's own (`own`). The lists the table gives are checked as the
+/// connection's are: a prefix each, not empty, and each prefix with a
+/// prefix of its family on the other side. `None` when either has an
+/// error.
+pub(crate) fn child_selectors(
+    v: &mut Validator,
+    at: &At,
+    (own_local, own_remote): (&[Prefix], &[Prefix]),
+    local_ts: &Option<Spanned<Vec<Spanned<String>>>>,
+    remote_ts: &Option<Spanned<Vec<Spanned<String>>>>,
+) -> Option<(Vec<Prefix>, Vec<Prefix>)> {
+    let before = v.error_count();
+    let l = selector_list(v, at, "local_ts", local_ts);
+    let r = selector_list(v, at, "remote_ts", remote_ts);
+    let (Some(mut l), Some(mut r)) = (l, r) else {
+        return None;
+    };
+    for (k, list, given, own) in [
+        ("local_ts", &mut l, local_ts.is_some(), own_local),
+        ("remote_ts", &mut r, remote_ts.is_some(), own_remote),
+    ] {
+        if !given {
+            list.prefixes = own.to_vec();
+        } else if list.prefixes.is_empty() {
+            v.err(
+                list.list.clone(),
+                format!("an empty list selects no traffic; omit {k} for the connection's own"),
+            );
+        }
+    }
+    let name = |k: &str, given: bool| {
+        if given {
+            k.to_string()
+        } else {
+            format!("the connection's {k} (this child's, as it sets none)")
+        }
+    };
+    if local_ts.is_some() {
+        pair_families(v, &l, &r, &name("remote_ts", remote_ts.is_some()));
+    }
+    if remote_ts.is_some() {
+        pair_families(v, &r, &l, &name("local_ts", local_ts.is_some()));
+    }
+    (v.error_count() == before).then_some((l.prefixes, r.prefixes))
 }
 
 #[cfg(test)]

@@ -323,6 +323,22 @@ pub struct IkeTable {
     pub force_encap: Option<Spanned<bool>>,
     /// Negotiate Q-ESP child SAs: `off`, `prefer` or `require`.
     pub qesp: Option<Spanned<QespName>>,
+    /// `[[connection.ike.child]]`: selector sets beyond the connection's
+    /// own `local_ts`/`remote_ts`, each a child SA of its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub child: Vec<Spanned<ChildTable>>,
+}
+
+/// One `[[connection.ike.child]]`: a further selector set of an IKE
+/// connection. An omitted side is the connection's own.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChildTable {
+    /// Our side's traffic selectors (default: the connection's `local_ts`).
+    pub local_ts: Option<Spanned<Vec<Spanned<String>>>>,
+    /// The peer side's traffic selectors (default: the connection's
+    /// `remote_ts`).
+    pub remote_ts: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// How a connection's IPsec packets travel.
@@ -875,6 +891,10 @@ fn header_path(name: &str, array: bool, arrays: &mut Vec<(String, usize)>) -> St
             Some((_, i)) => *i += 1,
             None => arrays.push((name.to_string(), 0)),
         }
+        // A new element starts the arrays nested in it afresh
+        // (`[[connection.ike.child]]` of the next `[[connection]]`).
+        let inner = format!("{name}.");
+        arrays.retain(|(n, _)| !n.starts_with(&inner));
     }
     let mut path = String::new();
     let mut prefix = String::new();

@@ -8,9 +8,11 @@
 //!   "packet too big" itself;
 //! - `gateway.tun_address`, then the link up;
 //! - for each connection with `routes = true`, a route per `remote_ts`
-//!   prefix through the TUN (transport mode: with `src` = the connection's
-//!   `local`, the address the SAs protect; tunnel mode: with a TUN address
-//!   inside `local_ts` as `src` when there is one);
+//!   prefix of each of its selector sets (its own and those of its
+//!   `[[connection.ike.child]]` tables) through the TUN (transport mode:
+//!   with `src` = the connection's `local`, the address the SAs protect;
+//!   tunnel mode: with a TUN address inside that set's `local_ts` as `src`
+//!   when there is one);
 //! - beside each of those routes, its fail-closed twin: a `blackhole`
 //!   route for the same prefix at a far higher metric
 //!   ([`RouteSpec::fail_closed`]), which takes over only when the TUN
@@ -32,6 +34,7 @@ use crate::netdev::{Family, IfAddr, NetChanges, RouteSpec, RuleSpec};
 use anyhow::{bail, Context, Result};
 use espgate_config::{Connection, LoadedConfig};
 use espgate_core::sa::Mode;
+use espgate_core::selector::Prefix;
 use std::collections::HashSet;
 
 /// Priority of the fwmark rule: before the main table's rule (32766), and
@@ -53,8 +56,16 @@ pub struct NetPlan {
     pub rules: Vec<RuleSpec>,
 }
 
-/// Source address for the routes of connection `c`.
-fn route_source(cfg: &LoadedConfig, c: &Connection, v6: bool) -> Option<std::net::IpAddr> {
+/// Source address for the routes of connection `c` to the remote prefixes
+/// of the selector set whose local prefixes are `local_ts`: in tunnel
+/// mode a TUN address inside them, so that the gateway's own packets
+/// select that set.
+fn route_source(
+    cfg: &LoadedConfig,
+    c: &Connection,
+    local_ts: &[Prefix],
+    v6: bool,
+) -> Option<std::net::IpAddr> {
     match c.mode {
         Mode::Transport => (c.local.is_ipv6() == v6).then_some(c.local),
         Mode::Tunnel => cfg
@@ -62,7 +73,7 @@ fn route_source(cfg: &LoadedConfig, c: &Connection, v6: bool) -> Option<std::net
             .tun_address
             .iter()
             .map(|a| a.addr)
-            .find(|a| a.is_ipv6() == v6 && c.local_ts.iter().any(|p| p.contains(*a))),
+            .find(|a| a.is_ipv6() == v6 && local_ts.iter().any(|p| p.contains(*a))),
     }
 }
 
@@ -91,21 +102,23 @@ pub fn plan(cfg: &LoadedConfig, overhead: usize) -> Result<NetPlan> {
     let mut routes = Vec::new();
     let mut seen = HashSet::new();
     for c in cfg.connections.iter().filter(|c| c.routes) {
-        for p in &c.remote_ts {
-            let v6 = p.addr().is_ipv6();
-            if !seen.insert((*p, g.fwmark)) {
-                continue;
+        for (local_ts, remote_ts) in c.selector_sets() {
+            for p in remote_ts {
+                let v6 = p.addr().is_ipv6();
+                if !seen.insert((*p, g.fwmark)) {
+                    continue;
+                }
+                let mut r = RouteSpec::new(*p, &g.tun);
+                if let Some(m) = g.fwmark {
+                    r = r.table(m);
+                }
+                if let Some(src) = route_source(cfg, c, local_ts, v6) {
+                    r = r.source(src);
+                }
+                let twin = r.fail_closed();
+                routes.push(r);
+                routes.push(twin);
             }
-            let mut r = RouteSpec::new(*p, &g.tun);
-            if let Some(m) = g.fwmark {
-                r = r.table(m);
-            }
-            if let Some(src) = route_source(cfg, c, v6) {
-                r = r.source(src);
-            }
-            let twin = r.fail_closed();
-            routes.push(r);
-            routes.push(twin);
         }
     }
     let mut rules = Vec::new();
@@ -195,7 +208,10 @@ pub fn rp_filter_warning(cfg: &LoadedConfig) -> Option<String> {
         let (std::net::IpAddr::V4(local), std::net::IpAddr::V4(_)) = (c.local, c.remote) else {
             continue;
         };
-        if !c.remote_ts.iter().any(|p| p.contains(c.remote)) {
+        if !c
+            .selector_sets()
+            .any(|(_, r)| r.iter().any(|p| p.contains(c.remote)))
+        {
             continue;
         }
         let Some(dev) = ipv4_interface_of(local) else {
@@ -274,6 +290,40 @@ mod tests {
         assert_eq!(
             rules,
             ["pref 32760 not from all fwmark 0x4500 lookup 17664 (IPv4)"]
+        );
+    }
+
+    #[test]
+    fn child_selector_sets_get_routes_with_their_own_source() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir =
+            std::env::temp_dir().join(format!("espgate-setup-children-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let psk = dir.join("psk");
+        std::fs::write(&psk, "0123456789abcdefghijklmnopqrstuv\n").unwrap();
+        std::fs::set_permissions(&psk, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let text = "[gateway]\ntun = \"t0\"\ntun_address = [\"10.1.0.1/24\", \"10.1.5.1/24\"]\n\
+                    [[connection]]\nname = \"c\"\nlocal = \"192.0.2.1\"\nremote = \"192.0.2.2\"\n\
+                    local_ts = [\"10.1.0.0/24\"]\nremote_ts = [\"10.2.0.0/24\"]\n\
+                    [connection.ike]\npsk_file = \"psk\"\n\
+                    [[connection.ike.child]]\nremote_ts = [\"10.3.0.0/24\"]\n\
+                    [[connection.ike.child]]\nlocal_ts = [\"10.1.5.0/24\"]\n\
+                    remote_ts = [\"10.4.0.0/24\", \"10.2.0.0/24\"]\n";
+        let c = espgate_config::parse(text, &dir, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::remove_dir_all(&dir).unwrap();
+        let p = plan(&c, 73).unwrap();
+        let routes: Vec<String> = p.routes.iter().map(|r| r.to_string()).collect();
+        // 10.2.0.0/24 again in the last set: one route, the first set's.
+        assert_eq!(
+            routes,
+            [
+                "10.2.0.0/24 via t0 src 10.1.0.1",
+                "blackhole 10.2.0.0/24 metric 4000000000",
+                "10.3.0.0/24 via t0 src 10.1.0.1",
+                "blackhole 10.3.0.0/24 metric 4000000000",
+                "10.4.0.0/24 via t0 src 10.1.5.1",
+                "blackhole 10.4.0.0/24 metric 4000000000"
+            ]
         );
     }
 

@@ -174,6 +174,38 @@ pub struct ChildConfig {
     /// (slot), when the peer announces SA_RESOURCE_INFO too; 1: one child,
     /// and the notify is never sent.
     pub per_cpu_sas: u32,
+    /// Further selector sets, each negotiated as a child SA of its own on
+    /// the same IKE SA (an initiator asks for them with CREATE_CHILD_SA
+    /// once the first, `local_ts`/`remote_ts`, is up; a responder narrows
+    /// a proposal into the first set it meets). Empty: one selector set.
+    pub more_ts: Vec<SelectorSet>,
+}
+
+/// One selector set of a connection beyond its first ([`ChildConfig::more_ts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelectorSet {
+    /// Our side's selectors (TSi when we initiate).
+    pub local_ts: Vec<TrafficSelector>,
+    /// The peer side's selectors.
+    pub remote_ts: Vec<TrafficSelector>,
+}
+
+impl ChildConfig {
+    /// How many selector sets: the first plus [`ChildConfig::more_ts`].
+    pub fn set_count(&self) -> u32 {
+        1 + self.more_ts.len() as u32
+    }
+
+    /// Selector set `k` (ours, the peer's): 0 is `local_ts`/`remote_ts`.
+    pub fn set(&self, k: u32) -> Option<(&[TrafficSelector], &[TrafficSelector])> {
+        match k {
+            0 => Some((&self.local_ts, &self.remote_ts)),
+            _ => self
+                .more_ts
+                .get(k as usize - 1)
+                .map(|s| (&s.local_ts[..], &s.remote_ts[..])),
+        }
+    }
 }
 
 /// One IKE connection.

@@ -375,6 +375,9 @@ enum Req {
         ke: Option<KeyExchange>,
         /// The per-CPU slot the new child takes.
         slot: u32,
+        /// The connection's selector set it asks for (a rekey: the set of
+        /// the child it replaces): the answer must lie inside it.
+        set: u32,
     },
     IkeRekey {
         new_spi: u64,
@@ -413,8 +416,9 @@ struct Pending {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Task {
     RekeyChild(u32),
-    /// A new child SA on the IKE SA (CREATE_CHILD_SA without REKEY_SA).
-    CreateChild,
+    /// A new child SA on the IKE SA (CREATE_CHILD_SA without REKEY_SA)
+    /// for the connection's selector set `k` ([`ChildConfig::set`]).
+    CreateChild(u32),
     /// One more per-CPU child SA with the same selectors (RFC 9611,
     /// SA_RESOURCE_INFO), into the lowest free slot.
     CreatePerCpu,
@@ -1090,6 +1094,46 @@ impl Ike {
         })
     }
 
+    /// The connection's selector set a child belongs to: the first that
+    /// holds its (possibly narrowed) selectors; 0 if none does (the sets do
+    /// not overlap, so there is at most one).
+    fn set_of(&self, ci: usize, c: &Child) -> u32 {
+        let cc = &self.conns[ci].child;
+        (0..cc.set_count())
+            .find(|&k| {
+                cc.set(k).is_some_and(|(l, r)| {
+                    ts::covered(&c.local_ts, l) && ts::covered(&c.remote_ts, r)
+                })
+            })
+            .unwrap_or(0)
+    }
+
+    /// The selector sets of IKE SA `i`'s connection that no child carries
+    /// and none is being negotiated for (created, queued or awaiting its
+    /// answer).
+    fn missing_sets(&self, i: usize) -> Vec<u32> {
+        let s = &self.sas[i];
+        let live: Vec<u32> = s
+            .children
+            .iter()
+            .filter(|c| matches!(c.state, ChildState::Installed | ChildState::Rekeying))
+            .map(|c| self.set_of(s.conn, c))
+            .collect();
+        (0..self.conns[s.conn].child.set_count())
+            .filter(|k| {
+                !live.contains(k)
+                    && !s.tasks.contains(&Task::CreateChild(*k))
+                    && !matches!(
+                        &s.pending,
+                        Some(Pending {
+                            what: Req::Child { rekey_of: None, set, .. },
+                            ..
+                        }) if set == k
+                    )
+            })
+            .collect()
+    }
+
     /// A fresh IKE SPI of ours, reserved.
     fn new_ike_spi(&mut self) -> Result<u64, RngError> {
         for _ in 0..SPI_TRIES {
@@ -1355,21 +1399,18 @@ impl Ike {
     pub fn initiate(&mut self, now: Duration, name: &str) -> Result<(), CommandError> {
         let ci = self.conn_index(name)?;
         let conn_sas = &self.by_conn[ci];
-        if let Some(i) = conn_sas.iter().copied().find(|&i| {
-            let s = &self.sas[i];
-            s.conn == ci
-                && s.state == State::Established
-                && !s.tasks.contains(&Task::CreateChild)
-                && !matches!(
-                    &s.pending,
-                    Some(Pending {
-                        what: Req::Child { rekey_of: None, .. },
-                        ..
-                    })
-                )
-                && s.children.iter().all(|c| c.state == ChildState::Deleting)
-        }) {
-            self.sas[i].tasks.push_back(Task::CreateChild);
+        // An established IKE SA without a child for some selector set (the
+        // peer deleted it, or refused it): ask for those children again.
+        if let Some((i, missing)) = conn_sas
+            .iter()
+            .copied()
+            .filter(|&i| self.sas[i].conn == ci && self.sas[i].state == State::Established)
+            .map(|i| (i, self.missing_sets(i)))
+            .find(|(_, m)| !m.is_empty())
+        {
+            self.sas[i]
+                .tasks
+                .extend(missing.into_iter().map(Task::CreateChild));
             self.kick(i, now);
             self.rearm_dirty();
             return Ok(());
@@ -2593,23 +2634,31 @@ impl Ike {
             return Err(NotifyType::InvalidSyntax);
         };
         // The initiator's TSi is its side (our remote), TSr ours.
+        // Narrowed into the first of our selector sets that both sides meet.
         let c = &self.conns[ci];
-        let remote_ts = ts::narrow(ts_i, &c.child.remote_ts);
-        let local_ts = ts::narrow(ts_r, &c.child.local_ts);
-        if remote_ts.is_empty() || local_ts.is_empty() {
+        let narrowed = (0..c.child.set_count()).find_map(|k| {
+            let (ours, theirs) = c.child.set(k)?;
+            let remote_ts = ts::narrow(ts_i, theirs);
+            let local_ts = ts::narrow(ts_r, ours);
+            (!remote_ts.is_empty() && !local_ts.is_empty()).then_some((local_ts, remote_ts))
+        });
+        let Some((local_ts, remote_ts)) = narrowed else {
             let join =
                 |v: &[TrafficSelector]| v.iter().map(ts::display).collect::<Vec<_>>().join(",");
+            let ours = (0..c.child.set_count())
+                .filter_map(|k| c.child.set(k))
+                .map(|(l, r)| format!("{} === {}", join(r), join(l)))
+                .collect::<Vec<_>>()
+                .join("; ");
             let msg = format!(
-                "child SA: traffic selectors {} === {} do not meet ours {} === {}",
+                "child SA: traffic selectors {} === {} do not meet ours {ours}",
                 join(ts_i),
                 join(ts_r),
-                join(&c.child.remote_ts),
-                join(&c.child.local_ts),
             );
             self.count(IkeEvent::TsUnacceptable);
             self.log(Level::Warn, Some(ci), msg);
             return Err(NotifyType::TsUnacceptable);
-        }
+        };
         let transport = find_notify(p, NotifyType::UseTransportMode).is_some();
         if transport != (c.child.mode == Mode::Transport) {
             self.log(
@@ -2947,7 +2996,15 @@ impl Ike {
         self.ike_up(i);
         let ni = self.sas[i].ni.clone();
         let nr = self.sas[i].nr.clone();
-        let installed = self.finish_child(i, now, spi_in, &p, None, &ni, &nr, None, 0);
+        let installed = self.finish_child(i, now, spi_in, &p, None, &ni, &nr, None, (0, 0));
+        // Each further selector set is a child of its own, asked for with
+        // CREATE_CHILD_SA once the IKE SA is up (whether or not the first
+        // was accepted: the peer may take some sets and not others).
+        let sets = self.conns[ci].child.set_count();
+        if sets > 1 {
+            self.sas[i].tasks.extend((1..sets).map(Task::CreateChild));
+            self.kick(i, now);
+        }
         let want = self.conns[ci].child.per_cpu_sas;
         if installed && want > 1 {
             if find_notify(&p, NotifyType::SaResourceInfo).is_some() {
@@ -2983,7 +3040,7 @@ impl Ike {
         ni: &[u8],
         nr: &[u8],
         rekey_of: Option<u32>,
-        slot: u32,
+        (slot, set): (u32, u32),
     ) -> bool {
         let ci = self.sas[i].conn;
         if let Some(e) = error_notify(p) {
@@ -2997,7 +3054,7 @@ impl Ike {
             if self.qesp_refused(i, e) {
                 self.sas[i].tasks.push_back(match rekey_of {
                     Some(old_in) => Task::RekeyChild(old_in),
-                    None => Task::CreateChild,
+                    None => Task::CreateChild(set),
                 });
             }
             return false;
@@ -3035,7 +3092,8 @@ impl Ike {
             return false;
         };
         let c = &self.conns[ci];
-        if !ts::covered(&ts_i, &c.child.local_ts) || !ts::covered(&ts_r, &c.child.remote_ts) {
+        let (our_ts, peer_ts) = c.child.set(set).unwrap_or((&[], &[]));
+        if !ts::covered(&ts_i, our_ts) || !ts::covered(&ts_r, peer_ts) {
             self.child_spis.remove(&spi_in);
             self.count(IkeEvent::ChildFailed);
             self.log(
@@ -3252,7 +3310,8 @@ impl Ike {
                 ni,
                 ke,
                 slot,
-            } => self.child_response(i, now, (spi_in, slot), rekey_of, ni, ke, p),
+                set,
+            } => self.child_response(i, now, (spi_in, slot, set), rekey_of, ni, ke, p),
             Req::IkeRekey { new_spi, ni, ke } => {
                 self.ike_rekey_response(i, now, new_spi, ni, ke, p)
             }
@@ -3579,8 +3638,31 @@ impl Ike {
     /// proposals have groups.
     /// `per_cpu`: one more per-CPU child (RFC 9611) into the lowest free
     /// slot; not sent when every slot is taken.
-    fn start_child(&mut self, i: usize, now: Duration, rekey_of: Option<u32>, per_cpu: bool) {
+    /// Sends a CREATE_CHILD_SA: the rekey of the child whose inbound SPI
+    /// is `rekey_of` (its selectors and slot kept, `set` ignored), or a new
+    /// child for the connection's selector set `set` (with `per_cpu`: one
+    /// more RFC 9611 child of the first set).
+    fn start_child(
+        &mut self,
+        i: usize,
+        now: Duration,
+        rekey_of: Option<u32>,
+        per_cpu: bool,
+        set: u32,
+    ) {
         let ci = self.sas[i].conn;
+        let set = match rekey_of {
+            Some(o) => self.sas[i]
+                .children
+                .iter()
+                .find(|c| c.spi_in == o)
+                .map_or(0, |c| self.set_of(ci, c)),
+            None => set,
+        };
+        let Some((set_local, set_remote)) = self.conns[ci].child.set(set) else {
+            return;
+        };
+        let (set_local, set_remote) = (set_local.to_vec(), set_remote.to_vec());
         let slot = match rekey_of {
             Some(o) => self.sas[i]
                 .children
@@ -3684,7 +3766,7 @@ impl Ike {
         let old = rekey_of.and_then(|o| self.sas[i].children.iter().find(|c| c.spi_in == o));
         let (lts, rts) = match old {
             Some(o) => (o.local_ts.clone(), o.remote_ts.clone()),
-            None => (c.child.local_ts.clone(), c.child.remote_ts.clone()),
+            None => (set_local, set_remote),
         };
         payloads.push(Payload::TsI(lts));
         payloads.push(Payload::TsR(rts));
@@ -3699,6 +3781,7 @@ impl Ike {
                 ni,
                 ke,
                 slot,
+                set,
             },
         );
     }
@@ -3708,7 +3791,7 @@ impl Ike {
         &mut self,
         i: usize,
         now: Duration,
-        (spi_in, slot): (u32, u32),
+        (spi_in, slot, set): (u32, u32, u32),
         rekey_of: Option<u32>,
         ni: Vec<u8>,
         ke: Option<KeyExchange>,
@@ -3744,7 +3827,7 @@ impl Ike {
             if offered.is_some() {
                 self.sas[i].pfs_group = offered;
                 if rekey_of.is_none() {
-                    self.sas[i].tasks.push_back(Task::CreateChild);
+                    self.sas[i].tasks.push_back(Task::CreateChild(set));
                 }
             }
             if let Some(old) =
@@ -3777,13 +3860,13 @@ impl Ike {
             self.child_spis.remove(&spi_in);
             // Q-ESP refused as a whole: at once again with ESP alone.
             let retry = refused.is_some_and(|e| self.qesp_refused(i, e));
-            self.child_failed(i, now, rekey_of, retry);
+            self.child_failed(i, now, rekey_of, set, retry);
             return;
         };
-        if !self.finish_child(i, now, spi_in, &p, ke, &ni, &nr, rekey_of, slot) {
+        if !self.finish_child(i, now, spi_in, &p, ke, &ni, &nr, rekey_of, (slot, set)) {
             // finish_child queued the retry if there is one.
             let retry = rekey_of.is_some_and(|o| self.sas[i].tasks.contains(&Task::RekeyChild(o)));
-            self.child_failed(i, now, rekey_of, retry);
+            self.child_failed(i, now, rekey_of, set, retry);
             return;
         }
         let Some(old_in) = rekey_of else { return };
@@ -3838,8 +3921,16 @@ impl Ike {
 
     /// Our CREATE_CHILD_SA (the rekey of `rekey_of`, or a new child)
     /// failed: a rekeyed child is back to installed and tried again in
-    /// 10 s, or at once with `retry` (a new child: queued again).
-    fn child_failed(&mut self, i: usize, now: Duration, rekey_of: Option<u32>, retry: bool) {
+    /// 10 s, or at once with `retry` (a new child of selector set `set`:
+    /// queued again).
+    fn child_failed(
+        &mut self,
+        i: usize,
+        now: Duration,
+        rekey_of: Option<u32>,
+        set: u32,
+        retry: bool,
+    ) {
         match rekey_of {
             Some(o) => {
                 if let Some(old) = self.sas[i].children.iter_mut().find(|c| c.spi_in == o) {
@@ -3853,8 +3944,8 @@ impl Ike {
                 }
             }
             None => {
-                if retry && !self.sas[i].tasks.contains(&Task::CreateChild) {
-                    self.sas[i].tasks.push_back(Task::CreateChild);
+                if retry && !self.sas[i].tasks.contains(&Task::CreateChild(set)) {
+                    self.sas[i].tasks.push_back(Task::CreateChild(set));
                 }
             }
         }
@@ -4697,15 +4788,15 @@ impl Ike {
                 return;
             };
             match t {
-                Task::RekeyChild(s) => self.start_child(i, now, Some(s), false),
-                Task::CreateChild => {
+                Task::RekeyChild(s) => self.start_child(i, now, Some(s), false, 0),
+                Task::CreateChild(set) => {
                     if self.sas[i].state == State::Established {
-                        self.start_child(i, now, None, false);
+                        self.start_child(i, now, None, false, set);
                     }
                 }
                 Task::CreatePerCpu => {
                     if self.sas[i].state == State::Established {
-                        self.start_child(i, now, None, true);
+                        self.start_child(i, now, None, true, 0);
                     }
                 }
                 Task::RekeyIke => {

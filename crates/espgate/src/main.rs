@@ -141,8 +141,10 @@ enum Cmd {
         #[command(flatten)]
         target: ControlArgs,
     },
-    /// Start the IKE SA and child SA of a connection with [connection.ike]
+    /// Start the IKE SA and child SAs of a connection with [connection.ike]
     /// on the running gateway (as start_action = "start" does at start-up).
+    /// With its IKE SA up, it asks for the child SA of each selector set
+    /// that has none (deleted or refused by the peer).
     Initiate {
         /// The connection (its name in the configuration).
         #[arg(value_name = "NAME")]

@@ -39,6 +39,7 @@ fn conf(local: &str, remote: &str, ike: &str, esp: &str, lts: &str, rts: &str) -
             life_time: Duration::ZERO,
             jitter: Duration::ZERO,
             per_cpu_sas: 1,
+            more_ts: Vec::new(),
         },
         rekey_time: Duration::ZERO,
         jitter: Duration::ZERO,
@@ -2952,7 +2953,7 @@ fn children_with_different_selectors_keep_their_own_outbound_sas() {
     p.a.initiate(p.now, "c").unwrap();
     p.run();
     p.a.conns[0].child.remote_ts = vec![ts::from_prefix(pfx("10.2.2.0/24"), 0)];
-    p.a.sas[0].tasks.push_back(Task::CreateChild);
+    p.a.sas[0].tasks.push_back(Task::CreateChild(0));
     p.a.kick_now(0, p.now);
     p.run();
     assert_eq!(p.b.counter(IkeEvent::ChildrenEstablished), 2);
@@ -3000,4 +3001,154 @@ fn children_with_different_selectors_keep_their_own_outbound_sas() {
     assert_eq!(child_counts(&p.b), vec![1]);
     assert_eq!(outs(&p.pb).len(), 1);
     assert!(!outs(&p.pb).contains(&y_out));
+}
+
+/// `c` with one more selector set (ours, the peer's).
+fn with_set(mut c: IkeConfig, lts: &str, rts: &str) -> IkeConfig {
+    c.child.more_ts.push(crate::config::SelectorSet {
+        local_ts: vec![ts::from_prefix(pfx(lts), 0)],
+        remote_ts: vec![ts::from_prefix(pfx(rts), 0)],
+    });
+    c
+}
+
+/// Each installed child's peer-side selectors, as text, in `e`'s order.
+fn child_remote_ts(e: &Ike) -> Vec<String> {
+    e.status()
+        .iter()
+        .flat_map(|s| s.children.clone())
+        .filter(|c| c.state == "installed")
+        .map(|c| c.remote_ts.join(","))
+        .collect()
+}
+
+/// A asks for 10.1.0/24 === 10.2.0/24 and 10.1.0/24 === 10.3.0/24; B holds
+/// wider mirrored sets and narrows each proposal into its own.
+fn two_set_pair(b_has_second: bool) -> Pair {
+    let ike = "aes128gcm16-prfsha256-x25519";
+    let esp = "aes128gcm16";
+    let ca = with_set(
+        conf(A, B, ike, esp, "10.1.0.0/24", "10.2.0.0/24"),
+        "10.1.0.0/24",
+        "10.3.0.0/24",
+    );
+    let mut cb = conf(B, A, ike, esp, "10.2.0.0/16", "10.1.0.0/16");
+    if b_has_second {
+        cb = with_set(cb, "10.3.0.0/16", "10.1.0.0/16");
+    }
+    Pair::new(ca, cb)
+}
+
+#[test]
+fn each_selector_set_is_a_child_sa_of_its_own() {
+    let mut p = two_set_pair(true);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_eq!(p.a.counter(IkeEvent::ChildrenEstablished), 2);
+    assert_eq!(p.b.counter(IkeEvent::ChildrenEstablished), 2);
+    assert_eq!(
+        child_remote_ts(&p.a),
+        ["10.2.0.0-10.2.0.255", "10.3.0.0-10.3.0.255"]
+    );
+    // B narrowed each into the set it meets: its own side is 10.2 for the
+    // first child and 10.3 for the second.
+    let b_local: Vec<String> = p.b.status()[0]
+        .children
+        .iter()
+        .map(|c| c.local_ts.join(","))
+        .collect();
+    assert_eq!(b_local, ["10.2.0.0-10.2.0.255", "10.3.0.0-10.3.0.255"]);
+    p.assert_matched();
+    let outs = |pl: &Plane| pl.sas.keys().filter(|(o, _)| *o).count();
+    assert_eq!(
+        (outs(&p.pa), outs(&p.pb)),
+        (2, 2),
+        "one outbound SA per child"
+    );
+
+    // A rekeys the second child: it keeps its selectors, the first child
+    // is untouched.
+    let second = |e: &Ike| {
+        let i = only_sa(e);
+        e.sas[i].children[1].spi_in
+    };
+    let first_out = p.a.sas[only_sa(&p.a)].children[0].spi_out;
+    let rekey = second(&p.a);
+    run_task(&mut p, true, Task::RekeyChild(rekey));
+    assert_eq!(p.a.counter(IkeEvent::ChildRekeys), 1);
+    assert_eq!(child_counts(&p.a), vec![2]);
+    let mut now_ts = child_remote_ts(&p.a);
+    now_ts.sort();
+    assert_eq!(now_ts, ["10.2.0.0-10.2.0.255", "10.3.0.0-10.3.0.255"]);
+    assert!(p.pa.sas.contains_key(&(true, first_out)));
+    assert_eq!(outs(&p.pa), 2);
+
+    // B deletes the 10.3 child: A is left with one; `initiate` asks for
+    // the missing set alone, and then has nothing more to ask for.
+    let b_i = only_sa(&p.b);
+    let b_second = p.b.sas[b_i]
+        .children
+        .iter()
+        .find(|c| {
+            c.local_ts
+                .iter()
+                .map(ts::display)
+                .any(|t| t.starts_with("10.3."))
+        })
+        .map(|c| c.spi_in)
+        .unwrap();
+    run_task(&mut p, false, Task::DeleteChild(b_second));
+    assert_eq!(child_remote_ts(&p.a), ["10.2.0.0-10.2.0.255"]);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_eq!(p.a.counter(IkeEvent::ChildrenEstablished), 3);
+    assert_eq!(
+        child_remote_ts(&p.a),
+        ["10.2.0.0-10.2.0.255", "10.3.0.0-10.3.0.255"]
+    );
+    let again = p.a.initiate(p.now, "c").unwrap_err();
+    assert!(again.0.contains("already has an IKE SA"), "{again}");
+
+    // Established anew, the IKE SA asks for both sets again.
+    p.a.terminate(p.now, "c").unwrap();
+    p.run();
+    assert_eq!(established(&p.a), 0);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_eq!(child_counts(&p.a), vec![2]);
+    assert_eq!(child_counts(&p.b), vec![2]);
+    p.assert_matched();
+}
+
+#[test]
+fn a_selector_set_the_peer_refuses_leaves_the_others_up() {
+    // B covers only the first set: the second gets TS_UNACCEPTABLE, which
+    // A logs and does not retry on its own.
+    let mut p = two_set_pair(false);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_eq!(child_remote_ts(&p.a), ["10.2.0.0-10.2.0.255"]);
+    assert_eq!(p.b.counter(IkeEvent::TsUnacceptable), 1);
+    assert_eq!(p.a.counter(IkeEvent::ChildFailed), 1);
+    p.assert_matched();
+    p.advance(Duration::from_secs(120));
+    assert_eq!(p.b.counter(IkeEvent::TsUnacceptable), 1, "no retry loop");
+    assert_eq!(established(&p.a), 1);
+    let refused =
+        p.pa.lines
+            .iter()
+            .filter(|(_, m)| m.contains("TS_UNACCEPTABLE"))
+            .count();
+    assert_eq!(refused, 1, "{:?}", p.pa.lines);
+    // B's warning names both sides' selectors.
+    let b_warn =
+        p.pb.lines
+            .iter()
+            .find(|(l, m)| *l == Level::Warn && m.contains("do not meet ours"))
+            .map(|(_, m)| m.clone())
+            .unwrap();
+    assert!(
+        b_warn.contains("10.3.0.0-10.3.0.255") && b_warn.contains("10.1.0.0-10.1.255.255"),
+        "{b_warn}"
+    );
 }

@@ -376,6 +376,7 @@ fn config(
             life_time: Duration::ZERO,
             jitter: Duration::ZERO,
             per_cpu_sas: 1,
+            more_ts: Vec::new(),
         },
         rekey_time: Duration::ZERO,
         jitter: Duration::ZERO,
