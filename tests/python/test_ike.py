@@ -312,6 +312,11 @@ def test_two_selector_sets_are_two_children_each_carrying_its_own_traffic(lab):
     assert len(ike_status(a)["sas"]) == 1, ike_status(a)
     kids = installed_children(a)
     assert sorted(c["remote_ts"] for c in kids) == [["10.2.0.0-10.2.0.255"], ["10.3.0.0-10.3.0.255"]], kids
+    # status lists both sets of the connection.
+    conn = a.status()["connections"][0]
+    assert conn["more_ts"] == [{"local_ts": ["10.1.0.0/24"], "remote_ts": ["10.3.0.0/24"]}], conn
+    text = ctl(a, "status").stdout
+    assert "10.1.0.0/24 <-> 10.2.0.0/24" in text and "10.1.0.0/24 <-> 10.3.0.0/24" in text, text
     for host in ("10.2.0.1", "10.3.0.1"):
         child = next(c for c in kids if c["remote_ts"][0].startswith(host[:5]))
         b_child = next(c for c in installed_children(b) if c["spi_in"] == child["spi_out"])

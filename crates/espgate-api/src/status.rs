@@ -115,6 +115,15 @@ impl Status {
     }
 }
 
+/// One further selector set of a connection ([`ConnectionStatus::more_ts`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SelectorSetStatus {
+    /// Our selectors.
+    pub local_ts: Vec<String>,
+    /// The peer's selectors.
+    pub remote_ts: Vec<String>,
+}
+
 /// One `[[connection]]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConnectionStatus {
@@ -134,6 +143,10 @@ pub struct ConnectionStatus {
     pub local_ts: Vec<String>,
     /// The peer's selectors.
     pub remote_ts: Vec<String>,
+    /// Further selector sets of an IKE connection
+    /// (`[[connection.ike.child]]`), each a child SA of its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_ts: Vec<SelectorSetStatus>,
     /// Its SAs: inbound then outbound, each in bundle order.
     pub sas: Vec<SaStatus>,
 }
@@ -382,6 +395,14 @@ pub fn render_status(s: &Status) -> String {
             c.local_ts.join(","),
             c.remote_ts.join(",")
         );
+        for m in &c.more_ts {
+            let _ = writeln!(
+                out,
+                "  {} <-> {}",
+                m.local_ts.join(","),
+                m.remote_ts.join(",")
+            );
+        }
         out.push_str(&sa_table(&c.sas, false, 2));
         let missing: Vec<&str> = c
             .protocol
@@ -611,6 +632,10 @@ mod tests {
                 remote: "192.0.2.2:4500".into(),
                 local_ts: vec!["10.1.0.0/24".into()],
                 remote_ts: vec!["10.2.0.0/24".into()],
+                more_ts: vec![SelectorSetStatus {
+                    local_ts: vec!["10.1.0.0/24".into()],
+                    remote_ts: vec!["10.3.0.0/24".into()],
+                }],
                 sas: vec![inbound, sa("out", "0x00001002", &[])],
             }],
             ike: None,
@@ -634,6 +659,7 @@ TUN espgate0 mtu 1438, encap udp, listen 0.0.0.0:4500, 1 worker thread(s), offlo
 
 connection site-b: tunnel esp over udp, 192.0.2.1 -> 192.0.2.2:4500
   10.1.0.0/24 <-> 10.2.0.0/24
+  10.1.0.0/24 <-> 10.3.0.0/24
   DIR  SPI         PROTO  SUITE        MODE        PACKETS  BYTES  SEQ  LIFETIME  DROPS
   in   0x00001001  esp    aes128gcm16  tunnel/udp  3        252    3    59m0s     replay=2
   out  0x00001002  esp    aes128gcm16  tunnel/udp  3        252    4    -         -

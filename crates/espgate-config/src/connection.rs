@@ -314,6 +314,11 @@ impl Connection {
             udp: self.encap == Encapsulation::Udp,
             local_ts: self.local_ts.clone(),
             remote_ts: self.remote_ts.clone(),
+            more_ts: self
+                .children
+                .iter()
+                .map(|c| (c.local_ts.clone(), c.remote_ts.clone()))
+                .collect(),
             selectors: self.selectors(),
             mss_clamp: match self.mss_clamp {
                 MssClamp::Off => CoreMssClamp::Off,

@@ -4,7 +4,9 @@
 
 use espgate_api::costs::CostsReport;
 use espgate_api::ike::IkeDoc;
-use espgate_api::status::{ConnectionStatus, Left, LifetimeStatus, SaStatus, Status, TunStatus};
+use espgate_api::status::{
+    ConnectionStatus, Left, LifetimeStatus, SaStatus, SelectorSetStatus, Status, TunStatus,
+};
 use espgate_core::gateway::{ConnSpec, SaEntry, WorkerStats};
 use espgate_core::sa::{Encap, Mode, Protocol};
 use espgate_core::stats::LifeState;
@@ -46,6 +48,7 @@ pub struct ConnInfo {
     remote: String,
     local_ts: Vec<String>,
     remote_ts: Vec<String>,
+    more_ts: Vec<SelectorSetStatus>,
 }
 
 impl ConnInfo {
@@ -64,6 +67,14 @@ impl ConnInfo {
             },
             local_ts: c.local_ts.iter().map(ToString::to_string).collect(),
             remote_ts: c.remote_ts.iter().map(ToString::to_string).collect(),
+            more_ts: c
+                .more_ts
+                .iter()
+                .map(|(l, r)| SelectorSetStatus {
+                    local_ts: l.iter().map(ToString::to_string).collect(),
+                    remote_ts: r.iter().map(ToString::to_string).collect(),
+                })
+                .collect(),
         }
     }
 }
@@ -148,6 +159,7 @@ pub fn connections(
             remote: c.remote.clone(),
             local_ts: c.local_ts.clone(),
             remote_ts: c.remote_ts.clone(),
+            more_ts: c.more_ts.clone(),
             sas: Vec::new(),
         })
         .collect();

@@ -84,6 +84,7 @@ pub fn side(a: bool, shape: Shape) -> ConnSpec {
         udp: shape.udp,
         local_ts: vec![lts],
         remote_ts: vec![rts],
+        more_ts: Vec::new(),
         selectors: vec![TrafficSelector {
             local: lts,
             remote: rts,

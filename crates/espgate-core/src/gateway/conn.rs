@@ -99,6 +99,10 @@ pub struct ConnSpec {
     pub local_ts: Vec<Prefix>,
     /// The peer's prefixes (for status).
     pub remote_ts: Vec<Prefix>,
+    /// Further selector sets, (ours, the peer's), beyond `local_ts` and
+    /// `remote_ts`: an IKE connection's `[[connection.ike.child]]` tables
+    /// (for status; `selectors` holds their pairs too).
+    pub more_ts: Vec<(Vec<Prefix>, Vec<Prefix>)>,
     /// The policies' selectors: what this connection carries.
     pub selectors: Vec<TrafficSelector>,
     /// TCP MSS clamping both ways.

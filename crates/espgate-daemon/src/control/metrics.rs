@@ -909,6 +909,7 @@ mod tests {
                 remote: "192.0.2.2:4500".into(),
                 local_ts: vec!["10.1.0.0/24".into()],
                 remote_ts: vec!["10.2.0.0/24".into()],
+                more_ts: Vec::new(),
                 sas: vec![inbound, sa(conn, "out", "0x00001002", &[])],
             }],
             ike: None,
