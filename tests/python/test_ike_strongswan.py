@@ -358,6 +358,37 @@ def test_espgate_asks_for_a_child_per_selector_set(lab):
     assert d.stop() == 0
 
 
+def test_strongswan_children_land_in_espgates_selector_sets(lab):
+    """espgate as responder with two selector sets (10.2.0.1, and 10.2.0.2
+    in a [[connection.ike.child]] table); charon opens a child for each on
+    one IKE SA, and a third for 10.2.0.3, which no set covers. Each of the
+    first two is installed with its set's selectors and carries its host's
+    traffic; the third gets TS_UNACCEPTABLE and leaves the others up."""
+    d, c = setup(lab, ike_extra='[[connection.ike.child]]\nremote_ts = ["10.2.0.2/32"]',
+                 charon_children=[("one", "10.2.0.1/32"), ("two", "10.2.0.2/32"), ("three", "10.2.0.3/32")])
+    c.start()
+    d.start()
+    for child in ("one", "two"):
+        r = c.swanctl_cmd("--initiate", "--child", child, timeout=60)
+        assert r.returncode == 0, f"{r.stdout}{r.stderr}\n{logs(d, c)}"
+    wait_for("two children", lambda: len(children(d)) == 2, 15, (d,))
+    r = c.swanctl_cmd("--initiate", "--child", "three", "--timeout", "20", timeout=40)
+    assert r.returncode != 0, f"{r.stdout}{r.stderr}"
+    counters = ike_status(d)["counters"]
+    assert counters.get("ts_unacceptable", 0) == 1, counters
+    assert "do not meet ours" in d.log_text()
+    kids = children(d)
+    assert len(ike_status(d)["sas"]) == 1 and len(kids) == 2, ike_status(d)
+    assert sorted(ch["remote_ts"] for ch in kids) == [["10.2.0.1"], ["10.2.0.2"]], kids
+    for host in ("10.2.0.1", "10.2.0.2"):
+        child = next(ch for ch in kids if ch["remote_ts"] == [host])
+        before = sent(d, child["spi_out"])
+        r = ping(d.ns, host, "10.1.0.1")
+        assert r.returncode == 0, f"ping A -> {host}: {r.stdout}\n{logs(d, c)}"
+        assert sent(d, child["spi_out"]) >= before + 3, (host, d.sas("out"))
+    assert d.stop() == 0
+
+
 def test_espgate_installs_the_selectors_strongswan_narrowed(lab):
     """espgate proposes 10.2.0.0/24, charon narrows to 10.2.0.1: espgate
     sends only what the child covers and drops the rest as no_sa."""
