@@ -1108,6 +1108,25 @@ impl Ike {
             .unwrap_or(0)
     }
 
+    /// " for OURS === THEIRS" naming selector set `set` in log lines, on a
+    /// connection with several sets; empty with one.
+    fn set_label(&self, ci: usize, set: u32) -> String {
+        match self.conns[ci].child.set(set) {
+            Some((l, r)) => self.ts_label(ci, l, r),
+            None => String::new(),
+        }
+    }
+
+    /// " for OURS === THEIRS" naming these selectors in log lines, on a
+    /// connection with several selector sets; empty with one.
+    fn ts_label(&self, ci: usize, l: &[TrafficSelector], r: &[TrafficSelector]) -> String {
+        if self.conns[ci].child.set_count() < 2 {
+            return String::new();
+        }
+        let join = |v: &[TrafficSelector]| v.iter().map(ts::display).collect::<Vec<_>>().join(",");
+        format!(" for {} === {}", join(l), join(r))
+    }
+
     /// The selector sets of IKE SA `i`'s connection that no child carries
     /// and none is being negotiated for (created, queued or awaiting its
     /// answer).
@@ -2791,6 +2810,7 @@ impl Ike {
             (ni, nr),
             slot,
         );
+        let ts_label = self.ts_label(ci, &child.local_ts, &child.remote_ts);
         self.events.push_back(Event::InstallSa(inbound));
         if rekey_of.is_some() {
             // Make-before-break: hold our new outbound SA until the initiator
@@ -2805,7 +2825,7 @@ impl Ike {
             Level::Info,
             Some(ci),
             format!(
-                "child SA {} {:08x}_i {:08x}_o ({}{}){}{}",
+                "child SA {} {:08x}_i {:08x}_o ({}{}){}{}{}",
                 if rekey_of.is_some() {
                     "rekeyed by peer:"
                 } else {
@@ -2816,6 +2836,7 @@ impl Ike {
                 qesp_label(protocol),
                 chosen.name(),
                 slot_label(self.conns[ci].child.per_cpu_sas, slot),
+                ts_label,
                 rekey_of
                     .map(|o| format!(", replaces {o:08x}_i"))
                     .unwrap_or_default()
@@ -3169,6 +3190,7 @@ impl Ike {
             (ni, nr),
             slot,
         );
+        let ts_label = self.ts_label(ci, &child.local_ts, &child.remote_ts);
         child.out_active = true;
         self.events.push_back(Event::InstallSa(inbound));
         self.events.push_back(Event::InstallSa(outbound));
@@ -3183,7 +3205,7 @@ impl Ike {
             Level::Info,
             Some(ci),
             format!(
-                "child SA {} {:08x}_i {:08x}_o ({}{}){}{}",
+                "child SA {} {:08x}_i {:08x}_o ({}{}){}{}{}",
                 if rekey_of.is_some() {
                     "rekeyed:"
                 } else {
@@ -3194,6 +3216,7 @@ impl Ike {
                 qesp_label(protocol),
                 chosen.name(),
                 slot_label(self.conns[ci].child.per_cpu_sas, slot),
+                ts_label,
                 rekey_of
                     .map(|o| format!(", replaces {o:08x}_i"))
                     .unwrap_or_default()
@@ -3839,10 +3862,9 @@ impl Ike {
             return;
         }
         let Some(nr) = get_nonce(&p).map(|n| n.to_vec()) else {
-            let what = if rekey_of.is_some() {
-                "child rekey"
-            } else {
-                "new child SA"
+            let what = match rekey_of {
+                Some(_) => "child rekey".to_string(),
+                None => format!("new child SA{}", self.set_label(ci, set)),
             };
             self.count(IkeEvent::ChildFailed);
             let refused = error_notify(&p);

@@ -3065,6 +3065,15 @@ fn each_selector_set_is_a_child_sa_of_its_own() {
         (2, 2),
         "one outbound SA per child"
     );
+    // The log says which set each child is for, on both sides.
+    let set1 = "for 10.1.0.0-10.1.0.255 === 10.3.0.0-10.3.0.255";
+    assert_eq!(info_lines(&p.pa, set1), 1, "{:?}", p.pa.lines);
+    assert_eq!(
+        info_lines(&p.pb, "for 10.3.0.0-10.3.0.255 === 10.1.0.0-10.1.0.255"),
+        1,
+        "{:?}",
+        p.pb.lines
+    );
 
     // A rekeys the second child: it keeps its selectors, the first child
     // is untouched.
@@ -3137,9 +3146,15 @@ fn a_selector_set_the_peer_refuses_leaves_the_others_up() {
     let refused =
         p.pa.lines
             .iter()
-            .filter(|(_, m)| m.contains("TS_UNACCEPTABLE"))
+            .filter(|(_, m)| {
+                m.contains("new child SA for 10.1.0.0-10.1.0.255 === 10.3.0.0-10.3.0.255 refused")
+                    && m.contains("TS_UNACCEPTABLE")
+            })
             .count();
     assert_eq!(refused, 1, "{:?}", p.pa.lines);
+    // B has one set: its log lines name none.
+    assert_eq!(info_lines(&p.pb, "established:"), 1, "{:?}", p.pb.lines);
+    assert_eq!(info_lines(&p.pb, " for 10."), 0, "{:?}", p.pb.lines);
     // B's warning names both sides' selectors.
     let b_warn =
         p.pb.lines
