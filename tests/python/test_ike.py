@@ -406,6 +406,37 @@ def test_per_cpu_child_sas_one_per_worker(lab):
     assert a.stop() == 0 and b.stop() == 0
 
 
+def test_per_cpu_child_sas_for_each_selector_set(lab):
+    """RFC 9611 with two selector sets (10.2.0.0/24, and 10.3.0.0/24 in a
+    [[connection.ike.child]] table), `per_cpu_sas = 2` and two workers on
+    both sides: each set gets slots 0 and 1, slot k's inbound SPI goes to
+    worker k, and worker w sends each set's traffic on that set's slot-w
+    SA and on no other."""
+    a, b = ike_pair(lab, a_ike='start_action = "start"\n[[connection.ike.child]]\nremote_ts = ["10.3.0.0/24"]',
+                    b_ike='[[connection.ike.child]]\nlocal_ts = ["10.3.0.0/24"]',
+                    extra_gw="workers = 2", extra_conn="per_cpu_sas = 2")
+    run("ip", "-n", b.ns, "addr", "add", "10.3.0.1/32", "dev", "lo")
+    b.start()
+    a.start()
+    wait_for("four children on each side",
+             lambda: all(len(installed_children(d)) == 4 for d in (a, b)), 20, (a, b))
+    kids = installed_children(a)
+    by = {(c["remote_ts"][0], c["slot"]): c for c in kids}
+    nets = ("10.2.0.0-10.2.0.255", "10.3.0.0-10.3.0.255")
+    assert sorted(by) == [(n, k) for n in nets for k in (0, 1)], kids
+    for c in kids:
+        assert int(c["spi_in"], 16) % 2 == c["slot"], kids
+    udp_spray(a.ns, "10.1.0.1", "10.2.0.1")
+    udp_spray(a.ns, "10.1.0.1", "10.3.0.1")
+    pw = a.status()["per_worker"]
+    for w in (0, 1):
+        sent = {k[len("out_sa_"):] for k, v in pw[w].items() if k.startswith("out_sa_") and v > 0}
+        assert sent == {by[(n, w)]["spi_out"] for n in nets}, (w, pw, kids)
+    st = b.status()
+    assert st["drops"].get("replay", 0) == 0 and st["drops"].get("icv_failure", 0) == 0, st["drops"]
+    assert a.stop() == 0 and b.stop() == 0
+
+
 # ---------------------------------------------------------------------
 # Q-ESP child SAs negotiated by IKE (docs/QESP.md §7)
 # ---------------------------------------------------------------------

@@ -925,14 +925,7 @@ pub(crate) fn validate(
                 encap,
                 replay_window,
             );
-            let children = ike::children(
-                v,
-                &ike_at,
-                r.get_ref(),
-                mode,
-                (per_cpu_sas, &per_cpu_at),
-                (&local_ts, &remote_ts),
-            );
+            let children = ike::children(v, &ike_at, r.get_ref(), mode, (&local_ts, &remote_ts));
             (settings, children)
         }
         None => (None, Vec::new()),

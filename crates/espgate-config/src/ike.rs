@@ -591,14 +591,13 @@ pub(crate) fn settings(
 /// Checks the `[[connection.ike.child]]` tables of the IKE table `r` (at
 /// `at`) and reads each into a [`ChildSelectors`], an omitted side being
 /// the connection's own (`own`: its `local_ts` and `remote_ts`, selector
-/// set 0). `mode` and `per_cpu_sas` (at `per_cpu_at`) are the
-/// connection's. Empty without child tables, and when any has an error.
+/// set 0). `mode` is the connection's. Empty without child tables, and
+/// when any has an error.
 pub(crate) fn children(
     v: &mut Validator,
     at: &At,
     r: &IkeTable,
     mode: Mode,
-    (per_cpu_sas, per_cpu_at): (u32, &At),
     own: (&[Prefix], &[Prefix]),
 ) -> Vec<ChildSelectors> {
     let Some(first) = r.child.first() else {
@@ -623,16 +622,6 @@ pub(crate) fn children(
                 "{} [[connection.ike.child]] tables: at most {MAX_CHILD_TABLES} per \
                  connection (selector sets beyond its own local_ts/remote_ts)",
                 r.child.len()
-            ),
-        );
-    }
-    if per_cpu_sas > 1 {
-        v.err(
-            per_cpu_at.clone(),
-            format!(
-                "per_cpu_sas = {per_cpu_sas} together with [[connection.ike.child]] \
-                 selector sets is not supported yet: set per_cpu_sas = 1, or remove the \
-                 child tables"
             ),
         );
     }
@@ -1990,15 +1979,10 @@ retransmit_tries = 3"#,
                 "need mode = \"tunnel\"",
             ],
         );
-        // Per-CPU child SAs of several sets: not yet.
-        assert_has(
-            &bad("per_cpu_sas = 2", &one),
-            &[
-                "connection[0].per_cpu_sas",
-                "per_cpu_sas = 2 together with [[connection.ike.child]]",
-                "not supported yet",
-            ],
-        );
+        // Per-CPU child SAs (RFC 9611) go with every set.
+        let c = ike_ok(&d, &ike_conn("per_cpu_sas = 2", &with_children(&one)));
+        let ike = c.connections[0].ike_config().unwrap();
+        assert_eq!((ike.child.per_cpu_sas, ike.child.more_ts.len()), (2, 1));
         // Prefixes as in the connection's lists.
         assert_has(
             &bad("", &["remote_ts = [\"10.3.0.0/24\", \"10.3.0.0/33\"]"]),

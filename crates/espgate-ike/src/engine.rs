@@ -419,9 +419,9 @@ enum Task {
     /// A new child SA on the IKE SA (CREATE_CHILD_SA without REKEY_SA)
     /// for the connection's selector set `k` ([`ChildConfig::set`]).
     CreateChild(u32),
-    /// One more per-CPU child SA with the same selectors (RFC 9611,
-    /// SA_RESOURCE_INFO), into the lowest free slot.
-    CreatePerCpu,
+    /// One more per-CPU child SA (RFC 9611, SA_RESOURCE_INFO) for
+    /// selector set `k`, into the lowest slot free in that set.
+    CreatePerCpu(u32),
     RekeyIke,
     Dpd,
     DeleteChild(u32),
@@ -1074,21 +1074,17 @@ impl Ike {
     /// `per_cpu_sas`) that no live child of its IKE SAs holds; `None` when
     /// all are taken. A child being rekeyed holds its slot; one replaced
     /// by a rekey or being deleted does not.
-    /// With `ts`, only children with those selectors count: children with
-    /// other (narrowed) selectors carry other traffic and have slots of
-    /// their own.
-    fn free_slot(
-        &self,
-        ci: usize,
-        ts: Option<(&[TrafficSelector], &[TrafficSelector])>,
-    ) -> Option<u32> {
+    /// Only children for which `same` holds count: children with other
+    /// selectors (another selector set, or other narrowed selectors)
+    /// carry other traffic and have slots of their own.
+    fn free_slot(&self, ci: usize, same: impl Fn(&Child) -> bool) -> Option<u32> {
         let n = self.conns[ci].child.per_cpu_sas.max(1);
         (0..n).find(|k| {
             !self.by_conn[ci].iter().any(|&i| {
                 self.sas[i].children.iter().any(|c| {
                     c.slot == *k
                         && matches!(c.state, ChildState::Installed | ChildState::Rekeying)
-                        && ts.is_none_or(|(l, r)| c.same_ts(l, r))
+                        && same(c)
                 })
             })
         })
@@ -2704,7 +2700,7 @@ impl Ike {
                 .iter()
                 .find(|c| c.spi_out == old_out)
                 .map_or(0, |c| c.slot),
-            (_, None) => match self.free_slot(ci, Some((&local_ts, &remote_ts))) {
+            (_, None) => match self.free_slot(ci, |c| c.same_ts(&local_ts, &remote_ts)) {
                 Some(k) => k,
                 // Every slot is taken: a per-CPU request is refused
                 // (RFC 9611 §4); a plain new child replaces slot 0 as
@@ -3032,9 +3028,7 @@ impl Ike {
                 // RFC 9611: the peer keeps per-resource children too; one
                 // more per worker slot, each its own CREATE_CHILD_SA.
                 self.sas[i].per_cpu_peer = true;
-                for _ in 1..want {
-                    self.sas[i].tasks.push_back(Task::CreatePerCpu);
-                }
+                self.queue_per_cpu(i, 0);
                 self.kick(i, now);
             } else {
                 self.log(
@@ -3046,6 +3040,20 @@ impl Ike {
                     ),
                 );
             }
+        }
+    }
+
+    /// RFC 9611: selector set `set` has its first child on IKE SA `i`,
+    /// whose peer keeps per-resource children: one more per other slot,
+    /// each its own CREATE_CHILD_SA (a task that finds no free slot then
+    /// does nothing).
+    fn queue_per_cpu(&mut self, i: usize, set: u32) {
+        let want = self.conns[self.sas[i].conn].child.per_cpu_sas;
+        if !self.sas[i].per_cpu_peer || want <= 1 {
+            return;
+        }
+        for _ in 1..want {
+            self.sas[i].tasks.push_back(Task::CreatePerCpu(set));
         }
     }
 
@@ -3692,7 +3700,7 @@ impl Ike {
                 .iter()
                 .find(|c| c.spi_in == o)
                 .map_or(0, |c| c.slot),
-            None => match self.free_slot(ci, None) {
+            None => match self.free_slot(ci, |c| self.set_of(ci, c) == set) {
                 Some(k) => k,
                 None if per_cpu => return,
                 None => 0,
@@ -3773,7 +3781,9 @@ impl Ike {
         if c.child.mode == Mode::Transport {
             payloads.push(notify(NotifyType::UseTransportMode, vec![]));
         }
-        if per_cpu {
+        // RFC 9611: a per-CPU child, or the first of a further selector
+        // set on an IKE SA whose peer keeps per-resource children.
+        if per_cpu || (rekey_of.is_none() && c.child.per_cpu_sas > 1 && self.sas[i].per_cpu_peer) {
             payloads.push(notify(NotifyType::SaResourceInfo, vec![]));
         }
         let props = self.child_proposals(i, spi_in, ke.is_some());
@@ -3891,7 +3901,13 @@ impl Ike {
             self.child_failed(i, now, rekey_of, set, retry);
             return;
         }
-        let Some(old_in) = rekey_of else { return };
+        let Some(old_in) = rekey_of else {
+            if slot == 0 {
+                // A set's first child: its per-CPU children follow.
+                self.queue_per_cpu(i, set);
+            }
+            return;
+        };
         // Collision (§2.8.1): the peer rekeyed the same child meanwhile. The
         // exchange with the lowest nonce made the redundant SA; its
         // initiator deletes it.
@@ -4362,8 +4378,9 @@ impl Ike {
         let ci = self.sas[i].conn;
         let mut out = Vec::new();
         let mut delete_ike = false;
-        // Slots of per-CPU children the peer deleted outside a rekey.
-        let mut closed: Vec<u32> = Vec::new();
+        // (Selector set, slot) of per-CPU children the peer deleted outside
+        // a rekey.
+        let mut closed: Vec<(u32, u32)> = Vec::new();
         for x in &p {
             match x {
                 Payload::Delete(Delete::Ike) => delete_ike = true,
@@ -4383,6 +4400,7 @@ impl Ike {
                             continue;
                         };
                         let (spi_in, slot, replaced) = (c.spi_in, c.slot, c.replaced);
+                        let set = self.set_of(ci, c);
                         let we_deleting = c.state == ChildState::Deleting;
                         // A rekey responder switches to the new SA now.
                         let successor: Option<u32> = self.sas[i]
@@ -4396,7 +4414,7 @@ impl Ike {
                         if !we_deleting {
                             ours.push(spi_in);
                             if successor.is_none() && !replaced {
-                                closed.push(slot);
+                                closed.push((set, slot));
                             }
                         }
                         self.remove_child(i, spi_in, Some(now));
@@ -4442,7 +4460,7 @@ impl Ike {
     /// of these), unless it already happened within
     /// [`PER_CPU_REOPEN_HOLDOFF`]. The peer may still refuse with
     /// TS_MAX_QUEUE, which leaves the slot closed as before.
-    fn reopen_per_cpu(&mut self, i: usize, now: Duration, slots: &[u32]) {
+    fn reopen_per_cpu(&mut self, i: usize, now: Duration, slots: &[(u32, u32)]) {
         let ci = self.sas[i].conn;
         let n = self.conns[ci].child.per_cpu_sas;
         if slots.is_empty()
@@ -4454,7 +4472,7 @@ impl Ike {
         }
         let list = slots
             .iter()
-            .map(u32::to_string)
+            .map(|&(set, slot)| format!("{slot}{}", self.set_label(ci, set)))
             .collect::<Vec<_>>()
             .join(", ");
         if self.sas[i]
@@ -4478,8 +4496,8 @@ impl Ike {
             Some(ci),
             format!("the peer deleted the per-CPU child SA of slot {list}: opening it again"),
         );
-        for _ in slots {
-            self.sas[i].tasks.push_back(Task::CreatePerCpu);
+        for &(set, _) in slots {
+            self.sas[i].tasks.push_back(Task::CreatePerCpu(set));
         }
     }
 
@@ -4816,9 +4834,9 @@ impl Ike {
                         self.start_child(i, now, None, false, set);
                     }
                 }
-                Task::CreatePerCpu => {
+                Task::CreatePerCpu(set) => {
                     if self.sas[i].state == State::Established {
-                        self.start_child(i, now, None, true, 0);
+                        self.start_child(i, now, None, true, set);
                     }
                 }
                 Task::RekeyIke => {

@@ -3167,3 +3167,66 @@ fn a_selector_set_the_peer_refuses_leaves_the_others_up() {
         "{b_warn}"
     );
 }
+
+#[test]
+fn each_selector_set_keeps_its_own_per_cpu_children() {
+    // RFC 9611 with two selector sets: two children per set, slots 0 and
+    // 1 in each, slot k's inbound SPI steered to worker k.
+    let mut p = two_set_pair(true);
+    for e in [&mut p.a, &mut p.b] {
+        e.conns[0].child.per_cpu_sas = 2;
+        e.set_spi_steering(2);
+    }
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let per_set = |e: &Ike, ours: bool| -> Vec<(String, u32)> {
+        let mut v: Vec<(String, u32)> = e
+            .status()
+            .iter()
+            .flat_map(|s| s.children.clone())
+            .filter(|c| c.state == "installed")
+            .map(|c| {
+                let ts = if ours { &c.local_ts } else { &c.remote_ts };
+                (ts.join(","), c.slot)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let want = |a: &str, b: &str| vec![(a.into(), 0), (a.into(), 1), (b.into(), 0), (b.into(), 1)];
+    let (s2, s3) = ("10.2.0.0-10.2.0.255", "10.3.0.0-10.3.0.255");
+    assert_eq!(per_set(&p.a, false), want(s2, s3), "{:?}", p.pa.lines);
+    assert_eq!(per_set(&p.b, true), want(s2, s3), "{:?}", p.pb.lines);
+    for (e, pl, other) in [(&p.a, &p.pa, &p.pb), (&p.b, &p.pb, &p.pa)] {
+        for c in e.status().iter().flat_map(|s| s.children.clone()) {
+            assert_eq!(c.spi_in % 2, c.slot, "{c:?}");
+            assert_eq!(
+                pl.sas.get(&(true, c.spi_out)),
+                other.sas.get(&(false, c.spi_out)),
+                "{c:?}"
+            );
+            assert_eq!(pl.slots.get(&c.spi_out).map(|s| s.0), Some(c.slot));
+        }
+    }
+    // B deletes slot 1 of the second set: A opens that slot again, in
+    // that set.
+    let gone =
+        p.b.status()
+            .iter()
+            .flat_map(|s| s.children.clone())
+            .find(|c| c.slot == 1 && c.local_ts.join(",") == s3)
+            .map(|c| c.spi_in)
+            .unwrap();
+    run_task(&mut p, false, Task::DeleteChild(gone));
+    assert_eq!(per_set(&p.a, false), want(s2, s3), "{:?}", p.pa.lines);
+    assert_eq!(per_set(&p.b, true), want(s2, s3));
+    assert_eq!(
+        info_lines(
+            &p.pa,
+            &format!("slot 1 for 10.1.0.0-10.1.0.255 === {s3}: opening it again")
+        ),
+        1,
+        "{:?}",
+        p.pa.lines
+    );
+}
