@@ -227,6 +227,15 @@ pub fn seeds() -> Vec<(String, String)> {
     add("ike-cert", format!("{gw1}{ike_cert}"));
     add("ike-raw-keys", format!("{gw1}{ike_raw_keys}"));
     add("ike-qesp", format!("{gw1}{ike_qesp}"));
+    // Further selector sets, each a child SA of its own.
+    add(
+        "ike-children",
+        format!(
+            "{gw1}{ike_psk_all}\n[[connection.ike.child]]\nremote_ts = [\"10.3.0.0/16\"]\n\n\
+             [[connection.ike.child]]\nlocal_ts = [\"10.4.0.0/16\", \"2001:db8:4::/48\"]\n\
+             remote_ts = [\"10.5.0.0/16\", \"2001:db8:5::/48\"]\n"
+        ),
+    );
     add(
         "ike-hex-psk-require",
         format!(
