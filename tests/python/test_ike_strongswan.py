@@ -279,6 +279,21 @@ def sent(d, spi):
     return next((sa["packets"] for sa in d.sas("out") if sa["spi"] == spi), None)
 
 
+def each_host_on_its_child(d, c, kids, both_ways=False):
+    """Pings 10.2.0.1 and 10.2.0.2 from A (and back, with `both_ways`):
+    each host's packets leave on the outbound SA of the child whose
+    remote_ts is that host."""
+    for host in ("10.2.0.1", "10.2.0.2"):
+        child = next(ch for ch in kids if ch["remote_ts"] == [host])
+        before = sent(d, child["spi_out"])
+        r = ping(d.ns, host, "10.1.0.1")
+        assert r.returncode == 0, f"ping A -> {host}: {r.stdout}\n{logs(d, c)}"
+        assert sent(d, child["spi_out"]) >= before + 3, (host, d.sas("out"))
+        if both_ways:
+            r = ping(c.ns, "10.1.0.1", host)
+            assert r.returncode == 0, f"ping B -> A from {host}: {r.stdout}\n{logs(d, c)}"
+
+
 def test_strongswan_children_with_narrowed_selectors_each_carry_their_own_traffic(lab):
     """One espgate connection for 10.2.0.0/24; charon keeps two children
     on one IKE SA, for 10.2.0.1 and 10.2.0.2. espgate narrows each child to
@@ -296,12 +311,7 @@ def test_strongswan_children_with_narrowed_selectors_each_carry_their_own_traffi
     kids = children(d)
     assert sorted(ch["remote_ts"] for ch in kids) == [["10.2.0.1"], ["10.2.0.2"]], kids
     assert len(d.sas("out")) == 2, d.status()["connections"]
-    for host in ("10.2.0.1", "10.2.0.2"):
-        child = next(ch for ch in kids if ch["remote_ts"] == [host])
-        before = sent(d, child["spi_out"])
-        r = ping(d.ns, host, "10.1.0.1")
-        assert r.returncode == 0, f"ping A -> {host}: {r.stdout}\n{logs(d, c)}"
-        assert sent(d, child["spi_out"]) >= before + 3, (host, d.sas("out"))
+    each_host_on_its_child(d, c, kids)
     r = ping(c.ns, "10.1.0.1", "10.2.0.2")
     assert r.returncode == 0, f"ping B -> A from 10.2.0.2: {r.stdout}\n{logs(d, c)}"
     before = d.status()["drops"].get("no_sa", 0)
@@ -336,14 +346,7 @@ def test_espgate_asks_for_a_child_per_selector_set(lab):
     sw = c.list_sas()
     assert sw.count("INSTALLED") == 2 and "one:" in sw and "two:" in sw, sw
     assert len(ike_status(d)["sas"]) == 1, ike_status(d)
-    for host in ("10.2.0.1", "10.2.0.2"):
-        child = next(ch for ch in kids if ch["remote_ts"] == [host])
-        before = sent(d, child["spi_out"])
-        r = ping(d.ns, host, "10.1.0.1")
-        assert r.returncode == 0, f"ping A -> {host}: {r.stdout}\n{logs(d, c)}"
-        assert sent(d, child["spi_out"]) >= before + 3, (host, d.sas("out"))
-        r = ping(c.ns, "10.1.0.1", host)
-        assert r.returncode == 0, f"ping B -> A from {host}: {r.stdout}\n{logs(d, c)}"
+    each_host_on_its_child(d, c, kids, both_ways=True)
     r = c.swanctl_cmd("--terminate", "--child", "two", timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     wait_for("espgate to drop the second child", lambda: len(children(d)) == 1, 15, (d,))
@@ -380,12 +383,7 @@ def test_strongswan_children_land_in_espgates_selector_sets(lab):
     kids = children(d)
     assert len(ike_status(d)["sas"]) == 1 and len(kids) == 2, ike_status(d)
     assert sorted(ch["remote_ts"] for ch in kids) == [["10.2.0.1"], ["10.2.0.2"]], kids
-    for host in ("10.2.0.1", "10.2.0.2"):
-        child = next(ch for ch in kids if ch["remote_ts"] == [host])
-        before = sent(d, child["spi_out"])
-        r = ping(d.ns, host, "10.1.0.1")
-        assert r.returncode == 0, f"ping A -> {host}: {r.stdout}\n{logs(d, c)}"
-        assert sent(d, child["spi_out"]) >= before + 3, (host, d.sas("out"))
+    each_host_on_its_child(d, c, kids)
     assert d.stop() == 0
 
 
