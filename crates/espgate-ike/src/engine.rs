@@ -3664,15 +3664,12 @@ impl Ike {
     }
 
     /// Sends a CREATE_CHILD_SA request: the rekey of our child whose
-    /// inbound SPI is `rekey_of`, or (`None`) a new child SA of the
-    /// connection (RFC 7296 §1.3.1), with PFS when the connection's ESP
+    /// inbound SPI is `rekey_of` (its selectors and slot kept, `set`
+    /// ignored), or (`None`) a new child SA for the connection's selector
+    /// set `set` (RFC 7296 §1.3.1), with PFS when the connection's ESP
     /// proposals have groups.
-    /// `per_cpu`: one more per-CPU child (RFC 9611) into the lowest free
-    /// slot; not sent when every slot is taken.
-    /// Sends a CREATE_CHILD_SA: the rekey of the child whose inbound SPI
-    /// is `rekey_of` (its selectors and slot kept, `set` ignored), or a new
-    /// child for the connection's selector set `set` (with `per_cpu`: one
-    /// more RFC 9611 child of the first set).
+    /// `per_cpu`: one more per-CPU child (RFC 9611) of that set, into the
+    /// lowest slot free in it; not sent when every slot is taken.
     fn start_child(
         &mut self,
         i: usize,
@@ -3902,8 +3899,16 @@ impl Ike {
             return;
         }
         let Some(old_in) = rekey_of else {
-            if slot == 0 {
-                // A set's first child: its per-CPU children follow.
+            // The only child of its set (not a per-CPU one opened again
+            // beside others): the set's per-CPU children follow.
+            let ci = self.sas[i].conn;
+            let live = self.sas[i]
+                .children
+                .iter()
+                .filter(|c| matches!(c.state, ChildState::Installed | ChildState::Rekeying))
+                .filter(|c| self.set_of(ci, c) == set)
+                .count();
+            if live == 1 {
                 self.queue_per_cpu(i, set);
             }
             return;
