@@ -5,7 +5,8 @@
 use crate::diag::{span, At, Validator};
 use crate::gateway::{self, Gateway};
 use crate::ike::{self, IkeSettings, StartAction};
-use crate::sa::{self, family, KeyText, ManualSa};
+pub use crate::sa::ChildSelectors;
+use crate::sa::{self, family, sets_overlap, KeyText, ManualSa};
 use crate::schema::{
     value, ChildTable, ConnectionTable, Dscp, Encapsulation, GatewayTable, ModeName, Protocols,
     Scalar,
@@ -122,17 +123,6 @@ impl ManualKeys {
             ManualKeys::Qesp(_) => Protocols::Qesp,
         }
     }
-}
-
-/// One further selector set of an IKE connection (a
-/// `[[connection.ike.child]]` table), negotiated as a child SA of its own;
-/// a side the table omits is the connection's own.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChildSelectors {
-    /// Our side's selectors.
-    pub local_ts: Vec<Prefix>,
-    /// The peer side's selectors.
-    pub remote_ts: Vec<Prefix>,
 }
 
 /// One `[[connection]]`: a peer and the SAs to it.
@@ -595,24 +585,6 @@ fn remote_ts_of_set(
             (here, list)
         }
     }
-}
-
-/// Where two selector sets (local prefixes, remote prefixes) overlap: a
-/// local prefix of each that meet and a remote prefix of each that meet
-/// (two prefixes meet when one contains the other, never across
-/// families). `None`: they are disjoint. Identical sets overlap.
-pub(crate) fn sets_overlap(
-    (al, ar): (&[Prefix], &[Prefix]),
-    (bl, br): (&[Prefix], &[Prefix]),
-) -> Option<((Prefix, Prefix), (Prefix, Prefix))> {
-    let meet = |x: &[Prefix], y: &[Prefix]| {
-        x.iter().find_map(|p| {
-            y.iter()
-                .find(|q| p.contains(q.addr()) || q.contains(p.addr()))
-                .map(|q| (*p, *q))
-        })
-    };
-    Some((meet(al, bl)?, meet(ar, br)?))
 }
 
 fn parse_outer_addr(s: &str) -> Result<IpAddr, String> {

@@ -8,10 +8,9 @@
 //! [`Arc`], certificates, public keys), so the engine never reads a file.
 //! `Debug` shows the kind of each secret, never its value.
 
-use crate::connection::{sets_overlap, ChildSelectors};
 use crate::diag::{span, At, Validator};
 use crate::files::{read_secret_bytes, MAX_CERT_FILE_BYTES, MAX_KEY_FILE_BYTES};
-use crate::sa::{self, decode_hex};
+use crate::sa::{self, decode_hex, sets_overlap, ChildSelectors};
 use crate::schema::{
     format_duration, value, DpdActionName, Encapsulation, IkeTable, QespName, Scalar,
 };

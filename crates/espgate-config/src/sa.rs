@@ -612,6 +612,35 @@ fn pair_families(v: &mut Validator, mine: &Selectors, other: &Selectors, other_k
     }
 }
 
+/// One further selector set of an IKE connection (a
+/// `[[connection.ike.child]]` table), negotiated as a child SA of its own;
+/// a side the table omits is the connection's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildSelectors {
+    /// Our side's selectors.
+    pub local_ts: Vec<Prefix>,
+    /// The peer side's selectors.
+    pub remote_ts: Vec<Prefix>,
+}
+
+/// Where two selector sets (local prefixes, remote prefixes) overlap: a
+/// local prefix of each that meet and a remote prefix of each that meet
+/// (two prefixes meet when one contains the other, never across
+/// families). `None`: they are disjoint. Identical sets overlap.
+pub(crate) fn sets_overlap(
+    (al, ar): (&[Prefix], &[Prefix]),
+    (bl, br): (&[Prefix], &[Prefix]),
+) -> Option<((Prefix, Prefix), (Prefix, Prefix))> {
+    let meet = |x: &[Prefix], y: &[Prefix]| {
+        x.iter().find_map(|p| {
+            y.iter()
+                .find(|q| p.contains(q.addr()) || q.contains(p.addr()))
+                .map(|q| (*p, *q))
+        })
+    };
+    Some((meet(al, bl)?, meet(ar, br)?))
+}
+
 /// Reads `local_ts` and `remote_ts` of one `[[connection.ike.child]]` (at
 /// `at`, a tunnel-mode connection's): a side the table omits is the
 /// connection's own (`own`). The lists the table gives are checked as the
