@@ -279,6 +279,17 @@ def sent(d, spi):
     return next((sa["packets"] for sa in d.sas("out") if sa["spi"] == spi), None)
 
 
+def charon_opens_one_and_two(d, c):
+    """Starts both sides and has charon open its children "one" and "two"
+    on one IKE SA; waits until espgate has both."""
+    c.start()
+    d.start()
+    for child in ("one", "two"):
+        r = c.swanctl_cmd("--initiate", "--child", child, timeout=60)
+        assert r.returncode == 0, f"{r.stdout}{r.stderr}\n{logs(d, c)}"
+    wait_for("two children", lambda: len(children(d)) == 2, 15, (d,))
+
+
 def each_host_on_its_child(d, c, kids, both_ways=False):
     """Pings 10.2.0.1 and 10.2.0.2 from A (and back, with `both_ways`):
     each host's packets leave on the outbound SA of the child whose
@@ -302,12 +313,7 @@ def test_strongswan_children_with_narrowed_selectors_each_carry_their_own_traffi
     address, which no child covers, is dropped here as no_sa."""
     d, c = setup(lab, remote_ts="10.2.0.0/24",
                  charon_children=[("one", "10.2.0.1/32"), ("two", "10.2.0.2/32")])
-    c.start()
-    d.start()
-    for child in ("one", "two"):
-        r = c.swanctl_cmd("--initiate", "--child", child, timeout=60)
-        assert r.returncode == 0, f"{r.stdout}{r.stderr}\n{logs(d, c)}"
-    wait_for("two children", lambda: len(children(d)) == 2, 15, (d,))
+    charon_opens_one_and_two(d, c)
     kids = children(d)
     assert sorted(ch["remote_ts"] for ch in kids) == [["10.2.0.1"], ["10.2.0.2"]], kids
     assert len(d.sas("out")) == 2, d.status()["connections"]
@@ -369,12 +375,7 @@ def test_strongswan_children_land_in_espgates_selector_sets(lab):
     traffic; the third gets TS_UNACCEPTABLE and leaves the others up."""
     d, c = setup(lab, ike_extra='[[connection.ike.child]]\nremote_ts = ["10.2.0.2/32"]',
                  charon_children=[("one", "10.2.0.1/32"), ("two", "10.2.0.2/32"), ("three", "10.2.0.3/32")])
-    c.start()
-    d.start()
-    for child in ("one", "two"):
-        r = c.swanctl_cmd("--initiate", "--child", child, timeout=60)
-        assert r.returncode == 0, f"{r.stdout}{r.stderr}\n{logs(d, c)}"
-    wait_for("two children", lambda: len(children(d)) == 2, 15, (d,))
+    charon_opens_one_and_two(d, c)
     r = c.swanctl_cmd("--initiate", "--child", "three", "--timeout", "20", timeout=40)
     assert r.returncode != 0, f"{r.stdout}{r.stderr}"
     counters = ike_status(d)["counters"]
