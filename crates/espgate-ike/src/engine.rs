@@ -79,6 +79,11 @@ pub struct SaInstall {
     pub local_ts: Vec<TrafficSelector>,
     /// Negotiated selectors, the peer's side.
     pub remote_ts: Vec<TrafficSelector>,
+    /// The configured selector set (ours, the peer's) that the negotiated
+    /// ones lie in: what the data plane falls back to if the negotiated
+    /// ones are too many prefixes to install, rather than every set of
+    /// the connection.
+    pub set_ts: (Vec<TrafficSelector>, Vec<TrafficSelector>),
     /// Its per-CPU slot (RFC 9611, `per_cpu_sas`): an outbound SA replaces
     /// only the connection's outbound SA of the same slot, and the data
     /// plane's worker `w` sends on slot `w % slots`. 0 for a connection
@@ -330,6 +335,18 @@ enum ChildState {
 }
 
 impl Child {
+    /// Carries traffic: installed, or being rekeyed (it keeps its slot
+    /// and set until its successor is up); not one replaced or being
+    /// deleted.
+    fn live(&self) -> bool {
+        matches!(self.state, ChildState::Installed | ChildState::Rekeying)
+    }
+
+    /// Made by the peer's rekey of child `spi_in` (see `replaces`).
+    fn succeeds(&self, spi_in: u32) -> bool {
+        self.replaces.is_none_or(|r| r == spi_in)
+    }
+
     /// True when the child's selectors are these (in any order).
     fn same_ts(&self, local_ts: &[TrafficSelector], remote_ts: &[TrafficSelector]) -> bool {
         ts::same(&self.local_ts, local_ts) && ts::same(&self.remote_ts, remote_ts)
@@ -361,6 +378,13 @@ struct Child {
     /// Its per-CPU slot (RFC 9611): 0 for the first child; a rekey keeps
     /// the slot of the child it replaces.
     slot: u32,
+    /// Made by the peer's rekey of our child with this inbound SPI (we
+    /// answered): what its held outbound SA takes over from, so that with
+    /// several children rekeyed at once (selector sets, per-CPU slots) a
+    /// delete or a collision finds this child's successor, not another's.
+    /// `None` with a held outbound SA only when continued from an older
+    /// snapshot that did not say: then it succeeds any child.
+    replaces: Option<u32>,
 }
 
 enum Req {
@@ -428,6 +452,22 @@ enum Task {
     DeleteIke,
 }
 
+impl Task {
+    /// A child task, which an IKE rekey moves to the new IKE SA with the
+    /// children (the old one only waits for its delete): a queued
+    /// selector set or per-CPU slot still to open as well as rekeys and
+    /// deletes.
+    fn moves_with_children(&self) -> bool {
+        matches!(
+            self,
+            Task::RekeyChild(_)
+                | Task::DeleteChild(_)
+                | Task::CreateChild(_)
+                | Task::CreatePerCpu(_)
+        )
+    }
+}
+
 struct IkeSa {
     /// Creation number: tells an SA from a later one in the same slab slot.
     serial: u64,
@@ -488,9 +528,10 @@ struct IkeSa {
     /// The peer announced SA_RESOURCE_INFO (RFC 9611) with the first
     /// child: it keeps several children with the same selectors.
     per_cpu_peer: bool,
-    /// When a per-CPU child the peer deleted was last opened again
-    /// ([`PER_CPU_REOPEN_HOLDOFF`]).
-    per_cpu_reopened: Option<Duration>,
+    /// Per selector set, when a per-CPU child of it that the peer deleted
+    /// was last opened again ([`PER_CPU_REOPEN_HOLDOFF`]); at most one
+    /// entry per set of the connection.
+    per_cpu_reopened: Vec<(u32, Duration)>,
     /// Continued from another engine's snapshot ([`Ike::import`]) and
     /// nothing authenticated heard from the peer since: if the peer
     /// never answers, the connection is negotiated anew.
@@ -582,7 +623,7 @@ impl IkeSa {
             pfs_group: None,
             qesp_declined: false,
             per_cpu_peer: false,
-            per_cpu_reopened: None,
+            per_cpu_reopened: Vec::new(),
             continued: false,
             resync_in: false,
             export_fp: 0,
@@ -695,6 +736,11 @@ const REKEYED_INBOUND_LINGER: Duration = Duration::from_secs(1);
 /// with a new one each time. A slot deleted again within the hold-off
 /// stays closed until the IKE SA is established anew.
 const PER_CPU_REOPEN_HOLDOFF: Duration = Duration::from_secs(60);
+
+/// Selectors as log lines show them: `10.1.0.0/16,10.3.0.0/16`.
+fn ts_list(v: &[TrafficSelector]) -> String {
+    v.iter().map(ts::display).collect::<Vec<_>>().join(",")
+}
 
 /// The IKEv2 engine of one gateway: every connection's IKE SAs.
 pub struct Ike {
@@ -1081,11 +1127,10 @@ impl Ike {
         let n = self.conns[ci].child.per_cpu_sas.max(1);
         (0..n).find(|k| {
             !self.by_conn[ci].iter().any(|&i| {
-                self.sas[i].children.iter().any(|c| {
-                    c.slot == *k
-                        && matches!(c.state, ChildState::Installed | ChildState::Rekeying)
-                        && same(c)
-                })
+                self.sas[i]
+                    .children
+                    .iter()
+                    .any(|c| c.slot == *k && c.live() && same(c))
             })
         })
     }
@@ -1094,12 +1139,16 @@ impl Ike {
     /// holds its (possibly narrowed) selectors; 0 if none does (the sets do
     /// not overlap, so there is at most one).
     fn set_of(&self, ci: usize, c: &Child) -> u32 {
+        self.set_of_ts(ci, &c.local_ts, &c.remote_ts)
+    }
+
+    /// [`Ike::set_of`] for selectors not yet in a child.
+    fn set_of_ts(&self, ci: usize, local: &[TrafficSelector], remote: &[TrafficSelector]) -> u32 {
         let cc = &self.conns[ci].child;
         (0..cc.set_count())
             .find(|&k| {
-                cc.set(k).is_some_and(|(l, r)| {
-                    ts::covered(&c.local_ts, l) && ts::covered(&c.remote_ts, r)
-                })
+                cc.set(k)
+                    .is_some_and(|(l, r)| ts::covered(local, l) && ts::covered(remote, r))
             })
             .unwrap_or(0)
     }
@@ -1119,8 +1168,7 @@ impl Ike {
         if self.conns[ci].child.set_count() < 2 {
             return String::new();
         }
-        let join = |v: &[TrafficSelector]| v.iter().map(ts::display).collect::<Vec<_>>().join(",");
-        format!(" for {} === {}", join(l), join(r))
+        format!(" for {} === {}", ts_list(l), ts_list(r))
     }
 
     /// The selector sets of IKE SA `i`'s connection that no child carries
@@ -1131,7 +1179,7 @@ impl Ike {
         let live: Vec<u32> = s
             .children
             .iter()
-            .filter(|c| matches!(c.state, ChildState::Installed | ChildState::Rekeying))
+            .filter(|c| c.live())
             .map(|c| self.set_of(s.conn, c))
             .collect();
         (0..self.conns[s.conn].child.set_count())
@@ -1407,10 +1455,10 @@ impl Ike {
             })
     }
 
-    /// Starts an IKE SA (and its child) for connection `name`; when the
-    /// connection has an established IKE SA without a live child SA (the
-    /// peer deleted it, or it expired), creates the child on it
-    /// (CREATE_CHILD_SA).
+    /// Starts an IKE SA (and its children) for connection `name`; when
+    /// the connection has an established IKE SA, asks on it, with a
+    /// CREATE_CHILD_SA each, for every selector set that has no live
+    /// child SA (the peer refused or deleted it, or it expired).
     pub fn initiate(&mut self, now: Duration, name: &str) -> Result<(), CommandError> {
         let ci = self.conn_index(name)?;
         let conn_sas = &self.by_conn[ci];
@@ -2658,17 +2706,15 @@ impl Ike {
             (!remote_ts.is_empty() && !local_ts.is_empty()).then_some((local_ts, remote_ts))
         });
         let Some((local_ts, remote_ts)) = narrowed else {
-            let join =
-                |v: &[TrafficSelector]| v.iter().map(ts::display).collect::<Vec<_>>().join(",");
             let ours = (0..c.child.set_count())
                 .filter_map(|k| c.child.set(k))
-                .map(|(l, r)| format!("{} === {}", join(r), join(l)))
+                .map(|(l, r)| format!("{} === {}", ts_list(r), ts_list(l)))
                 .collect::<Vec<_>>()
                 .join("; ");
             let msg = format!(
                 "child SA: traffic selectors {} === {} do not meet ours {ours}",
-                join(ts_i),
-                join(ts_r),
+                ts_list(ts_i),
+                ts_list(ts_r),
             );
             self.count(IkeEvent::TsUnacceptable);
             self.log(Level::Warn, Some(ci), msg);
@@ -2721,7 +2767,9 @@ impl Ike {
                 None => 0,
             },
         };
-        if matches!(via, ChildExchange::IkeAuth) {
+        // What IKE_AUTH says, or a later child's notify (IKE_AUTH's child
+        // may have been refused).
+        if matches!(via, ChildExchange::IkeAuth) || per_cpu {
             self.sas[i].per_cpu_peer = per_cpu;
         }
         let mut out_ke = None;
@@ -2808,10 +2856,15 @@ impl Ike {
         );
         let ts_label = self.ts_label(ci, &child.local_ts, &child.remote_ts);
         self.events.push_back(Event::InstallSa(inbound));
-        if rekey_of.is_some() {
+        if let Some(old_out) = rekey_of {
             // Make-before-break: hold our new outbound SA until the initiator
             // deletes the old one (it has installed its inbound SA by then).
             child.pending_out = Some((outbound, now + OUTBOUND_SWITCH_DEADLINE));
+            child.replaces = self.sas[i]
+                .children
+                .iter()
+                .find(|c| c.spi_out == old_out)
+                .map(|c| c.spi_in);
         } else {
             self.events.push_back(Event::InstallSa(outbound));
             self.outbound_replaced(ci, slot, (&child.local_ts, &child.remote_ts));
@@ -2907,6 +2960,7 @@ impl Ike {
             replaced: false,
             nonces: (ni.to_vec(), nr.to_vec()),
             slot,
+            replaces: None,
         };
         (inbound, outbound, child)
     }
@@ -2925,6 +2979,12 @@ impl Ike {
         slot: u32,
     ) -> SaInstall {
         let sa = &self.sas[i];
+        let set = self.set_of_ts(sa.conn, local_ts, remote_ts);
+        let set_ts = self.conns[sa.conn]
+            .child
+            .set(set)
+            .map(|(l, r)| (l.to_vec(), r.to_vec()))
+            .unwrap_or_default();
         SaInstall {
             conn: self.conns[sa.conn].name.clone(),
             outbound,
@@ -2940,6 +3000,7 @@ impl Ike {
             remote: sa.remote.ip(),
             local_ts: local_ts.to_vec(),
             remote_ts: remote_ts.to_vec(),
+            set_ts,
             slot,
         }
     }
@@ -3014,22 +3075,15 @@ impl Ike {
         let ni = self.sas[i].ni.clone();
         let nr = self.sas[i].nr.clone();
         let installed = self.finish_child(i, now, spi_in, &p, None, &ni, &nr, None, (0, 0));
-        // Each further selector set is a child of its own, asked for with
-        // CREATE_CHILD_SA once the IKE SA is up (whether or not the first
-        // was accepted: the peer may take some sets and not others).
-        let sets = self.conns[ci].child.set_count();
-        if sets > 1 {
-            self.sas[i].tasks.extend((1..sets).map(Task::CreateChild));
-            self.kick(i, now);
-        }
         let want = self.conns[ci].child.per_cpu_sas;
         if installed && want > 1 {
             if find_notify(&p, NotifyType::SaResourceInfo).is_some() {
                 // RFC 9611: the peer keeps per-resource children too; one
                 // more per worker slot, each its own CREATE_CHILD_SA.
+                // Learnt before the further sets below are asked for, so
+                // that their first requests carry the notify as well.
                 self.sas[i].per_cpu_peer = true;
                 self.queue_per_cpu(i, 0);
-                self.kick(i, now);
             } else {
                 self.log(
                     Level::Info,
@@ -3041,6 +3095,14 @@ impl Ike {
                 );
             }
         }
+        // Each further selector set is a child of its own, asked for with
+        // CREATE_CHILD_SA once the IKE SA is up (whether or not the first
+        // was accepted: the peer may take some sets and not others).
+        let sets = self.conns[ci].child.set_count();
+        if sets > 1 {
+            self.sas[i].tasks.extend((1..sets).map(Task::CreateChild));
+        }
+        self.kick(i, now);
     }
 
     /// RFC 9611: selector set `set` has its first child on IKE SA `i`,
@@ -3778,9 +3840,12 @@ impl Ike {
         if c.child.mode == Mode::Transport {
             payloads.push(notify(NotifyType::UseTransportMode, vec![]));
         }
-        // RFC 9611: a per-CPU child, or the first of a further selector
-        // set on an IKE SA whose peer keeps per-resource children.
-        if per_cpu || (rekey_of.is_none() && c.child.per_cpu_sas > 1 && self.sas[i].per_cpu_peer) {
+        // RFC 9611: a per-CPU child, or the first child of a selector set
+        // when we keep per-resource children: a peer that keeps them too
+        // answers with the notify (which tells us, if the IKE_AUTH answer
+        // could not: its child was refused), one that does not ignores it
+        // (an unknown status notify, RFC 7296 §3.10.1).
+        if per_cpu || (rekey_of.is_none() && c.child.per_cpu_sas > 1) {
             payloads.push(notify(NotifyType::SaResourceInfo, vec![]));
         }
         let props = self.child_proposals(i, spi_in, ke.is_some());
@@ -3899,13 +3964,20 @@ impl Ike {
             return;
         }
         let Some(old_in) = rekey_of else {
+            let ci = self.sas[i].conn;
+            if self.conns[ci].child.per_cpu_sas > 1
+                && find_notify(&p, NotifyType::SaResourceInfo).is_some()
+            {
+                // RFC 9611, learnt from a set's first child if the IKE_AUTH
+                // answer did not say (its child was refused).
+                self.sas[i].per_cpu_peer = true;
+            }
             // The only child of its set (not a per-CPU one opened again
             // beside others): the set's per-CPU children follow.
-            let ci = self.sas[i].conn;
             let live = self.sas[i]
                 .children
                 .iter()
-                .filter(|c| matches!(c.state, ChildState::Installed | ChildState::Rekeying))
+                .filter(|c| c.live())
                 .filter(|c| self.set_of(ci, c) == set)
                 .count();
             if live == 1 {
@@ -3919,7 +3991,8 @@ impl Ike {
         let sa = &self.sas[i];
         let ours_new = sa.children.iter().find(|c| c.spi_in == spi_in);
         let peers_new = sa.children.iter().find(|c| {
-            c.spi_in != spi_in
+            c.succeeds(old_in)
+                && c.spi_in != spi_in
                 && c.state == ChildState::Installed
                 && c.nonces.0 != ni
                 && c.pending_out.is_some()
@@ -4328,7 +4401,7 @@ impl Ike {
         sa.fragmentation = old.fragmentation;
         sa.qesp_declined = old.qesp_declined;
         sa.per_cpu_peer = old.per_cpu_peer;
-        sa.per_cpu_reopened = old.per_cpu_reopened;
+        sa.per_cpu_reopened = old.per_cpu_reopened.clone();
         let j = self.insert_sa(sa);
         if !self.install_ike_keys(j, g_ir, Some((old_prf, &old_sk_d))) {
             self.remove_sa(j);
@@ -4352,10 +4425,9 @@ impl Ike {
             .tasks
             .iter()
             .copied()
-            .filter(|t| matches!(t, Task::RekeyChild(_) | Task::DeleteChild(_)))
+            .filter(|t| t.moves_with_children())
             .collect();
-        old.tasks
-            .retain(|t| !matches!(t, Task::RekeyChild(_) | Task::DeleteChild(_)));
+        old.tasks.retain(|t| !t.moves_with_children());
         let new = &mut self.sas[j];
         new.children = children;
         new.tasks.extend(moved);
@@ -4411,7 +4483,9 @@ impl Ike {
                         let successor: Option<u32> = self.sas[i]
                             .children
                             .iter()
-                            .find(|n| n.pending_out.is_some() && n.spi_in != spi_in)
+                            .find(|n| {
+                                n.pending_out.is_some() && n.spi_in != spi_in && n.succeeds(spi_in)
+                            })
                             .map(|n| n.spi_in);
                         if let Some(n) = successor {
                             self.activate_outbound(i, n);
@@ -4461,10 +4535,11 @@ impl Ike {
 
     /// The peer deleted the per-CPU children of `slots` (RFC 9611) outside
     /// a rekey, on an IKE SA that keeps them: each is opened again with a
-    /// CREATE_CHILD_SA of its own (into the lowest free slot, which is one
-    /// of these), unless it already happened within
-    /// [`PER_CPU_REOPEN_HOLDOFF`]. The peer may still refuse with
-    /// TS_MAX_QUEUE, which leaves the slot closed as before.
+    /// CREATE_CHILD_SA of its own (into the lowest free slot of its
+    /// selector set, which is one of these), unless one of the same set
+    /// was opened again within [`PER_CPU_REOPEN_HOLDOFF`]. The peer may
+    /// still refuse with TS_MAX_QUEUE, which leaves the slot closed as
+    /// before.
     fn reopen_per_cpu(&mut self, i: usize, now: Duration, slots: &[(u32, u32)]) {
         let ci = self.sas[i].conn;
         let n = self.conns[ci].child.per_cpu_sas;
@@ -4475,34 +4550,42 @@ impl Ike {
         {
             return;
         }
-        let list = slots
-            .iter()
-            .map(|&(set, slot)| format!("{slot}{}", self.set_label(ci, set)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        if self.sas[i]
-            .per_cpu_reopened
-            .is_some_and(|t| now < t + PER_CPU_REOPEN_HOLDOFF)
-        {
-            self.log(
-                Level::Info,
-                Some(ci),
-                format!(
-                    "the peer deleted the per-CPU child SA of slot {list} again within {} s: \
-                     left closed until the IKE SA is established anew (the workers share the others)",
-                    PER_CPU_REOPEN_HOLDOFF.as_secs()
-                ),
+        let held = |sa: &IkeSa, set: u32| {
+            sa.per_cpu_reopened
+                .iter()
+                .any(|&(k, t)| k == set && now < t + PER_CPU_REOPEN_HOLDOFF)
+        };
+        let list = |eng: &Self, which: &[&(u32, u32)]| {
+            which
+                .iter()
+                .map(|&&(set, slot)| format!("{slot}{}", eng.set_label(ci, set)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (closed, reopen): (Vec<_>, Vec<_>) =
+            slots.iter().partition(|&&(set, _)| held(&self.sas[i], set));
+        if !closed.is_empty() {
+            let msg = format!(
+                "the peer deleted the per-CPU child SA of slot {} again within {} s: \
+                 left closed until the IKE SA is established anew (the workers share the others)",
+                list(self, &closed),
+                PER_CPU_REOPEN_HOLDOFF.as_secs()
             );
+            self.log(Level::Info, Some(ci), msg);
+        }
+        if reopen.is_empty() {
             return;
         }
-        self.sas[i].per_cpu_reopened = Some(now);
-        self.log(
-            Level::Info,
-            Some(ci),
-            format!("the peer deleted the per-CPU child SA of slot {list}: opening it again"),
+        let msg = format!(
+            "the peer deleted the per-CPU child SA of slot {}: opening it again",
+            list(self, &reopen)
         );
-        for &(set, _) in slots {
-            self.sas[i].tasks.push_back(Task::CreatePerCpu(set));
+        self.log(Level::Info, Some(ci), msg);
+        let sa = &mut self.sas[i];
+        for &&(set, _) in &reopen {
+            sa.per_cpu_reopened.retain(|&(k, _)| k != set);
+            sa.per_cpu_reopened.push((set, now));
+            sa.tasks.push_back(Task::CreatePerCpu(set));
         }
     }
 

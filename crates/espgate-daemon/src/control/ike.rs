@@ -86,27 +86,33 @@ pub const TRAFFIC_LOOK: Duration = Duration::from_secs(1);
 
 /// Monotonic nanoseconds for the engine's cost accounting.
 /// The most data-plane selectors one negotiated child SA may need (its
-/// ranges split into prefixes, local × remote); beyond it the connection's
-/// configured selectors are used and a warning says so.
+/// ranges split into prefixes, local × remote); beyond it the configured
+/// selector set it belongs to is used and a warning says so.
 const MAX_CHILD_SELECTORS: usize = 256;
 
 /// The data plane's selectors for a negotiated SA: its negotiated ones as
-/// prefixes. Empty (the connection's) when they need more than
-/// [`MAX_CHILD_SELECTORS`] policies.
+/// prefixes. When they need more than [`MAX_CHILD_SELECTORS`] policies,
+/// the configured selector set they lie in (not the whole connection's,
+/// which on a connection with several sets would take the other sets'
+/// traffic); empty (the connection's) only if that too is beyond it.
 fn data_plane_selectors(s: &espgate_ike::engine::SaInstall) -> Vec<TrafficSelector> {
-    match espgate_ike::ts::to_selectors(&s.local_ts, &s.remote_ts, MAX_CHILD_SELECTORS) {
-        Some(v) => v,
-        None => {
-            tracing::warn!(
-                "ike: connection \"{}\": SA {:#010x}'s negotiated selectors need more than \
-                 {MAX_CHILD_SELECTORS} prefix pairs; the data plane uses the connection's \
-                 configured selectors for it",
-                s.conn,
-                s.spi
-            );
-            Vec::new()
-        }
+    use espgate_ike::ts::to_selectors;
+    if let Some(v) = to_selectors(&s.local_ts, &s.remote_ts, MAX_CHILD_SELECTORS) {
+        return v;
     }
+    let set = to_selectors(&s.set_ts.0, &s.set_ts.1, MAX_CHILD_SELECTORS).filter(|v| !v.is_empty());
+    tracing::warn!(
+        "ike: connection \"{}\": SA {:#010x}'s negotiated selectors need more than \
+         {MAX_CHILD_SELECTORS} prefix pairs; the data plane uses {} for it",
+        s.conn,
+        s.spi,
+        if set.is_some() {
+            "the configured selector set they lie in"
+        } else {
+            "the connection's configured selectors"
+        }
+    );
+    set.unwrap_or_default()
 }
 
 fn mono_ns() -> u64 {

@@ -165,6 +165,11 @@ struct HeldOut {
     integ_key: Secret,
     /// Time left until it is installed anyway.
     switch_in: Duration,
+    /// The inbound SPI of the child whose delete installs it (`None` from
+    /// a snapshot written before it was kept: then the delete of any
+    /// child does, as it did then).
+    #[serde(default)]
+    replaces: Option<u32>,
 }
 
 /// The inbound SA of a child a rekey replaced, deleted but left in the
@@ -403,6 +408,7 @@ impl Ike {
                         enc_key: Secret(out.enc_key.clone()),
                         integ_key: Secret(out.integ_key.clone()),
                         switch_in: at.saturating_sub(now),
+                        replaces: c.replaces,
                     }),
                     slot: c.slot,
                 }
@@ -614,6 +620,8 @@ impl Ike {
                 replaced: cs.replaced,
                 nonces: (cs.ni.0.clone(), cs.nr.0.clone()),
                 slot: cs.slot,
+                // With a held outbound SA: set below.
+                replaces: None,
             });
         }
         let mut retiring = Vec::new();
@@ -723,7 +731,9 @@ impl Ike {
                 mode,
                 c.slot,
             );
-            self.sas[i].children[pos].pending_out = Some((out, now + h.switch_in));
+            let c = &mut self.sas[i].children[pos];
+            c.pending_out = Some((out, now + h.switch_in));
+            c.replaces = h.replaces;
         }
         self.restart_at.remove(&ci);
         self.count(IkeEvent::IkeSasContinued);
