@@ -627,6 +627,15 @@ pub(crate) fn children(
     let mut sets: Vec<(usize, ChildSelectors)> = Vec::new();
     for (k, t) in r.child.iter().enumerate() {
         let t = t.get_ref();
+        if t.local_ts.is_none() && t.remote_ts.is_none() {
+            v.err(
+                child_at(k),
+                "this [[connection.ike.child]] table sets neither local_ts nor remote_ts: it \
+                 would be the connection's own selector set again; give it the selectors of \
+                 its child SA (a side left out is the connection's)",
+            );
+            continue;
+        }
         if let Some((local_ts, remote_ts)) =
             sa::child_selectors(v, &child_at(k), own, &t.local_ts, &t.remote_ts)
         {
@@ -640,7 +649,11 @@ pub(crate) fn children(
         }
     }
     // Each packet must select one child: the sets are disjoint, the
-    // connection's own (set 0) included.
+    // connection's own (set 0) included. Whole lists are compared, across
+    // families (a set's IPv4 side meeting another's while their IPv6
+    // sides differ still overlaps): a responder narrows a proposal into
+    // the first set whose lists it meets, and only disjoint lists keep a
+    // child's rekey from landing in another set.
     for (b, (k, set)) in sets.iter().enumerate() {
         let mine = (&set.local_ts[..], &set.remote_ts[..]);
         let earlier = std::iter::once(("the connection's own local_ts/remote_ts".to_string(), own))
@@ -2025,10 +2038,20 @@ retransmit_tries = 3"#,
                  has no IPv6 prefix",
             ],
         );
+        // An empty table would be the connection's own set again.
+        let e = bad("", &[""]);
+        assert_has(
+            &e,
+            &[
+                "connection[0].ike.child[0]",
+                "sets neither local_ts nor remote_ts",
+            ],
+        );
+        assert!(!e.contains("overlaps"), "{e}");
         // Overlaps: with the connection's own set (identical, or a part of
         // it), and between two children.
         assert_has(
-            &bad("", &[""]),
+            &bad("", &["local_ts = [\"10.1.0.0/16\"]"]),
             &[
                 "connection[0].ike.child[0]",
                 "overlaps the connection's own local_ts/remote_ts",

@@ -116,7 +116,9 @@ impl fmt::Display for Describe<'_> {
             } => write!(
                 f,
                 "{src} -> {dst} on connection \"{}\": outside the traffic selectors the peer \
-                 agreed to (it narrowed ours; `espgate status` shows each child SA's)",
+                 agreed to (it narrowed ours, or a selector set has no child SA; `espgate \
+                 status` shows each child SA's, `espgate initiate` asks again for a set without \
+                 one)",
                 name(conn)
             ),
             DropContext::NoSa { conn, src, dst, .. } => {
