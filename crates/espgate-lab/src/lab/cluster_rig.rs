@@ -255,6 +255,13 @@ pub fn node_config(
     format!("# written by espgate lab (cluster rig)\n{body}")
 }
 
+/// How long the rig waits for a node's control answer. A node answers in
+/// milliseconds when idle, but right after a flood, with six nodes, the
+/// generator and the sink on two CPUs (and other jobs on the host), its
+/// control thread can wait its turn for seconds: 2 s failed a whole
+/// experiment on a loaded CI host. Nothing here is timed by it.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What the agent thread shares with the rig.
 #[derive(Default)]
 struct AgentState {
@@ -765,7 +772,7 @@ impl ClusterRig {
             .sockets
             .get(usize::from(id).wrapping_sub(1))
             .ok_or_else(|| anyhow!("no node {id}"))?;
-        Client::new(sock, Duration::from_secs(2))
+        Client::new(sock, CONTROL_TIMEOUT)
             .status()
             .map_err(|e| anyhow!("node {id}: {e}"))?
             .cluster
@@ -1003,7 +1010,7 @@ impl ClusterRig {
     fn clients(&self) -> Vec<Client> {
         self.sockets
             .iter()
-            .map(|s| Client::new(s, Duration::from_secs(2)))
+            .map(|s| Client::new(s, CONTROL_TIMEOUT))
             .collect()
     }
 
