@@ -29,7 +29,6 @@
 
 use crate::sockets::{SpiRule, UdpSock};
 use crate::worker::lock;
-use espgate_core::gateway::Engine;
 use espgate_core::gateway::WorkerStats;
 use espgate_core::DropReason;
 use std::net::IpAddr;
@@ -104,7 +103,7 @@ impl SpiFilter {
     /// Once a second: engages a mode when its drop reason grew by
     /// [`ENGAGE_PER_SEC`] or more since the last tick, ends both after
     /// [`QUIET_SECS`] quiet ones, and follows SA changes meanwhile.
-    pub fn tick(&self, engines: &[std::sync::Mutex<Engine>], stats: &[Arc<WorkerStats>]) {
+    pub fn tick(&self, engines: &[crate::worker::EngineLock], stats: &[Arc<WorkerStats>]) {
         if self.socks.is_empty() {
             return;
         }
@@ -151,14 +150,14 @@ impl SpiFilter {
 
     /// After SAs were added or removed: the filter, if engaged, names the
     /// inbound SAs the engines have now.
-    pub fn refresh(&self, engines: &[std::sync::Mutex<Engine>]) {
+    pub fn refresh(&self, engines: &[crate::worker::EngineLock]) {
         let mut st = self.state();
         if st.unknown || st.pinned {
             self.apply(&mut st, engines);
         }
     }
 
-    fn apply(&self, st: &mut State, engines: &[std::sync::Mutex<Engine>]) {
+    fn apply(&self, st: &mut State, engines: &[crate::worker::EngineLock]) {
         let want = if st.unknown || st.pinned {
             let mut sas: Vec<(u32, IpAddr)> = Vec::new();
             for e in engines {

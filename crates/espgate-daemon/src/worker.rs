@@ -26,7 +26,7 @@ use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Largest packet read from any descriptor (an IPv4/UDP datagram or a TUN
@@ -67,17 +67,29 @@ pub struct Sockets {
 /// removed): our address, the sender, the message.
 pub type IkeDatagram = (SocketAddr, SocketAddr, Vec<u8>);
 
-/// Locks an engine; one whose holder panicked is still consistent enough
-/// to report and stop.
-pub fn lock(e: &Mutex<Engine>) -> MutexGuard<'_, Engine> {
-    e.lock().unwrap_or_else(PoisonError::into_inner)
+/// A worker's engine, shared with the control thread.
+///
+/// parking_lot's mutex, not std's: a worker that is never idle (a flood
+/// it cannot keep up with) unlocks at the end of each round and locks
+/// again microseconds later, and with std's mutex a control thread
+/// woken by that unlock found it taken again, round after round: `sa
+/// add` or a cluster plan waited for seconds (a cluster node under a 3DES
+/// flood did not answer its control socket at all). The worker now ends
+/// each round with [`parking_lot::MutexGuard::unlock_fair`], which hands
+/// the lock to a waiting thread, and costs no more than a plain unlock
+/// when none waits.
+pub type EngineLock = parking_lot::Mutex<Engine>;
+
+/// Locks an engine.
+pub fn lock(e: &EngineLock) -> parking_lot::MutexGuard<'_, Engine> {
+    e.lock()
 }
 
 /// One data-plane worker; see the module documentation.
 pub struct Worker<'a> {
     /// This worker's engine (locked by it for each round of packets, by
     /// the control thread only to change SAs).
-    pub engine: &'a Mutex<Engine>,
+    pub engine: &'a EngineLock,
     /// This worker's index.
     pub me: usize,
     /// This worker's TUN queue.
@@ -310,6 +322,9 @@ impl<'a> Worker<'a> {
                     }
                 }
                 drop(hot);
+                // The control thread, if it waits, goes next (see
+                // `EngineLock`).
+                parking_lot::MutexGuard::unlock_fair(guard);
             }
             let now_i = Instant::now();
             if now_i >= next_tick {

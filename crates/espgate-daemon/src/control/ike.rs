@@ -10,6 +10,7 @@ use crate::sockets::UdpSock;
 use crate::spifilter::SpiFilter;
 use crate::sys::RecvBatch;
 use crate::worker::lock;
+use crate::worker::EngineLock;
 use anyhow::{Context, Result};
 use espgate_api::cluster::SharedIke;
 use espgate_api::control::secret_json;
@@ -23,7 +24,7 @@ use espgate_ike::engine::{CommandError, Event, Ike, IkeOp, IkeStatus, Level, Por
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 use zeroize::Zeroizing;
 
@@ -440,7 +441,7 @@ impl IkeDriver {
     /// Runs due timers, sends what the engine wants sent and applies its
     /// events to the data plane. `engines`: every worker's engine (worker 0
     /// first), locked only when the IKE engine has SA changes for them.
-    pub fn pump(&mut self, engines: &[Mutex<Engine>], now: Duration) {
+    pub fn pump(&mut self, engines: &[EngineLock], now: Duration) {
         if self.passive() {
             return;
         }
@@ -685,7 +686,7 @@ fn sa_status(s: &IkeStatus, now: Duration) -> IkeSaStatus {
 }
 
 /// Every worker's engine, locked (worker 0 first).
-pub fn lock_all(engines: &[Mutex<Engine>]) -> Vec<MutexGuard<'_, Engine>> {
+pub fn lock_all(engines: &[EngineLock]) -> Vec<parking_lot::MutexGuard<'_, Engine>> {
     engines.iter().map(lock).collect()
 }
 

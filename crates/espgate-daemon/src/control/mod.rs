@@ -21,6 +21,7 @@ mod tests;
 use crate::signals::{self, Signals};
 use crate::spifilter::SpiFilter;
 use crate::status::{self, ConnInfo, Info};
+use crate::worker::EngineLock;
 use crate::worker::{lock, IkeDatagram};
 use anyhow::{Context, Result};
 use espgate_api::control::{Change, CostsAction, Proto, Request, Response, SaDir};
@@ -41,7 +42,7 @@ pub use metrics::MetricsListener;
 /// Everything the control thread serves, shared with its tasks.
 pub struct Control {
     /// Every worker's engine, worker 0 first.
-    pub engines: Vec<Mutex<Engine>>,
+    pub engines: Vec<EngineLock>,
     stats: Vec<Arc<WorkerStats>>,
     conns: Vec<ConnInfo>,
     info: Info,
@@ -97,7 +98,7 @@ impl Control {
         Control {
             cluster_name: info.cluster.clone(),
             cluster_report: Mutex::new(cluster_report),
-            engines: engines.into_iter().map(Mutex::new).collect(),
+            engines: engines.into_iter().map(EngineLock::new).collect(),
             stats,
             conns,
             info,

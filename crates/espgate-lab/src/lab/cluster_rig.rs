@@ -255,11 +255,12 @@ pub fn node_config(
     format!("# written by espgate lab (cluster rig)\n{body}")
 }
 
-/// How long the rig waits for a node's control answer. A node answers in
-/// milliseconds when idle, but right after a flood, with six nodes, the
-/// generator and the sink on two CPUs (and other jobs on the host), its
-/// control thread can wait its turn for seconds: 2 s failed a whole
-/// experiment on a loaded CI host. Nothing here is timed by it.
+/// How long the rig waits for a node's control answer: a margin for a
+/// host where six nodes, the generator and the sink share two CPUs
+/// (nothing here is timed by it). A node answers in milliseconds even
+/// while its worker is flooded, since the worker hands its engine's lock
+/// over fairly (`espgate_daemon::worker::EngineLock`); before that, a
+/// node under a 3DES flood did not answer within 2 s or at all.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the agent thread shares with the rig.
