@@ -301,6 +301,10 @@ pub fn run_hooked(
             .map(|m| format!(", metrics on http://{}/metrics", m.local_addr()))
             .unwrap_or_default()
     );
+    tracing::info!(
+        "AES-GCM SAs are run by {}",
+        espgate_core::crypto::GcmImpl::current().describe()
+    );
     for d in net.describe() {
         tracing::debug!("{d}");
     }

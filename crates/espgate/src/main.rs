@@ -506,6 +506,12 @@ fn run_bench(what: BenchCmd) -> Result<ExitCode> {
                  crypto: share of the time that is cryptography (1 - null skeleton / suite)"
             );
         }
+        if rows.iter().any(|r| r.library.is_some()) {
+            println!(
+                "AES-GCM: {}",
+                espgate_core::crypto::GcmImpl::current().describe()
+            );
+        }
         if costs {
             println!("\n{}{}", bench::costs_table(&rows), bench::COSTS_NOTES);
         }

@@ -1,5 +1,6 @@
 //! The keyed ESP transform: encryption plus integrity, or a combined mode.
 
+use super::gcm::{GcmImpl, RingGcmKey};
 use super::mac::Mac;
 use super::suite::{Enc, Suite, SuiteError};
 use super::AuthCtx;
@@ -20,6 +21,11 @@ enum Cipher {
     Cbc(Box<CbcKeys>),
     Aead {
         key: LessSafeKey,
+        salt: Zeroizing<[u8; 4]>,
+    },
+    /// AES-GCM through ring ([`GcmImpl`]): sealed and opened in place.
+    RingGcm {
+        key: RingGcmKey,
         salt: Zeroizing<[u8; 4]>,
     },
     Gmac {
@@ -138,7 +144,19 @@ fn scrub_stack() {
 impl Transform {
     /// Keys `suite`. For combined modes `enc_key` ends with the 4-byte salt.
     pub fn new(suite: Suite, enc_key: &[u8], integ_key: &[u8]) -> Result<Transform, SuiteError> {
-        let t = Transform::keyed(suite, enc_key, integ_key);
+        Transform::with_gcm(suite, enc_key, integ_key, GcmImpl::current())
+    }
+
+    /// [`Transform::new`] with AES-GCM (not GMAC) run by `gcm`'s library
+    /// rather than the process's choice ([`GcmImpl::current`]): for tests
+    /// and measurements that compare the two.
+    pub fn with_gcm(
+        suite: Suite,
+        enc_key: &[u8],
+        integ_key: &[u8],
+        gcm: GcmImpl,
+    ) -> Result<Transform, SuiteError> {
+        let t = Transform::keyed(suite, enc_key, integ_key, gcm);
         // The key objects were built in `keyed`'s frame and below it, now
         // dead: wipe the copies of key schedules left there.
         scrub_stack();
@@ -148,7 +166,12 @@ impl Transform {
     /// [`Transform::new`], in a frame of its own (never inlined), so that
     /// every stack temporary of the key objects lies below `new`'s frame.
     #[inline(never)]
-    fn keyed(suite: Suite, enc_key: &[u8], integ_key: &[u8]) -> Result<Transform, SuiteError> {
+    fn keyed(
+        suite: Suite,
+        enc_key: &[u8],
+        integ_key: &[u8],
+        gcm: GcmImpl,
+    ) -> Result<Transform, SuiteError> {
         let enc = suite.enc.unwrap_or(Enc::Null);
         key_len_check("encryption", enc.key_len(), enc_key)?;
         key_len_check("integrity", suite.integ_key_len(), integ_key)?;
@@ -170,6 +193,13 @@ impl Transform {
             )?,
             #[allow(deprecated)]
             Enc::Des => cbc(&DES_FOR_LEGACY_USE_ONLY, enc_key, "DES (weak key)")?,
+            Enc::AesGcm16(_) if gcm == GcmImpl::Ring => {
+                let (k, s) = enc_key.split_at(enc_key.len() - 4);
+                let key = RingGcmKey::new(k).ok_or(SuiteError::BadKey("AEAD"))?;
+                let mut salt = Zeroizing::new([0u8; 4]);
+                salt.copy_from_slice(s);
+                Cipher::RingGcm { key, salt }
+            }
             Enc::AesGcm16(bits) | Enc::AesGmac(bits) => {
                 let alg = if bits == 128 {
                     &aead::AES_128_GCM
@@ -227,7 +257,10 @@ impl Transform {
 
     /// Combined mode (the AAD of [`AuthCtx`] is used, not the MAC fields).
     pub fn is_combined(&self) -> bool {
-        matches!(self.cipher, Cipher::Aead { .. } | Cipher::Gmac { .. })
+        matches!(
+            self.cipher,
+            Cipher::Aead { .. } | Cipher::RingGcm { .. } | Cipher::Gmac { .. }
+        )
     }
 
     /// The integrity algorithm of a non-combined suite (AH uses it directly).
@@ -243,7 +276,7 @@ impl Transform {
     pub fn fill_iv(&mut self, iv: &mut [u8], seq: u64) -> PResult<()> {
         match &mut self.cipher {
             Cipher::Null => Ok(()),
-            Cipher::Aead { .. } | Cipher::Gmac { .. } => {
+            Cipher::Aead { .. } | Cipher::RingGcm { .. } | Cipher::Gmac { .. } => {
                 iv.copy_from_slice(&seq.to_be_bytes());
                 Ok(())
             }
@@ -292,6 +325,13 @@ impl Transform {
                 probe.mark(Stage::Cipher);
                 return r;
             }
+            Cipher::RingGcm { key, salt } => {
+                let n = nonce_bytes(salt, &pkt[hdr_len..iv_end])?;
+                let (body, icv) = pkt[iv_end..].split_at_mut(icv_start - iv_end);
+                let r = key.seal(n, auth.aad, body, icv);
+                probe.mark(Stage::Cipher);
+                return r;
+            }
             Cipher::Gmac { key, salt } => {
                 let n = nonce(salt, &pkt[hdr_len..iv_end])?;
                 let tag = gmac_tag(key, n, auth.aad, &pkt[..icv_start], hdr_len);
@@ -315,7 +355,19 @@ impl Transform {
     /// key, encryption and integrity in one seal.
     #[inline]
     pub fn is_aead(&self) -> bool {
-        matches!(self.cipher, Cipher::Aead { .. })
+        matches!(self.cipher, Cipher::Aead { .. } | Cipher::RingGcm { .. })
+    }
+
+    /// The library that runs this transform's AES-GCM ([`GcmImpl`]);
+    /// `None` for other suites (aws-lc).
+    pub fn gcm_impl(&self) -> Option<GcmImpl> {
+        match &self.cipher {
+            Cipher::RingGcm { .. } => Some(GcmImpl::Ring),
+            Cipher::Aead { key, .. } if key.algorithm() != &aead::CHACHA20_POLY1305 => {
+                Some(GcmImpl::AwsLc)
+            }
+            _ => None,
+        }
     }
 
     /// Whether the SA seals this suite with [`Transform::seal_from`]
@@ -325,7 +377,8 @@ impl Transform {
     /// input) costs more than the copy it saves: `bench esp`'s `no copy`
     /// against the copying pipeline, 300 against 234 ns per packet at 64 B
     /// and about 780 against 723 ns at 1400 B, where AES-GCM gains
-    /// (docs/PERFORMANCE.md).
+    /// (docs/PERFORMANCE.md). ring has no out-of-place seal, so its
+    /// AES-GCM copies too.
     pub fn seals_from(&self) -> bool {
         match &self.cipher {
             Cipher::Aead { key, .. } => key.algorithm() != &aead::CHACHA20_POLY1305,
@@ -392,6 +445,12 @@ impl Transform {
                     .open_in_place(n, Aad::from(auth.aad), &mut pkt[iv_end..])
                     .map(|_| ())
                     .map_err(|_| DropReason::Integrity);
+                probe.mark(Stage::Cipher);
+                return r;
+            }
+            Cipher::RingGcm { key, salt } => {
+                let n = nonce_bytes(salt, &pkt[hdr_len..iv_end])?;
+                let r = key.open(n, auth.aad, &mut pkt[iv_end..]);
                 probe.mark(Stage::Cipher);
                 return r;
             }
@@ -479,7 +538,9 @@ impl Transform {
     /// the packet.
     pub fn verify(&self, pkt: &mut [u8], hdr_len: usize, auth: &AuthCtx<'_>) -> PResult<()> {
         match &self.cipher {
-            Cipher::Aead { .. } | Cipher::Gmac { .. } => self.open(pkt, hdr_len, auth),
+            Cipher::Aead { .. } | Cipher::RingGcm { .. } | Cipher::Gmac { .. } => {
+                self.open(pkt, hdr_len, auth)
+            }
             Cipher::Null | Cipher::Cbc(_) => {
                 let (_, icv_start) = self.layout(pkt.len(), hdr_len)?;
                 match &self.mac {
@@ -548,11 +609,17 @@ fn aead_key(
 /// `Result<Nonce>` was assembled and unpacked byte by byte on each packet.
 #[inline]
 fn nonce(salt: &[u8; 4], iv: &[u8]) -> PResult<Nonce> {
+    nonce_bytes(salt, iv).map(Nonce::assume_unique_for_key)
+}
+
+/// [`nonce`]'s 12 bytes, for ring.
+#[inline]
+fn nonce_bytes(salt: &[u8; 4], iv: &[u8]) -> PResult<[u8; 12]> {
     let iv: [u8; 8] = iv.try_into().map_err(|_| DropReason::BadLength)?;
     let mut n = [0u8; 12];
     n[..4].copy_from_slice(salt);
     n[4..].copy_from_slice(&iv);
-    Ok(Nonce::assume_unique_for_key(n))
+    Ok(n)
 }
 
 /// RFC 4543 §3.2: GMAC authenticates AAD || IV || payload with nothing to

@@ -6,10 +6,12 @@
 //! [`AuthCtx`]), so ESP and later Q-ESP share it.
 
 mod cipher;
+mod gcm;
 mod mac;
 mod suite;
 
 pub use cipher::Transform;
+pub use gcm::GcmImpl;
 pub use mac::Mac;
 pub use suite::{parse_enc, parse_integ};
 pub use suite::{Enc, Integ, Suite, SuiteError};

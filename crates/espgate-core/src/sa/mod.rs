@@ -11,7 +11,7 @@ pub mod spec;
 
 use crate::buf::{PacketBuf, Rest};
 use crate::cost::{NoProbe, Probe, Stage};
-use crate::crypto::{Suite, SuiteError, Transform};
+use crate::crypto::{GcmImpl, Suite, SuiteError, Transform};
 use crate::error::{DropReason, PResult};
 use crate::selector::TrafficSelector;
 use crate::stats::{LifeState, SaCounters};
@@ -155,6 +155,9 @@ pub struct SaConfig {
     /// the SA's lease, so that a node that restarts under the same manual
     /// keys never repeats an IV).
     pub initial_iv: u64,
+    /// The library that runs an AES-GCM suite ([`GcmImpl`]); by default
+    /// the process's choice, [`GcmImpl::current`].
+    pub gcm: GcmImpl,
 }
 
 /// Where an AEAD suite's 8-byte explicit IV comes from. RFC 4106 §3.1
@@ -225,6 +228,7 @@ impl SaConfig {
             ip_protocol: protocol.number(),
             iv_source: IvSource::Sequence,
             initial_iv: 1,
+            gcm: GcmImpl::current(),
         }
     }
 
@@ -505,7 +509,7 @@ impl Sa {
                 "a sequence number above 2^32-1 needs esn".into(),
             ));
         }
-        let transform = Transform::new(cfg.suite, &cfg.enc_key, &cfg.integ_key)?;
+        let transform = Transform::with_gcm(cfg.suite, &cfg.enc_key, &cfg.integ_key, cfg.gcm)?;
         let replay = ReplayWindow::new(cfg.replay_window, cfg.esn, cfg.initial_seq - 1);
         let counters = Arc::new(SaCounters::default());
         counters.next_seq.set(cfg.initial_seq);

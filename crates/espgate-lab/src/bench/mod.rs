@@ -80,7 +80,7 @@ pub fn run_and_print<R: serde::Serialize>(
 }
 use anyhow::{anyhow, bail, ensure, Result};
 use espgate_core::cost::{NoProbe, Probe, Stage};
-use espgate_core::crypto::{AuthCtx, Enc, Suite, Transform};
+use espgate_core::crypto::{AuthCtx, Enc, GcmImpl, Suite, Transform};
 use espgate_core::sa::{
     classify, Classified, Classifier, Decapsulated, Inbound, Protocol, Sa, SaConfig,
 };
@@ -250,6 +250,11 @@ pub struct Row {
     /// one operation as `cipher` and `integrity` 0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stages: Option<BTreeMap<String, f64>>,
+    /// AES-GCM rows: the library that ran the cipher, `aws-lc` or `ring`
+    /// ([`espgate_core::crypto::GcmImpl`]); absent for other suites
+    /// (always aws-lc).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub library: Option<&'static str>,
 }
 
 fn row(suite: &str, size: usize, direction: &'static str, s: &Samples) -> Row {
@@ -267,6 +272,7 @@ fn row(suite: &str, size: usize, direction: &'static str, s: &Samples) -> Row {
         crypto_share: None,
         spread: s.spread(),
         stages: None,
+        library: None,
     }
 }
 
@@ -726,13 +732,17 @@ pub fn crypto(p: &Params, mut progress: impl FnMut(&str)) -> Result<Vec<Row>> {
         for &size in &p.sizes {
             progress(&format!("crypto {suite} {size} B"));
             let mut raw = Raw::new(suite, size)?;
+            let library = raw.t.gcm_impl().map(GcmImpl::name);
             let (mut seal, mut open) = (Samples::default(), Samples::default());
             for _ in 0..p.repeat {
                 seal.0.push(measure(p.time, || raw.seal_n(CHUNK))?);
                 open.0.push(measure(p.time, || raw.open_n(CHUNK))?);
             }
-            rows.push(row(&suite.name(), size, "seal", &seal));
-            rows.push(row(&suite.name(), size, "open", &open));
+            for (dir, s) in [("seal", &seal), ("open", &open)] {
+                let mut r = row(&suite.name(), size, dir, s);
+                r.library = library;
+                rows.push(r);
+            }
         }
     }
     Ok(rows)
@@ -748,6 +758,7 @@ pub fn esp(p: &Params, mut progress: impl FnMut(&str)) -> Result<Vec<Row>> {
             progress(&format!("esp {suite} {size} B"));
             let mut pipe = Pipeline::new(p.protocol, suite, size, p.inbound)?;
             let mut raw = Raw::new(suite, size)?;
+            let library = raw.t.gcm_impl().map(GcmImpl::name);
             let mut s = [(); 8].map(|_| Samples::default());
             let [seal_s, copy_seal_s, open_s, out_s, from_s, in_s, skel_out, skel_in] = &mut s;
             for _ in 0..p.repeat {
@@ -801,6 +812,7 @@ pub fn esp(p: &Params, mut progress: impl FnMut(&str)) -> Result<Vec<Row>> {
                 r.ratio_to_raw = Some(raw.median() / r.ns_per_packet);
                 r.ceiling = ceiling;
                 r.no_copy = no_copy;
+                r.library = library;
                 r.crypto_share = Some((1.0 - sk.median() / r.ns_per_packet).max(0.0));
                 if let Some(pr) = probed.as_mut() {
                     r.stages = Some(pr.stages(dir, probe_time)?);
@@ -974,7 +986,15 @@ mod tests {
             }
             // `no copy`: outbound rows of suites that seal from the
             // caller's packet (AEAD), and only those.
-            let seals_from = r.suite == "aes128gcm16" && r.direction == "outbound";
+            // (ring's AES-GCM has no out-of-place seal: see GcmImpl.)
+            let seals_from = r.suite == "aes128gcm16"
+                && r.direction == "outbound"
+                && GcmImpl::current() == GcmImpl::AwsLc;
+            assert_eq!(
+                r.library,
+                (r.suite == "aes128gcm16").then(|| GcmImpl::current().name()),
+                "{r:?}"
+            );
             assert_eq!(r.no_copy.is_some(), seals_from, "{r:?}");
             assert!(r.no_copy.is_none_or(|c| c > 0.0 && c.is_finite()), "{r:?}");
         }
@@ -1080,6 +1100,7 @@ mod tests {
             crypto_share: None,
             spread: 0.012,
             stages: None,
+            library: None,
         };
         let mut gcm = r("aes128gcm16", 1400, "outbound", 565.4);
         gcm.ratio_to_raw = Some(0.87);
