@@ -6,7 +6,8 @@
 //! Asserts, per packet:
 //! - a twin SA on the general outbound path (a probe that wants marks)
 //!   returns the same result, bytes (lengths with CBC's random IVs) and
-//!   counters as the unprobed path;
+//!   counters as the unprobed path; the twin and the receiver run AES-GCM
+//!   in the other library (aws-lc or ring, `GcmImpl`) than the sender;
 //! - a well-formed (synthetic UDP) packet is always accepted outbound, except
 //!   for TooBig / SeqExhausted;
 //! - the protected packet parses, its IP length is its real length, it is no
@@ -24,7 +25,7 @@
 #![no_main]
 
 use espgate_core::cost::{Probe, Stage};
-use espgate_core::crypto::{Enc, Suite, SuiteError};
+use espgate_core::crypto::{Enc, GcmImpl, Suite, SuiteError};
 use espgate_core::sa::{self, Classified, Decapsulated, Encap, Mode, Protocol, SaError};
 use espgate_core::wire::{ip, proto};
 use espgate_core::{DropReason, PacketBuf, Sa, SaConfig};
@@ -148,13 +149,26 @@ fuzz_target!(|data: &[u8]| {
     cfg.copy_dscp = copy_dscp;
     cfg.allow_insecure = true;
 
-    let mk = || match Sa::new(cfg.clone(), T0) {
-        Ok(sa) => Some(sa),
-        // Derived keys can be weak DES keys; anything else is a valid config.
-        Err(SaError::Suite(SuiteError::BadKey(_))) => None,
-        Err(e) => panic!("valid config refused: {e} ({cfg:?})"),
+    // AES-GCM runs in aws-lc or in ring (GcmImpl): the sender uses this
+    // process's library, the receiver and the general-path twin the
+    // other one, so both paths are also held to the other library's
+    // bytes.
+    let other = match cfg.gcm {
+        GcmImpl::AwsLc => GcmImpl::Ring,
+        GcmImpl::Ring => GcmImpl::AwsLc,
     };
-    let (Some(mut out), Some(mut inn), Some(mut general)) = (mk(), mk(), mk()) else {
+    let mk = |gcm| {
+        let mut c = cfg.clone();
+        c.gcm = gcm;
+        match Sa::new(c, T0) {
+            Ok(sa) => Some(sa),
+            // Derived keys can be weak DES keys; anything else is a valid config.
+            Err(SaError::Suite(SuiteError::BadKey(_))) => None,
+            Err(e) => panic!("valid config refused: {e} ({cfg:?})"),
+        }
+    };
+    let (Some(mut out), Some(mut inn), Some(mut general)) = (mk(cfg.gcm), mk(other), mk(other))
+    else {
         return;
     };
 
