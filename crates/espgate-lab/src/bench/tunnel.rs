@@ -117,7 +117,8 @@ median Mbit/s and CPU s/Gbit between the runs.
 runs_started_s (each run's start, seconds into the bench), runs_retransmits (tcp: the
 sender's retransmitted segments per run), median_mbps, min_mbps, max_mbps, median_pps and
 loss_percent (UDP; null for tcp), ratio_to_plain, cpu {process: %}, cpu_s_per_gbit, error
-(null unless it failed), settings.
+(null unless it failed), settings, and for espgate with an AES-GCM suite aes_gcm (the library
+that ran it, aws-lc or ring, also shown after the suite above the table).
 
 Needs root, iproute2, ping and iperf3. Removes everything it made (namespaces, processes,
 its work directory), also on error and on Ctrl-C; a progress line is shown on stderr when
@@ -942,6 +943,11 @@ pub struct Row {
     /// Scrapes done during these runs (status and metrics, per gateway).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scrapes: Option<u64>,
+    /// espgate with an AES-GCM suite: the library that ran it, `aws-lc`
+    /// or `ring` (`espgate_core::crypto::GcmImpl`: the gateways run on
+    /// this CPU with this environment). `None` otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aes_gcm: Option<&'static str>,
 }
 
 impl Row {
@@ -1006,6 +1012,12 @@ impl Row {
             settings: settings.clone(),
             scraped_hz: None,
             scrapes: None,
+            aes_gcm: match system {
+                System::Espgate(s) if s.starts_with("aes") && s.ends_with("gcm16") => {
+                    Some(espgate_core::crypto::GcmImpl::current().name())
+                }
+                _ => None,
+            },
         };
         row.cpu_s_per_gbit = cpu_s_per_gbit(&row.cpu, row.median_mbps);
         row
@@ -1081,7 +1093,17 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
         settings.describe()
     );
     if !suites.is_empty() {
-        out += &format!("espgate: ESP-in-UDP, manual keys, {}\n", suites.join(", "));
+        let mut libs: Vec<&str> = rows.iter().filter_map(|r| r.aes_gcm).collect();
+        libs.dedup();
+        let libs = if libs.is_empty() {
+            String::new()
+        } else {
+            format!(" (AES-GCM in {})", libs.join(", "))
+        };
+        out += &format!(
+            "espgate: ESP-in-UDP, manual keys, {}{libs}\n",
+            suites.join(", ")
+        );
     }
     // Each system's version, once (the first row that knows it).
     let mut versions: Vec<(&str, Option<&str>)> = Vec::new();
@@ -2602,7 +2624,7 @@ mod tests {
     fn table_text_is_pinned() {
         let want = "\
 espgate bench tunnel: iperf3 host A -> host B, 3 run(s) of 10 s per test; mtu 1500, offloads on, workers default, batch 32, sockbuf default, mss-clamp on (all but mtu: espgate only)
-espgate: ESP-in-UDP, manual keys, aes128gcm16
+espgate: ESP-in-UDP, manual keys, aes128gcm16 (AES-GCM in aws-lc)
 versions:
   plain         6.1.0-test (Linux kernel forwarding)
   espgate       0.1.0
@@ -2625,7 +2647,13 @@ failures:
 - (tcp, udp512) wireguard-go: wireguard-go did not come up: no interface
 log line
 ";
-        let text = render_table(&rows(), &settings(), 3);
+        // Which library runs AES-GCM depends on the CPU: pinned here.
+        let mut r = rows();
+        for x in r.iter_mut().filter(|x| x.aes_gcm.is_some()) {
+            x.aes_gcm = Some("aws-lc");
+        }
+        assert!(r.iter().any(|x| x.aes_gcm.is_some()));
+        let text = render_table(&r, &settings(), 3);
         assert_eq!(text, want, "\n{text}");
     }
 
