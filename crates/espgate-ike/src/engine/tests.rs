@@ -224,6 +224,22 @@ impl Pair {
         panic!("the engines never went quiet");
     }
 
+    /// Delivers what each side has queued to the other, both queues taken
+    /// before either is delivered (so two requests cross); returns how
+    /// many A and B had sent.
+    fn cross(&mut self) -> (usize, usize) {
+        let ta: Vec<Transmit> = std::iter::from_fn(|| self.a.poll_transmit()).collect();
+        let tb: Vec<Transmit> = std::iter::from_fn(|| self.b.poll_transmit()).collect();
+        let sent = (ta.len(), tb.len());
+        for t in ta {
+            self.b.handle(self.now, t.remote, t.local, &t.data);
+        }
+        for t in tb {
+            self.a.handle(self.now, t.remote, t.local, &t.data);
+        }
+        sent
+    }
+
     /// Advances time to each due timer up to `until`, running exchanges.
     fn advance(&mut self, d: Duration) {
         let end = self.now + d;
@@ -887,14 +903,7 @@ fn simultaneous_child_rekey_leaves_one_pair() {
         p.a.handle_timeout(p.now);
         p.b.handle_timeout(p.now);
         // Cross the two requests before either answer arrives.
-        let ta: Vec<Transmit> = std::iter::from_fn(|| p.a.poll_transmit()).collect();
-        let tb: Vec<Transmit> = std::iter::from_fn(|| p.b.poll_transmit()).collect();
-        for t in ta {
-            p.b.handle(p.now, t.remote, t.local, &t.data);
-        }
-        for t in tb {
-            p.a.handle(p.now, t.remote, t.local, &t.data);
-        }
+        p.cross();
         p.run();
         p.advance(Duration::from_secs(1) + REKEYED_INBOUND_LINGER);
         assert!(
@@ -3281,15 +3290,7 @@ fn rekeys_of_children_of_two_sets_at_once_are_not_taken_for_a_collision() {
         p.b.sas[ib].tasks.push_back(Task::RekeyChild(b_child));
         p.a.kick_now(ia, p.now);
         p.b.kick_now(ib, p.now);
-        let ta: Vec<Transmit> = std::iter::from_fn(|| p.a.poll_transmit()).collect();
-        let tb: Vec<Transmit> = std::iter::from_fn(|| p.b.poll_transmit()).collect();
-        assert_eq!((ta.len(), tb.len()), (1, 1));
-        for t in ta {
-            p.b.handle(p.now, t.remote, t.local, &t.data);
-        }
-        for t in tb {
-            p.a.handle(p.now, t.remote, t.local, &t.data);
-        }
+        assert_eq!(p.cross(), (1, 1));
         p.run();
         p.advance(Duration::from_secs(1) + REKEYED_INBOUND_LINGER);
         let collisions =
