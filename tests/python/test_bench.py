@@ -4,19 +4,25 @@ are not timed tests); only that the numbers are present, positive and
 consistent with each other."""
 
 import json
+import os
 import subprocess
 
+import pytest
 
-def bench(espgate, *args, check=True):
-    r = subprocess.run([espgate, "bench", *args], capture_output=True, text=True, timeout=120)
+
+def bench(espgate, *args, check=True, env=None):
+    r = subprocess.run([espgate, "bench", *args], capture_output=True, text=True, timeout=120,
+                       env=None if env is None else {**os.environ, **env})
     if check:
         assert r.returncode == 0, r.stderr
     return r
 
 
-def test_bench_esp_json_rows(espgate):
+# AES-GCM runs in aws-lc or ring (the CPU decides; ESPGATE_AES_GCM forces it).
+@pytest.mark.parametrize("library", ["aws-lc", "ring"])
+def test_bench_esp_json_rows(espgate, library):
     r = bench(espgate, "esp", "--json", "--suite", "aes128gcm16,chacha20poly1305", "--size", "64",
-              "--size", "1400", "--seconds", "0.01", "--repeat", "1")
+              "--size", "1400", "--seconds", "0.01", "--repeat", "1", env={"ESPGATE_AES_GCM": library})
     rows = json.loads(r.stdout)
     keys = {(x["suite"], x["size"], x["direction"]) for x in rows}
     for suite in ("aes128gcm16", "chacha20poly1305", "null"):
@@ -31,11 +37,14 @@ def test_bench_esp_json_rows(espgate):
         else:
             assert 0 < x["ratio_to_raw"] < 10
             assert 0 <= x["crypto_share"] <= 1
+        # AES-GCM rows name the library that ran them; other suites, none.
+        assert x.get("library") == (library if x["suite"] == "aes128gcm16" else None), x
         if x["suite"] != "null" and x["direction"] == "outbound":
             assert 0 < x["ceiling"] < 10
-            # AES-GCM is sealed from the packet where it lies; ChaCha20-Poly1305
-            # is not (measured slower that way), so it has no such row.
-            if x["suite"] == "aes128gcm16":
+            # aws-lc's AES-GCM is sealed from the packet where it lies;
+            # ring's (no out-of-place seal) and ChaCha20-Poly1305 (measured
+            # slower that way) are not, so they have no such row.
+            if x["suite"] == "aes128gcm16" and library == "aws-lc":
                 assert 0 < x["no_copy"] < 10
             else:
                 assert x["no_copy"] is None
@@ -49,7 +58,10 @@ def test_bench_esp_table_and_one_direction(espgate):
               "--direction", "out")
     lines = r.stdout.splitlines()
     assert lines[0].split()[:3] == ["suite", "size", "direction"]
-    body = [line.split() for line in lines[1:] if line and not line.startswith("vs raw")]
+    # The notes: what the columns mean, and which library ran AES-GCM.
+    assert any(line.startswith("AES-GCM: aws-lc") or line.startswith("AES-GCM: ring") for line in lines), lines
+    body = [line.split() for line in lines[1:]
+            if line and not line.startswith("vs raw") and not line.startswith("AES-GCM:")]
     assert [(b[0], b[1], b[2]) for b in body] == [("aes256gcm16", "512", "outbound"), ("null", "512", "outbound")]
 
 
