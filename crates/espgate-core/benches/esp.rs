@@ -1,6 +1,8 @@
 //! ESP pipeline throughput against raw aws-lc-rs AEAD in the same run, SPD
-//! lookup with 10 000 policies, and the Internet checksum (which the TCP
-//! segmentation and coalescing offloads run over every inner packet).
+//! lookup with 10 000 policies (and its memo of the last flow), the
+//! Internet checksum (which the TCP segmentation and coalescing offloads
+//! run over every inner packet), and the engine's work per TSO segment on
+//! top of the SA's (`engine_segment`).
 //!
 //! `cargo bench -p espgate-core --bench esp` (add `-- outbound/aes128gcm16`
 //! etc. to filter). Packets are inner IPv4/UDP of the given total size,
@@ -198,8 +200,64 @@ fn spd(c: &mut Criterion) {
             black_box(spd.lookup_linear(&flows[i], Direction::Outbound).unwrap().0)
         })
     });
+    // One flow over and over, as the segments of a TSO read: the index
+    // every time, and the memo (`lookup_memo`) after the first.
+    g.bench_function("indexed_same_flow", |b| {
+        b.iter(|| {
+            black_box(
+                spd.lookup(black_box(&flows[7]), Direction::Outbound)
+                    .unwrap()
+                    .0,
+            )
+        })
+    });
+    g.bench_function("memo_same_flow", |b| {
+        b.iter(|| {
+            black_box(
+                spd.lookup_memo(black_box(&flows[7]), Direction::Outbound)
+                    .unwrap(),
+            )
+        })
+    });
     g.finish();
 }
 
-criterion_group!(benches, esp, replay, spd, checksum);
+/// The engine's work per packet on top of the SA's, for the segments of
+/// a TSO read: `Engine::outbound_from` (flow, policy and SA found for every
+/// segment) against the SA's own `encapsulate_from` on the same packet.
+/// AES-128-GCM from `espgate-testkit`'s site A, ESP in UDP, 1400 and 64
+/// bytes of inner IPv4/UDP (the AES-GCM library is the process's choice).
+fn engine(c: &mut Criterion) {
+    use espgate_core::gateway::Engine;
+    use espgate_core::gateway::Layers;
+    use espgate_testkit::{opts, side, udp4, Shape};
+    let t = Duration::from_secs(1);
+    let mut g = c.benchmark_group("engine_segment");
+    for size in [64usize, 1400] {
+        g.throughput(Throughput::Elements(1));
+        let mut clear = udp4("10.1.0.5", "10.2.0.9", size - 28);
+        let spec = side(true, Shape::new(Layers::Esp, true));
+        let mut e = Engine::new(std::slice::from_ref(&spec), &opts(), t).unwrap();
+        let mut out = PacketBuf::with_capacity(9216);
+        g.bench_with_input(
+            BenchmarkId::new("engine_outbound_from", size),
+            &size,
+            |b, _| b.iter(|| black_box(e.outbound_from(&mut clear, &mut out, t).unwrap())),
+        );
+        let mut sa = Sa::new(spec.outbound[0].clone(), t).unwrap();
+        g.bench_with_input(
+            BenchmarkId::new("sa_encapsulate_from", size),
+            &size,
+            |b, _| {
+                b.iter(|| {
+                    sa.encapsulate_from(&clear, &mut out, t).unwrap();
+                    black_box(out.len())
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, esp, replay, spd, checksum, engine);
 criterion_main!(benches);

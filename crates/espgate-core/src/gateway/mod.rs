@@ -528,7 +528,7 @@ impl Engine {
             c.not_unicast.incr();
             return Ok(None);
         }
-        let Some(pi) = self.spd.lookup(&f, Direction::Outbound).map(|(i, _)| i) else {
+        let Some(pi) = self.spd.lookup_memo(&f, Direction::Outbound) else {
             let (src, dst, proto) = (f.src, f.dst, f.proto);
             return Err(self.count_drop(
                 DropReason::NoPolicy,
@@ -661,7 +661,7 @@ impl Engine {
     /// parses, is unicast, its policy protects it with exactly one SA and
     /// neither a learnt path MTU nor a cluster has a say. Counts nothing:
     /// `None` leaves every count to [`Engine::outbound`].
-    fn direct_target(&self, clear: &[u8]) -> Option<(usize, SaId, Flow, IpInfo)> {
+    fn direct_target(&mut self, clear: &[u8]) -> Option<(usize, SaId, Flow, IpInfo)> {
         if self.cluster.is_some() {
             return None;
         }
@@ -670,7 +670,7 @@ impl Engine {
         if !is_unicast(&f) {
             return None;
         }
-        let (pi, _) = self.spd.lookup(&f, Direction::Outbound)?;
+        let pi = self.spd.lookup_memo(&f, Direction::Outbound)?;
         let (conn, _) = self.policy_conn[pi];
         if self.conns[conn].path_mtu.is_some() {
             return None;
