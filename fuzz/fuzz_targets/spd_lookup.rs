@@ -4,7 +4,10 @@
 //! runs against an `Spd` and a plain `Vec<Policy>` model. Asserts after every
 //! step that the SPD holds the model's policies in order, and for every
 //! lookup (both directions, whatever the op asked for) that `lookup` ==
-//! `lookup_linear` == the first matching policy of the model.
+//! `lookup_linear` == the first matching policy of the model, and that
+//! `lookup_memo` gives the same position. `Again` looks the previous flow
+//! up once more, after whatever changed in between (new actions too), so
+//! that the memo is asked across every kind of change.
 //!
 //! Addresses come from a few small networks (and sometimes from the
 //! policies themselves), so prefixes of many lengths overlap.
@@ -144,7 +147,9 @@ enum Op {
     Push(P),
     Insert(u8, P),
     Remove(u8),
+    SetAction(u8, u8),
     Lookup(F),
+    Again,
 }
 
 fn resolve(a: Addr, model: &[Policy]) -> IpAddr {
@@ -189,7 +194,7 @@ fn resolve(a: Addr, model: &[Policy]) -> IpAddr {
     }
 }
 
-fn check(spd: &Spd, model: &[Policy], flow: &Flow) {
+fn check(spd: &mut Spd, model: &[Policy], flow: &Flow) {
     for dir in [Direction::Outbound, Direction::Inbound] {
         let fast = spd.lookup(flow, dir);
         let linear = spd.lookup_linear(flow, dir);
@@ -208,12 +213,21 @@ fn check(spd: &Spd, model: &[Policy], flow: &Flow) {
             fast, linear,
             "indexed lookup vs linear scan, {dir:?} {flow:?}"
         );
+        let want = linear.map(|(i, _)| i);
+        for _ in 0..2 {
+            assert_eq!(
+                spd.lookup_memo(flow, dir),
+                want,
+                "memo vs linear scan, {dir:?} {flow:?}"
+            );
+        }
     }
 }
 
 fuzz_target!(|ops: Vec<Op>| {
     let mut spd = Spd::new();
     let mut model: Vec<Policy> = Vec::new();
+    let mut last: Option<Flow> = None;
     for op in ops.into_iter().take(256) {
         match op {
             Op::Push(p) => {
@@ -232,15 +246,34 @@ fuzz_target!(|ops: Vec<Op>| {
                 let want = (pos < model.len()).then(|| model.remove(pos));
                 assert_eq!(spd.remove(pos), want);
             }
-            Op::Lookup(f) => {
-                let flow = Flow {
-                    src: resolve(f.src, &model),
-                    dst: resolve(f.dst, &model),
-                    proto: protocol(f.proto),
-                    sport: f.sport,
-                    dport: f.dport,
+            Op::SetAction(pos, a) => {
+                let pos = usize::from(pos);
+                let action = match a % 3 {
+                    0 => Action::Bypass,
+                    1 => Action::Discard,
+                    _ => Action::Protect(vec![SaId(u32::from(a))]),
                 };
-                check(&spd, &model, &flow);
+                if let Some(p) = model.get_mut(pos) {
+                    p.action = action.clone();
+                }
+                assert_eq!(spd.set_action(pos, action), pos < model.len());
+            }
+            Op::Lookup(_) | Op::Again => {
+                let flow = match op {
+                    Op::Lookup(f) => Flow {
+                        src: resolve(f.src, &model),
+                        dst: resolve(f.dst, &model),
+                        proto: protocol(f.proto),
+                        sport: f.sport,
+                        dport: f.dport,
+                    },
+                    _ => match last {
+                        Some(f) => f,
+                        None => continue,
+                    },
+                };
+                last = Some(flow);
+                check(&mut spd, &model, &flow);
                 // The same flow reversed, which flips which address is remote.
                 let back = Flow {
                     src: flow.dst,
@@ -249,7 +282,7 @@ fuzz_target!(|ops: Vec<Op>| {
                     dport: flow.sport,
                     ..flow
                 };
-                check(&spd, &model, &back);
+                check(&mut spd, &model, &back);
             }
         }
         assert_eq!(spd.len(), model.len());
