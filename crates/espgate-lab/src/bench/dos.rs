@@ -1225,6 +1225,7 @@ fn start_esp_gateways(lab: &mut Lab, topo: &Topology, exe: &Path) -> Result<Gate
         mtu: 1500,
         offloads: true,
         workers: None,
+        per_cpu_sas: None,
         batch: None,
         socket_buffer: None,
         mss_clamp: true,

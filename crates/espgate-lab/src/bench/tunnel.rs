@@ -109,9 +109,12 @@ CPU 0 (iperf3 -A) and every gateway process of every system to the other CPUs (t
 before each run), so each system runs on the same CPUs. All are in the header and in each
 JSON row's \"settings\".
 
-Scaling over cores (gateway.workers 1..N) needs more CPUs than this 2-vCPU machine has: on a
-bigger host, run --tests tcp,udp64 --pin --workers N for N = 1, 2, 4, ... and compare
-median Mbit/s and CPU s/Gbit between the runs.
+Scaling over cores (gateway.workers 1..N) needs more CPUs than this 2-vCPU machine has, and
+more than one flow: a TUN queue, and so a worker, carries a whole flow. On a bigger host run
+--tests tcp,tcp16 --pin --workers N --per-cpu-sas N for N = 1, 2, 4, ... (tcp16: 16 TCP
+streams at once, iperf3 -P 16; --per-cpu-sas N: one SA pair per worker, so no sequence
+counter is shared) and compare median Mbit/s and CPU s/Gbit between the runs
+(docs/PERFORMANCE.md, \"The scaling curve on a bigger host\").
 
 --json prints one JSON list of rows: system, version, suite (espgate), test, runs, runs_mbps,
 runs_started_s (each run's start, seconds into the bench), runs_retransmits (tcp: the
@@ -129,7 +132,8 @@ it is a terminal. A full run with all five peers takes about 17 minutes.";
 #[command(after_long_help = USAGE)]
 pub struct Args {
     /// Tests, comma-separated: tcp, udp64, udp512, udp1400 (udpN: N-byte UDP
-    /// payloads) [default: all four].
+    /// payloads; tcpN: N TCP streams at once, 2-64) [default: tcp and the
+    /// three UDP sizes].
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub tests: Vec<String>,
     /// Rounds: each brings up every system in turn and runs each test once.
@@ -165,6 +169,10 @@ pub struct Args {
     /// espgate's gateway.workers [default: espgate's].
     #[arg(long, value_name = "N")]
     pub workers: Option<u32>,
+    /// espgate's per_cpu_sas on the connection (1-64): this many SA
+    /// pairs, one per worker [default: espgate's, 1].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub per_cpu_sas: Option<u32>,
     /// espgate's gateway.batch [default: espgate's].
     #[arg(long, value_name = "N")]
     pub batch: Option<u32>,
@@ -195,6 +203,9 @@ pub struct Args {
 pub enum Test {
     /// One TCP stream.
     Tcp,
+    /// This many TCP streams at once (iperf3 -P, 2 to 64): several flows,
+    /// which a multi-queue TUN spreads over the gateway's workers.
+    TcpStreams(u32),
     /// UDP with payloads of this many bytes, unlimited rate.
     Udp(u32),
 }
@@ -204,20 +215,31 @@ impl Test {
     pub fn name(&self) -> String {
         match self {
             Test::Tcp => "tcp".into(),
+            Test::TcpStreams(n) => format!("tcp{n}"),
             Test::Udp(n) => format!("udp{n}"),
         }
     }
 
-    /// Parses `tcp` or `udpN`.
+    /// Parses `tcp`, `tcpN` or `udpN`.
     pub fn parse(s: &str) -> Result<Test> {
         let s = s.trim();
         if s == "tcp" {
             return Ok(Test::Tcp);
         }
+        if let Some(n) = s.strip_prefix("tcp") {
+            let n = n
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (2..=64).contains(n))
+                .ok_or_else(|| anyhow!("--tests {s}: tcpN runs N TCP streams at once, 2 to 64"))?;
+            return Ok(Test::TcpStreams(n));
+        }
         let n = s
             .strip_prefix("udp")
             .and_then(|n| n.parse::<u32>().ok())
-            .ok_or_else(|| anyhow!("--tests {s}: tcp or udpN (e.g. udp64, udp512, udp1400)"))?;
+            .ok_or_else(|| {
+                anyhow!("--tests {s}: tcp, tcpN or udpN (e.g. tcp4, udp64, udp512, udp1400)")
+            })?;
         ensure!(
             (16..=65507).contains(&n),
             "--tests {s}: UDP payloads of 16 to 65507 bytes"
@@ -228,8 +250,10 @@ impl Test {
     /// iperf3 client arguments for a run of `secs` seconds.
     fn client_args(&self, secs: u32) -> Vec<String> {
         let mut a = vec!["-t".to_string(), secs.to_string()];
-        if let Test::Udp(n) = self {
-            a.extend(["-u", "-l", &n.to_string(), "-b", "0"].map(String::from));
+        match self {
+            Test::Tcp => {}
+            Test::TcpStreams(n) => a.extend(["-P".to_string(), n.to_string()]),
+            Test::Udp(n) => a.extend(["-u", "-l", &n.to_string(), "-b", "0"].map(String::from)),
         }
         a.extend(["--connect-timeout", "5000"].map(String::from));
         a
@@ -592,6 +616,8 @@ pub struct Settings {
     pub offloads: bool,
     /// espgate's gateway.workers (`None`: espgate's default).
     pub workers: Option<u32>,
+    /// espgate's per_cpu_sas (`None`: espgate's default, one pair).
+    pub per_cpu_sas: Option<u32>,
     /// espgate's gateway.batch (`None`: espgate's default).
     pub batch: Option<u32>,
     /// espgate's gateway.socket_buffer in bytes (`None`: espgate's default).
@@ -649,11 +675,13 @@ impl Settings {
             )
         });
         format!(
-            "mtu {}, offloads {}, workers {}, batch {}, sockbuf {}, mss-clamp {} \
+            "mtu {}, offloads {}, workers {}{}, batch {}, sockbuf {}, mss-clamp {} \
              (all but mtu: espgate only){pin}",
             self.mtu,
             onoff(self.offloads),
             opt(self.workers.map(|v| v.to_string())),
+            self.per_cpu_sas
+                .map_or(String::new(), |n| format!(", per-cpu-sas {n}")),
             opt(self.batch.map(|v| v.to_string())),
             opt(self.socket_buffer.map(|v| v.to_string())),
             onoff(self.mss_clamp),
@@ -756,6 +784,7 @@ impl Options {
                 mtu: args.mtu,
                 offloads: args.offloads == "on",
                 workers: args.workers,
+                per_cpu_sas: args.per_cpu_sas,
                 batch: args.batch,
                 socket_buffer: args.sockbuf,
                 mss_clamp: args.mss_clamp == "on",
@@ -829,7 +858,8 @@ pub fn parse_iperf(test: Test, v: &serde_json::Value) -> Result<(f64, Option<f64
     let end = &v["end"];
     let rx = &end["sum_received"];
     match test {
-        Test::Tcp => {
+        // With several streams, sum_received is their sum.
+        Test::Tcp | Test::TcpStreams(_) => {
             let bps = rx["bits_per_second"]
                 .as_f64()
                 .ok_or_else(|| anyhow!("no end.sum_received in iperf3's output"))?;
@@ -1538,7 +1568,7 @@ fn measure(
         // Set by the caller, which knows when the bench began.
         started_s: 0.0,
         retransmits: match test {
-            Test::Tcp => tcp_retransmits(&r.json),
+            Test::Tcp | Test::TcpStreams(_) => tcp_retransmits(&r.json),
             Test::Udp(_) => None,
         },
     })
@@ -1850,6 +1880,7 @@ pub fn espgate_config(
     conn.remote_ts = Some(value(vec![value(remote_ts.to_string())]));
     let clamp = if s.mss_clamp { "auto" } else { "off" };
     conn.mss_clamp = Some(value(Scalar::Str(clamp.into())));
+    conn.per_cpu_sas = int(s.per_cpu_sas.map(u64::from));
     conn.esp = Some(value(esp));
     let file = ConfigFile {
         gateway: Some(value(gateway)),
@@ -1878,6 +1909,13 @@ fn start_espgate(
     let ba = (key(s.enc_key_len())?, key(s.integ_key_len())?);
     let mut socks = Vec::new();
     let mut logs = Vec::new();
+    // Per-CPU pair k uses spi_in + k and spi_out + k, so with several pairs
+    // the two sides' SPIs start far apart (the ranges must not overlap).
+    let (to_a, to_b) = if opts.settings.per_cpu_sas.unwrap_or(1) > 1 {
+        (0x1000, 0x2000)
+    } else {
+        (0x1001, 0x1002)
+    };
     for (side, ns, local, remote, lts, rts, spis, k_in, k_out) in [
         (
             "a",
@@ -1886,7 +1924,7 @@ fn start_espgate(
             GW_B,
             NET_A,
             NET_B,
-            (0x1001, 0x1002),
+            (to_a, to_b),
             &ba,
             &ab,
         ),
@@ -1897,7 +1935,7 @@ fn start_espgate(
             GW_A,
             NET_B,
             NET_A,
-            (0x1002, 0x1001),
+            (to_b, to_a),
             &ab,
             &ba,
         ),
@@ -2396,6 +2434,7 @@ mod tests {
             mtu: 1500,
             offloads: true,
             workers: None,
+            per_cpu_sas: None,
             batch: Some(32),
             socket_buffer: None,
             mss_clamp: true,
@@ -2955,6 +2994,7 @@ log line
                 mtu: 1500,
                 offloads: "on".into(),
                 workers: None,
+                per_cpu_sas: None,
                 batch: None,
                 sockbuf: None,
                 mss_clamp: "on".into(),
@@ -3036,6 +3076,35 @@ log line
         assert_eq!(Test::parse("udp64").unwrap().name(), "udp64");
     }
 
+    /// `tcpN`: N streams through one iperf3 (-P), named back as given;
+    /// one stream is `tcp`, and counts outside 2-64 are refused.
+    #[test]
+    fn tcp_n_runs_n_streams() {
+        let t = Test::parse("tcp4").unwrap();
+        assert_eq!(t, Test::TcpStreams(4));
+        assert_eq!(t.name(), "tcp4");
+        assert_eq!(
+            t.client_args(3),
+            ["-t", "3", "-P", "4", "--connect-timeout", "5000"]
+        );
+        assert_eq!(Test::parse("tcp64").unwrap(), Test::TcpStreams(64));
+        assert_eq!(Test::parse("tcp").unwrap().client_args(3).len(), 4);
+        for bad in ["tcp1", "tcp0", "tcp65", "tcpx", "tcp-2"] {
+            let e = Test::parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("--tests {bad}")) && e.contains("2 to 64"),
+                "{e}"
+            );
+        }
+        // The receiver's sum over the streams is the figure.
+        let v: serde_json::Value = serde_json::from_str(
+            r#"{"end":{"sum_received":{"bits_per_second":2.5e9},"sum_sent":{"retransmits":7}}}"#,
+        )
+        .unwrap();
+        assert_eq!(parse_iperf(t, &v).unwrap(), (2500.0, None, None));
+        assert_eq!(tcp_retransmits(&v), Some(7));
+    }
+
     #[test]
     fn espgate_config_says_what_the_hand_written_file_said() {
         let mut s = settings();
@@ -3094,6 +3163,7 @@ log line
         assert!(g.get("socket_buffer").is_none() && g.get("workers").is_none());
         let conn = &v["connection"][0];
         assert_eq!(conn["mss_clamp"].as_str(), Some("auto"));
+        assert!(conn.get("per_cpu_sas").is_none());
         let esp = &conn["esp"];
         assert_eq!(esp["suite"].as_str(), Some("aes128-sha256"));
         assert_eq!(esp["spi_in"].as_integer(), Some(0x1001));
@@ -3104,8 +3174,15 @@ log line
         s.batch = None;
         s.socket_buffer = Some(1 << 20);
         s.workers = Some(2);
+        s.per_cpu_sas = Some(2);
         s.offloads = false;
         s.mss_clamp = false;
+        assert!(
+            s.describe()
+                .contains("workers 2, per-cpu-sas 2, batch default"),
+            "{}",
+            s.describe()
+        );
         let c = espgate_config(
             "aes128gcm16",
             GW_A,
@@ -3122,6 +3199,7 @@ log line
         assert!(g.get("batch").is_none());
         assert_eq!(g["socket_buffer"].as_integer(), Some(1 << 20));
         assert_eq!(g["workers"].as_integer(), Some(2));
+        assert_eq!(v["connection"][0]["per_cpu_sas"].as_integer(), Some(2));
         assert_eq!(g["offloads"].as_bool(), Some(false));
         assert_eq!(v["connection"][0]["mss_clamp"].as_str(), Some("off"));
         assert!(v["connection"][0]["esp"].get("integ_in").is_none());
