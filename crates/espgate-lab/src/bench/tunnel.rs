@@ -755,7 +755,9 @@ impl Options {
         }
         ensure!(!suites.is_empty(), "--suite: at least one");
         let mut peers = Vec::new();
-        for p in &args.peers {
+        // Empty entries (`--peers ''`, a trailing comma from a script
+        // that builds the list) name no peer.
+        for p in args.peers.iter().filter(|p| !p.trim().is_empty()) {
             let p = Peer::parse(p)?;
             if !peers.contains(&p) {
                 peers.push(p);
@@ -3021,6 +3023,10 @@ log line
         .unwrap();
         assert_eq!(o.peers, [Peer::Openvpn, Peer::WireguardGo]);
         assert_eq!(o.tests, [Test::Udp(512), Test::Tcp]);
+        let o = args(&|a| a.peers = vec!["".into(), "boringtun".into(), " ".into()]).unwrap();
+        assert_eq!(o.peers, [Peer::Boringtun]);
+        let o = args(&|a| a.peers = vec!["".into()]).unwrap();
+        assert_eq!(o.peers, []);
         let o = args(&|a| {
             a.peers = ["wireguard-go", "boringtun", "wireguard-go-debian"]
                 .map(String::from)
