@@ -47,7 +47,7 @@ import time
 import pytest
 
 import faultkit
-from test_gateway import PING, Daemon, lab, run  # noqa: F401
+from test_gateway import PING, Daemon, lab, run, snmp  # noqa: F401
 from test_ike import PSK, ctl, established, ike_status, wait_for
 
 pytestmark = [
@@ -631,17 +631,6 @@ def route_mtu(ns, dst):
     out = run("ip", "-n", ns, "route", "get", dst).stdout
     words = out.split()
     return int(words[words.index("mtu") + 1]) if "mtu" in words else None
-
-
-def snmp(ns):
-    """Namespace `ns`'s /proc/net/snmp as {"Icmp.OutDestUnreachs": n, …}."""
-    lines = run("ip", "netns", "exec", ns, "cat", "/proc/net/snmp").stdout.splitlines()
-    out = {}
-    for head, vals in zip(lines[::2], lines[1::2]):
-        group = head.split(":")[0]
-        for k, v in zip(head.split()[1:], vals.split()[1:]):
-            out[f"{group}.{k}"] = int(v)
-    return out
 
 
 MTU_CASES = [

@@ -277,6 +277,17 @@ def configs(lab, *, protocol="esp", encap="udp", esp="aes128gcm16", ah="sha256",
     return daemons
 
 
+def snmp(ns):
+    """Namespace `ns`'s /proc/net/snmp as {"Icmp.OutDestUnreachs": n, …}."""
+    lines = run("ip", "netns", "exec", ns, "cat", "/proc/net/snmp").stdout.splitlines()
+    out = {}
+    for head, vals in zip(lines[::2], lines[1::2]):
+        group = head.split(":")[0]
+        for k, v in zip(head.split()[1:], vals.split()[1:]):
+            out[f"{group}.{k}"] = int(v)
+    return out
+
+
 def ping(ns, dst, src=None, count=3):
     args = ["ip", "netns", "exec", ns, PING, "-c", str(count), "-i", "0.2", "-W", "2"]
     if src:
