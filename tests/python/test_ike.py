@@ -511,6 +511,7 @@ def test_qesp_rekey_every_3s_under_traffic_loses_nothing(lab):
     lab.procs.append(server)
     time.sleep(0.5)
     before = ike_status(a)["counters"].get("child_rekeys", 0)
+    kernel_before = {d.ns: snmp(d.ns) for d in (a, b)}
     r = run("ip", "netns", "exec", a.ns, IPERF3, "-c", "10.2.0.1", "-B", "10.1.0.1", "-p", "5298", "-u",
             "-b", "10M", "-l", "1200", "-t", "15", "-J", timeout=60, check=False)
     assert r.returncode == 0, f"{r.stdout[-2000:]}{r.stderr}"
