@@ -476,17 +476,10 @@ mod tests {
     use super::*;
     use espgate_core::crypto::Suite;
     use espgate_core::sa::Protocol;
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
+    /// A state directory that does not exist yet (the store makes it).
     fn temp_dir() -> PathBuf {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "espgate-seq-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&d);
-        d
+        espgate_testkit::temp_dir("seq-test").join("state")
     }
 
     fn cfg(key_byte: u8, esn: bool) -> SaConfig {

@@ -249,6 +249,9 @@ pub fn run_hooked(
     if let Some(w) = setup::rp_filter_warning(&cfg) {
         tracing::warn!("{w}");
     }
+    for w in setup::cluster_order_warnings(&cfg) {
+        tracing::warn!("{w}");
+    }
     let metrics = match g.metrics {
         Some(addr) => Some(
             MetricsListener::bind(addr)

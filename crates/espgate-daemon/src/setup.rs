@@ -231,6 +231,62 @@ pub fn rp_filter_warning(cfg: &LoadedConfig) -> Option<String> {
     None
 }
 
+/// A cluster node numbers packets in the order they reach it, and every
+/// node must see one order (docs/CLUSTER.md, "Same order on every
+/// node"). A shared interface whose frames are received on several
+/// queues, or spread from one queue over several CPUs (RPS), handles
+/// different flows in parallel, and two nodes may then put two packets in
+/// opposite orders. Returns one warning per such interface of the
+/// `[cluster]` table, read from `/sys`.
+pub fn cluster_order_warnings(cfg: &LoadedConfig) -> Vec<String> {
+    let Some(c) = &cfg.cluster else {
+        return Vec::new();
+    };
+    [("inside", &c.inside), ("outside", &c.outside)]
+        .into_iter()
+        .filter_map(|(role, dev)| {
+            let dev = dev.as_deref()?;
+            let why = reorder_risk(std::path::Path::new("/sys"), dev)?;
+            Some(format!(
+                "cluster.{role} = \"{dev}\": {why}, so packets of different flows may reach \
+                 this node in another order than the other nodes, which would number them \
+                 differently (lost and replayed packets); receive on one queue and one CPU: \
+                 ethtool -L {dev} combined 1, and at most one CPU in \
+                 /sys/class/net/{dev}/queues/rx-0/rps_cpus"
+            ))
+        })
+        .collect()
+}
+
+/// Why interface `dev` (under the sysfs mounted at `sys`) may reorder
+/// frames of different flows, or `None` (one receive queue, RPS off or on
+/// one CPU, or no such interface).
+fn reorder_risk(sys: &std::path::Path, dev: &str) -> Option<String> {
+    let queues = sys.join("class/net").join(dev).join("queues");
+    let rx: Vec<_> = std::fs::read_dir(queues)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+        .map(|e| e.path())
+        .collect();
+    if rx.len() > 1 {
+        return Some(format!("{} receive queues", rx.len()));
+    }
+    // A hexadecimal CPU mask, in comma-separated groups of 32 bits.
+    let mask = std::fs::read_to_string(rx.first()?.join("rps_cpus")).ok()?;
+    let cpus: u32 = mask
+        .trim()
+        .split(',')
+        .map(|g| u32::from_str_radix(g, 16).map_or(0, u32::count_ones))
+        .sum();
+    (cpus > 1).then(|| {
+        format!(
+            "RPS spreads its receive queue over {cpus} CPUs (rps_cpus {})",
+            mask.trim()
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,6 +301,48 @@ mod tests {
         );
         espgate_config::parse(&text, Path::new("/nonexistent"), "t.toml")
             .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A fake sysfs with interface `dev` and its receive queues' RPS masks.
+    fn sysfs(dev: &str, rps: &[&str]) -> std::path::PathBuf {
+        let root = espgate_testkit::temp_dir("sysfs");
+        for (i, mask) in rps.iter().enumerate() {
+            let q = root.join(format!("class/net/{dev}/queues/rx-{i}"));
+            std::fs::create_dir_all(&q).unwrap();
+            std::fs::write(q.join("rps_cpus"), format!("{mask}\n")).unwrap();
+        }
+        std::fs::create_dir_all(root.join(format!("class/net/{dev}/queues/tx-0"))).unwrap();
+        root
+    }
+
+    #[test]
+    fn one_queue_on_one_cpu_keeps_the_order_and_more_may_not() {
+        // One queue, RPS off or on one CPU: no warning.
+        assert_eq!(reorder_risk(&sysfs("in0", &["0"]), "in0"), None);
+        assert_eq!(
+            reorder_risk(&sysfs("in0", &["00000000,00000004"]), "in0"),
+            None
+        );
+        // Several queues, or one spread over CPUs: the warning says which.
+        let why = reorder_risk(&sysfs("in0", &["0", "0", "0", "0"]), "in0").unwrap();
+        assert_eq!(why, "4 receive queues");
+        let why = reorder_risk(&sysfs("in0", &["00000001,00000003"]), "in0").unwrap();
+        assert!(why.contains("over 3 CPUs"), "{why}");
+        // An interface that is not there: nothing to say.
+        assert_eq!(reorder_risk(&sysfs("in0", &["3"]), "eth9"), None);
+    }
+
+    #[test]
+    fn only_a_cluster_node_is_warned_about_its_shared_interfaces() {
+        let conn = "local = \"192.0.2.1\"\nremote = \"192.0.2.2\"\n\
+                    local_ts = [\"10.1.0.0/24\"]\nremote_ts = [\"10.2.0.0/24\"]";
+        assert!(cluster_order_warnings(&cfg("", conn)).is_empty());
+        // A node whose shared interfaces each have one queue (loopback).
+        let cluster = "[cluster]\nname = \"t\"\nnode = 1\netcd = [\"http://127.0.0.1:1\"]\n\
+                       inside = \"lo\"\noutside = \"lo\"\n";
+        let c = cfg(cluster, conn);
+        assert_eq!(c.cluster.as_ref().unwrap().inside.as_deref(), Some("lo"));
+        assert!(cluster_order_warnings(&c).is_empty());
     }
 
     #[test]

@@ -224,3 +224,20 @@ pub fn drops(e: &Engine) -> Vec<(&'static str, u64)> {
         .map(|(d, n)| (d.as_str(), n))
         .collect()
 }
+
+/// A fresh, empty directory under the system's temporary directory, named
+/// after `tag`, this process and a counter (so tests running in parallel
+/// each get their own). Left behind for inspection; the next run with the
+/// same process id starts it afresh.
+pub fn temp_dir(tag: &str) -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "espgate-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("creating a temporary directory");
+    d
+}
