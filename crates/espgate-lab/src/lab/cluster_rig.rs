@@ -896,6 +896,15 @@ impl ClusterRig {
             "learning",
             "off",
         ])?;
+        // Every frame entering the bridge is handled on CPU 0 (RPS), so the
+        // bridge floods one frame to every node before the next, as a hub
+        // does. Otherwise two frames sent from two CPUs are flooded by both
+        // at once and can reach two nodes in opposite orders, and the nodes
+        // number them differently (docs/CLUSTER.md, "Same order on every
+        // node").
+        let rps = format!("/sys/class/net/{peer}/queues/rx-0/rps_cpus");
+        netlab::run(&mut in_ns(&sw, &["sh", "-c", &format!("echo 1 > {rps}")]))
+            .with_context(|| format!("steering {peer}'s frames to CPU 0 ({rps})"))?;
         ip(&["-n", &sw, "link", "set", &peer, "up"])?;
         Ok(())
     }
