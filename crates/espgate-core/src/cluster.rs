@@ -110,6 +110,17 @@ pub struct Seen {
 pub const MAX_SESSIONS: usize = 65_536;
 
 /// Every this many packets of an SA (at lockstep counters that are
+/// multiples of it), the virtual queues start afresh on every node. Two
+/// nodes whose queues differ — one missed a packet, or saw two packets in
+/// the other order (docs/CLUSTER.md, "Same order on every node") — name
+/// different owners for packets until then: each packet then goes out
+/// twice or not at all. A queue holds about a packet's worth of bytes, so
+/// starting it afresh this often costs the balance almost nothing and
+/// bounds such a split to at most this many packets (it was
+/// [`REALIGN_EVERY`] before 2026-11-29).
+pub const QUEUE_REALIGN_EVERY: u64 = 256;
+
+/// Every this many packets of an SA (at lockstep counters that are
 /// multiples of it), the dispatch state that depends on history — the
 /// virtual queues and the session table — starts afresh on every node.
 /// Round-robin needs nothing; shortest-queue and session schemes would
@@ -188,6 +199,9 @@ impl Dispatcher {
         }
         if p.counter.is_multiple_of(REALIGN_EVERY) {
             self.realign();
+        } else if p.counter.is_multiple_of(QUEUE_REALIGN_EVERY) {
+            self.backlog.fill(0);
+            self.carry = 0;
         }
         let i = match (self.scheme, p.flow) {
             (Dispatch::SessionRr | Dispatch::SessionSqf, Some(f)) => self.session(f, p.counter),
@@ -516,6 +530,44 @@ mod tests {
         }
         assert_eq!(a.sessions.len(), MAX_SESSIONS);
         assert_eq!(a.sessions.keys().min(), b.sessions.keys().min());
+    }
+
+    #[test]
+    fn two_packets_swapped_on_one_node_split_the_queues_only_until_the_next_realignment() {
+        for scheme in [Dispatch::PacketSqf, Dispatch::SessionSqf] {
+            let plan = Plan::new(1, [1, 2, 3]);
+            let (mut a, mut b) = (
+                Dispatcher::new(scheme, plan.clone()),
+                Dispatcher::new(scheme, plan),
+            );
+            // Inbound (no flow): the session scheme falls back to packet-sqf.
+            let len = |k: u64| 64 + (k * 37 % 1400) as u32;
+            let pkt = |k: u64, l: u32| seen(k, l, None);
+            // B sees packets 100 and 101 in the other order: it numbers
+            // them alike but accounts their lengths the other way round.
+            let mut split = 0;
+            for k in 1..QUEUE_REALIGN_EVERY {
+                let (la, lb) = match k {
+                    100 => (len(100), len(101)),
+                    101 => (len(101), len(100)),
+                    _ => (len(k), len(k)),
+                };
+                if a.assign(&pkt(k, la)) != b.assign(&pkt(k, lb)) {
+                    split += 1;
+                }
+            }
+            assert!(
+                split > 2,
+                "{scheme:?}: the swap should have split them ({split})"
+            );
+            for k in QUEUE_REALIGN_EVERY..4 * QUEUE_REALIGN_EVERY {
+                assert_eq!(
+                    a.assign(&pkt(k, len(k))),
+                    b.assign(&pkt(k, len(k))),
+                    "{scheme:?}, packet {k}"
+                );
+            }
+        }
     }
 
     #[test]
