@@ -748,7 +748,8 @@ fn rig_setup(ctx: &mut Ctx, steps: usize) {
     let secs = ctx.knobs.secs();
     ctx.setup(
         "the cluster rig (lab/cluster_rig.rs): namespaces sw (two bridges, ageing time 0, \
-         learning off on every port: every frame floods to every node), pe (the peer), ho (the \
+         learning off on every port: every frame floods to every node; the frames entering a \
+         bridge are handled on CPU 0 (RPS), so that every node sees them in one order), pe (the peer), ho (the \
          traffic source 10.1.0.5) and n1..nN; the nodes share 192.168.50.1 / 10.1.0.1 and their \
          MACs; each node is `espgate up` with a [cluster] table (etcd pointing nowhere), one \
          worker, ESP in UDP (AH: raw IP, encap = \"none\") with manual keys; the lab is the \
