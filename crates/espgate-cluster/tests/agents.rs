@@ -13,7 +13,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -130,14 +130,7 @@ impl Etcd {
             "{ETCD} is missing: the cluster agent's tests need etcd (scripts/setup.sh \
              installs etcd-server)"
         );
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "espgate-etcd-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("creating etcd's directory");
+        let dir = espgate_testkit::temp_dir("etcd");
         let tls = tls.then(|| make_certs(&dir));
         let mut e = Etcd {
             child: None,

@@ -244,18 +244,9 @@ mod tests {
     use super::*;
     use espgate_ike::sig::PublicKey;
     use std::os::unix::fs::PermissionsExt;
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn temp_dir() -> PathBuf {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "espgate-keygen-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        espgate_testkit::temp_dir("keygen-test")
     }
 
     fn mode(p: &Path) -> u32 {

@@ -562,7 +562,6 @@ pub(crate) fn assert_effective_round_trips(c: &LoadedConfig, base_dir: &Path) {
 pub(crate) mod test_util {
     pub use crate::{parse, ConfigError, LoadedConfig};
     pub use std::path::{Path, PathBuf};
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A 20-byte key (an aes128gcm16 key with its salt), as hex.
     pub const K20A: &str = "000102030405060708090a0b0c0d0e0f10111213";
@@ -575,15 +574,7 @@ pub(crate) mod test_util {
 
     /// A fresh empty directory under the system temp dir.
     pub fn temp_dir() -> PathBuf {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "espgate-config-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+        espgate_testkit::temp_dir("config-test")
     }
 
     pub fn parse_str(text: &str) -> Result<LoadedConfig, ConfigError> {

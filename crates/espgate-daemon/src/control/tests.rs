@@ -332,17 +332,9 @@ mod socket {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::net::{UnixListener, UnixStream};
     use std::path::PathBuf;
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn temp_sock() -> PathBuf {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "espgate-ctl-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&d);
-        d.join("ctl.sock")
+        espgate_testkit::temp_dir("ctl").join("ctl.sock")
     }
 
     /// Serves `sock` for `ctl` on a runtime of its own while `f` runs.
