@@ -275,6 +275,20 @@ def test_two_flows_from_two_cpus_keep_one_order_on_every_node(lab):
     assert nexts[0] == nexts[1] == nexts[2], nexts
 
 
+def test_a_node_whose_shared_interface_can_reorder_says_so_at_start(lab):
+    """RPS spreading node 1's inside interface over two CPUs could put two
+    flows' packets in another order than on the other nodes: node 1 warns
+    at start and names the fix; node 2, on one CPU, does not."""
+    c = Cluster(lab, n=2)
+    run("ip", "netns", "exec", c.nodes[0], "sh", "-c", "echo 3 > /sys/class/net/in0/queues/rx-0/rps_cpus")
+    c.start()
+    warn = 'cluster.inside = "in0": RPS spreads its receive queue over 2 CPUs'
+    log1 = c.daemons[0].log_text()
+    assert warn in log1 and "ethtool -L in0 combined 1" in log1, log1[-3000:]
+    assert "cluster.inside" not in c.daemons[1].log_text()
+    assert "cluster.outside" not in log1
+
+
 def test_a_node_that_missed_packets_resyncs_and_a_stale_plan_stops_the_node(lab):
     c = Cluster(lab)
     c.start()
