@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from test_gateway import Daemon, assert_lost_only_in_kernel_buffers, keyhex, lab, run, snmp  # noqa: F401 (lab is a fixture)
+from test_gateway import (Daemon, assert_lost_only_in_kernel_buffers, kernel_counters, keyhex,  # noqa: F401
+                          lab, run)
 
 OUT_MAC, IN_MAC = "02:e5:9a:00:00:01", "02:e5:9a:00:00:02"
 
@@ -143,7 +144,26 @@ hold = "5s"
 
     def kernel_counters(self):
         """Every namespace's /proc/net/snmp (see `assert_nothing_lost`)."""
-        return {ns: snmp(ns) for ns in [self.host, self.peer, *self.nodes]}
+        return kernel_counters([self.host, self.peer, *self.nodes])
+
+    def confirmed_stream(self, seconds, **kw):
+        """`udp_stream` while playing the agent (the plan confirmed every
+        second); returns its summary and the kernel counters from before
+        it, for `assert_nothing_lost`."""
+        stop = time.time() + seconds + 2
+
+        def confirm():
+            while time.time() < stop:
+                self.plan(1, [1, 2, 3])
+                time.sleep(1)
+
+        t = threading.Thread(target=confirm)
+        kernel_before = self.kernel_counters()
+        t.start()
+        try:
+            return udp_stream(self, seconds, **kw), kernel_before
+        finally:
+            t.join()
 
     def plan(self, epoch, members, leader=1, checkpoints=True):
         """Plays the agent: the plan, and each node the others' checkpoints."""
@@ -200,20 +220,7 @@ def test_three_nodes_carry_a_tunnel_as_one_gateway(lab, dispatch):
     assert r.returncode == 0, r.stdout + "\n".join(d.log_text()[-3000:] for d in c.daemons)
     # A steady UDP stream each way, the plan confirmed every second.
     for reverse in (False, True):
-        stop = time.time() + 6
-
-        def confirm():
-            while time.time() < stop:
-                c.plan(1, [1, 2, 3])
-                time.sleep(1)
-
-        t = threading.Thread(target=confirm)
-        kernel_before = c.kernel_counters()
-        t.start()
-        try:
-            end = udp_stream(c, 4, reverse=reverse)
-        finally:
-            t.join()
+        end, kernel_before = c.confirmed_stream(4, reverse=reverse)
         assert end["packets"] > 2000, end
         assert_nothing_lost(c, end, kernel_before)
     docs = [d.status()["cluster"] for d in c.daemons]
@@ -248,23 +255,10 @@ def test_two_flows_from_two_cpus_keep_one_order_on_every_node(lab):
     c = Cluster(lab, dispatch="packet-sqf")
     c.start()
     c.plan(1, [1, 2, 3])
-    stop = time.time() + 6
-
-    def confirm():
-        while time.time() < stop:
-            c.plan(1, [1, 2, 3])
-            time.sleep(1)
-
     pinger = subprocess.Popen(["ip", "netns", "exec", c.host, "ping", "-q", "-i", "0.002", "-c", "2000", "-s", "200",
                                "-W", "1", "10.2.0.1"], stdout=subprocess.PIPE, text=True)
     c.lab.procs.append(pinger)
-    t = threading.Thread(target=confirm)
-    kernel_before = c.kernel_counters()
-    t.start()
-    try:
-        end = udp_stream(c, 4)
-    finally:
-        t.join()
+    end, kernel_before = c.confirmed_stream(4)
     out, _ = pinger.communicate(timeout=30)
     assert end["packets"] > 2000, end
     assert_nothing_lost(c, end, kernel_before)

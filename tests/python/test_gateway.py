@@ -288,6 +288,12 @@ def snmp(ns):
     return out
 
 
+def kernel_counters(namespaces):
+    """{ns: snmp(ns)} for `namespaces`: the `kernel_before` of
+    `assert_lost_only_in_kernel_buffers`."""
+    return {ns: snmp(ns) for ns in namespaces}
+
+
 def assert_lost_only_in_kernel_buffers(end, daemons, kernel_before, context=""):
     """Nothing lost by espgate: every datagram iperf3 (`end`, its JSON
     summary) missed was dropped by a full kernel receive buffer, iperf3's

@@ -28,7 +28,8 @@ import time
 
 import pytest
 
-from test_gateway import PING, Daemon, assert_lost_only_in_kernel_buffers, assert_ping, lab, ping, run, snmp  # noqa: F401
+from test_gateway import (PING, Daemon, assert_lost_only_in_kernel_buffers, assert_ping, kernel_counters,  # noqa: F401
+                          lab, ping, run)
 
 pytestmark = [
     pytest.mark.skipif(
@@ -189,7 +190,7 @@ def test_rekey_every_5s_loses_nothing(lab):
     lab.procs.append(server)
     time.sleep(0.5)
     before = ike_status(a)["counters"].get("child_rekeys", 0)
-    kernel_before = {d.ns: snmp(d.ns) for d in (a, b)}
+    kernel_before = kernel_counters([a.ns, b.ns])
     r = run("ip", "netns", "exec", a.ns, IPERF3, "-c", "10.2.0.1", "-B", "10.1.0.1", "-p", "5299", "-u",
             "-b", "20M", "-l", "1200", "-t", "60", "-J", timeout=120, check=False)
     assert r.returncode == 0, f"{r.stdout[-2000:]}{r.stderr}"
@@ -502,7 +503,7 @@ def test_qesp_rekey_every_3s_under_traffic_loses_nothing(lab):
     lab.procs.append(server)
     time.sleep(0.5)
     before = ike_status(a)["counters"].get("child_rekeys", 0)
-    kernel_before = {d.ns: snmp(d.ns) for d in (a, b)}
+    kernel_before = kernel_counters([a.ns, b.ns])
     r = run("ip", "netns", "exec", a.ns, IPERF3, "-c", "10.2.0.1", "-B", "10.1.0.1", "-p", "5298", "-u",
             "-b", "10M", "-l", "1200", "-t", "15", "-J", timeout=60, check=False)
     assert r.returncode == 0, f"{r.stdout[-2000:]}{r.stderr}"

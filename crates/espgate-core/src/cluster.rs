@@ -200,8 +200,7 @@ impl Dispatcher {
         if p.counter.is_multiple_of(REALIGN_EVERY) {
             self.realign();
         } else if p.counter.is_multiple_of(QUEUE_REALIGN_EVERY) {
-            self.backlog.fill(0);
-            self.carry = 0;
+            self.restart_queues();
         }
         let i = match (self.scheme, p.flow) {
             (Dispatch::SessionRr | Dispatch::SessionSqf, Some(f)) => self.session(f, p.counter),
@@ -225,9 +224,15 @@ impl Dispatcher {
     /// every node agrees on: [`REALIGN_EVERY`], and the point from which a
     /// solo SA is shared (its followers saw only part of what came before).
     pub fn restart(&mut self) {
+        self.restart_queues();
+        self.sessions.clear();
+    }
+
+    /// Empties the virtual queues (every [`QUEUE_REALIGN_EVERY`] packets,
+    /// and within [`Dispatcher::restart`]).
+    fn restart_queues(&mut self) {
         self.backlog.fill(0);
         self.carry = 0;
-        self.sessions.clear();
     }
 
     /// True when `me` processes packet `p` (see [`Dispatcher::assign`]).
