@@ -9,14 +9,17 @@ import json
 import pathlib
 import socket
 import subprocess
+import sys
 import threading
 import time
+import uuid
 
 import pytest
 
 from test_gateway import (Daemon, assert_lost_only_in_kernel_buffers, kernel_counters, keyhex,  # noqa: F401
                           lab, run)
 
+UDPFLOW = pathlib.Path(__file__).with_name("udpflow.py")
 OUT_MAC, IN_MAC = "02:e5:9a:00:00:01", "02:e5:9a:00:00:02"
 
 
@@ -183,29 +186,46 @@ hold = "5s"
             assert r["ok"], r
 
 
-def udp_stream(c, seconds, rate="5M", length=1000, reverse=False, port=5301):
-    iperf = run("sh", "-c", "command -v iperf3").stdout.strip()
-    server = subprocess.Popen(["ip", "netns", "exec", c.peer, iperf, "-s", "-1", "-B", "10.2.0.1", "-p", str(port)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    c.lab.procs.append(server)
-    time.sleep(0.5)
-    args = ["ip", "netns", "exec", c.host, iperf, "-c", "10.2.0.1", "-B", "10.1.0.5", "-p", str(port), "-u",
-            "-b", rate, "-l", str(length), "-t", str(seconds), "-J"]
+def udp_stream(c, seconds, rate="5M", length=1000, reverse=False, port=5301, src="10.1.0.5", dst="10.2.0.1"):
+    """A paced UDP stream from the host to the peer's side (`reverse`: the
+    other way) through the cluster, counted exactly by udpflow.py (why not
+    iperf3 here: see that file). Returns {"packets": sent, "lost_packets",
+    "duplicates", "out_of_order", "missing": first lost numbers, …}."""
+    bits = float(rate[:-1]) * {"K": 1e3, "M": 1e6}[rate[-1]] if rate[-1] in "KM" else float(rate)
+    (src_ns, src), (dst_ns, dst) = (c.host, src), (c.peer, dst)
     if reverse:
-        args.append("-R")
-    r = run(*args, timeout=seconds + 30, check=False)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr
-    return json.loads(r.stdout)["end"]["sum"]
+        (src_ns, src), (dst_ns, dst) = (dst_ns, dst), (src_ns, src)
+    tool = [sys.executable, str(UDPFLOW)]
+    receiver = subprocess.Popen(["ip", "netns", "exec", dst_ns, *tool, "recv", dst, str(port)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    c.lab.procs.append(receiver)
+    assert receiver.stdout.readline().strip() == "ready", receiver.stderr.read()
+    r = run("ip", "netns", "exec", src_ns, *tool, "send", dst, str(port), str(bits), str(length), str(seconds), src,
+            timeout=seconds + 30, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    sent = json.loads(r.stdout)
+    time.sleep(1)  # the last datagrams through the cluster
+    receiver.terminate()
+    out, err = receiver.communicate(timeout=10)
+    got = json.loads(out)
+    tail = list(range(got["highest"] + 1, sent["sent"]))
+    return {"packets": sent["sent"], "lost_packets": sent["sent"] - got["unique"], "send_errors": sent["send_errors"],
+            "duplicates": got["duplicates"], "out_of_order": got["out_of_order"],
+            "missing": (got["missing"] + tail)[:20], "seconds": sent["seconds"]}
 
 
 def assert_nothing_lost(c, end, kernel_before):
-    """Nothing lost by the cluster: every datagram iperf3 missed was
-    dropped by a full kernel receive buffer in one of the namespaces
-    (`kernel_before`: `c.kernel_counters()` before the stream). Runs
-    before 2026-11-29 lost one or two datagrams with no drop counted
-    anywhere: the bridge had delivered two frames to the nodes in
-    different orders (see `Cluster._port`)."""
-    assert_lost_only_in_kernel_buffers(end, c.daemons + [c.b], kernel_before)
+    """Nothing lost or doubled by the cluster (`end`: `udp_stream`'s
+    count): every datagram that never arrived was dropped by a full kernel
+    receive buffer in one of the namespaces (`kernel_before`:
+    `c.kernel_counters()` before the stream), and none arrived twice (two
+    nodes processed it). Runs before 2026-11-29 lost one or two datagrams
+    with no drop counted anywhere: the bridge had delivered two frames to
+    the nodes in different orders (see `Cluster._port`), or, in reverse,
+    iperf3 had taken the first data datagram for its handshake's reply
+    (see udpflow.py)."""
+    assert end["send_errors"] == 0 and end["duplicates"] == 0, end
+    assert_lost_only_in_kernel_buffers(end, c.daemons + [c.b], kernel_before, f"{end['out_of_order']} out of order, missing: {end['missing']}")
 
 
 @pytest.mark.parametrize("dispatch", ["packet-rr", "packet-sqf", "session-rr", "session-sqf"])
@@ -235,8 +255,8 @@ def test_three_nodes_carry_a_tunnel_as_one_gateway(lab, dispatch):
             # Packet schemes (and every scheme inbound) spread one stream.
             assert all(r["processed"] > seen[0] / 6 for r in rows), (dispatch, direction, rows)
         else:
-            # Session schemes keep each flow (ping, iperf3's control and
-            # data) on one node: the stream's node did nearly all of it.
+            # Session schemes keep each flow (the ping, the stream) on one
+            # node: the stream's node did nearly all of it.
             assert max(r["processed"] for r in rows) > seen[0] * 0.9, (dispatch, direction, rows)
     # The peer saw one gateway: no replay or ICV drop, no unknown SPI.
     assert c.b.status()["drops"] == {}, c.b.status()["drops"]
@@ -246,12 +266,13 @@ def test_three_nodes_carry_a_tunnel_as_one_gateway(lab, dispatch):
 
 
 def test_two_flows_from_two_cpus_keep_one_order_on_every_node(lab):
-    """Two flows from the inside host at once (iperf3's stream and a fast
+    """Two flows from the inside host at once (the UDP stream and a fast
     ping, two processes the scheduler puts on either CPU) under
     packet-sqf, the scheme that suffers most when two nodes see packets in
     opposite orders: the hub (`Cluster._port`) keeps one order, so the
     peer sees no replay and nothing is lost. Without the steering, five
-    runs of this lost 242 to 775 of 2500 datagrams (2026-11-29)."""
+    runs of this lost 242 to 775 of 2500 datagrams (2026-11-29, counted
+    by iperf3 then)."""
     c = Cluster(lab, dispatch="packet-sqf")
     c.start()
     c.plan(1, [1, 2, 3])
@@ -537,3 +558,30 @@ def test_a_three_member_etcd_loses_a_member_and_the_cluster_does_not_notice(lab)
         st = d.status()["cluster"]
         assert st["state"] == "processing" and st["plan_age_ms"] < 3000, st
     assert docs[0]["plan"]["members"] == [1, 2, 3]
+
+
+def test_udp_stream_counts_every_lost_and_doubled_datagram(lab):
+    """udpflow.py, which the cluster tests trust for "nothing lost", checked
+    against nftables matching its sequence numbers: the datagrams the
+    receiver's input drops are lost (the last one too), those the sender
+    sends twice are duplicates, and nothing else is either."""
+    a, b, addr_a, addr_b = lab.pair()
+    lost, doubled = [3, 13, 250, 499], [0, 7, 14]
+
+    def nft(ns, hook, numbers, action):
+        """In `ns`, `action` on the datagrams whose first 8 payload bytes
+        (udpflow's number) are in `numbers`."""
+        t = f"espgate_flow_{uuid.uuid4().hex[:8]}"
+        match = "{ " + ", ".join(map(str, numbers)) + " }"
+        r = subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], text=True, capture_output=True, timeout=30,
+                           input=f"add table ip {t}\nadd chain ip {t} c {{ type filter hook {hook} priority 0; }}\n"
+                                 f"add rule ip {t} c udp dport 5390 @th,64,64 {match} {action}\n")
+        assert r.returncode == 0, r.stderr
+
+    nft(b, "input", lost, "drop")
+    nft(a, "output", doubled, f'dup to {addr_b} device "va"')
+    c = type("Ends", (), {"lab": lab, "host": a, "peer": b})
+    end = udp_stream(c, 1, rate="400K", length=100, port=5390, src=addr_a, dst=addr_b)
+    assert end["packets"] == 500 and end["send_errors"] == 0, end
+    assert end["lost_packets"] == len(lost) and end["missing"] == lost, end
+    assert end["duplicates"] == len(doubled), end

@@ -121,7 +121,7 @@ def all_shared(c, daemons=None):
 
 
 def both_ways(c, seconds=4, rate="2M"):
-    """A UDP stream each way; returns the two iperf3 summaries."""
+    """A UDP stream each way; returns the two `udp_stream` counts."""
     return [udp_stream(c, seconds, rate=rate, length=500, reverse=rev, port=5310 + rev) for rev in (False, True)]
 
 

@@ -295,9 +295,10 @@ def kernel_counters(namespaces):
 
 
 def assert_lost_only_in_kernel_buffers(end, daemons, kernel_before, context=""):
-    """Nothing lost by espgate: every datagram iperf3 (`end`, its JSON
-    summary) missed was dropped by a full kernel receive buffer, iperf3's
-    server socket or a gateway's, counted per namespace since
+    """Nothing lost by espgate: every datagram the receiver missed (`end`:
+    iperf3's JSON summary, or the cluster tests' udp_stream count) was
+    dropped by a full kernel receive buffer, the receiver's or a
+    gateway's, counted per namespace since
     `kernel_before` ({ns: snmp(ns)}). A loaded machine does that: one
     clean-clone CI run of 2026-11-29 lost 48 of 124 999 in a rekey test
     with no drop counted by either gateway. A failure shows the daemons'
@@ -305,7 +306,7 @@ def assert_lost_only_in_kernel_buffers(end, daemons, kernel_before, context=""):
     drops = {d.ns: d.status()["drops"] for d in daemons}
     rcvbuf = sum(snmp(ns)["Udp.RcvbufErrors"] - k["Udp.RcvbufErrors"] for ns, k in kernel_before.items())
     print(f"{end['lost_packets']} of {end['packets']} datagrams lost; kernel receive-buffer drops: {rcvbuf}; "
-          f"espgate's drops: {drops}")
+          f"espgate's drops: {drops}; {context}")
     assert end["lost_packets"] <= rcvbuf, (end, context, drops, f"kernel receive-buffer drops: {rcvbuf}",
                                            {d.ns: run("ip", "-n", d.ns, "-s", "link").stdout for d in daemons})
 
