@@ -76,6 +76,10 @@ class Sa:
         return 8 if self.enc == "3des" else 16
 
     def align(self):
+        """§2, Padding: whole AES blocks for AES-GCM, 4 bytes for
+        ChaCha20-Poly1305, the cipher's block for CBC."""
+        if self.suite in ("aes128gcm16", "aes256gcm16"):
+            return 16
         if self.aead:
             return 4
         return 8 if self.enc == "3des" else 16

@@ -10,7 +10,7 @@ mod gcm;
 mod mac;
 mod suite;
 
-pub use cipher::Transform;
+pub use cipher::{Transform, AES_GCM_PAD_ALIGN};
 pub use gcm::GcmImpl;
 pub use mac::Mac;
 pub use suite::{parse_enc, parse_integ};

@@ -175,9 +175,9 @@ impl Sa {
         };
         let t = &self.transform;
         let (iv_len, icv_len) = (t.iv_len(), t.icv_len());
-        let pad = esp::pad_len(clear.len(), t.block_len());
-        // The default padding only aligns, to at most 16 bytes here (AEAD
-        // suites align to 4): at most 15 bytes. (A larger one would be
+        let pad = esp::pad_len(clear.len(), t.pad_align());
+        // The default padding only aligns, to at most 16 bytes here (AES-
+        // GCM aligns to 16): at most 15 bytes. (A larger one would be
         // refused below, never cut.)
         let mut tail = [0u8; 15 + esp::TRAILER_LEN];
         let tail = tail
@@ -284,7 +284,7 @@ impl Sa {
         let (iv_len, icv_len) = (t.iv_len(), t.icv_len());
         let len0 = buf.len();
         let payload_len = len0.checked_sub(keep).ok_or(DropReason::BadLength)?;
-        let pad = esp::pad_len(payload_len + tfc, t.block_len());
+        let pad = esp::pad_len(payload_len + tfc, t.pad_align());
         let p = buf.push_back(tfc + pad + esp::TRAILER_LEN + icv_len);
         if tfc > 0 {
             // (A zero-length fill still costs a memset call per packet.)

@@ -659,7 +659,7 @@ impl Sa {
                     + udp
                     + esp_hdr
                     + self.transform.iv_len()
-                    + (self.transform.block_len().max(4) - 1)
+                    + (self.transform.pad_align().max(4) - 1)
                     + crate::wire::esp::TRAILER_LEN
                     + self.transform.icv_len()
             }
