@@ -391,8 +391,8 @@ def test_tcp_transfer_through_the_tunnel_with_mss_clamping(lab):
     a.start()
     b.start()
     from scapy.all import TCP
-    # A clamps both ways: its SYN on the way out (1395 from its TUN MTU
-    # down to 1000) and the SYN-ACK on the way in.
+    # A clamps both ways: its SYN on the way out (1398 from its TUN MTU
+    # of 1438, down to 1000) and the SYN-ACK on the way in.
     syn_ack = capture_one(lab, a.ns, "tunA", "tcp[tcpflags] & tcp-syn != 0 and tcp[tcpflags] & tcp-ack != 0",
                           lambda: tcp_transfer(lab, b.ns, "10.2.0.1", a.ns, "10.1.0.1", 1000, port=5203))
     assert dict(syn_ack[TCP].options)["MSS"] == 1000, syn_ack[TCP].options
@@ -604,6 +604,52 @@ def capture_one(lab, ns, dev, bpf, trigger, timeout=10):
     pkts = rdpcap(str(cap))
     assert pkts, dump.stderr.read()
     return pkts[0]
+
+
+# The TUN MTU each case should get at gateway.mtu = 1500, and the length
+# of the outer packet that carries an inner packet of that size, worked out
+# by hand from RFC 4303/4302 (outer IPv4 20, UDP 8, ESP header 8 or Q-ESP 16,
+# IV, ICV; the body is padded to 16 bytes for AES-GCM and AES-CBC; AH
+# 12 + ICV, padded to 4 bytes in IPv4): 1500 less the fixed bytes, rounded
+# down to the padding, less the 2-byte ESP trailer.
+FULL_SIZE_CASES = {
+    # 20 + 8 + 8 + 8 + 16 = 60 fixed; 1440 = 90 blocks.
+    "esp-udp-aes128gcm16": (dict(protocol="esp", encap="udp", esp="aes128gcm16"), 1438, 1500),
+    # 20 + 8 + 16 + 16 = 60 fixed; 1440 = 90 blocks.
+    "esp-raw-aes256-sha256": (dict(protocol="esp", encap="none", esp="aes256-sha256"), 1438, 1500),
+    # 20 + 16 + 8 + 16 = 60 fixed; 1440 = 90 blocks.
+    "qesp-raw-aes128gcm16": (dict(protocol="qesp", encap="none", esp="aes128gcm16"), 1438, 1500),
+    # AH 12 + 16 = 28 in IPv4 (no outer header: transport over the ESP
+    # packet), ESP 20 + 8 + 16 + 12 = 56: 1416 left, 88 blocks = 1408;
+    # the outer packet 28 + 56 + 1408.
+    "esp+ah-raw": (dict(protocol="esp+ah", encap="none", esp="aes256-sha1", ah="sha256"), 1406, 1492),
+}
+
+
+@pytest.mark.skipif(PING is None or not shutil.which("tcpdump"), reason="needs ping and tcpdump")
+@pytest.mark.parametrize("case", list(FULL_SIZE_CASES))
+def test_a_packet_of_the_tun_mtu_leaves_whole_within_the_outer_mtu(lab, case):
+    kw, want, outer_len = FULL_SIZE_CASES[case]
+    a, b = configs(lab, **kw)
+    a.start()
+    b.start()
+    mtu = a.status()["tun"]["mtu"]
+    assert mtu == want and b.status()["tun"]["mtu"] == want
+    # A ping of exactly the TUN MTU with DF leaves as one unfragmented outer
+    # packet within gateway.mtu; the padding is counted exactly, not at its
+    # worst (which would leave up to 15 bytes of the path unused).
+    big = lambda: run("ip", "netns", "exec", a.ns, PING, "-c", "2", "-i", "0.2", "-W", "2", "-M", "do",
+                      "-s", str(mtu - 28), "-I", "10.1.0.1", "10.2.0.1", timeout=30)
+    outer = capture_one(lab, a.ns, "va", "src host 192.0.2.1 and greater 1300", big)
+    from scapy.all import IP
+    assert (outer[IP].len, outer[IP].flags.MF, outer[IP].frag) == (outer_len, 0, 0), outer.summary()
+    # One byte more does not fit the TUN: the sender's kernel refuses it.
+    r = run("ip", "netns", "exec", a.ns, PING, "-c", "1", "-W", "2", "-M", "do", "-s", str(mtu - 27),
+            "-I", "10.1.0.1", "10.2.0.1", check=False, timeout=30)
+    assert r.returncode != 0, r.stdout
+    for d in (a, b):
+        assert_clean(d, 2)
+    assert a.stop() == 0 and b.stop() == 0
 
 
 @pytest.mark.skipif(PING is None or not shutil.which("tcpdump"), reason="needs ping and tcpdump")

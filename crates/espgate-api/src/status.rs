@@ -67,7 +67,8 @@ pub struct Status {
 pub struct TunStatus {
     /// Interface name.
     pub name: String,
-    /// Its MTU: `gateway.mtu` minus the largest SA overhead.
+    /// Its MTU: the longest packet every outbound bundle keeps within
+    /// `gateway.mtu`.
     pub mtu: u32,
 }
 

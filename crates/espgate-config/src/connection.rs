@@ -14,7 +14,7 @@ use crate::schema::{
 use espgate_core::crypto::{Integ, Suite};
 use espgate_core::gateway::{ConnSpec, Layers, MssClamp as CoreMssClamp, SaSettings};
 use espgate_core::sa::replay::MAX_WINDOW;
-use espgate_core::sa::{per_cpu_key, Lifetime, Mode, Protocol, Sa, SaConfig};
+use espgate_core::sa::{per_cpu_key, Growth, Lifetime, Mode, Protocol, Sa, SaConfig};
 use espgate_core::selector::{PortRange, Prefix, TrafficSelector};
 use espgate_core::wire::proto;
 use espgate_core::wire::qesp::DEFAULT_IP_PROTOCOL as DEFAULT_QESP_PROTOCOL;
@@ -51,7 +51,8 @@ impl IpProto {
 /// TCP MSS clamping on SYNs entering the tunnel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MssClamp {
-    /// Derived from the tunnel MTU (outer MTU minus the SA overhead).
+    /// Derived from the TUN MTU (the longest packet the SAs keep within the
+    /// outer MTU).
     Auto,
     /// No clamping.
     Off,
@@ -326,7 +327,9 @@ impl Connection {
             },
             inbound: Vec::new(),
             outbound: Vec::new(),
-            negotiated_overhead: self.ike().map_or(0, |i| self.negotiated_overhead(i)),
+            negotiated: self
+                .ike()
+                .map_or_else(Vec::new, |i| self.negotiated_growth(i)),
         };
         let Keying::Manual(keys) = &self.keying else {
             return spec;
@@ -380,23 +383,23 @@ impl Connection {
         }
     }
 
-    /// The most an IKE-negotiated ESP SA can add to a packet: the worst of
-    /// the ESP proposals (the TUN MTU is sized at start, before any SA
-    /// exists), with Q-ESP's 8 more header bytes when it may be negotiated.
-    fn negotiated_overhead(&self, ike: &IkeSettings) -> usize {
+    /// How each ESP SA IKE may negotiate grows a packet: one entry per
+    /// suite of the ESP proposals (the TUN MTU is sized at start, before
+    /// any SA exists), each also as Q-ESP, whose header is longer, when it
+    /// may be negotiated.
+    fn negotiated_growth(&self, ike: &IkeSettings) -> Vec<Growth> {
         let outer = match (self.mode, self.remote) {
             (Mode::Transport, _) => 0,
             (Mode::Tunnel, IpAddr::V6(_)) => 40,
             (Mode::Tunnel, IpAddr::V4(_)) => 20,
         };
-        let udp = if self.encap == Encapsulation::Udp {
-            8
+        let udp = self.encap == Encapsulation::Udp;
+        let protocol = if ike.qesp == QespMode::Off {
+            Protocol::Esp
         } else {
-            0
+            Protocol::Qesp
         };
-        // Q-ESP's header is 16 bytes, ESP's 8 (docs/QESP.md §2).
-        let header = if ike.qesp == QespMode::Off { 8 } else { 16 };
-        let mut worst = 0;
+        let mut all = Vec::new();
         for p in &ike.esp_proposals {
             let integs: Vec<Option<Integ>> = if p.integ.is_empty() {
                 vec![None]
@@ -409,18 +412,11 @@ impl Connection {
                         enc: Some(*e),
                         integ: *i,
                     };
-                    // ESP (or Q-ESP) header, IV, padding, pad length + next
-                    // header 2, ICV.
-                    let esp = header
-                        + suite.iv_len()
-                        + (suite.block_len().max(4) - 1)
-                        + 2
-                        + suite.icv_len();
-                    worst = worst.max(outer + udp + esp);
+                    all.push(Growth::esp(self.mode, outer, udp, protocol, &suite));
                 }
             }
         }
-        worst
+        all
     }
 
     /// The IKE engine's configuration of a connection with a

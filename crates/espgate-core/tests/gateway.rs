@@ -3,7 +3,7 @@
 //! (`espgate-testkit`).
 
 use espgate_core::gateway::*;
-use espgate_core::sa::{Classifier, Encap, Protocol, SaConfig, SaEvent, SeqLease};
+use espgate_core::sa::{Classifier, Encap, Growth, Mode, Protocol, SaConfig, SaEvent, SeqLease};
 use espgate_core::wire::flow::Flow;
 use espgate_core::wire::ip;
 use espgate_core::{DropReason, PacketBuf};
@@ -314,7 +314,7 @@ fn an_incomplete_bundle_is_refused() {
 fn tcp_syns_are_clamped_both_ways() {
     let (mut a, mut b) = pair(Layers::Esp, true);
     let tun_mtu = a.tun_mtu(1500);
-    assert_eq!(tun_mtu as usize, 1500 - a.max_overhead());
+    assert_eq!(tun_mtu, 1438);
     // A SYN with MSS 1460 from 10.1.0.5 to 10.2.0.9 (its checksum is not
     // checked here; mss.rs tests that).
     let syn = tcp_syn4("10.1.0.5", "10.2.0.9", 1460);
@@ -794,7 +794,7 @@ fn negotiated_per_cpu_sas_replace_only_their_own_slot() {
     // installs them): each negotiated outbound SA takes its slot, worker w
     // sends on slot w, and a rekey of one slot leaves the other alone.
     let mut spec = side(true, shaped(Layers::Esp, true, 2, 0x2000));
-    spec.negotiated_overhead = 100;
+    spec.negotiated = ike_sized();
     let mut aw = Engine::for_workers(&[spec], &opts(), T, 2).unwrap();
     assert_eq!(
         (sent_spi(&mut aw[0]), sent_spi(&mut aw[1])),
@@ -808,6 +808,9 @@ fn negotiated_per_cpu_sas_replace_only_their_own_slot() {
     };
     let ch = install(&mut aw, 0x4001, 1, 0);
     assert!(ch.message.contains("replaces ESP SA 0x00002001"), "{ch:?}");
+    // Two pairs are two SAs of one layer, not a bundle of two: the TUN
+    // MTU sized at start still holds, so no warning.
+    assert!(ch.warnings.is_empty(), "{ch:?}");
     assert_eq!(
         (sent_spi(&mut aw[0]), sent_spi(&mut aw[1])),
         (0x2000, 0x4001)
@@ -836,7 +839,7 @@ fn negotiated_per_cpu_sas_replace_only_their_own_slot() {
     // Without per-CPU SAs every negotiated SA replaces the one outbound SA
     // whatever slot it names.
     let mut plain = side(true, shaped(Layers::Esp, true, 1, 0x2000));
-    plain.negotiated_overhead = 100;
+    plain.negotiated = ike_sized();
     let mut one = vec![Engine::new(&[plain], &opts(), T).unwrap()];
     install(&mut one, 0x4021, 1, 3);
     assert_eq!(spis(&one[0], true), [0x4021]);
@@ -876,7 +879,7 @@ fn negotiated_sas_take_the_connection_shape() {
     assert!(e.unwrap_err().contains("no connection named \"x\""));
 }
 
-/// A and B as IKE keys them (`negotiated_overhead` > 0) over raw IP, with
+/// A and B as IKE keys them (`negotiated` not empty) over raw IP, with
 /// their first negotiated pair in place: ESP, A sending on 0x1002.
 fn ike_pair() -> (Engine, Engine) {
     let shape = Shape::new(Layers::Esp, false);
@@ -886,8 +889,8 @@ fn ike_pair() -> (Engine, Engine) {
     };
     let mut sa = side(true, shape);
     let mut sb = side(false, shape);
-    sa.negotiated_overhead = 100;
-    sb.negotiated_overhead = 100;
+    sa.negotiated = ike_sized();
+    sb.negotiated = ike_sized();
     (
         Engine::new(&[sa], &o, T).unwrap(),
         Engine::new(&[sb], &o, T).unwrap(),
@@ -1098,7 +1101,6 @@ fn unicast_filter() {
 #[test]
 fn a_learnt_path_mtu_answers_oversized_packets_with_icmp_too_big() {
     let (mut a, mut b) = pair(Layers::Esp, false);
-    let overhead = a.max_overhead();
     let big = udp4("10.1.0.5", "10.2.0.9", 1400);
     let mut buf = PacketBuf::with_capacity(2000);
     buf.load(&big);
@@ -1109,7 +1111,9 @@ fn a_learnt_path_mtu_answers_oversized_packets_with_icmp_too_big() {
     );
     // The kernel refused a send: the path to B carries 1300 bytes.
     let room = a.note_path_mtu(0, 1300, T).unwrap();
-    assert_eq!(room as usize, 1300 - overhead);
+    // Raw ESP, AES-128-GCM: 20 + 8 + 8 + 16 fixed, 1248 bytes (78 AES
+    // blocks) of packet, padding and trailer: 1246.
+    assert_eq!((room, a.tun_mtu(1300)), (1246, 1246));
     assert_eq!(a.path_mtu(0, T), Some(1300));
     buf.load(&big);
     let d = a.outbound(&mut buf, T).unwrap_err();
@@ -1138,8 +1142,18 @@ fn a_learnt_path_mtu_answers_oversized_packets_with_icmp_too_big() {
     assert_eq!(drops(&a), vec![("path_mtu_exceeded", 1)]);
     // What fits still goes, and so does an oversized packet without DF
     // (its outer packet is fragmented on the way).
+    buf.load(&udp4("10.1.0.5", "10.2.0.9", room as usize - 27));
+    assert_eq!(
+        a.outbound(&mut buf, T).unwrap_err().reason,
+        DropReason::PathMtu
+    );
     buf.load(&udp4("10.1.0.5", "10.2.0.9", room as usize - 28));
     assert_eq!(a.outbound(&mut buf, T), Ok(Some(0)));
+    assert_eq!(
+        buf.len(),
+        1300,
+        "the packet that fits fills the path exactly"
+    );
     assert_eq!(b.inbound(&mut buf, T, from_a()), Ok(Received::Packet));
     let mut no_df = big.clone();
     no_df[6] &= !0x40;
@@ -1148,8 +1162,9 @@ fn a_learnt_path_mtu_answers_oversized_packets_with_icmp_too_big() {
     no_df[10..12].copy_from_slice(&c.to_be_bytes());
     buf.load(&no_df);
     assert_eq!(a.outbound(&mut buf, T), Ok(Some(0)));
-    // ICMP errors are rate-limited: 100 per second, then refusals alone.
-    let mut replies = 1;
+    // ICMP errors are rate-limited: 100 per second, then refusals alone
+    // (two answered so far).
+    let mut replies = 2;
     for _ in 0..150 {
         buf.load(&big);
         replies += u32::from(a.outbound(&mut buf, T).unwrap_err().reply);
@@ -1262,4 +1277,93 @@ fn children_with_narrowed_selectors_each_carry_their_own_traffic() {
         assert_eq!(r.is_ok(), ok, "{dst}: {r:?}");
     }
     assert_eq!(drops(&b), [("selector_mismatch", 1)]);
+}
+
+/// What the configuration sizes an IKE connection for before its first
+/// child SA: here one suite adding 100 bytes.
+fn ike_sized() -> Vec<Growth> {
+    vec![Growth {
+        fixed: 98,
+        trailer: 2,
+        align: 1,
+    }]
+}
+
+#[test]
+fn the_tun_mtu_is_the_longest_packet_each_bundle_keeps_within_the_outer_mtu() {
+    // A packet of the TUN MTU leaves within the outer MTU, one byte more
+    // does not: the padding is counted exactly, not at its worst.
+    let outer_len = |a: &mut Engine, len: usize| {
+        let mut buf = PacketBuf::with_capacity(10_000);
+        buf.load(&udp4("10.1.0.5", "10.2.0.9", len - 28));
+        assert_eq!(a.outbound(&mut buf, T), Ok(Some(0)), "{:?}", drops(a));
+        buf.len()
+    };
+    for (layers, udp) in [
+        (Layers::Esp, true),
+        (Layers::Esp, false),
+        (Layers::Qesp, false),
+        (Layers::Ah, false),
+        (Layers::EspAh, false),
+    ] {
+        for per_cpu in [1, 2] {
+            if per_cpu == 2 && layers != Layers::Esp {
+                continue;
+            }
+            let spec = [side(true, shaped(layers, udp, per_cpu, 0x2000))];
+            let mut aw = Engine::for_workers(&spec, &opts(), T, per_cpu as usize).unwrap();
+            for mtu in [1500u16, 1499, 1497, 1400, 1280, 9000] {
+                for a in &mut aw {
+                    let what = format!("{layers:?} udp={udp} per_cpu={per_cpu} mtu={mtu}");
+                    let fit = a.tun_mtu(mtu) as usize;
+                    assert!(outer_len(a, fit) <= usize::from(mtu), "{what}");
+                    assert!(outer_len(a, fit + 1) > usize::from(mtu), "{what}");
+                    assert!(fit + a.max_overhead() >= usize::from(mtu), "{what}");
+                }
+            }
+        }
+    }
+    // AES-128-GCM in UDP over IPv4, by hand: 20 + 8 + 8 + 8 (IPv4, UDP,
+    // ESP header, IV) + 16 (ICV) = 60 fixed; the 1440 left are 90 AES
+    // blocks of packet, padding and the 2-byte trailer: 1438.
+    let (a, _) = pair(Layers::Esp, true);
+    assert_eq!(a.tun_mtu(1500), 1438);
+    // Two per-CPU pairs are not a bundle of two.
+    let two = Engine::new(
+        &[side(true, shaped(Layers::Esp, true, 2, 0x2000))],
+        &opts(),
+        T,
+    );
+    assert_eq!(two.unwrap().tun_mtu(1500), 1438);
+}
+
+#[test]
+fn an_sa_that_fits_less_than_the_tun_mtu_is_installed_with_a_warning() {
+    let (mut a, _) = pair(Layers::Esp, true);
+    // AES-256-CBC with HMAC-SHA-512: 16-byte IV and blocks, 32-byte ICV.
+    let (enc, integ) = ("11".repeat(32), "22".repeat(64));
+    let cbc = format!("spi=0x3001,suite=aes256-sha512,enc={enc},integ={integ},proto=esp");
+    let ch = a.add_sa("peer", true, &cbc, T).unwrap();
+    // 20 + 8 + 8 + 16 + 32 = 84 fixed, 1408 of body (88 blocks) less 2.
+    let w = ch.warnings.join("\n");
+    assert!(
+        w.contains(
+            "packets of up to 1406 bytes within gateway.mtu 1500, 32 fewer than the TUN MTU (1438)"
+        ),
+        "{ch:?}"
+    );
+    // An SA of the suite the TUN was sized for: no warning.
+    let gcm = format!("spi=0x3002,suite=aes128gcm16,enc={K_NEW_AB},proto=esp");
+    let ch = a.add_sa("peer", true, &gcm, T).unwrap();
+    assert!(ch.warnings.is_empty(), "{ch:?}");
+    // Sized for IKE's proposals, a negotiated SA of one of them does not
+    // warn either.
+    let aes_gcm: espgate_core::crypto::Suite = "aes128gcm16".parse().unwrap();
+    let mut spec = side(true, Shape::new(Layers::Esp, true));
+    spec.negotiated = vec![Growth::esp(Mode::Tunnel, 20, true, Protocol::Esp, &aes_gcm)];
+    let mut ike = Engine::new(&[spec], &opts(), T).unwrap();
+    assert_eq!(ike.tun_mtu(1500), 1438);
+    let key = hex(K_NEW_AB);
+    let ch = ike.install_negotiated(&gcm_child(true, 0x4001, &key, 0, &[]), T);
+    assert!(ch.unwrap().warnings.is_empty());
 }

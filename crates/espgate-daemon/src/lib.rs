@@ -25,7 +25,7 @@
 //! worker `SPI % n` by a classic BPF program, outbound SA copies share one
 //! sequence counter. ICMP "fragmentation needed" / "packet too big" for
 //! inner packets larger than the tunnel comes from the kernel, since the
-//! TUN MTU is the outer MTU minus the SA overhead.
+//! TUN MTU is the longest packet the SAs keep within the outer MTU.
 
 pub mod alloc_count;
 pub mod control;
@@ -231,7 +231,10 @@ pub fn run_hooked(
         );
         0
     } else {
-        engines[0].max_overhead()
+        // What the tightest bundle takes from gateway.mtu, its padding
+        // counted exactly (`Engine::tun_mtu`).
+        let outer = cfg.gateway.mtu;
+        usize::from(outer).saturating_sub(engines[0].tun_mtu(outer) as usize)
     };
     let plan = setup::plan(&cfg, overhead)?;
     // Dropped in reverse order on any error below: control socket removed,

@@ -104,7 +104,7 @@ pub fn side(a: bool, shape: Shape) -> ConnSpec {
         },
         inbound: Vec::new(),
         outbound: Vec::new(),
-        negotiated_overhead: 0,
+        negotiated: Vec::new(),
     };
     use keys::*;
     let (spi_in, spi_out, k_in, k_out, i_in, i_out) = if a {

@@ -111,7 +111,8 @@ struct Lens {
 /// 159-187, and 617-621 against 517-573 (`espgate bench crypto --suite
 /// aes128gcm16 --size 68,80,1404,1408` shows it on any host; see
 /// docs/PERFORMANCE.md, "AES-GCM bodies in whole AES blocks"). The price
-/// is up to 12 bytes more per packet and a TUN MTU 12 bytes lower.
+/// is up to 12 bytes more per packet (none at the TUN MTU: see
+/// [`crate::sa::Growth::fit`]).
 /// Receivers accept any padding up to 255 bytes (RFC 4303 §2.4), as
 /// espgate's does.
 pub const AES_GCM_PAD_ALIGN: usize = 16;
@@ -239,10 +240,7 @@ impl Transform {
             iv: suite.iv_len(),
             icv: suite.icv_len(),
             block: suite.block_len(),
-            pad: match suite.enc {
-                Some(Enc::AesGcm16(_)) => AES_GCM_PAD_ALIGN,
-                _ => suite.block_len(),
-            },
+            pad: suite.pad_align(),
         };
         Ok(Transform {
             suite,

@@ -315,6 +315,16 @@ impl Suite {
         self.enc.map_or(4, Enc::block_len)
     }
 
+    /// The alignment espgate pads its encrypted ESP and Q-ESP bodies
+    /// (payload, padding, trailer) to on output: the cipher's block, and
+    /// whole AES blocks for AES-GCM ([`super::AES_GCM_PAD_ALIGN`]).
+    pub fn pad_align(&self) -> usize {
+        match self.enc {
+            Some(Enc::AesGcm16(_)) => super::AES_GCM_PAD_ALIGN,
+            _ => self.block_len(),
+        }
+    }
+
     /// Encryption key length (salt included).
     pub fn enc_key_len(&self) -> usize {
         self.enc.map_or(0, Enc::key_len)

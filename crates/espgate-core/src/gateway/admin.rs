@@ -300,7 +300,7 @@ impl Engine {
         };
         // Only an IKE connection (sized for negotiated SAs) switches
         // between ESP and Q-ESP.
-        let switches = c.negotiated_overhead > 0 && matches!(c.layers, Layers::Esp | Layers::Qesp);
+        let switches = !c.negotiated.is_empty() && matches!(c.layers, Layers::Esp | Layers::Qesp);
         if !switches && c.layers != layers {
             return Err(format!(
                 "connection \"{}\" applies {}: a negotiated {} SA does not fit it",
@@ -466,14 +466,18 @@ impl Engine {
             }
             let next = self.sad.get(id).map_or(1, Sa::next_seq);
             if self.group_can_send(ci, group) {
-                let overhead = self.group_overhead(&self.conns[ci], group);
-                if overhead > self.sized_overhead {
+                let outer = self.outer_mtu;
+                let fit = self.group_fit(&self.conns[ci], group, usize::from(outer));
+                let fit = u32::try_from(fit).unwrap_or(u32::MAX);
+                if fit < self.sized_mtu {
                     warnings.push(format!(
-                        "connection \"{name}\"'s bundle now adds up to {overhead} bytes per \
-                         packet, {} more than the TUN MTU was sized for at start: packets near \
-                         the TUN MTU exceed gateway.mtu outside and are fragmented or dropped; \
-                         put the keys in the configuration and restart to resize the TUN",
-                        overhead - self.sized_overhead
+                        "connection \"{name}\"'s bundle now keeps only packets of up to {fit} \
+                         bytes within gateway.mtu {outer}, {} fewer than the TUN MTU ({}) sized \
+                         at start: packets near the TUN MTU exceed gateway.mtu outside and are \
+                         fragmented or dropped; put the keys in the configuration and restart to \
+                         resize the TUN",
+                        self.sized_mtu - fit,
+                        self.sized_mtu
                     ));
                 }
             } else {

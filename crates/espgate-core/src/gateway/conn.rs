@@ -2,7 +2,7 @@
 //! selectors and SA settings, and its manually keyed SAs.
 
 use crate::mss::MssLimit;
-use crate::sa::{Encap, Lifetime, Mode, Protocol, SaConfig};
+use crate::sa::{Encap, Growth, Lifetime, Mode, Protocol, SaConfig};
 use crate::selector::{Prefix, TrafficSelector};
 use std::net::IpAddr;
 
@@ -116,10 +116,10 @@ pub struct ConnSpec {
     pub inbound: Vec<SaConfig>,
     /// The manually keyed SAs we send on, in bundle order.
     pub outbound: Vec<SaConfig>,
-    /// The most a negotiated (IKE) SA may add to a packet: the worst of the
-    /// ESP proposals, for sizing the TUN MTU before any SA exists. Zero for
+    /// How each SA IKE may negotiate (one per ESP proposal's suite) grows a
+    /// packet, for sizing the TUN MTU before any SA exists. Empty for
     /// manually keyed connections.
-    pub negotiated_overhead: usize,
+    pub negotiated: Vec<Growth>,
 }
 
 impl ConnSpec {

@@ -174,8 +174,10 @@ pub struct Engine {
     conns: Vec<ConnState>,
     /// By `SaId.0`.
     meta: Vec<Option<SaMeta>>,
-    /// The bundle overhead the TUN MTU was sized for at start.
-    sized_overhead: usize,
+    /// The outer path MTU (`gateway.mtu`) and the TUN MTU sized for it at
+    /// start.
+    outer_mtu: u16,
+    sized_mtu: u32,
     applied: Vec<SaId>,
     classifier: Classifier,
     leases: Option<Arc<dyn LeaseSource>>,
@@ -264,7 +266,8 @@ impl Engine {
             policy_conn: Vec::new(),
             conns: Vec::new(),
             meta: Vec::new(),
-            sized_overhead: 0,
+            outer_mtu: opts.mtu,
+            sized_mtu: 0,
             applied: Vec::with_capacity(MAX_LAYERS),
             classifier: opts.classifier,
             leases: opts.leases.clone(),
@@ -343,8 +346,8 @@ impl Engine {
             });
         }
         e.rebuild_spd();
-        e.sized_overhead = e.max_overhead();
         let tun_mtu = e.tun_mtu(opts.mtu);
+        e.sized_mtu = tun_mtu;
         for c in &mut e.conns {
             c.mss = c.spec.mss_limit(tun_mtu);
         }
@@ -373,39 +376,80 @@ impl Engine {
         &self.sad
     }
 
-    /// The TUN MTU for an outer path MTU of `outer_mtu`: what is left after
-    /// the largest bundle overhead.
+    /// The TUN MTU for an outer path MTU of `outer_mtu`: the longest
+    /// packet every connection's outbound bundle keeps within it.
     pub fn tun_mtu(&self, outer_mtu: u16) -> u32 {
-        u32::from(outer_mtu).saturating_sub(self.max_overhead() as u32)
+        let room = usize::from(outer_mtu);
+        let fit = self
+            .conns
+            .iter()
+            .map(|c| self.conn_fit(c, room))
+            .min()
+            .unwrap_or(room);
+        u32::try_from(fit).unwrap_or(u32::MAX)
     }
 
     /// The largest number of bytes a connection's outbound bundle adds to
-    /// a packet (the TUN MTU is the outer MTU minus this).
+    /// a packet, worst-case padding included (for buffer sizing; the TUN
+    /// MTU is [`Engine::tun_mtu`], which pads exactly).
     pub fn max_overhead(&self) -> usize {
         self.conns
             .iter()
-            .map(|c| self.overhead_of(c))
+            .map(|c| {
+                let installed = (0..=c.groups.len() as u32)
+                    .map(|g| {
+                        [true, false]
+                            .map(|ah| {
+                                let worst = self.layer(c, g, ah).map(|sa| sa.overhead());
+                                worst.max().unwrap_or(0)
+                            })
+                            .iter()
+                            .sum::<usize>()
+                    })
+                    .max()
+                    .unwrap_or(0);
+                let negotiated = c.spec.negotiated.iter().map(|g| g.worst()).max();
+                installed.max(negotiated.unwrap_or(0))
+            })
             .max()
             .unwrap_or(0)
     }
 
-    /// The largest number of bytes connection `c`'s outbound bundle adds.
-    fn overhead_of(&self, c: &ConnState) -> usize {
+    /// The longest packet connection `c` keeps within `room` bytes: that of
+    /// its tightest selector group, and of any SA IKE may negotiate for it.
+    fn conn_fit(&self, c: &ConnState, room: usize) -> usize {
         let installed = (0..=c.groups.len() as u32)
-            .map(|g| self.group_overhead(c, g))
-            .max()
-            .unwrap_or(0);
-        installed.max(c.spec.negotiated_overhead)
+            .map(|g| self.group_fit(c, g, room))
+            .min()
+            .unwrap_or(room);
+        let negotiated = c.spec.negotiated.iter().map(|g| g.fit(room)).min();
+        installed.min(negotiated.unwrap_or(room))
     }
 
-    /// The bytes the outbound bundle of selector group `g` of `c` adds.
-    fn group_overhead(&self, c: &ConnState, g: u32) -> usize {
+    /// The longest packet selector group `g` of `c` keeps within `room`
+    /// bytes. A bundle is ESP (or Q-ESP) inside, AH outside; each layer
+    /// leaves the least room any of its SAs leaves (per-CPU pairs are
+    /// several SAs of one layer, of which a packet crosses one).
+    fn group_fit(&self, c: &ConnState, g: u32, room: usize) -> usize {
+        // A transport-mode SA wraps packets of the peer's family.
+        let v6 = c.spec.remote.is_ipv6();
+        let fit = |ah: bool, room: usize| {
+            self.layer(c, g, ah)
+                .map(|sa| sa.growth_in(v6).fit(room))
+                .min()
+                .unwrap_or(room)
+        };
+        fit(false, fit(true, room))
+    }
+
+    /// The outbound SAs of group `g` of `c` in its AH layer (`ah`) or its
+    /// ESP-like one.
+    fn layer<'a>(&'a self, c: &'a ConnState, g: u32, ah: bool) -> impl Iterator<Item = &'a Sa> {
         c.out_ids
             .iter()
-            .filter(|id| self.meta_of(**id).is_some_and(|m| m.group == g))
+            .filter(move |id| self.meta_of(**id).is_some_and(|m| m.group == g))
             .filter_map(|id| self.sad.get(*id))
-            .map(Sa::overhead)
-            .sum()
+            .filter(move |sa| (sa.config().protocol == Protocol::Ah) == ah)
     }
 
     /// The shell learnt that outer packets of connection `conn` longer
@@ -417,9 +461,9 @@ impl Engine {
     /// what fits (RFC 4301 §8.2.1). Returns that inner MTU (`None`: no
     /// such connection).
     pub fn note_path_mtu(&mut self, conn: usize, mtu: u16, now: Duration) -> Option<u32> {
-        let overhead = self.overhead_of(self.conns.get(conn)?);
+        let fit = self.conn_fit(self.conns.get(conn)?, usize::from(mtu));
         self.conns[conn].path_mtu = Some((mtu, now));
-        Some(u32::from(mtu).saturating_sub(overhead as u32))
+        Some(u32::try_from(fit).unwrap_or(u32::MAX))
     }
 
     /// The path MTU learnt for connection `conn`, while it holds.
@@ -454,7 +498,7 @@ impl Engine {
             self.conns[conn].path_mtu = None;
             return None;
         };
-        let room = usize::from(mtu).saturating_sub(self.overhead_of(&self.conns[conn]));
+        let room = self.conn_fit(&self.conns[conn], usize::from(mtu));
         if buf.len() <= room {
             return None;
         }
@@ -883,12 +927,12 @@ impl Engine {
 
     /// True when an SA of `protocol` fills connection `ci`'s layer
     /// `layer`: the same protocol, or — on a connection keyed by IKE
-    /// (`negotiated_overhead` > 0), whose one ESP-like layer is negotiated
+    /// (`negotiated` not empty), whose one ESP-like layer is negotiated
     /// as ESP or Q-ESP per child SA — either ESP-like protocol, so that an
     /// SA of the other one still in its rekey overlap is not a mismatch.
     fn same_layer(&self, ci: usize, layer: Protocol, protocol: Protocol) -> bool {
         layer == protocol
-            || (self.conns[ci].spec.negotiated_overhead > 0
+            || (!self.conns[ci].spec.negotiated.is_empty()
                 && layer.is_esp_like()
                 && protocol.is_esp_like())
     }

@@ -634,37 +634,49 @@ impl Sa {
         self.replay.top()
     }
 
-    /// Largest number of bytes outbound processing adds to a packet, for MTU
-    /// and buffer sizing: outer header, UDP, ESP header, IV, worst-case
-    /// padding, trailer, ICV (or the AH header).
-    pub fn overhead(&self) -> usize {
+    /// How outbound processing grows a packet: outer header, UDP, ESP
+    /// header, IV and ICV (or the AH header) whatever its length, plus a
+    /// padded trailer for ESP and Q-ESP. A transport-mode AH SA is counted
+    /// for IPv6, whose AH header may be 4 bytes longer.
+    pub fn growth(&self) -> Growth {
+        self.growth_in(true)
+    }
+
+    /// [`Sa::growth`] for packets of IPv6 (`v6`) or IPv4 where the SA does
+    /// not fix the family itself (a transport-mode SA).
+    pub fn growth_in(&self, v6: bool) -> Growth {
         let outer = match (self.cfg.mode, self.cfg.tunnel_dst) {
             (Mode::Tunnel, Some(IpAddr::V6(_))) => ipv6::HEADER_LEN,
             (Mode::Tunnel, _) => ipv4::MIN_HEADER_LEN,
             (Mode::Transport, _) => 0,
         };
-        let udp = if matches!(self.cfg.encap, Encap::Udp { .. }) {
-            udp::HEADER_LEN
-        } else {
-            0
-        };
-        let esp_hdr = if self.cfg.protocol == Protocol::Qesp {
-            Qesp::HEADER_LEN
-        } else {
-            Rfc4303::HEADER_LEN
-        };
+        let udp = matches!(self.cfg.encap, Encap::Udp { .. });
         match self.cfg.protocol {
             Protocol::Esp | Protocol::Qesp => {
-                outer
-                    + udp
-                    + esp_hdr
-                    + self.transform.iv_len()
-                    + (self.transform.pad_align().max(4) - 1)
-                    + crate::wire::esp::TRAILER_LEN
-                    + self.transform.icv_len()
+                let suite = self.transform.suite();
+                Growth::esp(self.cfg.mode, outer, udp, self.cfg.protocol, &suite)
             }
-            Protocol::Ah => outer + crate::wire::ah::header_len(self.transform.icv_len(), true),
+            // AH is padded to 4 bytes in IPv4, to 8 in IPv6 (RFC 4302
+            // §2.6).
+            Protocol::Ah => Growth {
+                fixed: outer
+                    + crate::wire::ah::header_len(
+                        self.transform.icv_len(),
+                        match (self.cfg.mode, self.cfg.tunnel_dst) {
+                            (Mode::Tunnel, Some(d)) => d.is_ipv6(),
+                            _ => v6,
+                        },
+                    ),
+                trailer: 0,
+                align: 1,
+            },
         }
+    }
+
+    /// Largest number of bytes outbound processing adds to a packet, for
+    /// buffer sizing: [`Growth::worst`] (worst-case padding included).
+    pub fn overhead(&self) -> usize {
+        self.growth().worst()
     }
 
     /// Next pending event, if any.
@@ -1204,6 +1216,82 @@ fn fix_transport_header(pkt: &mut [u8], version: u8, nh_field: usize, nh: u8) ->
         ipv6::set_payload_len(pkt, plen);
     }
     Ok(())
+}
+
+/// How one protection layer grows a packet: `fixed` bytes whatever its
+/// length, and a body (the packet, padding and a `trailer` of fixed
+/// length) padded to a multiple of `align` bytes. ESP and Q-ESP: outer
+/// header, UDP, ESP header, IV and ICV fixed, the 2-byte trailer, the
+/// suite's [`Suite::pad_align`]; AH: its whole header fixed, nothing
+/// padded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Growth {
+    /// Bytes added whatever the packet's length.
+    pub fixed: usize,
+    /// Bytes of trailer inside the padded body.
+    pub trailer: usize,
+    /// The body's length is a multiple of this (at least 1).
+    pub align: usize,
+}
+
+impl Growth {
+    /// An ESP (or Q-ESP, whose header is longer) layer of `suite` in
+    /// `mode`, with an `outer`-byte outer header (tunnel mode), in UDP if
+    /// `udp`. In transport mode the padded body starts after the packet's
+    /// IP header, whose length varies: [`Growth::unaligned`].
+    pub fn esp(mode: Mode, outer: usize, udp: bool, protocol: Protocol, suite: &Suite) -> Growth {
+        let header = if protocol == Protocol::Qesp {
+            Qesp::HEADER_LEN
+        } else {
+            Rfc4303::HEADER_LEN
+        };
+        let g = Growth {
+            fixed: outer
+                + if udp { udp::HEADER_LEN } else { 0 }
+                + header
+                + suite.iv_len()
+                + suite.icv_len(),
+            trailer: crate::wire::esp::TRAILER_LEN,
+            align: suite.pad_align().max(4),
+        };
+        match mode {
+            Mode::Tunnel => g,
+            Mode::Transport => g.unaligned(),
+        }
+    }
+
+    /// The same layer where the padded body does not start at the packet's
+    /// first byte but after a header of varying length (transport mode:
+    /// after the IP header, its options or extension headers): the padding
+    /// is counted at its worst, as fixed bytes.
+    pub fn unaligned(self) -> Growth {
+        Growth {
+            fixed: self.fixed + self.align.max(1) - 1,
+            trailer: self.trailer,
+            align: 1,
+        }
+    }
+
+    /// The most bytes it adds to any packet (`align - 1` bytes of padding).
+    pub fn worst(self) -> usize {
+        self.fixed + self.trailer + self.align.max(1) - 1
+    }
+
+    /// The longest packet that is at most `room` bytes once protected: the
+    /// body gets what is left of `room` after the fixed bytes, rounded down
+    /// to whole `align`s, less the trailer (as Linux sizes its ESP MTU,
+    /// `esp4_get_mtu`). Exact, where `room` less [`Growth::worst`] may be
+    /// short by up to `align - 1` bytes: at a 1500-byte MTU an AES-GCM
+    /// tunnel in UDP over IPv4 fits 1438-byte packets, not 1423.
+    pub fn fit(self, room: usize) -> usize {
+        let body = room.saturating_sub(self.fixed);
+        (body - body % self.align.max(1)).saturating_sub(self.trailer)
+    }
+
+    /// [`Growth::fit`] through several layers, outermost first.
+    pub fn fit_all(layers: impl IntoIterator<Item = Growth>, room: usize) -> usize {
+        layers.into_iter().fold(room, |room, g| g.fit(room))
+    }
 }
 
 #[cfg(test)]

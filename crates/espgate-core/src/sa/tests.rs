@@ -189,6 +189,52 @@ fn aes_gcm_pads_to_whole_blocks_and_other_aeads_to_four_bytes() {
     }
 }
 
+/// `Growth::fit` is the longest packet that stays within the room once
+/// protected, for every protocol, mode, family and padding alignment; in
+/// tunnel mode exactly (one byte more does not fit). Transport mode pads
+/// after the IP header, so its fit counts the padding at its worst and is
+/// only a bound.
+#[test]
+fn growth_fit_is_the_longest_packet_that_stays_within_the_room() {
+    for suite in ["aes128gcm16", "aes256-sha256", "chacha20poly1305", "sha256"] {
+        let protocols: &[Protocol] = if suite == "sha256" {
+            &[Protocol::Ah]
+        } else {
+            &[Protocol::Esp, Protocol::Qesp]
+        };
+        for &protocol in protocols {
+            for (mode, udp, v6) in [
+                (Mode::Tunnel, true, false),
+                (Mode::Tunnel, false, true),
+                (Mode::Transport, false, false),
+                (Mode::Transport, false, true),
+            ] {
+                // Only ESP goes in UDP.
+                let udp = udp && protocol == Protocol::Esp;
+                let c = config(suite, protocol, mode, udp, v6);
+                let (mut o, _) = pair(&c);
+                let g = o.growth_in(v6);
+                let mut out_len = |len: usize| {
+                    let ip = if v6 { 40 } else { 20 };
+                    let pkt = udp_packet(v6, len - ip - 8, 0);
+                    let mut b = PacketBuf::from_packet(&pkt);
+                    o.encapsulate(&mut b, T0).unwrap();
+                    b.len()
+                };
+                for room in 1200..1232 {
+                    let what = format!("{suite} {protocol:?} {mode:?} udp={udp} v6={v6} {room}");
+                    let fit = g.fit(room);
+                    assert!(out_len(fit) <= room, "{what}");
+                    assert!(fit + g.worst() >= room, "{what}");
+                    if mode == Mode::Tunnel {
+                        assert!(out_len(fit + 1) > room, "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// (UDP encapsulation, outer IPv6, inner IPv6, ESN): each setting on and
 /// off at least once, for the tests that compare two ways of one path.
 const SETTINGS: [(bool, bool, bool, bool); 5] = [

@@ -374,7 +374,7 @@ fn encode_status(s: &Status, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
     family(
         enc,
         "espgate_tun_mtu_bytes",
-        "MTU of the TUN device: gateway.mtu minus the largest SA overhead.",
+        "MTU of the TUN device: the longest packet every outbound bundle keeps within gateway.mtu.",
         Gauge(vec![(
             vec![("tun", s.tun.name.clone())],
             i64::from(s.tun.mtu),
