@@ -225,7 +225,8 @@ def assert_nothing_lost(c, end, kernel_before):
     iperf3 had taken the first data datagram for its handshake's reply
     (see udpflow.py)."""
     assert end["send_errors"] == 0 and end["duplicates"] == 0, end
-    assert_lost_only_in_kernel_buffers(end, c.daemons + [c.b], kernel_before, f"{end['out_of_order']} out of order, missing: {end['missing']}")
+    order = f"{end['out_of_order']} out of order, missing: {end['missing']}"
+    assert_lost_only_in_kernel_buffers(end, c.daemons + [c.b], kernel_before, order)
 
 
 @pytest.mark.parametrize("dispatch", ["packet-rr", "packet-sqf", "session-rr", "session-sqf"])
