@@ -1287,11 +1287,6 @@ impl Growth {
         let body = room.saturating_sub(self.fixed);
         (body - body % self.align.max(1)).saturating_sub(self.trailer)
     }
-
-    /// [`Growth::fit`] through several layers, outermost first.
-    pub fn fit_all(layers: impl IntoIterator<Item = Growth>, room: usize) -> usize {
-        layers.into_iter().fold(room, |room, g| g.fit(room))
-    }
 }
 
 #[cfg(test)]
