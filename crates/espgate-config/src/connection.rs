@@ -388,12 +388,7 @@ impl Connection {
     /// any SA exists), each also as Q-ESP, whose header is longer, when it
     /// may be negotiated.
     fn negotiated_growth(&self, ike: &IkeSettings) -> Vec<Growth> {
-        let outer = match (self.mode, self.remote) {
-            (Mode::Transport, _) => 0,
-            (Mode::Tunnel, IpAddr::V6(_)) => 40,
-            (Mode::Tunnel, IpAddr::V4(_)) => 20,
-        };
-        let udp = self.encap == Encapsulation::Udp;
+        let (v6, udp) = (self.remote.is_ipv6(), self.encap == Encapsulation::Udp);
         let protocol = if ike.qesp == QespMode::Off {
             Protocol::Esp
         } else {
@@ -412,7 +407,7 @@ impl Connection {
                         enc: Some(*e),
                         integ: *i,
                     };
-                    all.push(Growth::esp(self.mode, outer, udp, protocol, &suite));
+                    all.push(Growth::esp(self.mode, v6, udp, protocol, &suite));
                 }
             }
         }

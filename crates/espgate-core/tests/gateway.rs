@@ -1360,7 +1360,13 @@ fn an_sa_that_fits_less_than_the_tun_mtu_is_installed_with_a_warning() {
     // warn either.
     let aes_gcm: espgate_core::crypto::Suite = "aes128gcm16".parse().unwrap();
     let mut spec = side(true, Shape::new(Layers::Esp, true));
-    spec.negotiated = vec![Growth::esp(Mode::Tunnel, 20, true, Protocol::Esp, &aes_gcm)];
+    spec.negotiated = vec![Growth::esp(
+        Mode::Tunnel,
+        false,
+        true,
+        Protocol::Esp,
+        &aes_gcm,
+    )];
     let mut ike = Engine::new(&[spec], &opts(), T).unwrap();
     assert_eq!(ike.tun_mtu(1500), 1438);
     let key = hex(K_NEW_AB);

@@ -645,31 +645,17 @@ impl Sa {
     /// [`Sa::growth`] for packets of IPv6 (`v6`) or IPv4 where the SA does
     /// not fix the family itself (a transport-mode SA).
     pub fn growth_in(&self, v6: bool) -> Growth {
-        let outer = match (self.cfg.mode, self.cfg.tunnel_dst) {
-            (Mode::Tunnel, Some(IpAddr::V6(_))) => ipv6::HEADER_LEN,
-            (Mode::Tunnel, _) => ipv4::MIN_HEADER_LEN,
-            (Mode::Transport, _) => 0,
+        let (mode, suite) = (self.cfg.mode, self.transform.suite());
+        let v6 = match (mode, self.cfg.tunnel_dst) {
+            (Mode::Tunnel, Some(d)) => d.is_ipv6(),
+            _ => v6,
         };
-        let udp = matches!(self.cfg.encap, Encap::Udp { .. });
         match self.cfg.protocol {
             Protocol::Esp | Protocol::Qesp => {
-                let suite = self.transform.suite();
-                Growth::esp(self.cfg.mode, outer, udp, self.cfg.protocol, &suite)
+                let udp = matches!(self.cfg.encap, Encap::Udp { .. });
+                Growth::esp(mode, v6, udp, self.cfg.protocol, &suite)
             }
-            // AH is padded to 4 bytes in IPv4, to 8 in IPv6 (RFC 4302
-            // §2.6).
-            Protocol::Ah => Growth {
-                fixed: outer
-                    + crate::wire::ah::header_len(
-                        self.transform.icv_len(),
-                        match (self.cfg.mode, self.cfg.tunnel_dst) {
-                            (Mode::Tunnel, Some(d)) => d.is_ipv6(),
-                            _ => v6,
-                        },
-                    ),
-                trailer: 0,
-                align: 1,
-            },
+            Protocol::Ah => Growth::ah(mode, v6, &suite),
         }
     }
 
@@ -1236,17 +1222,17 @@ pub struct Growth {
 
 impl Growth {
     /// An ESP (or Q-ESP, whose header is longer) layer of `suite` in
-    /// `mode`, with an `outer`-byte outer header (tunnel mode), in UDP if
-    /// `udp`. In transport mode the padded body starts after the packet's
-    /// IP header, whose length varies: [`Growth::unaligned`].
-    pub fn esp(mode: Mode, outer: usize, udp: bool, protocol: Protocol, suite: &Suite) -> Growth {
+    /// `mode` over IPv6 (`v6`) or IPv4, in UDP if `udp`. In transport mode
+    /// the padded body starts after the packet's IP header, whose length
+    /// varies: [`Growth::unaligned`].
+    pub fn esp(mode: Mode, v6: bool, udp: bool, protocol: Protocol, suite: &Suite) -> Growth {
         let header = if protocol == Protocol::Qesp {
             Qesp::HEADER_LEN
         } else {
             Rfc4303::HEADER_LEN
         };
         let g = Growth {
-            fixed: outer
+            fixed: Growth::outer(mode, v6)
                 + if udp { udp::HEADER_LEN } else { 0 }
                 + header
                 + suite.iv_len()
@@ -1257,6 +1243,27 @@ impl Growth {
         match mode {
             Mode::Tunnel => g,
             Mode::Transport => g.unaligned(),
+        }
+    }
+
+    /// An AH layer of `suite` in `mode` over IPv6 (`v6`) or IPv4: its
+    /// header is padded to 4 bytes in IPv4, to 8 in IPv6 (RFC 4302 §2.6),
+    /// and nothing else is.
+    pub fn ah(mode: Mode, v6: bool, suite: &Suite) -> Growth {
+        Growth {
+            fixed: Growth::outer(mode, v6) + crate::wire::ah::header_len(suite.icv_len(), v6),
+            trailer: 0,
+            align: 1,
+        }
+    }
+
+    /// The outer IP header a tunnel-mode layer adds (none in transport
+    /// mode).
+    fn outer(mode: Mode, v6: bool) -> usize {
+        match (mode, v6) {
+            (Mode::Transport, _) => 0,
+            (Mode::Tunnel, true) => ipv6::HEADER_LEN,
+            (Mode::Tunnel, false) => ipv4::MIN_HEADER_LEN,
         }
     }
 
