@@ -653,6 +653,31 @@ def test_a_packet_of_the_tun_mtu_leaves_whole_within_the_outer_mtu(lab, case):
 
 
 @pytest.mark.skipif(PING is None or not shutil.which("tcpdump"), reason="needs ping and tcpdump")
+def test_tfc_padding_to_65535_makes_every_outer_packet_as_long_as_the_path(lab):
+    # TFC padding (RFC 4303 §2.4) stops at the longest packet the SA keeps
+    # within gateway.mtu, so 65535 means "pad to the path": a small ping and
+    # a full-size one both leave as outer packets of exactly 1500 bytes
+    # (AES-128-GCM in UDP: the TUN MTU 1438 plus 62), both ways, and the
+    # receivers strip the padding (the pings are answered).
+    a, b = configs(lab, protocol="esp", encap="udp", esp="aes128gcm16", extra_conn="tfc_pad_to = 65535")
+    a.start()
+    b.start()
+    mtu = a.status()["tun"]["mtu"]
+    assert mtu == 1438
+    from scapy.all import IP
+    for size in (56, mtu - 28):
+        pinger = lambda: run("ip", "netns", "exec", a.ns, PING, "-c", "2", "-i", "0.2", "-W", "2", "-M", "do",
+                             "-s", str(size), "-I", "10.1.0.1", "10.2.0.1", timeout=30)
+        # A's packet, and B's answer (keepalives, 29 bytes, are not ESP).
+        for ns, dev, src in ((a.ns, "va", "192.0.2.1"), (b.ns, "vb", "192.0.2.2")):
+            outer = capture_one(lab, ns, dev, f"src host {src} and udp port 4500 and greater 100", pinger)
+            assert (outer[IP].len, outer[IP].flags.MF, outer[IP].frag) == (1500, 0, 0), (size, outer.summary())
+    for d in (a, b):
+        assert_clean(d, 4)
+    assert a.stop() == 0 and b.stop() == 0
+
+
+@pytest.mark.skipif(PING is None or not shutil.which("tcpdump"), reason="needs ping and tcpdump")
 def test_fragment_inner_false_fragments_the_outer_packets(lab):
     a, b = configs(lab, protocol="esp", encap="udp", esp="aes128gcm16", extra_conn="fragment_inner = false")
     a.start()

@@ -1337,6 +1337,84 @@ fn the_tun_mtu_is_the_longest_packet_each_bundle_keeps_within_the_outer_mtu() {
     assert_eq!(two.unwrap().tun_mtu(1500), 1438);
 }
 
+/// TFC padding (RFC 4303 §2.4) brings every inner packet up to
+/// `tfc_pad_to`, but never beyond the longest packet the bundle keeps
+/// within the path: `65535` makes every outer packet exactly as long as
+/// the longest one (the lengths tell an observer nothing), and none
+/// exceeds `gateway.mtu` or a path MTU learnt later. The receiver strips
+/// the padding.
+#[test]
+fn tfc_padding_fills_the_path_and_never_exceeds_it() {
+    let seal = |a: &mut Engine, b: &mut Engine, len: usize| {
+        let clear = udp4("10.1.0.5", "10.2.0.9", len - 28);
+        let mut buf = PacketBuf::with_capacity(70_000);
+        buf.load(&clear);
+        assert_eq!(a.outbound(&mut buf, T), Ok(Some(0)), "{:?}", drops(a));
+        let outer = buf.len();
+        assert_eq!(
+            b.inbound(&mut buf, T, from_a()),
+            Ok(Received::Packet),
+            "{len}: {:?}",
+            drops(b)
+        );
+        assert_eq!(
+            buf.as_slice(),
+            &clear[..],
+            "the receiver strips the padding"
+        );
+        outer
+    };
+    for (layers, udp) in [
+        (Layers::Esp, true),
+        (Layers::Esp, false),
+        (Layers::Qesp, false),
+        (Layers::EspAh, false),
+    ] {
+        for pad_to in [65535u16, 1000] {
+            let what = format!("{layers:?} udp={udp} tfc_pad_to={pad_to}");
+            let shape = Shape::new(layers, udp);
+            let [mut sa, mut sb] = [side(true, shape), side(false, shape)];
+            for sc in sa.outbound.iter_mut().chain(&mut sb.outbound) {
+                if sc.protocol != Protocol::Ah {
+                    sc.tfc_pad_to = Some(pad_to);
+                }
+            }
+            let mut a = Engine::new(&[sa], &opts(), T).unwrap();
+            let b_opts = EngineOptions {
+                classifier: Classifier::NAT_T.qesp(253),
+                ..opts()
+            };
+            let mut b = Engine::new(&[sb], &b_opts, T).unwrap();
+            let mtu = usize::from(opts().mtu);
+            let fit = a.tun_mtu(opts().mtu) as usize;
+            let target = usize::from(pad_to).min(fit);
+            let padded = seal(&mut a, &mut b, target);
+            assert!(padded <= mtu, "{what}: {padded}");
+            for len in [28, 29, 100, 577, 999, target] {
+                assert_eq!(seal(&mut a, &mut b, len), padded, "{what}: {len} bytes");
+            }
+            if pad_to == 65535 {
+                // Tunnel-mode padding is exact: the longest packet fills
+                // the path to within one padding block.
+                assert!(seal(&mut a, &mut b, fit) + 16 > mtu, "{what}");
+            } else {
+                // Longer packets are not padded further (one padding
+                // block longer leaves one block longer).
+                assert_eq!(seal(&mut a, &mut b, 1016), padded + 16, "{what}");
+            }
+            // A narrower path learnt later narrows the padding with it.
+            let narrow = a.note_path_mtu(0, 1300, T).unwrap() as usize;
+            for len in [28, 500, narrow.min(usize::from(pad_to))] {
+                let outer = seal(&mut a, &mut b, len);
+                assert!(outer <= 1300, "{what}: {len} bytes leave as {outer}");
+                if pad_to == 65535 {
+                    assert!(outer + 16 > 1300, "{what}: {len} bytes leave as {outer}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn an_sa_that_fits_less_than_the_tun_mtu_is_installed_with_a_warning() {
     let (mut a, _) = pair(Layers::Esp, true);

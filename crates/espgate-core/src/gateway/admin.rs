@@ -459,6 +459,7 @@ impl Engine {
                     .min(c.out_ids.len())
             };
             self.conns[ci].out_ids.insert(at, id);
+            self.fit_tfc(ci);
             if new_group {
                 self.rebuild_spd();
             } else {

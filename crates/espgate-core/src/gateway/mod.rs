@@ -351,6 +351,9 @@ impl Engine {
         for c in &mut e.conns {
             c.mss = c.spec.mss_limit(tun_mtu);
         }
+        for ci in 0..e.conns.len() {
+            e.fit_tfc(ci);
+        }
         e.publish();
         Ok(e)
     }
@@ -442,6 +445,29 @@ impl Engine {
         fit(false, fit(true, room))
     }
 
+    /// Caps the TFC padding of connection `ci`'s outbound SAs at the
+    /// longest packet their group keeps within the path (`gateway.mtu`,
+    /// or the path MTU learnt for the connection): a `tfc_pad_to` above it
+    /// pads to exactly the path MTU instead of beyond it (`65535` means
+    /// "as long as fits"). Called whenever a bundle or the path changes.
+    fn fit_tfc(&mut self, ci: usize) {
+        let Some(c) = self.conns.get(ci) else { return };
+        let room = c
+            .path_mtu
+            .map_or(self.outer_mtu, |(m, _)| m.min(self.outer_mtu));
+        for k in 0..c.out_ids.len() {
+            let c = &self.conns[ci];
+            let id = c.out_ids[k];
+            let Some(g) = self.meta_of(id).map(|m| m.group) else {
+                continue;
+            };
+            let fit = self.group_fit(c, g, usize::from(room));
+            if let Some(sa) = self.sad.get_mut(id) {
+                sa.limit_tfc(fit);
+            }
+        }
+    }
+
     /// The outbound SAs of group `g` of `c` in its AH layer (`ah`) or its
     /// ESP-like one.
     fn layer<'a>(&'a self, c: &'a ConnState, g: u32, ah: bool) -> impl Iterator<Item = &'a Sa> {
@@ -463,6 +489,7 @@ impl Engine {
     pub fn note_path_mtu(&mut self, conn: usize, mtu: u16, now: Duration) -> Option<u32> {
         let fit = self.conn_fit(self.conns.get(conn)?, usize::from(mtu));
         self.conns[conn].path_mtu = Some((mtu, now));
+        self.fit_tfc(conn);
         Some(u32::try_from(fit).unwrap_or(u32::MAX))
     }
 
@@ -496,6 +523,7 @@ impl Engine {
     ) -> Option<Dropped> {
         let Some(mtu) = self.path_mtu(conn, now) else {
             self.conns[conn].path_mtu = None;
+            self.fit_tfc(conn);
             return None;
         };
         let room = self.conn_fit(&self.conns[conn], usize::from(mtu));
@@ -1097,6 +1125,7 @@ impl Engine {
             } else {
                 self.refresh_policies(m.conn);
             }
+            self.fit_tfc(m.conn);
         }
         Some(m)
     }

@@ -57,9 +57,8 @@ impl Sa {
             Mode::Tunnel => {
                 let nh = tunnel_next_header(info);
                 let tfc = self
-                    .cfg
-                    .tfc_pad_to
-                    .map_or(0, |t| usize::from(t).saturating_sub(buf.len()));
+                    .tfc_pad_target()
+                    .map_or(0, |t| t.saturating_sub(buf.len()));
                 let (Some(src), Some(dst)) = (self.cfg.tunnel_src, self.cfg.tunnel_dst) else {
                     return Err(DropReason::Unsupported);
                 };

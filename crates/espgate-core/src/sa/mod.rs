@@ -418,6 +418,9 @@ pub struct Sa {
     /// Unprobed outbound packets take [`Sa::esp_tunnel_out`]
     /// ([`Sa::is_plain_tunnel`]).
     plain_tunnel: bool,
+    /// The longest inner packet this SA's bundle keeps within the path
+    /// ([`Sa::limit_tfc`]): TFC padding stops there.
+    tfc_fit: usize,
 }
 
 impl std::fmt::Debug for Sa {
@@ -527,9 +530,26 @@ impl Sa {
             seq_exhausted_raised: false,
             iv_local: cfg.initial_iv.max(1),
             plain_tunnel: Sa::is_plain_tunnel(&cfg, &transform),
+            tfc_fit: usize::MAX,
             transform,
             cfg,
         })
+    }
+
+    /// Caps TFC padding at `fit` bytes: the longest inner packet this
+    /// SA's bundle keeps within the path MTU (the owner of the bundle
+    /// knows it). Padding to `tfc_pad_to` beyond that would make every
+    /// padded packet exceed the path; Linux caps it the same way
+    /// (`esp_output`: the pad target is at most the state's MTU).
+    pub fn limit_tfc(&mut self, fit: usize) {
+        self.tfc_fit = fit;
+    }
+
+    /// The length TFC padding brings inner packets to: `tfc_pad_to`,
+    /// capped by [`Sa::limit_tfc`] (`None`: no TFC padding).
+    pub fn tfc_pad_target(&self) -> Option<usize> {
+        let t = usize::from(self.cfg.tfc_pad_to?);
+        Some(t.min(self.tfc_fit))
     }
 
     /// Configuration (keys included; never log it with keys).
