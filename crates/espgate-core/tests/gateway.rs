@@ -1413,6 +1413,15 @@ fn tfc_padding_fills_the_path_and_never_exceeds_it() {
             }
         }
     }
+    // An SA installed at run time (`espgate sa add`, and IKE's children
+    // the same way) is capped as it is installed.
+    let (mut a, _) = pair(Layers::Esp, true);
+    let spec = format!("spi=0x3003,suite=aes128gcm16,enc={K_NEW_AB},proto=esp,tfc=65535");
+    a.add_sa("peer", true, &spec, T).unwrap();
+    let mut buf = PacketBuf::with_capacity(70_000);
+    buf.load(&udp4("10.1.0.5", "10.2.0.9", 10));
+    assert_eq!(a.outbound(&mut buf, T), Ok(Some(0)), "{:?}", drops(&a));
+    assert_eq!(buf.len(), 1500);
 }
 
 #[test]
