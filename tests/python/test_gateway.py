@@ -664,6 +664,9 @@ def test_tfc_padding_to_65535_makes_every_outer_packet_as_long_as_the_path(lab):
     b.start()
     mtu = a.status()["tun"]["mtu"]
     assert mtu == 1438
+    # The start-up log says where the padding stops.
+    for d in (a, b):
+        assert "TFC padding stops at 1438 bytes" in d.log_text() and "tfc_pad_to = 65535" in d.log_text()
     from scapy.all import IP
     for size in (56, mtu - 28):
         pinger = lambda: run("ip", "netns", "exec", a.ns, PING, "-c", "2", "-i", "0.2", "-W", "2", "-M", "do",

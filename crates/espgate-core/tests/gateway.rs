@@ -1388,6 +1388,11 @@ fn tfc_padding_fills_the_path_and_never_exceeds_it() {
             let mtu = usize::from(opts().mtu);
             let fit = a.tun_mtu(opts().mtu) as usize;
             let target = usize::from(pad_to).min(fit);
+            let capped: Vec<_> = (pad_to > 1000)
+                .then_some(("peer", pad_to, fit))
+                .into_iter()
+                .collect();
+            assert_eq!(a.tfc_capped(), capped, "{what}");
             let padded = seal(&mut a, &mut b, target);
             assert!(padded <= mtu, "{what}: {padded}");
             for len in [28, 29, 100, 577, 999, target] {

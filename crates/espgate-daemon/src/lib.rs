@@ -307,6 +307,13 @@ pub fn run_hooked(
             .map(|m| format!(", metrics on http://{}/metrics", m.local_addr()))
             .unwrap_or_default()
     );
+    for (name, asked, to) in engines[0].tfc_capped() {
+        tracing::info!(
+            "connection \"{name}\": TFC padding stops at {to} bytes, the longest packet its \
+             SAs keep within gateway.mtu {} (tfc_pad_to = {asked})",
+            g.mtu
+        );
+    }
     tracing::info!(
         "AES-GCM SAs are run by {}",
         espgate_core::crypto::GcmImpl::current().describe()

@@ -468,6 +468,28 @@ impl Engine {
         }
     }
 
+    /// The connections whose `tfc_pad_to` asks for more than their bundle
+    /// keeps within the path, each once: its name, the `tfc_pad_to` asked
+    /// for and the length packets are padded to (for the start-up log).
+    pub fn tfc_capped(&self) -> Vec<(&str, u16, usize)> {
+        let mut out = Vec::new();
+        for c in &self.conns {
+            let capped = c
+                .out_ids
+                .iter()
+                .filter_map(|id| self.sad.get(*id))
+                .find_map(|sa| {
+                    let asked = sa.config().tfc_pad_to?;
+                    let to = sa.tfc_pad_target()?;
+                    (to < usize::from(asked)).then_some((asked, to))
+                });
+            if let Some((asked, to)) = capped {
+                out.push((c.spec.name.as_str(), asked, to));
+            }
+        }
+        out
+    }
+
     /// The outbound SAs of group `g` of `c` in its AH layer (`ah`) or its
     /// ESP-like one.
     fn layer<'a>(&'a self, c: &'a ConnState, g: u32, ah: bool) -> impl Iterator<Item = &'a Sa> {
