@@ -1422,11 +1422,26 @@ fn tfc_padding_fills_the_path_and_never_exceeds_it() {
     // the same way) is capped as it is installed.
     let (mut a, _) = pair(Layers::Esp, true);
     let spec = format!("spi=0x3003,suite=aes128gcm16,enc={K_NEW_AB},proto=esp,tfc=65535");
-    a.add_sa("peer", true, &spec, T).unwrap();
+    let ch = a.add_sa("peer", true, &spec, T).unwrap();
+    let fit = a.tun_mtu(opts().mtu);
+    // The operator's answer (and the log line) says where it stops.
+    assert!(
+        ch.message
+            .ends_with(&format!("TFC padding stops at {fit} bytes, the longest packet its bundle keeps within the path (tfc_pad_to = 65535)")),
+        "{}",
+        ch.message
+    );
     let mut buf = PacketBuf::with_capacity(70_000);
     buf.load(&udp4("10.1.0.5", "10.2.0.9", 10));
     assert_eq!(a.outbound(&mut buf, T), Ok(Some(0)), "{:?}", drops(&a));
     assert_eq!(buf.len(), 1500);
+    // A pad that fits is not mentioned.
+    let spec = format!(
+        "spi=0x3004,suite=aes128gcm16,enc={},proto=esp,tfc=1000",
+        "6a".repeat(20)
+    );
+    let ch = a.add_sa("peer", true, &spec, T).unwrap();
+    assert!(!ch.message.contains("TFC"), "{}", ch.message);
 }
 
 #[test]

@@ -484,14 +484,25 @@ impl Engine {
             } else {
                 warnings.push(self.no_outbound_warning(ci));
             }
+            let tfc = self
+                .sad
+                .get(id)
+                .and_then(Sa::tfc_cap)
+                .map(|(asked, to)| {
+                    format!(
+                        "; its TFC padding stops at {to} bytes, the longest packet its bundle \
+                         keeps within the path (tfc_pad_to = {asked})"
+                    )
+                })
+                .unwrap_or_default();
             match replaced {
                 Some(r) => format!(
                     "connection \"{name}\": {what} ({suite}) replaces {r} for new packets, \
-                     starting at sequence number {next}"
+                     starting at sequence number {next}{tfc}"
                 ),
                 None => format!(
                     "connection \"{name}\": added {what} ({suite}), starting at sequence number \
-                     {next}"
+                     {next}{tfc}"
                 ),
             }
         } else {

@@ -458,6 +458,14 @@ impl Engine {
         for k in 0..c.out_ids.len() {
             let c = &self.conns[ci];
             let id = c.out_ids[k];
+            // Only SAs that pad: the others never read the cap.
+            if self
+                .sad
+                .get(id)
+                .is_none_or(|sa| sa.config().tfc_pad_to.is_none())
+            {
+                continue;
+            }
             let Some(g) = self.meta_of(id).map(|m| m.group) else {
                 continue;
             };
@@ -478,11 +486,7 @@ impl Engine {
                 .out_ids
                 .iter()
                 .filter_map(|id| self.sad.get(*id))
-                .find_map(|sa| {
-                    let asked = sa.config().tfc_pad_to?;
-                    let to = sa.tfc_pad_target()?;
-                    (to < usize::from(asked)).then_some((asked, to))
-                });
+                .find_map(Sa::tfc_cap);
             if let Some((asked, to)) = capped {
                 out.push((c.spec.name.as_str(), asked, to));
             }

@@ -552,6 +552,14 @@ impl Sa {
         Some(t.min(self.tfc_fit))
     }
 
+    /// `tfc_pad_to` and the shorter length the path caps it at, when
+    /// [`Sa::limit_tfc`] caps it (for the operator's log).
+    pub fn tfc_cap(&self) -> Option<(u16, usize)> {
+        let asked = self.cfg.tfc_pad_to?;
+        let to = self.tfc_pad_target()?;
+        (to < usize::from(asked)).then_some((asked, to))
+    }
+
     /// Configuration (keys included; never log it with keys).
     pub fn config(&self) -> &SaConfig {
         &self.cfg
