@@ -1229,6 +1229,7 @@ fn start_esp_gateways(lab: &mut Lab, topo: &Topology, exe: &Path) -> Result<Gate
         batch: None,
         socket_buffer: None,
         mss_clamp: true,
+        encap: espgate_config::schema::Encapsulation::Udp,
         time_s: 0,
         scrape_hz: 0,
         pin: None,

@@ -24,6 +24,7 @@ use crate::netlab::{
 };
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use espgate_api::table::{Column, Table};
+use espgate_config::schema::Encapsulation;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -81,7 +82,7 @@ saturate the CPUs, not the link. Kernel work done for a gateway outside its proc
 (softirq receive) is not in it.
 
 Systems: plain (kernel forwarding, no encryption); espgate (two `espgate up` with generated
-manual keys, ESP-in-UDP, --suite); with --peers:
+manual keys, ESP-in-UDP or with --encap none raw ESP, --suite); with --peers:
   wireguard-go         userspace WireGuard, current: golang.zx2c4.com/wireguard at a pinned
                        version (v0.0.0-20260522210424-ecfc5a8d5446), built with go install
                        (Go 1.21 or later; Debian's golang-go is tried when there is no go)
@@ -102,8 +103,9 @@ strongswan and openvpn --version's for openvpn.
 
 Knobs: --mtu sets the MTU of every veth link (espgate's gateway.mtu follows; the WireGuard
 peers use MTU-80; openvpn gets --tun-mtu MTU-100 when it is not 1500). --offloads, --workers,
---batch, --sockbuf and --mss-clamp set espgate's gateway.offloads, gateway.workers,
-gateway.batch, gateway.socket_buffer and the connection's mss_clamp (\"auto\" or \"off\");
+--batch, --sockbuf, --mss-clamp and --encap set espgate's gateway.offloads,
+gateway.workers, gateway.batch, gateway.socket_buffer and the connection's mss_clamp
+(\"auto\" or \"off\") and encap (\"udp\" or \"none\");
 those not given are left at espgate's defaults. --pin binds iperf3's client and server to
 CPU 0 (iperf3 -A) and every gateway process of every system to the other CPUs (taskset,
 before each run), so each system runs on the same CPUs. All are in the header and in each
@@ -182,6 +184,10 @@ pub struct Args {
     /// espgate's MSS clamp: on ("auto") or off.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub mss_clamp: String,
+    /// espgate's encapsulation: udp (ESP in UDP, RFC 3948) or none (raw
+    /// ESP, IP protocol 50, as between gateways without NAT).
+    #[arg(long, default_value = "udp", value_parser = ["udp", "none"])]
+    pub encap: String,
     /// Also measure espgate while a monitor asks both gateways for their
     /// status and scrapes their metrics endpoint this many times a second
     /// (runs alternate with and without, on the same gateways); 0: never.
@@ -624,6 +630,8 @@ pub struct Settings {
     pub socket_buffer: Option<u64>,
     /// espgate's mss_clamp: `auto` (true) or `off`.
     pub mss_clamp: bool,
+    /// espgate's encapsulation: `udp` (ESP in UDP) or `none` (raw ESP).
+    pub encap: Encapsulation,
     /// Seconds per run.
     pub time_s: u32,
     /// Status and metrics scrapes per second during espgate's extra runs
@@ -675,7 +683,7 @@ impl Settings {
             )
         });
         format!(
-            "mtu {}, offloads {}, workers {}{}, batch {}, sockbuf {}, mss-clamp {} \
+            "mtu {}, offloads {}, workers {}{}, batch {}, sockbuf {}, mss-clamp {}, encap {} \
              (all but mtu: espgate only){pin}",
             self.mtu,
             onoff(self.offloads),
@@ -685,6 +693,7 @@ impl Settings {
             opt(self.batch.map(|v| v.to_string())),
             opt(self.socket_buffer.map(|v| v.to_string())),
             onoff(self.mss_clamp),
+            self.encap.name(),
         )
     }
 }
@@ -790,6 +799,11 @@ impl Options {
                 batch: args.batch,
                 socket_buffer: args.sockbuf,
                 mss_clamp: args.mss_clamp == "on",
+                encap: if args.encap == "none" {
+                    Encapsulation::None
+                } else {
+                    Encapsulation::Udp
+                },
                 time_s: args.time,
                 scrape_hz: args.scrape,
                 pin: if args.pin {
@@ -1132,8 +1146,12 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
         } else {
             format!(" (AES-GCM in {})", libs.join(", "))
         };
+        let encap = match settings.encap {
+            Encapsulation::Udp => "ESP-in-UDP",
+            Encapsulation::None => "raw ESP (IP protocol 50)",
+        };
         out += &format!(
-            "espgate: ESP-in-UDP, manual keys, {}{libs}\n",
+            "espgate: {encap}, manual keys, {}{libs}\n",
             suites.join(", ")
         );
     }
@@ -1883,6 +1901,8 @@ pub fn espgate_config(
     let clamp = if s.mss_clamp { "auto" } else { "off" };
     conn.mss_clamp = Some(value(Scalar::Str(clamp.into())));
     conn.per_cpu_sas = int(s.per_cpu_sas.map(u64::from));
+    // Only when not the default, so the file says what was asked for.
+    conn.encap = (s.encap != Encapsulation::Udp).then(|| value(s.encap));
     conn.esp = Some(value(esp));
     let file = ConfigFile {
         gateway: Some(value(gateway)),
@@ -2440,6 +2460,7 @@ mod tests {
             batch: Some(32),
             socket_buffer: None,
             mss_clamp: true,
+            encap: Encapsulation::Udp,
             time_s: 10,
             scrape_hz: 0,
         }
@@ -2664,7 +2685,7 @@ mod tests {
     #[test]
     fn table_text_is_pinned() {
         let want = "\
-espgate bench tunnel: iperf3 host A -> host B, 3 run(s) of 10 s per test; mtu 1500, offloads on, workers default, batch 32, sockbuf default, mss-clamp on (all but mtu: espgate only)
+espgate bench tunnel: iperf3 host A -> host B, 3 run(s) of 10 s per test; mtu 1500, offloads on, workers default, batch 32, sockbuf default, mss-clamp on, encap udp (all but mtu: espgate only)
 espgate: ESP-in-UDP, manual keys, aes128gcm16 (AES-GCM in aws-lc)
 versions:
   plain         6.1.0-test (Linux kernel forwarding)
@@ -3000,6 +3021,7 @@ log line
                 batch: None,
                 sockbuf: None,
                 mss_clamp: "on".into(),
+                encap: "udp".into(),
                 scrape: 0,
                 pin: false,
                 gateway_binary: None,
@@ -3012,6 +3034,9 @@ log line
             o.tests,
             [Test::Tcp, Test::Udp(64), Test::Udp(512), Test::Udp(1400)]
         );
+        assert_eq!(o.settings.encap, Encapsulation::Udp);
+        let raw = args(&|a| a.encap = "none".into()).unwrap();
+        assert_eq!(raw.settings.encap, Encapsulation::None);
         assert_eq!(
             o.systems(),
             [System::Plain, System::Espgate("aes128gcm16".into())]
@@ -3169,7 +3194,7 @@ log line
         assert!(g.get("socket_buffer").is_none() && g.get("workers").is_none());
         let conn = &v["connection"][0];
         assert_eq!(conn["mss_clamp"].as_str(), Some("auto"));
-        assert!(conn.get("per_cpu_sas").is_none());
+        assert!(conn.get("per_cpu_sas").is_none() && conn.get("encap").is_none());
         let esp = &conn["esp"];
         assert_eq!(esp["suite"].as_str(), Some("aes128-sha256"));
         assert_eq!(esp["spi_in"].as_integer(), Some(0x1001));
@@ -3183,6 +3208,7 @@ log line
         s.per_cpu_sas = Some(2);
         s.offloads = false;
         s.mss_clamp = false;
+        s.encap = Encapsulation::None;
         assert!(
             s.describe()
                 .contains("workers 2, per-cpu-sas 2, batch default"),
@@ -3208,6 +3234,8 @@ log line
         assert_eq!(v["connection"][0]["per_cpu_sas"].as_integer(), Some(2));
         assert_eq!(g["offloads"].as_bool(), Some(false));
         assert_eq!(v["connection"][0]["mss_clamp"].as_str(), Some("off"));
+        assert_eq!(v["connection"][0]["encap"].as_str(), Some("none"));
+        assert!(s.describe().contains("encap none"), "{}", s.describe());
         assert!(v["connection"][0]["esp"].get("integ_in").is_none());
     }
 
