@@ -548,6 +548,30 @@ def test_hot_path_allocates_nothing_under_load(lab, offloads):
     assert a.stop() == 0 and b.stop() == 0
 
 
+@pytest.mark.parametrize("v6", [False, True], ids=["v4-outer", "v6-outer"])
+def test_raw_esp_leaves_in_sendmmsg_batches_and_arrives_whole(lab, v6):
+    """Raw ESP has no GSO: the packets a TUN super-segment is cut into
+    leave in one `sendmmsg` call per run instead of one system call each
+    (`raw_batch_sends`), every byte arrives, nothing is dropped, and the
+    batching allocates nothing per packet."""
+    a, b = configs(lab, protocol="esp", encap="none", esp="aes128gcm16", v6_outer=v6)
+    a.start()
+    b.start()
+    tcp_transfer(lab, b.ns, "10.2.0.1", a.ns, "10.1.0.1", 2 * 1000 * 1000, port=5211)
+    before = [d.status()["counters"] for d in (a, b)]
+    tcp_transfer(lab, b.ns, "10.2.0.1", a.ns, "10.1.0.1", 20 * 1000 * 1000, port=5212)
+    tcp_transfer(lab, a.ns, "10.1.0.1", b.ns, "10.2.0.1", 20 * 1000 * 1000, port=5213)
+    after = [d.status()["counters"] for d in (a, b)]
+    for d, x, y in zip((a, b), before, after):
+        batches = y["raw_batch_sends"] - x.get("raw_batch_sends", 0)
+        sent = y["net_tx"] - x["net_tx"]
+        print(f"{d.ns}: {sent} packets sent in {batches} sendmmsg batches (and some alone)")
+        assert sent > 10_000 and batches > 0 and sent > 2 * batches, (x, y)
+        assert y["hot_path_allocs"] == x["hot_path_allocs"], (x, y)
+        assert_clean(d, 1000)
+    assert a.stop() == 0 and b.stop() == 0
+
+
 @pytest.mark.skipif(PING is None, reason="needs ping")
 @pytest.mark.parametrize("encap,v6", [("udp", False), ("none", True)], ids=["udp-v4", "raw-v6"])
 def test_transport_mode_host_to_host(lab, encap, v6):

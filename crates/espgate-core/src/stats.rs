@@ -104,6 +104,9 @@ pub struct WorkerCounters {
     pub keepalives_sent: Counter,
     /// `UDP_SEGMENT` sends (each carried several datagrams).
     pub gso_sends: Counter,
+    /// `sendmmsg` calls that sent several raw ESP/AH packets (raw IP has
+    /// no GSO).
+    pub raw_batch_sends: Counter,
     /// UDP reads that returned several datagrams coalesced by `UDP_GRO`.
     pub gro_reads: Counter,
     /// TUN reads that returned a TCP/UDP super-segment, cut before
@@ -118,7 +121,7 @@ pub struct WorkerCounters {
 
 impl WorkerCounters {
     /// Every counter but the drops, by its name in `espgate status`.
-    pub fn named(&self) -> [(&'static str, u64); 15] {
+    pub fn named(&self) -> [(&'static str, u64); 16] {
         [
             ("tun_rx", self.tun_rx.get()),
             ("tun_tx", self.tun_tx.get()),
@@ -132,6 +135,7 @@ impl WorkerCounters {
             ("icmp_too_big", self.icmp_too_big.get()),
             ("keepalives_sent", self.keepalives_sent.get()),
             ("gso_sends", self.gso_sends.get()),
+            ("raw_batch_sends", self.raw_batch_sends.get()),
             ("gro_reads", self.gro_reads.get()),
             ("tso_reads", self.tso_reads.get()),
             ("tun_gso_writes", self.tun_gso_writes.get()),

@@ -466,6 +466,14 @@ impl RawTx {
         debug_assert_eq!(dst.is_ipv6(), self.v6);
         sys::send_to(self.fd.as_fd(), pkt, SocketAddr::new(dst, 0), None, false)
     }
+
+    /// Sends each of `pkts` (IP packets, headers included) to `dst` in one
+    /// system call: how many were sent, or the first one's error
+    /// ([`sys::send_each`]).
+    pub fn send_each(&self, pkts: &[io::IoSlice<'_>], dst: IpAddr) -> io::Result<usize> {
+        debug_assert_eq!(dst.is_ipv6(), self.v6);
+        sys::send_each(self.fd.as_fd(), pkts, SocketAddr::new(dst, 0))
+    }
 }
 
 fn v4(a: IpAddr) -> Option<Ipv4Addr> {

@@ -1,7 +1,8 @@
 //! The data plane's per-packet socket calls: `recvmsg` and `recvmmsg`
 //! with the ancillary data we ask for (destination address, TOS / traffic
-//! class, UDP GRO segment size) and `sendmsg` with a TOS and a UDP GSO
-//! segment size; plus the socket buffer sizes.
+//! class, UDP GRO segment size), `sendmsg` with a TOS and a UDP GSO
+//! segment size, and `sendmmsg` of a batch of raw packets; plus the socket
+//! buffer sizes.
 //!
 //! # Crate choices
 //!
@@ -459,6 +460,50 @@ pub fn send_iov(
     }
 }
 
+/// Most datagrams one [`send_each`] call sends.
+pub const SEND_EACH_MAX: usize = 64;
+
+/// One `sendmmsg` call sending each of `pkts` (at most [`SEND_EACH_MAX`];
+/// the rest are left) as its own datagram to `dst`: for raw ESP/AH, which
+/// has no GSO, so that a batch costs one system call instead of one per
+/// packet. Returns how many the kernel took, or the error of the first one
+/// when it took none: after a refusal in the middle the call returns the
+/// count before it, and the caller calls again from there to see that
+/// packet's error (the kernel does not keep it).
+///
+/// Hand-written over `libc::sendmmsg` like [`send_iov`] (see the module
+/// documentation); the headers live on the stack, nothing is allocated.
+pub fn send_each(
+    fd: BorrowedFd<'_>,
+    pkts: &[io::IoSlice<'_>],
+    dst: SocketAddr,
+) -> io::Result<usize> {
+    let n = pkts.len().min(SEND_EACH_MAX);
+    if n == 0 {
+        return Ok(0);
+    }
+    let addr = SockaddrStorage::from(dst);
+    // SAFETY: `mmsghdr` is plain data for which all-zero bytes (null
+    // pointers, zero lengths) is a valid value.
+    let mut hdrs: [libc::mmsghdr; SEND_EACH_MAX] = unsafe { std::mem::zeroed() };
+    for (h, p) in hdrs.iter_mut().zip(&pkts[..n]) {
+        h.msg_hdr.msg_name = addr.as_ptr().cast_mut().cast();
+        h.msg_hdr.msg_namelen = addr.len();
+        // `IoSlice` is ABI-compatible with `iovec`; the kernel only reads.
+        h.msg_hdr.msg_iov = std::ptr::from_ref(p).cast_mut().cast();
+        h.msg_hdr.msg_iovlen = 1;
+    }
+    // SAFETY: the first `n` headers point to `addr` and to `n` slices of
+    // `pkts`, all alive for the call; the kernel reads them and writes
+    // only the headers' `msg_len`.
+    let r = unsafe { libc::sendmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr(), n as libc::c_uint, 0) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
 /// [`send_to`] from the source address `src` (`IP_PKTINFO` /
 /// `IPV6_PKTINFO`), so that an answer leaves from the address its request
 /// was sent to rather than from whichever address the route to the
@@ -564,6 +609,32 @@ mod tests {
             assert_eq!(&buf[..n], b"ike");
             let want = if src == "0.0.0.0" { "127.0.0.1" } else { src };
             assert_eq!(from.ip().to_string(), want);
+        }
+    }
+
+    /// `send_each` sends each slice as its own datagram in one call, and
+    /// a refused one in the middle behaves as the raw flush relies on: the
+    /// call returns the count before it, the next call from there returns
+    /// its error, the one after sends the rest.
+    #[test]
+    fn send_each_sends_datagrams_and_reports_a_refusal_on_the_next_call() {
+        let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = rx.local_addr().unwrap();
+        let big = vec![7u8; 70_000];
+        let pkts = [b"one".as_slice(), b"two", &big, b"four"].map(io::IoSlice::new);
+        assert_eq!(send_each(tx.as_fd(), &pkts[..2], to).unwrap(), 2);
+        assert_eq!(send_each(tx.as_fd(), &pkts, to).unwrap(), 2);
+        let e = send_each(tx.as_fd(), &pkts[2..], to).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EMSGSIZE), "{e}");
+        assert_eq!(send_each(tx.as_fd(), &pkts[3..], to).unwrap(), 1);
+        assert_eq!(send_each(tx.as_fd(), &[], to).unwrap(), 0);
+        let mut buf = [0u8; 16];
+        for want in ["one", "two", "one", "two", "four"] {
+            let n = rx.recv(&mut buf).unwrap();
+            assert_eq!(&buf[..n], want.as_bytes());
         }
     }
 

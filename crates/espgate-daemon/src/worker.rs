@@ -142,6 +142,9 @@ struct TxBatch {
     gso: bool,
     /// Most datagrams per send (`gateway.batch`, at most [`GSO_MAX`]).
     max: usize,
+    /// The run is raw ESP/AH of connection `.0` to `.1` (no GSO: one
+    /// `sendmmsg` sends it), else ESP-in-UDP to `dst`.
+    raw: Option<(usize, IpAddr)>,
 }
 
 impl TxBatch {
@@ -161,6 +164,7 @@ impl TxBatch {
             closed: false,
             gso,
             max: max.clamp(1, GSO_MAX),
+            raw: None,
         }
     }
 
@@ -168,12 +172,18 @@ impl TxBatch {
     fn fits(&self, dst: SocketAddr, tos: u8, len: usize) -> bool {
         self.n == 0
             || (self.gso
+                && self.raw.is_none()
                 && !self.closed
                 && self.n < self.max
                 && dst == self.dst
                 && tos == self.tos
                 && len <= self.seg
                 && self.bytes + len <= GSO_BYTES)
+    }
+
+    /// Can a raw packet of connection `ci` to `remote` join the run?
+    fn fits_raw(&self, ci: usize, remote: IpAddr) -> bool {
+        self.n == 0 || (self.raw == Some((ci, remote)) && self.n < self.max)
     }
 }
 
@@ -460,7 +470,8 @@ impl Round<'_> {
 
     /// Reads and protects up to `batch` packets from the TUN. ESP-in-UDP
     /// datagrams to one peer are gathered into GSO runs and leave in one
-    /// send each; raw ESP/AH leaves at once. On a vnet-header device one
+    /// send each; raw ESP/AH packets of one connection likewise leave in
+    /// one `sendmmsg` (still one datagram each). On a vnet-header device one
     /// read may be a TCP/UDP super-segment (TSO/USO): it is cut into
     /// MTU-sized packets here, each protected and batched like a packet
     /// read alone. A read error other than "nothing waiting" means the
@@ -556,7 +567,7 @@ impl Round<'_> {
     }
 
     /// Protects a clear packet into the batch's next slot and adds it to
-    /// the GSO run (or sends it at once: raw ESP/AH, no GSO). The packet
+    /// the GSO run (raw ESP/AH: to the `sendmmsg` run). The packet
     /// is `clear` (a segment cut in place), else already in that slot.
     fn protect(&mut self, tx: &mut TxBatch, last_tx: &mut [Duration], clear: Option<&mut [u8]>) {
         let buf = &mut tx.bufs[tx.n];
@@ -594,9 +605,14 @@ impl Round<'_> {
         let (udp_conn, remote, port) = (c.udp, c.remote, c.remote_port);
         let udp = match (udp_conn, udp_payload(tx.bufs[tx.n].as_slice())) {
             (true, Some(x)) if self.w.sockets.udp.is_some() => x,
-            _ => {
-                let i = tx.n;
-                self.send_one(ci, i, tx);
+            (true, _) => {
+                self.io_drop(DropReason::SendError, |f| {
+                    write!(f, "sending to {remote}: no UDP socket or bad outer packet")
+                });
+                return;
+            }
+            (false, _) => {
+                self.queue_raw(tx, ci, remote);
                 return;
             }
         };
@@ -611,6 +627,7 @@ impl Round<'_> {
         }
         if tx.n == 0 {
             (tx.dst, tx.tos, tx.seg, tx.bytes, tx.closed) = (dst, tos, len, 0, false);
+            tx.raw = None;
         }
         tx.run[tx.n] = (start, end);
         tx.n += 1;
@@ -621,11 +638,33 @@ impl Round<'_> {
         }
     }
 
+    /// Adds the raw ESP/AH packet in the batch's next slot to the run
+    /// (after sending the run if it is for another connection or full).
+    fn queue_raw(&mut self, tx: &mut TxBatch, ci: usize, remote: IpAddr) {
+        if !tx.fits_raw(ci, remote) {
+            // Flush the run; this packet starts the next one in slot 0.
+            let i = tx.n;
+            self.flush(tx);
+            tx.bufs.swap(0, i);
+        }
+        tx.raw = Some((ci, remote));
+        tx.run[tx.n] = (0, tx.bufs[tx.n].len());
+        tx.n += 1;
+        if tx.n >= tx.max {
+            self.flush(tx);
+        }
+    }
+
     /// Sends the gathered run: one GSO send, or one datagram at a time if
-    /// the kernel refuses GSO (then never tried again).
+    /// the kernel refuses GSO (then never tried again); a raw run with one
+    /// `sendmmsg`.
     fn flush(&mut self, tx: &mut TxBatch) {
         let n = std::mem::take(&mut tx.n);
         if n == 0 {
+            return;
+        }
+        if let Some((ci, remote)) = tx.raw {
+            self.flush_raw(tx, n, ci, remote);
             return;
         }
         let Some(u) = &self.w.sockets.udp else { return };
@@ -686,44 +725,53 @@ impl Round<'_> {
         self.cost_sent(t, Dir::Outbound, n);
     }
 
-    fn send_one(&mut self, ci: usize, slot: usize, tx: &TxBatch) {
-        let Some(c) = self.engine.connections().nth(ci) else {
+    /// Sends the `n` raw packets of connection `ci` gathered in `tx`, as
+    /// many per `sendmmsg` as the kernel takes. A packet it refuses is
+    /// dropped and counted (and a refusal as too big asks for the path
+    /// MTU), and the rest still go: at most `n` calls.
+    fn flush_raw(&mut self, tx: &TxBatch, n: usize, ci: usize, remote: IpAddr) {
+        let sockets = self.w.sockets;
+        let raw = if remote.is_ipv6() {
+            &sockets.raw_tx6
+        } else {
+            &sockets.raw_tx4
+        };
+        let Some(raw) = raw else {
+            for _ in 0..n {
+                self.io_drop(DropReason::SendError, |f| {
+                    write!(f, "sending to {remote}: no raw socket for this family")
+                });
+            }
             return;
         };
-        let (udp_conn, remote, port) = (c.udp, c.remote, c.remote_port);
-        let pkt = tx.bufs[slot].as_slice();
-        let sockets = self.w.sockets;
         let t = self.cost_clock();
-        let r = if udp_conn {
-            match (udp_payload(pkt), &sockets.udp) {
-                (Some(((s, e), tos)), Some(u)) => {
-                    u.send(&pkt[s..e], SocketAddr::new(remote, port), tos)
+        let mut iov = [io::IoSlice::new(&[]); GSO_MAX];
+        for (i, &(s, e)) in tx.run[..n].iter().enumerate() {
+            iov[i] = io::IoSlice::new(&tx.bufs[i].as_slice()[s..e]);
+        }
+        let mut at = 0;
+        while at < n {
+            match raw.send_each(&iov[at..n], remote) {
+                Ok(k) if k > 0 => {
+                    self.counters.net_tx.add(k as u64);
+                    if k > 1 {
+                        self.counters.raw_batch_sends.incr();
+                    }
+                    at += k;
                 }
-                _ => Err(io::Error::other("no UDP socket or bad outer packet")),
-            }
-        } else {
-            let raw = if remote.is_ipv6() {
-                &sockets.raw_tx6
-            } else {
-                &sockets.raw_tx4
-            };
-            match raw {
-                Some(raw) => raw.send(pkt, remote),
-                None => Err(io::Error::other("no raw socket for this family")),
-            }
-        };
-        self.cost_sent(t, Dir::Outbound, 1);
-        match r {
-            Ok(_) => self.counters.net_tx.incr(),
-            Err(e) => {
-                self.io_drop(DropReason::SendError, |f| {
-                    write!(f, "sending to {remote}: {e}")
-                });
-                if e.raw_os_error() == Some(libc::EMSGSIZE) {
-                    self.learn_path_mtu(ci, remote);
+                r => {
+                    let e = r.err().unwrap_or_else(|| io::Error::other("nothing sent"));
+                    self.io_drop(DropReason::SendError, |f| {
+                        write!(f, "sending to {remote}: {e}")
+                    });
+                    if e.raw_os_error() == Some(libc::EMSGSIZE) {
+                        self.learn_path_mtu(ci, remote);
+                    }
+                    at += 1;
                 }
             }
         }
+        self.cost_sent(t, Dir::Outbound, n);
     }
 
     /// A send to `remote` was refused as larger than the path carries (raw

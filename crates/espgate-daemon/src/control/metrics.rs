@@ -172,7 +172,7 @@ fn sanitize(name: &str) -> String {
 /// The counters of `Status::counters` with their metric names (without
 /// `_total`, which the encoder adds) and help; a counter not listed here
 /// is exported as `espgate_NAME_total`.
-const COUNTERS: [(&str, &str, &str); 18] = [
+const COUNTERS: [(&str, &str, &str); 19] = [
     (
         "tun_rx",
         "espgate_tun_rx_packets",
@@ -230,6 +230,11 @@ const COUNTERS: [(&str, &str, &str); 18] = [
         "gso_sends",
         "espgate_udp_gso_sends",
         "UDP_SEGMENT sends, each carrying several ESP-in-UDP datagrams.",
+    ),
+    (
+        "raw_batch_sends",
+        "espgate_raw_batch_sends",
+        "sendmmsg calls that sent several raw ESP/AH packets (raw IP has no GSO).",
     ),
     (
         "gro_reads",
