@@ -461,12 +461,6 @@ impl RawTx {
         Ok(RawTx { fd, v6 })
     }
 
-    /// Sends the IP packet `pkt` (its own header included) to `dst`.
-    pub fn send(&self, pkt: &[u8], dst: IpAddr) -> io::Result<usize> {
-        debug_assert_eq!(dst.is_ipv6(), self.v6);
-        sys::send_to(self.fd.as_fd(), pkt, SocketAddr::new(dst, 0), None, false)
-    }
-
     /// Sends each of `pkts` (IP packets, headers included) to `dst` in one
     /// system call: how many were sent, or the first one's error
     /// ([`sys::send_each`]).

@@ -759,8 +759,15 @@ impl Round<'_> {
                     }
                     at += k;
                 }
-                r => {
-                    let e = r.err().unwrap_or_else(|| io::Error::other("nothing sent"));
+                // Not seen in practice; counted rather than retried, so
+                // the loop stays bounded.
+                Ok(_) => {
+                    self.io_drop(DropReason::SendError, |f| {
+                        write!(f, "sending to {remote}: the kernel took no packet")
+                    });
+                    at += 1;
+                }
+                Err(e) => {
                     self.io_drop(DropReason::SendError, |f| {
                         write!(f, "sending to {remote}: {e}")
                     });
