@@ -14,8 +14,9 @@
 //!   `rustix` 1.1 has no `recvmmsg` and decodes only `SCM_RIGHTS` and
 //!   `SCM_CREDENTIALS`. The buffers are allocated once; nothing is
 //!   allocated per packet.
-//! - Sending stays one hand-written `sendmsg` (the only `unsafe` outside
-//!   the tests, which check the layout against libc's `CMSG_*` macros):
+//! - Sending stays hand-written: one `sendmsg`, and for raw ESP/AH one
+//!   `sendmmsg` whose headers live on the stack ([`send_each`]; the tests
+//!   check the control-message layout against libc's `CMSG_*` macros):
 //!   `nix` 0.31's `sendmsg` allocates its control-message buffer (a `Vec`)
 //!   on every call that carries one (`src/sys/socket/mod.rs`, `vec![0u8;
 //!   capacity]`), which the hot path must not do (the `hot_path_allocs`
