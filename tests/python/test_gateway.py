@@ -727,6 +727,43 @@ def test_nat_keepalives_are_sent_when_idle_and_ignored(lab):
 
 
 @pytest.mark.skipif(PING is None or not shutil.which("tcpdump"), reason="needs ping and tcpdump")
+@pytest.mark.parametrize("v6", [False, True], ids=["v4-outer", "v6-outer"])
+def test_a_multihomed_gateway_sends_from_the_connections_local_address(lab, v6):
+    """Gateway A has two addresses and listens on the wildcard address; its
+    connection's `local` is the one the kernel would not pick as the source
+    towards B. ESP-in-UDP and NAT keepalives must still leave
+    from `local`, the tunnel endpoint B (and any firewall or NAT between)
+    expects."""
+    a, b = configs(lab, protocol="esp", encap="udp", esp="aes128gcm16", v6_outer=v6,
+                   extra_a="nat_keepalive = 1")
+    first, second, b_addr, plen = (("2001:db8::1", "2001:db8::11", "2001:db8::2", "64") if v6
+                                   else ("192.0.2.1", "192.0.2.11", "192.0.2.2", "24"))
+    run("ip", "-n", a.ns, "addr", "add", f"{second}/{plen}", "dev", "va", *(["nodad"] if v6 else []))
+    # `local` is the address the route towards B does not prefer (IPv4:
+    # the primary one wins; IPv6: the newer one): without a source named
+    # per datagram, the test would see the other address below.
+    r = run("ip", "-n", a.ns, "route", "get", b_addr)
+    preferred = r.stdout.split(" src ")[1].split()[0]
+    assert preferred in (first, second), r.stdout
+    local = second if preferred == first else first
+    for d, key in ((a, "local"), (b, "remote")):
+        text = pathlib.Path(d.cfg).read_text()
+        assert f'{key} = "{first}"' in text
+        pathlib.Path(d.cfg).write_text(text.replace(f'{key} = "{first}"', f'{key} = "{local}"'))
+    b.start()
+    from scapy.all import UDP
+    ka = capture_one(lab, a.ns, "va", "udp and src port 4500", a.start, timeout=15)
+    assert bytes(ka[UDP].payload) == b"\xff", ka.summary()
+    assert ka.payload.src == local, ka.summary()
+    trigger = lambda: assert_ping(a.ns, "10.2.0.1", src="10.1.0.1", daemons=(a, b))
+    esp = capture_one(lab, b.ns, "vb", f"udp and src port 4500 and dst host {b_addr} and greater 100", trigger)
+    assert esp.payload.src == local and esp[UDP].dport == 4500, esp.summary()
+    assert b.status()["counters"]["keepalives"] >= 1
+    assert b.status()["drops"] == {} and a.status()["drops"] == {}
+    assert a.stop() == 0 and b.stop() == 0
+
+
+@pytest.mark.skipif(PING is None or not shutil.which("tcpdump"), reason="needs ping and tcpdump")
 def test_bad_input_is_counted_and_survived(lab):
     a, b = configs(lab, protocol="esp", encap="udp", esp="aes128gcm16")
     a.start()

@@ -352,6 +352,12 @@ pub fn run_hooked(
             (SocketAddr::new(c.remote, c.remote_port), every)
         })
         .collect();
+    let sources = sockets::udp_sources(
+        nat_t.as_ref().map(|u| u.local),
+        cfg.connections
+            .iter()
+            .map(|c| (c.name.as_str(), c.local, c.encap == Encapsulation::Udp)),
+    );
     let ctl = Arc::new(Control::new(engines, views, info, start, ike, spi_filter));
     let failed = AtomicBool::new(false);
     let vnet = tun.has_vnet_hdr();
@@ -393,6 +399,7 @@ pub fn run_hooked(
                     } else {
                         Vec::new()
                     },
+                    sources: &sources,
                 };
                 let h = std::thread::Builder::new()
                     .name(format!("espgate-worker-{k}"))

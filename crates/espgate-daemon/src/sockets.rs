@@ -219,9 +219,17 @@ impl UdpSock {
     }
 
     /// Sends `payload` (what follows the UDP header) to `dst` with DS byte
-    /// `tos`. Blocks while the socket buffer is full (back-pressure).
-    pub fn send(&self, payload: &[u8], dst: SocketAddr, tos: u8) -> io::Result<usize> {
-        sys::send_to(self.fd.as_fd(), payload, dst, Some(tos), self.v6)
+    /// `tos`, from the local address `src` when given (else the route's
+    /// choice). Blocks while the socket buffer is full (back-pressure).
+    pub fn send(
+        &self,
+        payload: &[u8],
+        dst: SocketAddr,
+        tos: u8,
+        src: Option<IpAddr>,
+    ) -> io::Result<usize> {
+        let data = [io::IoSlice::new(payload)];
+        sys::send_iov(self.fd.as_fd(), &data, dst, Some(tos), src, self.v6, None)
     }
 
     /// Sends `payload` to `dst` from the local address `src` (IKE answers
@@ -241,19 +249,22 @@ impl UdpSock {
     }
 
     /// One `UDP_SEGMENT` send of the concatenated `payloads`: datagrams of
-    /// `seg` bytes each (the last may be shorter), all to `dst`.
+    /// `seg` bytes each (the last may be shorter), all to `dst`, from `src`
+    /// when given.
     pub fn send_gso(
         &self,
         payloads: &[io::IoSlice<'_>],
         seg: u16,
         dst: SocketAddr,
         tos: u8,
+        src: Option<IpAddr>,
     ) -> io::Result<usize> {
         sys::send_iov(
             self.fd.as_fd(),
             payloads,
             dst,
             Some(tos),
+            src,
             self.v6,
             Some(seg),
         )
@@ -468,6 +479,41 @@ impl RawTx {
         debug_assert_eq!(dst.is_ipv6(), self.v6);
         sys::send_each(self.fd.as_fd(), pkts, SocketAddr::new(dst, 0))
     }
+}
+
+/// The source address each connection's ESP-in-UDP names when it leaves
+/// through a UDP socket bound to `listen`, by connection: `(name, local,
+/// carried in UDP)`. A socket bound to one address sends from it, so
+/// nothing is needed. A socket bound to the wildcard address would send
+/// from whichever address the route to the peer prefers, which on a
+/// gateway with several addresses need not be the connection's `local`
+/// (the tunnel endpoint the peer, its firewall and any NAT expect), so
+/// each datagram names `local`. A `local` that is not an address of this
+/// host (a bind to it fails: e.g. the public address of a 1:1 NAT in
+/// front of us) cannot be named; that is logged and left to the route.
+pub fn udp_sources<'a>(
+    listen: Option<SocketAddr>,
+    conns: impl Iterator<Item = (&'a str, IpAddr, bool)>,
+) -> Vec<Option<IpAddr>> {
+    let wildcard = listen.is_some_and(|l| l.ip().is_unspecified());
+    conns
+        .map(|(name, local, udp)| {
+            if !(udp && wildcard) || local.is_unspecified() {
+                return None;
+            }
+            match std::net::UdpSocket::bind(SocketAddr::new(local, 0)) {
+                Ok(_) => Some(local),
+                Err(e) => {
+                    tracing::warn!(
+                        "connection \"{name}\": local {local} is not an address of this host \
+                         ({e}); its ESP-in-UDP leaves from the address the route to the peer \
+                         prefers"
+                    );
+                    None
+                }
+            }
+        })
+        .collect()
 }
 
 fn v4(a: IpAddr) -> Option<Ipv4Addr> {
@@ -819,7 +865,7 @@ mod tests {
             io::IoSlice::new(&b[30..]),
             io::IoSlice::new(&c),
         ];
-        assert_eq!(tx.send_gso(&iov, 100, to, 0x2e).unwrap(), 260);
+        assert_eq!(tx.send_gso(&iov, 100, to, 0x2e, None).unwrap(), 260);
         let mut got: Vec<Vec<u8>> = Vec::new();
         let mut buf = vec![0u8; 65536];
         for _ in 0..200 {
@@ -879,7 +925,7 @@ mod tests {
         assert_eq!(meta.src, Some(peer.local_addr().unwrap()));
         assert_eq!(meta.dst, Some(IpAddr::V4(Ipv4Addr::LOCALHOST)));
         assert_eq!(meta.tos, Some(0x2e));
-        u.send(b"back", meta.src.unwrap(), 0xb8).unwrap();
+        u.send(b"back", meta.src.unwrap(), 0xb8, None).unwrap();
         let (n, meta) = sys::recv_meta(peer.as_fd(), &mut buf, MsgFlags::empty()).unwrap();
         assert_eq!(&buf[..n], b"back");
         assert_eq!(meta.tos, Some(0xb8));
@@ -931,7 +977,7 @@ mod tests {
             (&[0xff][..], false),
             (&[0, 0, 0, 0, 1, 2, 3][..], false),
         ] {
-            tx.send(payload, addr, 0).unwrap();
+            tx.send(payload, addr, 0, None).unwrap();
             let (yes, no) = if want_second {
                 (&second, &first)
             } else {
@@ -948,5 +994,27 @@ mod tests {
             assert_eq!(got, Some(payload.len()), "{payload:?}");
             assert!(no.recv(&mut buf).is_err(), "{payload:?} reached both");
         }
+    }
+
+    /// Only UDP connections behind a wildcard-bound socket name a source,
+    /// and only one that is an address of this host.
+    #[test]
+    fn udp_sources_name_local_only_where_the_socket_cannot() {
+        let conns = || {
+            [
+                ("ours", "127.0.0.1", true),
+                ("raw", "127.0.0.1", false),
+                ("not-ours", "192.0.2.99", true),
+                ("v6-ours", "::1", true),
+            ]
+            .map(|(n, a, udp)| (n, a.parse::<IpAddr>().unwrap(), udp))
+            .into_iter()
+        };
+        let some = |a: &str| Some(a.parse::<IpAddr>().unwrap());
+        let wild = udp_sources(Some("[::]:4500".parse().unwrap()), conns());
+        assert_eq!(wild, [some("127.0.0.1"), None, None, some("::1")]);
+        let bound = udp_sources(Some("127.0.0.1:4500".parse().unwrap()), conns());
+        assert_eq!(bound, [None; 4]);
+        assert_eq!(udp_sources(None, conns()), [None; 4]);
     }
 }

@@ -1,8 +1,8 @@
 //! The data plane's per-packet socket calls: `recvmsg` and `recvmmsg`
 //! with the ancillary data we ask for (destination address, TOS / traffic
-//! class, UDP GRO segment size), `sendmsg` with a TOS and a UDP GSO
-//! segment size, and `sendmmsg` of a batch of raw packets; plus the socket
-//! buffer sizes.
+//! class, UDP GRO segment size), `sendmsg` with a TOS, a UDP GSO
+//! segment size and a source address, and `sendmmsg` of a batch of raw
+//! packets; plus the socket buffer sizes.
 //!
 //! # Crate choices
 //!
@@ -24,7 +24,8 @@
 //!   holds raw pointers (not `Send`) and always passes its whole control
 //!   capacity, not what was written. `rustix`'s `SendAncillaryMessage`
 //!   has no TOS or `UDP_SEGMENT` variant. The control messages themselves
-//!   are built in safe code (a `#[repr(C)]` mirror of the kernel's layout).
+//!   are built in safe code (byte copies at the offsets of libc's
+//!   `cmsghdr`, `Cmsgs`). IKE's sends use the same function.
 //! - Socket options, socket creation and `bind` are `rustix` or `nix`
 //!   calls made by the callers ([`crate::sockets`]).
 
@@ -338,46 +339,81 @@ impl RecvBatch {
     }
 }
 
-/// One `sendmsg` control message with a value of up to four bytes, laid
-/// out as the kernel reads it: `struct cmsghdr` (`__kernel_size_t`, `int`,
-/// `int`), then the data padded to the next header, i.e.
-/// `CMSG_SPACE(sizeof(int))` bytes, all initialised.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct SmallCmsg {
+/// Room for the control messages of one send: a TOS or traffic class
+/// (an int), a `UDP_SEGMENT` size (a u16) and a source address
+/// (`in6_pktinfo`, 20 bytes), each `CMSG_SPACE` of its value.
+const CMSG_ROOM: usize = 3 * size_of::<libc::cmsghdr>() + 8 + 8 + 24;
+
+/// The control messages of one `sendmsg`, laid out as the kernel walks
+/// them (`CMSG_NXTHDR`): each a `struct cmsghdr` (`__kernel_size_t`,
+/// `int`, `int`) whose `cmsg_len` counts the header and the value, then
+/// the value, zero-padded to a multiple of `size_t` (`CMSG_SPACE`). Built
+/// with safe byte copies into a `size_t`-aligned buffer; the tests check
+/// the layout against libc's `CMSG_*` macros.
+#[repr(C, align(8))]
+struct Cmsgs {
+    buf: [u8; CMSG_ROOM],
     len: usize,
-    level: libc::c_int,
-    ty: libc::c_int,
-    data: [u8; size_of::<usize>()],
 }
 
-// The layout above is the one of `CMSG_DATA` / `CMSG_SPACE(sizeof(int))`:
-// the data right after the header (whose size is already a multiple of
-// `size_t`), rounded up to a `size_t` (checked against the macros in the
-// tests).
-const _: () = assert!(offset_of!(SmallCmsg, data) == size_of::<libc::cmsghdr>());
-const _: () = assert!(size_of::<SmallCmsg>() == size_of::<libc::cmsghdr>() + size_of::<usize>());
+const _: () = assert!(align_of::<libc::cmsghdr>() <= 8);
 
-impl SmallCmsg {
-    const EMPTY: SmallCmsg = SmallCmsg {
-        len: 0,
-        level: 0,
-        ty: 0,
-        data: [0; size_of::<usize>()],
-    };
-
-    /// A message of `value`, whose length the kernel checks (`IP_TOS` and
-    /// `IPV6_TCLASS` take an int, `UDP_SEGMENT` a u16).
-    fn new(level: libc::c_int, ty: libc::c_int, value: &[u8]) -> SmallCmsg {
-        let mut data = [0; size_of::<usize>()];
-        let n = value.len().min(4);
-        data[..n].copy_from_slice(&value[..n]);
-        SmallCmsg {
-            len: offset_of!(SmallCmsg, data) + n,
-            level,
-            ty,
-            data,
+impl Cmsgs {
+    fn new() -> Cmsgs {
+        Cmsgs {
+            buf: [0; CMSG_ROOM],
+            len: 0,
         }
+    }
+
+    /// Appends a message of `value` (whose length the kernel checks:
+    /// `IP_TOS` and `IPV6_TCLASS` take an int, `UDP_SEGMENT` a u16,
+    /// `IP_PKTINFO` an `in_pktinfo`, `IPV6_PKTINFO` an `in6_pktinfo`).
+    /// The callers add at most one of each kind, which [`CMSG_ROOM`] holds.
+    fn push(&mut self, level: libc::c_int, ty: libc::c_int, value: &[u8]) {
+        let hdr = size_of::<libc::cmsghdr>();
+        let space = hdr + value.len().next_multiple_of(size_of::<usize>());
+        let Some(m) = self.buf.get_mut(self.len..self.len + space) else {
+            debug_assert!(false, "control messages beyond CMSG_ROOM");
+            return;
+        };
+        let (len_at, level_at, ty_at) = (
+            offset_of!(libc::cmsghdr, cmsg_len),
+            offset_of!(libc::cmsghdr, cmsg_level),
+            offset_of!(libc::cmsghdr, cmsg_type),
+        );
+        m[len_at..len_at + size_of::<usize>()].copy_from_slice(&(hdr + value.len()).to_ne_bytes());
+        m[level_at..level_at + 4].copy_from_slice(&level.to_ne_bytes());
+        m[ty_at..ty_at + 4].copy_from_slice(&ty.to_ne_bytes());
+        m[hdr..hdr + value.len()].copy_from_slice(value);
+        m[hdr + value.len()..].fill(0);
+        self.len += space;
+    }
+
+    /// The source address `src` of a datagram to an IPv4 (`v4_dst`) or
+    /// IPv6 destination: `IP_PKTINFO`'s `ipi_spec_dst`, or
+    /// `IPV6_PKTINFO`'s `ipi6_addr` (interface index 0: the route
+    /// decides). Nothing when the families differ or `src` is unspecified.
+    fn push_source(&mut self, src: IpAddr, v4_dst: bool) {
+        match (src.to_canonical(), v4_dst) {
+            (IpAddr::V4(s), true) if !s.is_unspecified() => {
+                // struct in_pktinfo { int ipi_ifindex; in_addr ipi_spec_dst; in_addr ipi_addr; }
+                let mut v = [0u8; 12];
+                v[4..8].copy_from_slice(&s.octets());
+                self.push(libc::SOL_IP, libc::IP_PKTINFO, &v);
+            }
+            (IpAddr::V6(s), false) if !s.is_unspecified() => {
+                // struct in6_pktinfo { in6_addr ipi6_addr; unsigned ipi6_ifindex; }
+                let mut v = [0u8; 20];
+                v[..16].copy_from_slice(&s.octets());
+                self.push(libc::SOL_IPV6, libc::IPV6_PKTINFO, &v);
+            }
+            _ => {}
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        &self.buf[..self.len]
     }
 }
 
@@ -392,12 +428,24 @@ pub fn send_to(
     tos: Option<u8>,
     v6_socket: bool,
 ) -> io::Result<usize> {
-    send_iov(fd, &[io::IoSlice::new(data)], dst, tos, v6_socket, None)
+    send_iov(
+        fd,
+        &[io::IoSlice::new(data)],
+        dst,
+        tos,
+        None,
+        v6_socket,
+        None,
+    )
 }
 
 /// [`send_to`] of the concatenation of `data`; with `gso = Some(size)`,
 /// one `UDP_SEGMENT` send: the kernel cuts the bytes into datagrams of
-/// `size` bytes (the last may be shorter), at most 64 of them.
+/// `size` bytes (the last may be shorter), at most 64 of them. With
+/// `src`, the datagrams leave from that local address (`IP_PKTINFO` /
+/// `IPV6_PKTINFO`) instead of the one the route to `dst` prefers: a
+/// gateway with several addresses on a socket bound to the wildcard
+/// address sends each connection's ESP from that connection's `local`.
 ///
 /// Hand-written over `libc::sendmsg`: see the module documentation for
 /// why neither `nix` nor `rustix` does it without allocating.
@@ -406,6 +454,7 @@ pub fn send_iov(
     data: &[io::IoSlice<'_>],
     dst: SocketAddr,
     tos: Option<u8>,
+    src: Option<IpAddr>,
     v6_socket: bool,
     gso: Option<u16>,
 ) -> io::Result<usize> {
@@ -420,21 +469,22 @@ pub fn send_iov(
         SocketAddr::V6(a) => a.ip().to_ipv4_mapped().is_some(),
     };
     let addr = SockaddrStorage::from(dst);
-    let mut cmsgs = [SmallCmsg::EMPTY; 2];
-    let mut n_cmsgs = 0;
+    let mut cmsgs = Cmsgs::new();
     if let Some(tos) = tos.filter(|&t| t != 0) {
         let (level, ty) = if v4_dst {
             (libc::SOL_IP, libc::IP_TOS)
         } else {
             (libc::SOL_IPV6, libc::IPV6_TCLASS)
         };
-        cmsgs[n_cmsgs] = SmallCmsg::new(level, ty, &libc::c_int::from(tos).to_ne_bytes());
-        n_cmsgs += 1;
+        cmsgs.push(level, ty, &libc::c_int::from(tos).to_ne_bytes());
     }
     if let Some(g) = gso {
-        cmsgs[n_cmsgs] = SmallCmsg::new(libc::SOL_UDP, libc::UDP_SEGMENT, &g.to_ne_bytes());
-        n_cmsgs += 1;
+        cmsgs.push(libc::SOL_UDP, libc::UDP_SEGMENT, &g.to_ne_bytes());
     }
+    if let Some(src) = src {
+        cmsgs.push_source(src, v4_dst);
+    }
+    let control = cmsgs.as_slice();
     let msg = libc::msghdr {
         msg_name: addr.as_ptr().cast_mut().cast(),
         msg_namelen: addr.len(),
@@ -442,12 +492,12 @@ pub fn send_iov(
         // kernel only reads through these pointers.
         msg_iov: data.as_ptr().cast_mut().cast(),
         msg_iovlen: data.len(),
-        msg_control: if n_cmsgs == 0 {
+        msg_control: if control.is_empty() {
             std::ptr::null_mut()
         } else {
-            cmsgs.as_mut_ptr().cast()
+            control.as_ptr().cast_mut().cast()
         },
-        msg_controllen: n_cmsgs * size_of::<SmallCmsg>(),
+        msg_controllen: control.len(),
         msg_flags: 0,
     };
     // SAFETY: every pointer in `msg` points to a live local (`addr`,
@@ -509,8 +559,8 @@ pub fn send_each(
 /// `IPV6_PKTINFO`), so that an answer leaves from the address its request
 /// was sent to rather than from whichever address the route to the
 /// sender prefers (RFC 7296 §2.11: IKE answers come from the address the
-/// request went to). An unspecified `src` lets the kernel choose. For
-/// the control path (IKE): nix builds the control message in a `Vec`.
+/// request went to). An unspecified `src`, or one of the other family,
+/// lets the kernel choose.
 pub fn send_from(
     fd: BorrowedFd<'_>,
     data: &[u8],
@@ -518,54 +568,8 @@ pub fn send_from(
     dst: SocketAddr,
     v6_socket: bool,
 ) -> io::Result<usize> {
-    let src = src.to_canonical();
-    if src.is_unspecified() {
-        return send_to(fd, data, dst, None, v6_socket);
-    }
-    let to = match dst {
-        SocketAddr::V4(a) if v6_socket => {
-            SocketAddr::V6(SocketAddrV6::new(a.ip().to_ipv6_mapped(), a.port(), 0, 0))
-        }
-        d => d,
-    };
-    let addr = SockaddrStorage::from(to);
-    let iov = [io::IoSlice::new(data)];
-    let sent = match (src, dst.ip().to_canonical()) {
-        (IpAddr::V4(s), IpAddr::V4(_)) => {
-            let info = libc::in_pktinfo {
-                ipi_ifindex: 0,
-                ipi_spec_dst: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(s.octets()),
-                },
-                ipi_addr: libc::in_addr { s_addr: 0 },
-            };
-            nix::sys::socket::sendmsg(
-                fd.as_raw_fd(),
-                &iov,
-                &[nix::sys::socket::ControlMessage::Ipv4PacketInfo(&info)],
-                MsgFlags::empty(),
-                Some(&addr),
-            )
-        }
-        (IpAddr::V6(s), IpAddr::V6(_)) => {
-            let info = libc::in6_pktinfo {
-                ipi6_addr: libc::in6_addr {
-                    s6_addr: s.octets(),
-                },
-                ipi6_ifindex: 0,
-            };
-            nix::sys::socket::sendmsg(
-                fd.as_raw_fd(),
-                &iov,
-                &[nix::sys::socket::ControlMessage::Ipv6PacketInfo(&info)],
-                MsgFlags::empty(),
-                Some(&addr),
-            )
-        }
-        // Families that differ: no source to set.
-        _ => return send_to(fd, data, dst, None, v6_socket),
-    };
-    sent.map_err(io::Error::from)
+    let data = [io::IoSlice::new(data)];
+    send_iov(fd, &data, dst, None, Some(src), v6_socket, None)
 }
 
 #[cfg(test)]
@@ -639,15 +643,108 @@ mod tests {
         }
     }
 
-    /// The hand-built control messages have the kernel's layout.
+    /// The hand-built control messages have the kernel's layout: each
+    /// `cmsg_len` is `CMSG_LEN` of its value, and walking the buffer with
+    /// `CMSG_FIRSTHDR` / `CMSG_NXTHDR` finds every message, with its
+    /// value, where `CMSG_DATA` says.
     #[test]
-    fn small_cmsg_matches_cmsg_macros() {
-        // SAFETY: CMSG_SPACE and CMSG_LEN are arithmetic on their argument.
-        let (space, len4, len2) =
-            unsafe { (libc::CMSG_SPACE(4), libc::CMSG_LEN(4), libc::CMSG_LEN(2)) };
-        assert_eq!(size_of::<SmallCmsg>(), space as usize);
-        assert_eq!(SmallCmsg::new(0, 0, &[0; 4]).len, len4 as usize);
-        assert_eq!(SmallCmsg::new(0, 0, &[0; 2]).len, len2 as usize);
+    fn control_messages_match_the_cmsg_macros() {
+        let tos = (libc::SOL_IP, libc::IP_TOS, 7i32.to_ne_bytes().to_vec());
+        let seg = (
+            libc::SOL_UDP,
+            libc::UDP_SEGMENT,
+            1400u16.to_ne_bytes().to_vec(),
+        );
+        let mut v6 = "2001:db8::7".parse::<Ipv6Addr>().unwrap().octets().to_vec();
+        v6.extend([0; 4]);
+        let src6 = (libc::SOL_IPV6, libc::IPV6_PKTINFO, v6);
+        let src4 = (
+            libc::SOL_IP,
+            libc::IP_PKTINFO,
+            vec![0, 0, 0, 0, 192, 0, 2, 7, 0, 0, 0, 0],
+        );
+        // The most one send carries (CMSG_ROOM), and a source alone;
+        // families that differ, or an unspecified source, add nothing.
+        let mut full = Cmsgs::new();
+        full.push(tos.0, tos.1, &tos.2);
+        full.push(seg.0, seg.1, &seg.2);
+        full.push_source("2001:db8::7".parse().unwrap(), false);
+        let mut alone = Cmsgs::new();
+        alone.push_source("192.0.2.7".parse().unwrap(), false);
+        alone.push_source("0.0.0.0".parse().unwrap(), true);
+        alone.push_source("192.0.2.7".parse().unwrap(), true);
+        for (c, want) in [(full, vec![tos, seg, src6]), (alone, vec![src4])] {
+            // SAFETY: CMSG_SPACE is arithmetic on its argument.
+            let space: usize = want
+                .iter()
+                .map(|w| unsafe { libc::CMSG_SPACE(w.2.len() as u32) } as usize)
+                .sum();
+            assert!(space <= CMSG_ROOM);
+            assert_eq!(c.as_slice().len(), space);
+            let mut buf = c.buf;
+            // SAFETY: `msg` describes `buf`, which outlives the walk; the
+            // macros only do pointer arithmetic within it and read headers
+            // that `push` wrote.
+            unsafe {
+                let mut msg: libc::msghdr = std::mem::zeroed();
+                msg.msg_control = buf.as_mut_ptr().cast();
+                msg.msg_controllen = space;
+                let mut h = libc::CMSG_FIRSTHDR(&msg);
+                for (level, ty, value) in &want {
+                    assert!(!h.is_null());
+                    assert_eq!(((*h).cmsg_level, (*h).cmsg_type), (*level, *ty));
+                    assert_eq!((*h).cmsg_len, libc::CMSG_LEN(value.len() as u32) as usize);
+                    let data = std::slice::from_raw_parts(libc::CMSG_DATA(h), value.len());
+                    assert_eq!(data, &value[..]);
+                    h = libc::CMSG_NXTHDR(&msg, h);
+                }
+                assert!(h.is_null());
+            }
+        }
+    }
+
+    /// A datagram sent with a source leaves from it, with or without a
+    /// TOS and a GSO size beside it, from IPv4 and dual-stack sockets; a
+    /// source that is not ours is refused by the kernel.
+    #[test]
+    fn send_iov_sets_the_source_beside_tos_and_gso() {
+        let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let to = rx.local_addr().unwrap();
+        let mut buf = [0u8; 64];
+        for (bind, v6) in [("0.0.0.0:0", false), ("[::]:0", true)] {
+            let tx = std::net::UdpSocket::bind(bind).unwrap();
+            for (tos, gso) in [(None, None), (Some(0x28), Some(4))] {
+                let data = [io::IoSlice::new(b"espg"), io::IoSlice::new(b"ate!")];
+                let src = Some("127.0.0.3".parse().unwrap());
+                let n = send_iov(tx.as_fd(), &data, to, tos, src, v6, gso).unwrap();
+                assert_eq!(n, 8);
+                let want: &[&[u8]] = if gso.is_some() {
+                    &[b"espg", b"ate!"]
+                } else {
+                    &[b"espgate!"]
+                };
+                for w in want {
+                    let (n, from) = rx.recv_from(&mut buf).unwrap();
+                    assert_eq!(
+                        (&buf[..n], from.ip().to_canonical().to_string().as_str()),
+                        (*w, "127.0.0.3")
+                    );
+                }
+            }
+            let data = [io::IoSlice::new(b"x")];
+            let e = send_iov(
+                tx.as_fd(),
+                &data,
+                to,
+                None,
+                Some("192.0.2.99".parse().unwrap()),
+                v6,
+                None,
+            );
+            assert!(e.is_err(), "a source not on this host was accepted");
+        }
     }
 
     /// Over loopback: the destination address and TOS come back as

@@ -123,17 +123,24 @@ pub struct Worker<'a> {
     pub ike: Option<tokio::sync::mpsc::Sender<IkeDatagram>>,
     /// NAT keepalives: every connection's interval (worker 0 sends them).
     pub keepalives: Vec<(SocketAddr, Duration)>,
+    /// The source address each connection's ESP-in-UDP names, by
+    /// connection index: its `local` when the UDP socket is bound to the
+    /// wildcard address, else `None` (the route's choice, or the bound
+    /// address). See [`crate::sockets::udp_sources`].
+    pub sources: &'a [Option<IpAddr>],
 }
 
 /// Outbound ESP-in-UDP datagrams waiting to leave in one GSO send: the
 /// packets stay in their own buffers (no copy), `run` says where each UDP
-/// payload lies. All go to `dst` with `tos`; all have `seg` bytes but the
-/// last, which may be shorter (then the run is `closed`).
+/// payload lies. All go to `dst` with `tos` from `src` (`None`: the
+/// route's choice); all have `seg` bytes but the last, which may be
+/// shorter (then the run is `closed`).
 struct TxBatch {
     bufs: Vec<PacketBuf>,
     run: [(usize, usize); GSO_MAX],
     n: usize,
     dst: SocketAddr,
+    src: Option<IpAddr>,
     tos: u8,
     seg: usize,
     bytes: usize,
@@ -158,6 +165,7 @@ impl TxBatch {
             run: [(0, 0); GSO_MAX],
             n: 0,
             dst: SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
+            src: None,
             tos: 0,
             seg: 0,
             bytes: 0,
@@ -168,14 +176,16 @@ impl TxBatch {
         }
     }
 
-    /// Can the datagram of `len` bytes to `dst`/`tos` join the run?
-    fn fits(&self, dst: SocketAddr, tos: u8, len: usize) -> bool {
+    /// Can the datagram of `len` bytes to `dst`/`tos` from `src` join the
+    /// run?
+    fn fits(&self, dst: SocketAddr, src: Option<IpAddr>, tos: u8, len: usize) -> bool {
         self.n == 0
             || (self.gso
                 && self.raw.is_none()
                 && !self.closed
                 && self.n < self.max
                 && dst == self.dst
+                && src == self.src
                 && tos == self.tos
                 && len <= self.seg
                 && self.bytes + len <= GSO_BYTES)
@@ -367,7 +377,8 @@ impl<'a> Worker<'a> {
                 continue;
             }
             last_tx[ci] = now;
-            match u.send(&[0xff], *dst, 0) {
+            let src = self.sources.get(ci).copied().flatten();
+            match u.send(&[0xff], *dst, 0, src) {
                 Ok(_) => counters.keepalives_sent.incr(),
                 Err(e) => tracing::debug!("NAT keepalive to {dst}: {e}"),
             }
@@ -618,15 +629,17 @@ impl Round<'_> {
         };
         let ((start, end), tos) = udp;
         let dst = SocketAddr::new(remote, port);
+        let src = self.w.sources.get(ci).copied().flatten();
         let len = end - start;
-        if !tx.fits(dst, tos, len) {
+        if !tx.fits(dst, src, tos, len) {
             // Flush the run; this packet starts the next one in slot 0.
             let i = tx.n;
             self.flush(tx);
             tx.bufs.swap(0, i);
         }
         if tx.n == 0 {
-            (tx.dst, tx.tos, tx.seg, tx.bytes, tx.closed) = (dst, tos, len, 0, false);
+            (tx.dst, tx.src, tx.tos, tx.seg) = (dst, src, tos, len);
+            (tx.bytes, tx.closed) = (0, false);
             tx.raw = None;
         }
         tx.run[tx.n] = (start, end);
@@ -674,7 +687,7 @@ impl Round<'_> {
             for (i, &(s, e)) in tx.run[..n].iter().enumerate() {
                 iov[i] = io::IoSlice::new(&tx.bufs[i].as_slice()[s..e]);
             }
-            match u.send_gso(&iov[..n], tx.seg as u16, tx.dst, tx.tos) {
+            match u.send_gso(&iov[..n], tx.seg as u16, tx.dst, tx.tos, tx.src) {
                 Ok(_) => {
                     self.counters.net_tx.add(n as u64);
                     self.counters.gso_sends.incr();
@@ -712,7 +725,7 @@ impl Round<'_> {
             }
         }
         for (i, &(s, e)) in tx.run[..n].iter().enumerate() {
-            match u.send(&tx.bufs[i].as_slice()[s..e], tx.dst, tx.tos) {
+            match u.send(&tx.bufs[i].as_slice()[s..e], tx.dst, tx.tos, tx.src) {
                 Ok(_) => self.counters.net_tx.incr(),
                 Err(err) => {
                     let dst = tx.dst;
