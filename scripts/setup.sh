@@ -17,6 +17,8 @@ command -v strace >/dev/null 2>&1 || need_apt+=(strace)
 command -v tshark >/dev/null 2>&1 || need_apt+=(tshark)
 # nftables: the lab's policing (001-itr-cross-traffic) and DiffServ marking (002-priority-congestion).
 command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
+# conntrack: the NAT test flushes a NAT's mappings (tests/python/test_ike.py).
+command -v conntrack >/dev/null 2>&1 || need_apt+=(conntrack)
 # strongSwan, the IKEv2 interop peer (tests/python/test_ike_strongswan.py):
 # charon with the kernel-libipsec userspace data plane, swanctl and pki.
 [ -x /usr/lib/ipsec/charon ] && command -v swanctl >/dev/null 2>&1 \

@@ -9,6 +9,9 @@
   20 Mbit/s crosses at least 10 child rekeys with 0 lost packets.
 - DPD: B is killed, A declares it dead and removes the SAs; B comes back,
   A (dpd_action = "restart") re-establishes the tunnel.
+- Through a real NAT (nftables masquerading with random ports): B sends its
+  ESP and keepalives to the port the NAT gave A, and when the NAT maps A
+  anew, ESP follows A's next IKE message without a rekey (RFC 7296 §2.23).
 - Q-ESP (docs/QESP.md §7) over raw IP: with `qesp = "prefer"` on both sides
   the child SAs are Q-ESP (status says `qesp`, the wire carries protocol
   253) and rekey every 3 s under a UDP stream without loss; against
@@ -41,12 +44,17 @@ pytestmark = [
 PSK = "a pre-shared key for the IKE tests only"
 
 
-def ike_pair(lab, *, a_ike="", b_ike="", psk_b=PSK, encap="udp", extra_gw="", extra_conn=""):
-    """Two daemons with one IKE connection each (A: 10.1.0.0/24, B: 10.2.0.0/24)."""
-    a_ns, b_ns, a_addr, b_addr = lab.pair()
+def ike_pair(lab, *, a_ike="", b_ike="", psk_b=PSK, encap="udp", extra_gw="", extra_conn="", net=None):
+    """Two daemons with one IKE connection each (A: 10.1.0.0/24, B: 10.2.0.0/24),
+    in a namespace pair of their own, or in `net` = (A's namespace, B's,
+    (A's local, A's remote), (B's local, B's remote))."""
+    if net is None:
+        a_ns, b_ns, a_addr, b_addr = lab.pair()
+        net = (a_ns, b_ns, (a_addr, b_addr), (b_addr, a_addr))
+    a_ns, b_ns, (a_local, a_remote), (b_local, b_remote) = net
     daemons = []
     for side, ns, local, remote, me, peer, extra, psk in (
-            ("A", a_ns, a_addr, b_addr, 1, 2, a_ike, PSK), ("B", b_ns, b_addr, a_addr, 2, 1, b_ike, psk_b)):
+            ("A", a_ns, a_local, a_remote, 1, 2, a_ike, PSK), ("B", b_ns, b_local, b_remote, 2, 1, b_ike, psk_b)):
         d = lab.tmp / side
         d.mkdir()
         secret = d / "psk"
@@ -230,6 +238,99 @@ def test_dpd_detects_dead_peer_and_restart_recovers(lab):
     b.start()
     wait_for("the tunnel again", lambda: established(a) and established(b), 40, (a, b))
     assert_ping(a.ns, "10.2.0.1", "10.1.0.1", daemons=(a, b))
+    assert a.stop() == 0 and b.stop() == 0
+
+
+NFT = shutil.which("nft")
+CONNTRACK = shutil.which("conntrack")
+
+
+def behind_nat(lab, a_ike=""):
+    """A behind a router R whose NAT gives every flow a random source port
+    (nftables `masquerade random`), as a NAT does when port 4500 is taken
+    by another client; B outside, knowing A only as R's address. Both
+    daemons started with NAT keepalives every 2 s; returns (A, B, R's
+    namespace) once the IKE SA is up."""
+    a_ns, r_ns, b_ns = lab.netns("A"), lab.netns("R"), lab.netns("B")
+    run("ip", "-n", a_ns, "link", "add", "va", "type", "veth", "peer", "name", "ra", "netns", r_ns)
+    run("ip", "-n", r_ns, "link", "add", "rb", "type", "veth", "peer", "name", "vb", "netns", b_ns)
+    for ns, dev, addr in ((a_ns, "va", "192.168.1.2/24"), (r_ns, "ra", "192.168.1.1/24"),
+                          (r_ns, "rb", "192.0.2.1/24"), (b_ns, "vb", "192.0.2.2/24")):
+        run("ip", "-n", ns, "addr", "add", addr, "dev", dev)
+        run("ip", "-n", ns, "link", "set", dev, "up")
+    run("ip", "-n", a_ns, "route", "add", "default", "via", "192.168.1.1")
+    run("ip", "netns", "exec", r_ns, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+    run("ip", "netns", "exec", r_ns, "nft", "-f", "-", input="""
+table ip espgate_test_nat {
+    chain post {
+        type nat hook postrouting priority srcnat; policy accept;
+        oifname "rb" masquerade random
+    }
+}
+""")
+    # A names itself by its private address (its default identity).
+    a, b = ike_pair(lab, a_ike='start_action = "start"\n' + a_ike, b_ike='remote_id = "192.168.1.2"',
+                    extra_conn="nat_keepalive = 2",
+                    net=(a_ns, b_ns, ("192.168.1.2", "192.0.2.2"), ("192.0.2.2", "192.0.2.1")))
+    b.start()
+    a.start()
+    wait_for("the IKE SA", lambda: established(a) and established(b), 20, (a, b))
+    return a, b, r_ns
+
+
+def a_port(lab, b, a):
+    """The port B sees A's ESP come from (R's mapping of A's port 4500)."""
+    from test_gateway import capture_one
+    from scapy.all import UDP
+    esp = capture_one(lab, b.ns, "vb", "udp and src host 192.0.2.1 and greater 100",
+                      lambda: ping(a.ns, "10.2.0.1", "10.1.0.1", count=2))
+    return esp[UDP].sport
+
+
+@pytest.mark.skipif(NFT is None or not shutil.which("tcpdump"), reason="needs nft and tcpdump (scripts/setup.sh)")
+def test_initiator_behind_a_nat_that_changes_ports(lab):
+    """IKE detects the NAT (RFC 7296 §2.23), moves to port 4500 and
+    UDP-encapsulates the child SAs (RFC 3948). B must send its ESP to the
+    port the NAT chose, not to 4500, where nothing is mapped; A's NAT
+    keepalives hold the mapping, and B's go to the NAT's port too."""
+    a, b, _ = behind_nat(lab)
+    # The NAT really moved A's port 4500: B sees A's ESP from another one.
+    mapped = a_port(lab, b, a)
+    assert mapped not in (500, 4500), mapped
+    # Both ways through the tunnel: B answers to the mapped port.
+    assert_ping(a.ns, "10.2.0.1", "10.1.0.1", daemons=(a, b))
+    assert_ping(b.ns, "10.1.0.1", "10.2.0.1", daemons=(a, b))
+    # B's NAT keepalives, once idle, go where its ESP goes.
+    from test_gateway import capture_one
+    from scapy.all import UDP
+    ka = capture_one(lab, b.ns, "vb", "udp and src host 192.0.2.2 and less 60", lambda: None, timeout=15)
+    assert bytes(ka[UDP].payload) == b"\xff" and ka[UDP].dport == mapped, ka.summary()
+    for d in (a, b):
+        outs = d.sas("out")
+        assert len(outs) == 1 and outs[0]["packets"] >= 3, d.status()["connections"]
+        assert d.status()["drops"] == {}, d.status()["drops"]
+    assert a.stop() == 0 and b.stop() == 0
+
+
+@pytest.mark.skipif(NFT is None or CONNTRACK is None or not shutil.which("tcpdump"),
+                    reason="needs nft, conntrack and tcpdump (scripts/setup.sh)")
+def test_esp_follows_the_peer_when_its_nat_maps_it_anew(lab):
+    """The NAT forgets its mappings (conntrack flushed, as after a NAT
+    reboot or timeout) and gives A's port 4500 another one. B keeps sending
+    to the old port until A's next IKE message (a liveness check, since
+    nothing comes back) arrives from the new one; from then on IKE and the
+    existing child SA's ESP go there (RFC 7296 §2.23), with no rekey."""
+    a, b, r_ns = behind_nat(lab, a_ike='dpd_delay = "2s"')
+    first = a_port(lab, b, a)
+    assert_ping(b.ns, "10.1.0.1", "10.2.0.1", daemons=(a, b))
+    spi = b.sas("out")[0]["spi"]
+    run("ip", "netns", "exec", r_ns, "conntrack", "-F", check=False)
+    second = a_port(lab, b, a)
+    assert second != first, "the NAT kept its port; run again"
+    wait_for("B's ESP at the new port", lambda: ping(b.ns, "10.1.0.1", "10.2.0.1", count=1).returncode == 0,
+             30, (a, b))
+    assert "outbound SA(s) now send ESP-in-UDP to port" in b.log_text(), b.log_text()[-3000:]
+    assert b.sas("out")[0]["spi"] == spi, "followed by a rekey, not by the move"
     assert a.stop() == 0 and b.stop() == 0
 
 

@@ -879,6 +879,36 @@ fn negotiated_sas_take_the_connection_shape() {
     assert!(e.unwrap_err().contains("no connection named \"x\""));
 }
 
+#[test]
+fn a_peer_behind_a_nat_is_sent_to_at_the_port_ike_learnt() {
+    // IKE saw the peer at port 31000 of its NAT: the negotiated SA, the
+    // outer header the engine builds and the port the shell's keepalives
+    // use all say 31000, not the configured 4500.
+    let (mut a, _) = pair(Layers::Esp, true);
+    assert_eq!(a.peer_udp_port(0), Some(4500));
+    let key = hex(K_NEW_AB);
+    let sa = NegotiatedSa {
+        encap: Some((4500, 31000)),
+        ..gcm_child(true, 0x4001, &key, 0, &[])
+    };
+    a.install_negotiated(&sa, T).unwrap();
+    assert_eq!(a.peer_udp_port(0), Some(31000));
+    let mut buf = PacketBuf::with_capacity(2000);
+    buf.load(&udp4("10.1.0.5", "10.2.0.9", 10));
+    assert_eq!(a.outbound(&mut buf, T), Ok(Some(0)), "{:?}", drops(&a));
+    let udp = &buf.as_slice()[20..24];
+    assert_eq!(
+        (
+            u16::from_be_bytes([udp[0], udp[1]]),
+            u16::from_be_bytes([udp[2], udp[3]])
+        ),
+        (4500, 31000)
+    );
+    assert_eq!(a.peer_udp_port(1), None, "no such connection");
+    let (raw, _) = pair(Layers::Esp, false);
+    assert_eq!(raw.peer_udp_port(0), None, "raw ESP has no port");
+}
+
 /// A and B as IKE keys them (`negotiated` not empty) over raw IP, with
 /// their first negotiated pair in place: ESP, A sending on 0x1002.
 fn ike_pair() -> (Engine, Engine) {

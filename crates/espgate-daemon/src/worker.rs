@@ -354,12 +354,12 @@ impl<'a> Worker<'a> {
                 while let Some(ev) = guard.poll_event() {
                     log_event(&ev);
                 }
+                if self.me == 0 {
+                    self.keepalives(&guard, &mut last_tx, counters);
+                }
                 drop(guard);
                 for (key, n) in limiter.flush(now) {
                     tracing::warn!("{n} more {key} lines suppressed in the last second");
-                }
-                if self.me == 0 {
-                    self.keepalives(&mut last_tx, counters);
                 }
                 next_tick = now_i + TICK;
             }
@@ -368,8 +368,9 @@ impl<'a> Worker<'a> {
 
     /// RFC 3948 §2.3: a one-byte 0xFF datagram to each ESP-in-UDP peer that
     /// has not been sent anything for its `nat_keepalive`, so that a NAT on
-    /// the way keeps its mapping. The peer ignores it.
-    fn keepalives(&self, last_tx: &mut [Duration], counters: &WorkerCounters) {
+    /// the way keeps its mapping. The peer ignores it. It goes where the
+    /// connection's ESP goes ([`Engine::peer_udp_port`]).
+    fn keepalives(&self, engine: &Engine, last_tx: &mut [Duration], counters: &WorkerCounters) {
         let Some(u) = &self.sockets.udp else { return };
         let now = self.start.elapsed();
         for (ci, (dst, every)) in self.keepalives.iter().enumerate() {
@@ -378,7 +379,8 @@ impl<'a> Worker<'a> {
             }
             last_tx[ci] = now;
             let src = self.sources.get(ci).copied().flatten();
-            match u.send(&[0xff], *dst, 0, src) {
+            let dst = SocketAddr::new(dst.ip(), engine.peer_udp_port(ci).unwrap_or(dst.port()));
+            match u.send(&[0xff], dst, 0, src) {
                 Ok(_) => counters.keepalives_sent.incr(),
                 Err(e) => tracing::debug!("NAT keepalive to {dst}: {e}"),
             }
@@ -613,22 +615,19 @@ impl Round<'_> {
         let Some(c) = self.engine.connections().nth(ci) else {
             return;
         };
-        let (udp_conn, remote, port) = (c.udp, c.remote, c.remote_port);
-        let udp = match (udp_conn, udp_payload(tx.bufs[tx.n].as_slice())) {
-            (true, Some(x)) if self.w.sockets.udp.is_some() => x,
-            (true, _) => {
-                self.io_drop(DropReason::SendError, |f| {
-                    write!(f, "sending to {remote}: no UDP socket or bad outer packet")
-                });
-                return;
-            }
-            (false, _) => {
-                self.queue_raw(tx, ci, remote);
-                return;
-            }
+        let (udp_conn, remote) = (c.udp, c.remote);
+        if !udp_conn {
+            self.queue_raw(tx, ci, remote);
+            return;
+        }
+        let Some(((start, end), tos, dst)) =
+            udp_payload(tx.bufs[tx.n].as_slice()).filter(|_| self.w.sockets.udp.is_some())
+        else {
+            self.io_drop(DropReason::SendError, |f| {
+                write!(f, "sending to {remote}: no UDP socket or bad outer packet")
+            });
+            return;
         };
-        let ((start, end), tos) = udp;
-        let dst = SocketAddr::new(remote, port);
         let src = self.w.sources.get(ci).copied().flatten();
         let len = end - start;
         if !tx.fits(dst, src, tos, len) {
@@ -1072,16 +1071,25 @@ impl Round<'_> {
     }
 }
 
-/// Where the UDP payload of an outer IPv4/IPv6 UDP packet lies, and its DS
-/// byte.
-fn udp_payload(pkt: &[u8]) -> Option<((usize, usize), u8)> {
+/// Where the UDP payload of an outer IPv4/IPv6 UDP packet lies, its DS
+/// byte, and where it goes: the destination address and port the engine
+/// wrote from the SA, which for a peer behind a NAT is the port the NAT
+/// chose (learnt by IKE, RFC 7296 §2.23), not the configured one.
+fn udp_payload(pkt: &[u8]) -> Option<((usize, usize), u8, SocketAddr)> {
     let info = ip::parse(pkt).ok()?;
     if info.protocol != proto::UDP {
         return None;
     }
     let at = info.payload_offset + udp::HEADER_LEN;
-    (at <= info.packet_len && info.packet_len <= pkt.len())
-        .then_some(((at, info.packet_len), info.tos))
+    if !(at <= info.packet_len && info.packet_len <= pkt.len()) {
+        return None;
+    }
+    let port = u16::from_be_bytes([pkt[info.payload_offset + 2], pkt[info.payload_offset + 3]]);
+    Some((
+        (at, info.packet_len),
+        info.tos,
+        SocketAddr::new(info.dst, port),
+    ))
 }
 
 /// The core's view of a virtio-net header read from the TUN; `None` for a

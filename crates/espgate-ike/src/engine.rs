@@ -135,6 +135,16 @@ pub enum Event {
         /// Direction.
         outbound: bool,
     },
+    /// The peer of an established IKE SA behind a NAT now sends from
+    /// `remote` (the NAT gave it another port, or address): RFC 7296 §2.23
+    /// has the other side send everything there, so the connection's
+    /// outbound ESP-in-UDP should follow, not only IKE.
+    PeerMoved {
+        /// Connection name.
+        conn: String,
+        /// Where the peer's authenticated message came from.
+        remote: SocketAddr,
+    },
     /// An IKE SA is established (or replaced one by rekeying).
     IkeUp {
         /// Connection name.
@@ -3576,7 +3586,20 @@ impl Ike {
         let moved = local.port() != sa.local.port() || remote != sa.remote;
         if moved && (sa.nat || local.port() == self.ports.nat_t) {
             sa.local.set_port(local.port());
-            sa.remote = remote;
+            let was = std::mem::replace(&mut sa.remote, remote);
+            // Past IKE_SA_INIT's float to port 4500: a NAT's new mapping.
+            if sa.nat && sa.state == State::Established && was != remote {
+                let ci = sa.conn;
+                self.events.push_back(Event::PeerMoved {
+                    conn: self.conns[ci].name.clone(),
+                    remote,
+                });
+                self.log(
+                    Level::Info,
+                    Some(ci),
+                    format!("the peer moved from {was} to {remote} (NAT): IKE and ESP go there"),
+                );
+            }
         }
         if let Some(t) = p.iter().find_map(|x| match x {
             Payload::Unknown {

@@ -81,6 +81,21 @@ pub fn install_negotiated_all(
     })
 }
 
+/// [`Engine::set_peer_udp_port`] on every engine (each holds its copy of
+/// the outbound SAs); how many SAs changed in the first.
+pub fn set_peer_udp_port_all(
+    engines: &mut [&mut Engine],
+    conn: &str,
+    port: u16,
+) -> Result<usize, String> {
+    let mut first = None;
+    for e in engines.iter_mut() {
+        let n = e.set_peer_udp_port(conn, port)?;
+        first.get_or_insert(n);
+    }
+    Ok(first.unwrap_or(0))
+}
+
 /// [`Engine::del_sa`] wherever the SA is: an outbound SA is in every
 /// engine, an inbound one in one only. The answer is the first engine's
 /// that held it; an error only if none did.

@@ -25,7 +25,7 @@ mod dropped;
 mod status;
 
 pub use admin::{NegotiatedSa, SaChange, SaKeyView};
-pub use all::{add_sa_all, del_sa_all, install_negotiated_all};
+pub use all::{add_sa_all, del_sa_all, install_negotiated_all, set_peer_udp_port_all};
 pub use cluster::{ClusterOptions, ClusterReport, ClusterSaReport, LockState};
 pub use conn::{ConnSpec, Layers, MssClamp, SaSettings};
 pub use dropped::{Describe, DropContext, Dropped};
@@ -517,6 +517,43 @@ impl Engine {
         self.conns[conn].path_mtu = Some((mtu, now));
         self.fit_tfc(conn);
         Some(u32::try_from(fit).unwrap_or(u32::MAX))
+    }
+
+    /// The UDP port connection `conn`'s ESP-in-UDP goes to now: the peer's
+    /// port of its current outbound SA (for a peer behind a NAT, the port
+    /// the NAT chose, as IKE learnt it), else the configured
+    /// `remote_port`; `None` for raw ESP/AH or no such connection. For the
+    /// shell's NAT keepalives, which go where the ESP goes.
+    pub fn peer_udp_port(&self, conn: usize) -> Option<u16> {
+        let c = self.conns.get(conn).filter(|c| c.spec.udp)?;
+        let sa_port = c
+            .out_ids
+            .first()
+            .and_then(|&id| self.sad.get(id))
+            .and_then(|sa| match sa.config().encap {
+                Encap::Udp { dst_port, .. } => Some(dst_port),
+                Encap::None => None,
+            });
+        Some(sa_port.unwrap_or(c.spec.remote_port))
+    }
+
+    /// The peer of connection `name` now sends from UDP port `port` (IKE
+    /// saw its NAT give it another mapping): the connection's outbound
+    /// ESP-in-UDP SAs send there from the next packet (RFC 7296 §2.23).
+    /// Returns how many SAs changed; an error for no such connection.
+    pub fn set_peer_udp_port(&mut self, name: &str, port: u16) -> Result<usize, String> {
+        let ci = self.conn_index(name)?;
+        let mut changed = 0;
+        for &id in &self.conns[ci].out_ids {
+            if self
+                .sad
+                .get_mut(id)
+                .is_some_and(|sa| sa.set_peer_udp_port(port))
+            {
+                changed += 1;
+            }
+        }
+        Ok(changed)
     }
 
     /// The path MTU learnt for connection `conn`, while it holds.

@@ -560,6 +560,19 @@ impl Sa {
         (to < usize::from(asked)).then_some((asked, to))
     }
 
+    /// Sends ESP-in-UDP to the peer's UDP port `port` from now on (a NAT
+    /// gave the peer another mapping, RFC 7296 §2.23); true if that
+    /// changed anything. A raw SA is left alone.
+    pub fn set_peer_udp_port(&mut self, port: u16) -> bool {
+        match &mut self.cfg.encap {
+            Encap::Udp { dst_port, .. } if *dst_port != port => {
+                *dst_port = port;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Configuration (keys included; never log it with keys).
     pub fn config(&self) -> &SaConfig {
         &self.cfg

@@ -17,7 +17,9 @@ use espgate_api::control::secret_json;
 use espgate_api::ike::{ChildSaStatus, IkeDoc, IkeOpCost, IkeSaStatus};
 use espgate_config::LoadedConfig;
 use espgate_core::gateway::WorkerStats;
-use espgate_core::gateway::{del_sa_all, install_negotiated_all, Engine, NegotiatedSa};
+use espgate_core::gateway::{
+    del_sa_all, install_negotiated_all, set_peer_udp_port_all, Engine, NegotiatedSa,
+};
 use espgate_core::selector::TrafficSelector;
 use espgate_ike::engine::IkeSnapshot;
 use espgate_ike::engine::{CommandError, Event, Ike, IkeOp, IkeStatus, Level, Ports};
@@ -500,6 +502,33 @@ impl IkeDriver {
                         Err(e) => tracing::debug!(
                             "ike: connection \"{conn}\": removing SA {spi:#010x}: {e}"
                         ),
+                    }
+                }
+                Event::PeerMoved { conn, remote } => {
+                    // RFC 7296 §2.23: ESP follows the peer's new NAT
+                    // mapping, not only IKE. The outer address stays the
+                    // connection's `remote` (a new address would need
+                    // MOBIKE's address update, which is not built).
+                    let mut guards = lock_all(engines);
+                    let mut refs: Vec<&mut Engine> = guards.iter_mut().map(|g| &mut **g).collect();
+                    match set_peer_udp_port_all(&mut refs, &conn, remote.port()) {
+                        Ok(n) => tracing::info!(
+                            "ike: connection \"{conn}\": {n} outbound SA(s) now send ESP-in-UDP \
+                             to port {}",
+                            remote.port()
+                        ),
+                        Err(e) => tracing::warn!("ike: connection \"{conn}\": {e}"),
+                    }
+                    let configured = refs
+                        .first()
+                        .and_then(|e| e.connections().find(|c| c.name == conn))
+                        .map(|c| c.remote);
+                    if configured.is_some_and(|r| r.to_canonical() != remote.ip().to_canonical()) {
+                        tracing::warn!(
+                            "ike: connection \"{conn}\": the peer now sends from address {}, \
+                             not its configured remote; ESP still goes to the configured address",
+                            remote.ip()
+                        );
                     }
                 }
                 Event::IkeUp { conn, algorithms } => {

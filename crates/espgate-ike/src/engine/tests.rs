@@ -150,6 +150,7 @@ fn apply(e: &mut Ike, p: &mut Plane) {
             }
             Event::IkeUp { .. } => p.up += 1,
             Event::IkeDown { reason, .. } => p.down.push(reason),
+            Event::PeerMoved { conn, remote } => p.log.push(format!("moved {conn} {remote}")),
             Event::Log { level, message, .. } => {
                 eprintln!("[{level:?}] {message}");
                 p.lines.push((level, message));
@@ -832,6 +833,63 @@ fn inbound_esp_postpones_liveness_checks() {
     p.a.traffic_received(p.now, &[7]);
     assert_eq!(p.a.counter(IkeEvent::DpdSent), 1);
     assert_eq!(established(&p.a), 1);
+}
+
+/// RFC 7296 §2.23: behind a NAT that gives A a new port, B answers A's
+/// next request at the new port and reports the move once, so that the
+/// data plane sends ESP there too; the float to 4500 during the handshake
+/// is not reported.
+#[test]
+fn a_peer_moved_by_its_nat_is_followed_and_reported() {
+    let mut ca = conf(
+        A,
+        B,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16",
+        "10.1.0.0/16",
+        "10.2.0.0/16",
+    );
+    ca.dpd_delay = Duration::from_secs(10);
+    ca.force_encap = true;
+    let cb = conf(
+        B,
+        A,
+        "aes128gcm16-prfsha256-x25519",
+        "aes128gcm16",
+        "10.2.0.0/16",
+        "10.1.0.0/16",
+    );
+    let mut p = Pair::new(ca, cb);
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_eq!(established(&p.b), 1);
+    assert!(
+        !p.pb.log.iter().any(|l| l.starts_with("moved")),
+        "{:?}",
+        p.pb.log
+    );
+    // The liveness check leaves A from port 4500 and reaches B from 31000.
+    p.now += Duration::from_secs(11);
+    p.a.handle_timeout(p.now);
+    let t = p.a.poll_transmit().expect("a liveness check");
+    let nat: SocketAddr = format!("{A}:31000").parse().unwrap();
+    p.b.handle(p.now, t.remote, nat, &t.data);
+    apply(&mut p.b, &mut p.pb);
+    let moved: Vec<&String> = p.pb.log.iter().filter(|l| l.starts_with("moved")).collect();
+    assert_eq!(moved, [&format!("moved c {nat}")]);
+    let answer = p.b.poll_transmit().expect("the answer");
+    assert_eq!(answer.remote, nat);
+    // The next message from there is no move.
+    p.a.handle(p.now, answer.remote, answer.local, &answer.data);
+    p.now += Duration::from_secs(11);
+    p.a.handle_timeout(p.now);
+    let t = p.a.poll_transmit().expect("the next liveness check");
+    p.b.handle(p.now, t.remote, nat, &t.data);
+    apply(&mut p.b, &mut p.pb);
+    assert_eq!(
+        p.pb.log.iter().filter(|l| l.starts_with("moved")).count(),
+        1
+    );
 }
 
 #[test]
