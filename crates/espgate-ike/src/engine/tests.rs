@@ -841,25 +841,9 @@ fn inbound_esp_postpones_liveness_checks() {
 /// is not reported.
 #[test]
 fn a_peer_moved_by_its_nat_is_followed_and_reported() {
-    let mut ca = conf(
-        A,
-        B,
-        "aes128gcm16-prfsha256-x25519",
-        "aes128gcm16",
-        "10.1.0.0/16",
-        "10.2.0.0/16",
-    );
-    ca.dpd_delay = Duration::from_secs(10);
-    ca.force_encap = true;
-    let cb = conf(
-        B,
-        A,
-        "aes128gcm16-prfsha256-x25519",
-        "aes128gcm16",
-        "10.2.0.0/16",
-        "10.1.0.0/16",
-    );
-    let mut p = Pair::new(ca, cb);
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.a.conns[0].dpd_delay = Duration::from_secs(10);
+    p.a.conns[0].force_encap = true;
     p.a.initiate(p.now, "c").unwrap();
     p.run();
     assert_eq!(established(&p.b), 1);
