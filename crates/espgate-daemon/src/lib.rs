@@ -50,7 +50,6 @@ use espgate_config::{Encapsulation, LoadedConfig};
 use espgate_core::gateway::{Engine, EngineOptions};
 use espgate_core::wire::proto;
 use espgate_ike::config::QespMode;
-use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -340,16 +339,15 @@ pub fn run_hooked(
         .iter()
         .map(|c| CostsView::new(c.clone(), g.cost_accounting))
         .collect();
-    let keepalives: Vec<(SocketAddr, Duration)> = cfg
+    let keepalives: Vec<Duration> = cfg
         .connections
         .iter()
         .map(|c| {
-            let every = if c.encap == Encapsulation::Udp {
+            if c.encap == Encapsulation::Udp {
                 c.nat_keepalive
             } else {
                 Duration::ZERO
-            };
-            (SocketAddr::new(c.remote, c.remote_port), every)
+            }
         })
         .collect();
     let sources = sockets::udp_sources(

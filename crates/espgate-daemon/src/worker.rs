@@ -121,8 +121,9 @@ pub struct Worker<'a> {
     pub costs: Arc<CostCells>,
     /// Where IKE datagrams from the NAT-T socket go (when IKE runs).
     pub ike: Option<tokio::sync::mpsc::Sender<IkeDatagram>>,
-    /// NAT keepalives: every connection's interval (worker 0 sends them).
-    pub keepalives: Vec<(SocketAddr, Duration)>,
+    /// NAT keepalives: every connection's interval, zero for none (worker
+    /// 0 sends them).
+    pub keepalives: Vec<Duration>,
     /// The source address each connection's ESP-in-UDP names, by
     /// connection index: its `local` when the UDP socket is bound to the
     /// wildcard address, else `None` (the route's choice, or the bound
@@ -369,17 +370,22 @@ impl<'a> Worker<'a> {
     /// RFC 3948 §2.3: a one-byte 0xFF datagram to each ESP-in-UDP peer that
     /// has not been sent anything for its `nat_keepalive`, so that a NAT on
     /// the way keeps its mapping. The peer ignores it. It goes where the
-    /// connection's ESP goes ([`Engine::peer_udp_port`]).
+    /// connection's ESP goes: its `remote`, at the port of its current
+    /// SA ([`Engine::peer_udp_port`]).
     fn keepalives(&self, engine: &Engine, last_tx: &mut [Duration], counters: &WorkerCounters) {
         let Some(u) = &self.sockets.udp else { return };
         let now = self.start.elapsed();
-        for (ci, (dst, every)) in self.keepalives.iter().enumerate() {
+        let conns = engine.connections().zip(&self.keepalives).enumerate();
+        for (ci, (c, every)) in conns {
             if every.is_zero() || ci >= last_tx.len() || now.saturating_sub(last_tx[ci]) < *every {
                 continue;
             }
+            let Some(port) = engine.peer_udp_port(ci) else {
+                continue;
+            };
             last_tx[ci] = now;
             let src = self.sources.get(ci).copied().flatten();
-            let dst = SocketAddr::new(dst.ip(), engine.peer_udp_port(ci).unwrap_or(dst.port()));
+            let dst = SocketAddr::new(c.remote, port);
             match u.send(&[0xff], dst, 0, src) {
                 Ok(_) => counters.keepalives_sent.incr(),
                 Err(e) => tracing::debug!("NAT keepalive to {dst}: {e}"),
