@@ -12,13 +12,14 @@ with SIGKILL is replaced: the new leader re-establishes the tunnel."""
 
 import os
 import secrets
+import shutil
 import subprocess
 import threading
 import time
 
 import pytest
 
-from test_cluster import etcd_cluster, udp_stream, wait_plan
+from test_cluster import assert_nothing_lost, etcd_cluster, udp_stream, wait_plan
 from test_gateway import lab, run  # noqa: F401 (lab is a fixture)
 from test_ike import wait_for
 from test_ike_strongswan import CHARON, PLUGINS, Charon
@@ -125,11 +126,12 @@ def both_ways(c, seconds=4, rate="2M"):
     return [udp_stream(c, seconds, rate=rate, length=500, reverse=rev, port=5310 + rev) for rev in (False, True)]
 
 
-def check_spread(c, rows_before, daemons=None):
-    """Every node processed part of each direction since `rows_before`."""
+def check_spread(c, rows_before, daemons=None, directions=(True, False)):
+    """Every node processed part of each direction (outbound: True) since
+    `rows_before`."""
     daemons = daemons or c.daemons
     rows = [shared_rows(d) for d in daemons]
-    for direction in (True, False):
+    for direction in directions:
         done = [r[direction]["processed"] - b[direction]["processed"] for r, b in zip(rows, rows_before)]
         assert all(n > 0 for n in done), (direction, done, rows)
 
@@ -314,3 +316,47 @@ def test_the_leader_rekeys_under_traffic_and_nothing_is_lost(lab):
     drops = c.b.status()["drops"]
     print(f"\n{rekeys} child rekeys in 18 s of streams: 0 lost; peer drops {drops}")
     assert drops.get("integrity", 0) == 0 and drops.get("replay", 0) == 0, drops
+
+
+@pytest.mark.skipif(shutil.which("nft") is None or shutil.which("conntrack") is None,
+                    reason="needs nft and conntrack (scripts/setup.sh)")
+def test_every_node_follows_a_peer_its_nat_maps_anew(lab):
+    """The peer sits behind a NAT that gives each flow a random source port
+    (nftables `masquerade random` in its own namespace). The NAT forgets
+    its mappings (conntrack flushed) and maps the peer anew: the leader's
+    IKE sees the new port at the peer's next message and moves its SAs
+    (RFC 7296 §2.23); the followers, which run no IKE, follow through etcd
+    (the shared SA's ports), with no rekey. Before that, every follower
+    kept sending its share of the cluster's ESP to the old port, where
+    nothing listens any more."""
+    c, e = ike_cluster(lab)
+    with_ike(c.b, ike_section('start_action = "start"\ndpd_delay = "2s"'),
+             ids=("peer.example", "cluster.example"))
+    run("ip", "netns", "exec", c.peer, "nft", "-f", "-", input="""
+table ip espgate_test_nat {
+    chain post {
+        type nat hook postrouting priority srcnat; policy accept;
+        oifname "eth0" masquerade random
+    }
+}
+""")
+    e.start()
+    c.start()
+    leader = wait_plan(c, [1, 2, 3], 20)[0]["leader"]
+    logs = c.daemons + [c.b]
+    wait("the shared SAs on every node", lambda: all_shared(c), 30, logs)
+    spis = {s["spi"] for s in all_shared(c)[0].values()}
+    run("ip", "netns", "exec", c.peer, "conntrack", "-F", check=False)
+    followers = [d for i, d in enumerate(c.daemons, 1) if i != leader]
+    moved = "the peer's NAT moved it to port"
+    wait("the followers told of the new port", lambda: all(moved in d.log_text() for d in followers),
+         30, logs)
+    assert "outbound SA(s) now send ESP-in-UDP to port" in c.daemons[leader - 1].log_text()
+    before = all_shared(c)
+    kernel_before = c.kernel_counters()
+    end = udp_stream(c, 4, rate="2M", length=500, port=5320)
+    assert end["packets"] > 1000, end
+    assert_nothing_lost(c, end, kernel_before)
+    check_spread(c, before, directions=(True,))
+    now = all_shared(c)
+    assert now and {s["spi"] for s in now[0].values()} == spis, "followed by a rekey, not by the move"

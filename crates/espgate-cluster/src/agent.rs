@@ -1158,6 +1158,14 @@ impl State {
                     sa.name(),
                     sa.conn
                 ),
+                Some(h) if h.encap != sa.encap => format!(
+                    "updates SA {} of connection \"{}\": the peer's NAT moved it to UDP port {} \
+                     (share_from {from})",
+                    sa.name(),
+                    sa.conn,
+                    sa.encap
+                        .map_or_else(|| "none".to_string(), |(_, peer)| peer.to_string())
+                ),
                 Some(_) => format!(
                     "updates SA {} of connection \"{}\" (share_from {from})",
                     sa.name(),

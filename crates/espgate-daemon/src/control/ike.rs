@@ -519,6 +519,10 @@ impl IkeDriver {
                         ),
                         Err(e) => tracing::warn!("ike: connection \"{conn}\": {e}"),
                     }
+                    if let Some(cl) = self.cluster.as_mut() {
+                        // The other nodes follow through etcd.
+                        cl.shared.peer_moved(&conn, remote.port());
+                    }
                     let configured = refs
                         .first()
                         .and_then(|e| e.connections().find(|c| c.name == conn))

@@ -9,7 +9,9 @@
 use espgate_api::cluster::{ClusterSas, SharedSa};
 use espgate_core::cluster::NodeId;
 use espgate_core::crypto::Suite;
-use espgate_core::gateway::{del_sa_all, install_negotiated_all, Engine, NegotiatedSa};
+use espgate_core::gateway::{
+    del_sa_all, install_negotiated_all, set_peer_udp_port_all, Engine, NegotiatedSa,
+};
 use espgate_core::sa::Protocol;
 use espgate_core::selector::TrafficSelector;
 use std::time::Duration;
@@ -133,6 +135,27 @@ impl SharedSas {
         self.generation += 1;
     }
 
+    /// IKE saw the peer of `conn` move to UDP port `port` (its NAT mapped
+    /// it anew; the daemon has moved this node's SAs already): the shared
+    /// entries of the connection say so too, so that the leader's agent
+    /// publishes them again and the other nodes' ESP follows at once, not
+    /// at the next rekey. Returns how many entries changed.
+    pub fn peer_moved(&mut self, conn: &str, port: u16) -> usize {
+        let mut changed = 0;
+        for x in self.entries.iter_mut().filter(|x| x.sa.conn == conn) {
+            if let Some((ours, peer)) = x.sa.encap {
+                if peer != port {
+                    x.sa.encap = Some((ours, port));
+                    changed += 1;
+                }
+            }
+        }
+        if changed > 0 {
+            self.generation += 1;
+        }
+        changed
+    }
+
     /// Drops the entries whose SA is gone from the engine (removed by IKE,
     /// or replaced by a newer outbound SA), and removes the retired ones
     /// that are due.
@@ -236,6 +259,21 @@ impl SharedSas {
                 .iter_mut()
                 .find(|x| x.sa.spi == s.spi && x.sa.outbound == s.outbound)
             {
+                if x.imported && x.sa.encap != s.encap {
+                    // The leader's IKE saw the peer's NAT move it.
+                    x.sa.encap = s.encap;
+                    self.generation += 1;
+                    if let (true, Some((_, port))) = (s.outbound, s.encap) {
+                        match set_peer_udp_port_all(engines, &s.conn, port) {
+                            Ok(n) => tracing::info!(
+                                "cluster: connection \"{}\": the peer's NAT moved it to port \
+                                 {port} (from etcd): {n} outbound SA(s) now send there",
+                                s.conn
+                            ),
+                            Err(err) => lines.push(format!("cluster: {}: {err}", s.name())),
+                        }
+                    }
+                }
                 if x.imported && x.sa.share_from != s.share_from {
                     x.sa.share_from = s.share_from;
                     self.generation += 1;
@@ -351,4 +389,104 @@ fn install(engines: &mut [&mut Engine], s: &SharedSa, now: Duration) -> Result<S
         selectors: &selectors,
     };
     install_negotiated_all(engines, &sa, now).map(|c| c.message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use espgate_core::buf::PacketBuf;
+    use espgate_core::cluster::{Dispatch, Plan};
+    use espgate_core::gateway::{ClusterOptions, EngineOptions, Layers};
+    use espgate_core::sa::Growth;
+    use espgate_testkit::{opts, side, udp4, Shape};
+
+    const T: Duration = Duration::from_secs(1);
+
+    /// Site A's node `id` of a cluster keyed by IKE over ESP-in-UDP.
+    fn node(id: NodeId) -> Engine {
+        let o = EngineOptions {
+            cluster: Some(ClusterOptions {
+                node: id,
+                dispatch: Dispatch::PacketRr,
+                hold: Duration::from_secs(10),
+            }),
+            ..opts()
+        };
+        let mut c = side(true, Shape::new(Layers::Esp, true));
+        c.negotiated = vec![Growth {
+            fixed: 98,
+            trailer: 2,
+            align: 1,
+        }];
+        let mut e = Engine::new(&[c], &o, T).unwrap();
+        e.cluster_plan(Plan::new(1, [1, 2]), Some(1), T);
+        e
+    }
+
+    /// The UDP destination port of the next packet `e` sends (the owner
+    /// of the SA: the others leave its packets to it until it shares).
+    fn sends_to(e: &mut Engine) -> u16 {
+        let mut buf = PacketBuf::with_capacity(2000);
+        buf.load(&udp4("10.1.0.5", "10.2.0.9", 10));
+        assert_eq!(e.outbound(&mut buf, T), Ok(Some(0)));
+        let b = buf.as_slice();
+        u16::from_be_bytes([b[22], b[23]])
+    }
+
+    #[test]
+    fn a_peer_moved_by_its_nat_is_followed_by_every_node() {
+        // The leader (node 1) negotiated a pair with a peer that its NAT
+        // showed at port 31000; node 2 installed it from etcd.
+        let key = hex::decode(espgate_testkit::keys::K_NEW_AB).unwrap();
+        let (mut leader, mut follower) = (node(1), node(2));
+        let (mut ls, mut fs) = (SharedSas::new(1), SharedSas::new(2));
+        for (outbound, spi) in [(true, 0x4001), (false, 0x4002)] {
+            let sa = NegotiatedSa {
+                conn: "peer",
+                outbound,
+                protocol: Protocol::Esp,
+                spi,
+                suite: "aes128gcm16".parse().unwrap(),
+                enc_key: &key,
+                integ_key: &[],
+                esn: true,
+                encap: Some((4500, 31000)),
+                slot: 0,
+                selectors: &[],
+            };
+            install_negotiated_all(&mut [&mut leader], &sa, T).unwrap();
+            ls.negotiated(&mut leader, &sa, T);
+        }
+        let first = ls.export();
+        fs.reconcile(&mut [&mut follower], &first.sas, T);
+        assert!(fs.has(0x4001, true) && fs.has(0x4002, false));
+        assert_eq!(follower.peer_udp_port(0), Some(31000));
+        assert_eq!(sends_to(&mut leader), 31000);
+
+        // The NAT mapped the peer anew: IKE moved the leader's SAs, and
+        // its table says so in a new generation, for both entries.
+        set_peer_udp_port_all(&mut [&mut leader], "peer", 32000).unwrap();
+        assert_eq!(ls.peer_moved("peer", 32000), 2);
+        assert_eq!(ls.peer_moved("peer", 32000), 0, "said once");
+        assert_eq!(ls.peer_moved("other", 1), 0);
+        let moved = ls.export();
+        assert!(moved.generation > first.generation);
+        assert!(moved.sas.iter().all(|s| s.encap == Some((4500, 32000))));
+        assert_eq!(sends_to(&mut leader), 32000);
+
+        // The follower's SA says so from etcd's next list on (its outer
+        // header and keepalives come from it), without a rekey; the SAs
+        // are the same ones.
+        let before = fs.export().generation;
+        fs.reconcile(&mut [&mut follower], &moved.sas, T);
+        assert_eq!(follower.peer_udp_port(0), Some(32000));
+        assert!(fs.has(0x4001, true) && fs.has(0x4002, false));
+        let after = fs.export();
+        assert!(after.generation > before);
+        assert!(after.sas.iter().all(|s| s.encap == Some((4500, 32000))));
+        // An older list (etcd lagging behind) does not move this node's
+        // own SAs back: only imported entries follow the list.
+        ls.reconcile(&mut [&mut leader], &first.sas, T);
+        assert_eq!(sends_to(&mut leader), 32000);
+    }
 }
