@@ -331,6 +331,10 @@ def test_esp_follows_the_peer_when_its_nat_maps_it_anew(lab):
              30, (a, b))
     assert "outbound SA(s) now send ESP-in-UDP to port" in b.log_text(), b.log_text()[-3000:]
     assert b.sas("out")[0]["spi"] == spi, "followed by a rekey, not by the move"
+    # `sa list` shows where each SA's ESP goes now, and where it comes from.
+    assert b.sas("out")[0]["udp_ports"] == [4500, second], b.sas("out")
+    assert b.sas("in")[0]["udp_ports"] == [second, 4500], b.sas("in")
+    assert f"tunnel/udp 4500>{second}" in ctl(b, "sa", "list").stdout
     assert a.stop() == 0 and b.stop() == 0
 
 

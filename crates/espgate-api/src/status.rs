@@ -173,6 +173,11 @@ pub struct SaStatus {
     pub mode: String,
     /// `udp` or `none`.
     pub encap: String,
+    /// ESP-in-UDP: the UDP source and destination ports of the SA's
+    /// packets (outbound: ours, then the peer's, which IKE may have learnt
+    /// from the peer's NAT; inbound: the peer's, then ours).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp_ports: Option<(u16, u16)>,
     /// 64-bit sequence numbers.
     pub esn: bool,
     /// Packets processed.
@@ -335,7 +340,10 @@ fn sa_row(s: &SaStatus, with_conn: bool) -> Vec<String> {
         },
         s.protocol.clone(),
         s.suite.clone(),
-        format!("{}/{}", s.mode, s.encap),
+        match s.udp_ports {
+            Some((src, dst)) => format!("{}/{} {src}>{dst}", s.mode, s.encap),
+            None => format!("{}/{}", s.mode, s.encap),
+        },
         s.packets.to_string(),
         si(s.bytes),
         seq_cell(s),
@@ -588,6 +596,12 @@ mod tests {
             suite: "aes128gcm16".into(),
             mode: "tunnel".into(),
             encap: "udp".into(),
+            // A peer behind a NAT that gave it port 31000.
+            udp_ports: Some(if dir == "out" {
+                (4500, 31000)
+            } else {
+                (31000, 4500)
+            }),
             esn: false,
             packets: 3,
             bytes: 3 * 84,
@@ -661,9 +675,9 @@ TUN espgate0 mtu 1438, encap udp, listen 0.0.0.0:4500, 1 worker thread(s), offlo
 connection site-b: tunnel esp over udp, 192.0.2.1 -> 192.0.2.2:4500
   10.1.0.0/24 <-> 10.2.0.0/24
   10.1.0.0/24 <-> 10.3.0.0/24
-  DIR  SPI         PROTO  SUITE        MODE        PACKETS  BYTES  SEQ  LIFETIME  DROPS
-  in   0x00001001  esp    aes128gcm16  tunnel/udp  3        252    3    59m0s     replay=2
-  out  0x00001002  esp    aes128gcm16  tunnel/udp  3        252    4    -         -
+  DIR  SPI         PROTO  SUITE        MODE                   PACKETS  BYTES  SEQ  LIFETIME  DROPS
+  in   0x00001001  esp    aes128gcm16  tunnel/udp 31000>4500  3        252    3    59m0s     replay=2
+  out  0x00001002  esp    aes128gcm16  tunnel/udp 4500>31000  3        252    4    -         -
 
 drops: replay=2, unknown_spi=1
 counters: keepalives=0, tun_rx=3
@@ -715,9 +729,9 @@ counters: keepalives=0, tun_rx=3
         sas[1].connection = "a-longer-name".into();
         sas[1].lifetime.state = "soft_expired".into();
         let want = "\
-CONNECTION     DIR  SPI          PROTO  SUITE        MODE        PACKETS  BYTES  SEQ  LIFETIME      DROPS
-site-b         in   0x00001001   esp    aes128gcm16  tunnel/udp  3        252    3    59m0s         replay=2
-a-longer-name  out  0x00001002+  esp    aes128gcm16  tunnel/udp  3        252    4    soft-expired  -
+CONNECTION     DIR  SPI          PROTO  SUITE        MODE                   PACKETS  BYTES  SEQ  LIFETIME      DROPS
+site-b         in   0x00001001   esp    aes128gcm16  tunnel/udp 31000>4500  3        252    3    59m0s         replay=2
+a-longer-name  out  0x00001002+  esp    aes128gcm16  tunnel/udp 4500>31000  3        252    4    soft-expired  -
 (+ added by `espgate sa add`: a run-time change, gone when the daemon restarts)
 ";
         let text = render_sa_list(&sas);

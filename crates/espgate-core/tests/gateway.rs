@@ -907,6 +907,29 @@ fn a_peer_behind_a_nat_is_sent_to_at_the_port_ike_learnt() {
     assert_eq!(a.peer_udp_port(1), None, "no such connection");
     let (raw, _) = pair(Layers::Esp, false);
     assert_eq!(raw.peer_udp_port(0), None, "raw ESP has no port");
+
+    // The NAT maps the peer anew: the outbound SA sends to the new port,
+    // and the published entries (`sa list`) show it both ways.
+    let inbound = NegotiatedSa {
+        encap: Some((4500, 31000)),
+        ..gcm_child(false, 0x4002, &key, 0, &[])
+    };
+    a.install_negotiated(&inbound, T).unwrap();
+    assert_eq!(a.set_peer_udp_port("peer", 32000), Ok(1));
+    assert_eq!(a.set_peer_udp_port("peer", 32000), Ok(0), "once");
+    assert_eq!(a.peer_udp_port(0), Some(32000));
+    let ports = |spi| {
+        let sas = a.stats().sas();
+        sas.iter().find(|s| s.spi == spi).map(|s| s.encap)
+    };
+    let udp = |src_port, dst_port| Some(Encap::Udp { src_port, dst_port });
+    assert_eq!(ports(0x4001), udp(4500, 32000));
+    assert_eq!(
+        ports(0x4002),
+        udp(32000, 4500),
+        "inbound: peer's port first"
+    );
+    assert!(a.set_peer_udp_port("nobody", 1).is_err());
 }
 
 /// A and B as IKE keys them (`negotiated` not empty) over raw IP, with

@@ -118,6 +118,10 @@ fn sa_status(conn: &str, e: &SaEntry, now: Duration) -> SaStatus {
             Encap::Udp { .. } => "udp",
         }
         .into(),
+        udp_ports: match e.encap {
+            Encap::None => None,
+            Encap::Udp { src_port, dst_port } => Some((src_port, dst_port)),
+        },
         esn: e.esn,
         packets,
         bytes,

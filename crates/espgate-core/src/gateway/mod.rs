@@ -539,21 +539,33 @@ impl Engine {
 
     /// The peer of connection `name` now sends from UDP port `port` (IKE
     /// saw its NAT give it another mapping): the connection's outbound
-    /// ESP-in-UDP SAs send there from the next packet (RFC 7296 §2.23).
-    /// Returns how many SAs changed; an error for no such connection.
+    /// ESP-in-UDP SAs send there from the next packet (RFC 7296 §2.23),
+    /// and its inbound ones show it in the status. Returns how many
+    /// outbound SAs changed; an error for no such connection.
     pub fn set_peer_udp_port(&mut self, name: &str, port: u16) -> Result<usize, String> {
         let ci = self.conn_index(name)?;
-        let mut changed = 0;
-        for &id in &self.conns[ci].out_ids {
-            if self
-                .sad
-                .get_mut(id)
-                .is_some_and(|sa| sa.set_peer_udp_port(port))
-            {
-                changed += 1;
+        let c = &self.conns[ci];
+        let mut changed = (0, 0);
+        for (ids, outbound) in [(&c.out_ids, true), (&c.in_ids, false)] {
+            for &id in ids {
+                if self
+                    .sad
+                    .get_mut(id)
+                    .is_some_and(|sa| sa.set_peer_udp_port(port, outbound))
+                {
+                    if outbound {
+                        changed.0 += 1;
+                    } else {
+                        changed.1 += 1;
+                    }
+                }
             }
         }
-        Ok(changed)
+        if changed != (0, 0) {
+            // `sa list` reads the ports from the published entries.
+            self.publish();
+        }
+        Ok(changed.0)
     }
 
     /// The path MTU learnt for connection `conn`, while it holds.

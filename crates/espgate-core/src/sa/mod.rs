@@ -560,13 +560,19 @@ impl Sa {
         (to < usize::from(asked)).then_some((asked, to))
     }
 
-    /// Sends ESP-in-UDP to the peer's UDP port `port` from now on (a NAT
-    /// gave the peer another mapping, RFC 7296 §2.23); true if that
-    /// changed anything. A raw SA is left alone.
-    pub fn set_peer_udp_port(&mut self, port: u16) -> bool {
+    /// The peer's UDP port is `port` from now on (a NAT gave the peer
+    /// another mapping, RFC 7296 §2.23): an outbound SA sends ESP-in-UDP
+    /// there; an inbound SA (which accepts any source port) records it as
+    /// the source of its packets, for the status. True if that changed
+    /// anything. A raw SA is left alone.
+    pub fn set_peer_udp_port(&mut self, port: u16, outbound: bool) -> bool {
         match &mut self.cfg.encap {
-            Encap::Udp { dst_port, .. } if *dst_port != port => {
+            Encap::Udp { dst_port, .. } if outbound && *dst_port != port => {
                 *dst_port = port;
+                true
+            }
+            Encap::Udp { src_port, .. } if !outbound && *src_port != port => {
+                *src_port = port;
                 true
             }
             _ => false,

@@ -865,6 +865,7 @@ mod tests {
             suite: "aes128gcm16".into(),
             mode: "tunnel".into(),
             encap: "udp".into(),
+            udp_ports: Some((4500, 4500)),
             esn: false,
             packets: 3,
             bytes: 252,
