@@ -329,12 +329,47 @@ def test_esp_follows_the_peer_when_its_nat_maps_it_anew(lab):
     assert second != first, "the NAT kept its port; run again"
     wait_for("B's ESP at the new port", lambda: ping(b.ns, "10.1.0.1", "10.2.0.1", count=1).returncode == 0,
              30, (a, b))
-    assert "outbound SA(s) now send ESP-in-UDP to port" in b.log_text(), b.log_text()[-3000:]
+    assert f"outbound SA(s) now send ESP-in-UDP to 192.0.2.1:{second}" in b.log_text(), b.log_text()[-3000:]
     assert b.sas("out")[0]["spi"] == spi, "followed by a rekey, not by the move"
     # `sa list` shows where each SA's ESP goes now, and where it comes from.
     assert b.sas("out")[0]["udp_ports"] == [4500, second], b.sas("out")
     assert b.sas("in")[0]["udp_ports"] == [second, 4500], b.sas("in")
     assert f"tunnel/udp 4500>{second}" in ctl(b, "sa", "list").stdout
+    assert a.stop() == 0 and b.stop() == 0
+
+
+@pytest.mark.skipif(NFT is None or CONNTRACK is None or not shutil.which("tcpdump"),
+                    reason="needs nft, conntrack and tcpdump (scripts/setup.sh)")
+def test_esp_follows_the_peer_when_its_nat_moves_it_to_another_address(lab):
+    """The NAT's public address changes (another uplink, a new lease) and
+    its mappings go with it: A's next IKE message arrives from R's new
+    address and a new port. B moves IKE and the existing child SA's ESP
+    there (RFC 7296 §2.23), and its NAT keepalives, with no rekey. Before,
+    B's ESP kept going to the configured remote, which maps to nothing any
+    more."""
+    from test_gateway import capture_one
+    from scapy.all import UDP
+    a, b, r_ns = behind_nat(lab, a_ike='dpd_delay = "2s"')
+    assert_ping(b.ns, "10.1.0.1", "10.2.0.1", daemons=(a, b))
+    spi = b.sas("out")[0]["spi"]
+    run("ip", "-n", r_ns, "addr", "add", "192.0.2.3/24", "dev", "rb")
+    run("ip", "netns", "exec", r_ns, "nft", "-f", "-", input="""
+flush table ip espgate_test_nat
+table ip espgate_test_nat {
+    chain post {
+        type nat hook postrouting priority srcnat; policy accept;
+        oifname "rb" snat to 192.0.2.3 random
+    }
+}
+""")
+    run("ip", "netns", "exec", r_ns, "conntrack", "-F", check=False)
+    wait_for("B's ESP at the NAT's new address", lambda: ping(b.ns, "10.1.0.1", "10.2.0.1", count=1).returncode == 0,
+             30, (a, b))
+    assert "outbound SA(s) now send ESP-in-UDP to 192.0.2.3:" in b.log_text(), b.log_text()[-3000:]
+    assert b.sas("out")[0]["spi"] == spi, "followed by a rekey, not by the move"
+    assert_ping(a.ns, "10.2.0.1", "10.1.0.1", daemons=(a, b))
+    ka = capture_one(lab, b.ns, "vb", "udp and dst host 192.0.2.3 and less 60", lambda: None, timeout=15)
+    assert bytes(ka[UDP].payload) == b"\xff", ka.summary()
     assert a.stop() == 0 and b.stop() == 0
 
 

@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::net::IpAddr;
 use zeroize::Zeroize;
 
 /// The dispatch plan: the live members in dispatch order.
@@ -113,6 +114,10 @@ pub struct SharedSa {
     /// UDP encapsulation ports (ours, the peer's), when NAT-T is in use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encap: Option<(u16, u16)>,
+    /// The peer's address where the leader's IKE found it (a NAT may have
+    /// moved it away from the connection's `remote`); `None`: `remote`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<IpAddr>,
     /// The node whose IKE negotiated it: it alone processes the SA's
     /// packets until `share_from`.
     pub owner: u16,

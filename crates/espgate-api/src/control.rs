@@ -716,6 +716,7 @@ mod tests {
             integ_key: String::new(),
             esn: true,
             encap: Some((4500, 4500)),
+            peer: None,
             owner: 2,
             share_from: None,
             selectors: vec!["10.1.0.0/16 10.2.1.0/24 any 0-65535 0-65535".into()],

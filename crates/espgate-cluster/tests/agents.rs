@@ -690,6 +690,7 @@ fn negotiated(owner: u16, spi: u32, outbound: bool, enc_key: &str) -> SharedSa {
         integ_key: String::new(),
         esn: true,
         encap: None,
+        peer: None,
         owner,
         share_from: None,
         selectors: Vec::new(),

@@ -783,6 +783,7 @@ fn gcm_child<'a>(
         integ_key: &[],
         esn: false,
         encap: None,
+        peer: None,
         slot,
         selectors,
     }
@@ -858,6 +859,7 @@ fn negotiated_sas_take_the_connection_shape() {
         integ_key: &[],
         esn: true,
         encap: None,
+        peer: None,
         protocol: Protocol::Esp,
         slot: 0,
         selectors: &[],
@@ -879,57 +881,112 @@ fn negotiated_sas_take_the_connection_shape() {
     assert!(e.unwrap_err().contains("no connection named \"x\""));
 }
 
+/// The outer IPv4 header's destination address and UDP ports of `buf`,
+/// after checking the header's checksum.
+fn outer_dst(buf: &PacketBuf) -> (std::net::IpAddr, u16, u16) {
+    let p = buf.as_slice();
+    let sum: u32 = p[..20]
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    let folded = (sum & 0xffff) + (sum >> 16);
+    assert_eq!(
+        (folded & 0xffff) + (folded >> 16),
+        0xffff,
+        "header checksum"
+    );
+    let be = |i: usize| u16::from_be_bytes([p[i], p[i + 1]]);
+    let dst = std::net::Ipv4Addr::new(p[16], p[17], p[18], p[19]);
+    (dst.into(), be(20), be(22))
+}
+
 #[test]
-fn a_peer_behind_a_nat_is_sent_to_at_the_port_ike_learnt() {
+fn a_peer_behind_a_nat_is_sent_to_where_ike_found_it() {
     // IKE saw the peer at port 31000 of its NAT: the negotiated SA, the
-    // outer header the engine builds and the port the shell's keepalives
-    // use all say 31000, not the configured 4500.
-    let (mut a, _) = pair(Layers::Esp, true);
-    assert_eq!(a.peer_udp_port(0), Some(4500));
+    // outer header the engine builds and the address the shell's
+    // keepalives use all say 31000, not the configured 4500.
+    let (mut a, mut b) = pair(Layers::Esp, true);
+    let at = |ip: &str, port| std::net::SocketAddr::new(ip.parse().unwrap(), port);
+    assert_eq!(a.peer_udp(0), Some(at("192.0.2.2", 4500)));
     let key = hex(K_NEW_AB);
     let sa = NegotiatedSa {
         encap: Some((4500, 31000)),
         ..gcm_child(true, 0x4001, &key, 0, &[])
     };
     a.install_negotiated(&sa, T).unwrap();
-    assert_eq!(a.peer_udp_port(0), Some(31000));
+    assert_eq!(a.peer_udp(0), Some(at("192.0.2.2", 31000)));
     let mut buf = PacketBuf::with_capacity(2000);
-    buf.load(&udp4("10.1.0.5", "10.2.0.9", 10));
-    assert_eq!(a.outbound(&mut buf, T), Ok(Some(0)), "{:?}", drops(&a));
-    let udp = &buf.as_slice()[20..24];
+    let send = |a: &mut Engine, buf: &mut PacketBuf| {
+        buf.load(&udp4("10.1.0.5", "10.2.0.9", 10));
+        assert_eq!(a.outbound(buf, T), Ok(Some(0)), "{:?}", drops(a));
+        outer_dst(buf)
+    };
     assert_eq!(
-        (
-            u16::from_be_bytes([udp[0], udp[1]]),
-            u16::from_be_bytes([udp[2], udp[3]])
-        ),
-        (4500, 31000)
+        send(&mut a, &mut buf),
+        ("192.0.2.2".parse().unwrap(), 4500, 31000)
     );
-    assert_eq!(a.peer_udp_port(1), None, "no such connection");
+    assert_eq!(a.peer_udp(1), None, "no such connection");
     let (raw, _) = pair(Layers::Esp, false);
-    assert_eq!(raw.peer_udp_port(0), None, "raw ESP has no port");
+    assert_eq!(raw.peer_udp(0), None, "raw ESP has no port");
 
-    // The NAT maps the peer anew: the outbound SA sends to the new port,
-    // and the published entries (`sa list`) show it both ways.
+    // The NAT maps the peer anew, from another public address and port:
+    // the outbound SA sends there (its outer header built again, and B
+    // still opens it), and the published entries (`sa list`, the kernel
+    // filter, wireshark-keys) say so both ways.
+    let key_in = hex(K_BA);
     let inbound = NegotiatedSa {
         encap: Some((4500, 31000)),
-        ..gcm_child(false, 0x4002, &key, 0, &[])
+        ..gcm_child(false, 0x4002, &key_in, 0, &[])
     };
     a.install_negotiated(&inbound, T).unwrap();
-    assert_eq!(a.set_peer_udp_port("peer", 32000), Ok(1));
-    assert_eq!(a.set_peer_udp_port("peer", 32000), Ok(0), "once");
-    assert_eq!(a.peer_udp_port(0), Some(32000));
+    b.install_negotiated(&gcm_child(false, 0x4001, &key, 0, &[]), T)
+        .unwrap();
+    let moved = at("192.0.2.7", 32000);
+    assert_eq!(a.set_peer("peer", moved), Ok(1));
+    assert_eq!(a.set_peer("peer", moved), Ok(0), "once");
+    assert_eq!(a.peer_udp(0), Some(moved));
+    assert_eq!(send(&mut a, &mut buf), (moved.ip(), 4500, 32000));
+    let from = moved.ip();
+    assert_eq!(
+        b.inbound(&mut buf, T, from),
+        Ok(Received::Packet),
+        "{:?}",
+        drops(&b)
+    );
     let ports = |spi| {
         let sas = a.stats().sas();
         sas.iter().find(|s| s.spi == spi).map(|s| s.encap)
     };
     let udp = |src_port, dst_port| Some(Encap::Udp { src_port, dst_port });
     assert_eq!(ports(0x4001), udp(4500, 32000));
-    assert_eq!(
-        ports(0x4002),
-        udp(32000, 4500),
-        "inbound: peer's port first"
-    );
-    assert!(a.set_peer_udp_port("nobody", 1).is_err());
+    assert_eq!(ports(0x4002), udp(32000, 4500), "inbound: peer's first");
+    let mut filter = Vec::new();
+    a.udp_inbound_sas(&mut filter);
+    assert!(filter.contains(&(0x4002, moved.ip())), "{filter:?}");
+    let keys = a.sa_keys();
+    let k = keys.iter().find(|k| k.config.spi == 0x4001).unwrap();
+    assert_eq!(k.dst, moved.ip());
+
+    // An IPv4-mapped address is the IPv4 one; the other family cannot be
+    // followed (the outer header would change size) and changes nothing.
+    let mapped = at("::ffff:192.0.2.8", 33000);
+    assert_eq!(a.set_peer("peer", mapped), Ok(1));
+    let moved = at("192.0.2.8", 33000);
+    assert_eq!(a.peer_udp(0), Some(moved));
+    let e = a.set_peer("peer", at("2001:db8::8", 4500)).unwrap_err();
+    assert!(e.contains("not of the family of its remote"), "{e}");
+    assert_eq!(a.peer_udp(0), Some(moved));
+    assert!(a.set_peer("nobody", moved).is_err());
+
+    // A rekey with the moved peer keeps sending where IKE found it.
+    let key_new = hex(K_AB);
+    let rekeyed = NegotiatedSa {
+        encap: Some((4500, 33000)),
+        peer: Some(moved.ip()),
+        ..gcm_child(true, 0x4003, &key_new, 0, &[])
+    };
+    a.install_negotiated(&rekeyed, T).unwrap();
+    assert_eq!(send(&mut a, &mut buf), (moved.ip(), 4500, 33000));
 }
 
 /// A and B as IKE keys them (`negotiated` not empty) over raw IP, with
@@ -1058,6 +1115,7 @@ fn manually_keyed_connections_keep_esp_and_qesp_apart() {
         integ_key: &[],
         esn: false,
         encap: None,
+        peer: None,
         slot: 0,
         selectors: &[],
     };

@@ -370,22 +370,20 @@ impl<'a> Worker<'a> {
     /// RFC 3948 §2.3: a one-byte 0xFF datagram to each ESP-in-UDP peer that
     /// has not been sent anything for its `nat_keepalive`, so that a NAT on
     /// the way keeps its mapping. The peer ignores it. It goes where the
-    /// connection's ESP goes: its `remote`, at the port of its current
-    /// SA ([`Engine::peer_udp_port`]).
+    /// connection's ESP goes: the peer of its current SA
+    /// ([`Engine::peer_udp`]).
     fn keepalives(&self, engine: &Engine, last_tx: &mut [Duration], counters: &WorkerCounters) {
         let Some(u) = &self.sockets.udp else { return };
         let now = self.start.elapsed();
-        let conns = engine.connections().zip(&self.keepalives).enumerate();
-        for (ci, (c, every)) in conns {
+        for (ci, every) in self.keepalives.iter().enumerate() {
             if every.is_zero() || ci >= last_tx.len() || now.saturating_sub(last_tx[ci]) < *every {
                 continue;
             }
-            let Some(port) = engine.peer_udp_port(ci) else {
+            let Some(dst) = engine.peer_udp(ci) else {
                 continue;
             };
             last_tx[ci] = now;
             let src = self.sources.get(ci).copied().flatten();
-            let dst = SocketAddr::new(c.remote, port);
             match u.send(&[0xff], dst, 0, src) {
                 Ok(_) => counters.keepalives_sent.incr(),
                 Err(e) => tracing::debug!("NAT keepalive to {dst}: {e}"),

@@ -8,7 +8,7 @@ use crate::crypto::Suite;
 use crate::sa::{Encap, Mode, Protocol, Sa, SaConfig};
 use crate::sad::SaId;
 use crate::selector::TrafficSelector;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 /// What `sa add` / `sa del` / an install changed: the answer for the
@@ -47,6 +47,11 @@ pub struct NegotiatedSa<'a> {
     pub esn: bool,
     /// UDP encapsulation ports (ours, the peer's) when NAT-T is in use.
     pub encap: Option<(u16, u16)>,
+    /// The peer's address where IKE talks to it (behind a NAT, a new
+    /// mapping may have moved it away from the connection's `remote`, RFC
+    /// 7296 §2.23): tunnel mode sends there. Ignored when of the other
+    /// family. `None`: `remote`.
+    pub peer: Option<IpAddr>,
     /// Its per-CPU slot (RFC 9611) on a connection with `per_cpu_sas` above
     /// 1: an outbound SA replaces the one of its slot only, and worker `w`
     /// sends on the `w % n`-th of the slots present. 0 otherwise.
@@ -312,6 +317,10 @@ impl Engine {
         let mut sc = SaConfig::new(s.spi, s.protocol, s.suite, s.enc_key, s.integ_key);
         let ports = s.encap.unwrap_or((c.local_port, c.remote_port));
         c.shape_sa(&mut sc, c.mode, s.outbound, ports);
+        if let Some(peer) = s.peer {
+            // Where IKE talks to the peer now, not the configured remote.
+            sc.set_peer(SocketAddr::new(peer.to_canonical(), ports.1), s.outbound);
+        }
         if !s.selectors.is_empty() {
             sc.selectors = s.selectors.to_vec();
         }
@@ -639,7 +648,10 @@ impl Engine {
                 c.in_ids
                     .iter()
                     .filter_map(|id| self.sad.get(*id))
-                    .map(|sa| (sa.config().spi, c.spec.remote)),
+                    .map(|sa| {
+                        let cfg = sa.config();
+                        (cfg.spi, cfg.tunnel_src.unwrap_or(c.spec.remote))
+                    }),
             );
         }
     }
@@ -653,15 +665,17 @@ impl Engine {
                     continue;
                 };
                 let k = &c.spec;
+                let cfg = sa.config();
+                // The tunnel's addresses (the peer's may have moved).
                 let (src, dst) = if m.outbound {
-                    (k.local, k.remote)
+                    (k.local, cfg.tunnel_dst.unwrap_or(k.remote))
                 } else {
-                    (k.remote, k.local)
+                    (cfg.tunnel_src.unwrap_or(k.remote), k.local)
                 };
                 out.push(SaKeyView {
                     connection: k.name.clone(),
                     outbound: m.outbound,
-                    config: sa.config().clone(),
+                    config: cfg.clone(),
                     src,
                     dst,
                 });

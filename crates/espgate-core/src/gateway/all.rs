@@ -6,6 +6,7 @@
 
 use super::{Engine, NegotiatedSa, SaChange};
 use crate::sa::Protocol;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 /// After an SA was installed in every engine: links the outbound copies to
@@ -81,16 +82,16 @@ pub fn install_negotiated_all(
     })
 }
 
-/// [`Engine::set_peer_udp_port`] on every engine (each holds its copy of
-/// the outbound SAs); how many SAs changed in the first.
-pub fn set_peer_udp_port_all(
+/// [`Engine::set_peer`] on every engine (each holds its copy of the
+/// outbound SAs); how many outbound SAs changed in the first.
+pub fn set_peer_all(
     engines: &mut [&mut Engine],
     conn: &str,
-    port: u16,
+    peer: SocketAddr,
 ) -> Result<usize, String> {
     let mut first = None;
     for e in engines.iter_mut() {
-        let n = e.set_peer_udp_port(conn, port)?;
+        let n = e.set_peer(conn, peer)?;
         first.get_or_insert(n);
     }
     Ok(first.unwrap_or(0))

@@ -25,7 +25,7 @@ mod dropped;
 mod status;
 
 pub use admin::{NegotiatedSa, SaChange, SaKeyView};
-pub use all::{add_sa_all, del_sa_all, install_negotiated_all, set_peer_udp_port_all};
+pub use all::{add_sa_all, del_sa_all, install_negotiated_all, set_peer_all};
 pub use cluster::{ClusterOptions, ClusterReport, ClusterSaReport, LockState};
 pub use conn::{ConnSpec, Layers, MssClamp, SaSettings};
 pub use dropped::{Describe, DropContext, Dropped};
@@ -43,7 +43,7 @@ use crate::wire::flow::{self, Flow};
 use crate::wire::icmp;
 use crate::wire::ip::{self, IpInfo};
 use std::collections::VecDeque;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -519,39 +519,54 @@ impl Engine {
         Some(u32::try_from(fit).unwrap_or(u32::MAX))
     }
 
-    /// The UDP port connection `conn`'s ESP-in-UDP goes to now: the peer's
-    /// port of its current outbound SA (for a peer behind a NAT, the port
-    /// the NAT chose, as IKE learnt it), else the configured
-    /// `remote_port`; `None` for raw ESP/AH or no such connection. For the
-    /// shell's NAT keepalives, which go where the ESP goes.
-    pub fn peer_udp_port(&self, conn: usize) -> Option<u16> {
+    /// Where connection `conn`'s ESP-in-UDP goes now: the peer of its
+    /// current outbound SA (for a peer behind a NAT, the address and port
+    /// the NAT gave it, as IKE learnt them), else the configured `remote`
+    /// and `remote_port`; `None` for raw ESP/AH or no such connection. For
+    /// the shell's NAT keepalives, which go where the ESP goes.
+    pub fn peer_udp(&self, conn: usize) -> Option<SocketAddr> {
         let c = self.conns.get(conn).filter(|c| c.spec.udp)?;
-        let sa_port = c
+        let sa = c
             .out_ids
             .first()
             .and_then(|&id| self.sad.get(id))
-            .and_then(|sa| match sa.config().encap {
-                Encap::Udp { dst_port, .. } => Some(dst_port),
-                Encap::None => None,
-            });
-        Some(sa_port.unwrap_or(c.spec.remote_port))
+            .map(|sa| sa.config());
+        let port = sa.and_then(|sa| match sa.encap {
+            Encap::Udp { dst_port, .. } => Some(dst_port),
+            Encap::None => None,
+        });
+        let addr = sa.and_then(|sa| sa.tunnel_dst);
+        Some(SocketAddr::new(
+            addr.unwrap_or(c.spec.remote),
+            port.unwrap_or(c.spec.remote_port),
+        ))
     }
 
-    /// The peer of connection `name` now sends from UDP port `port` (IKE
-    /// saw its NAT give it another mapping): the connection's outbound
-    /// ESP-in-UDP SAs send there from the next packet (RFC 7296 §2.23),
-    /// and its inbound ones show it in the status. Returns how many
-    /// outbound SAs changed; an error for no such connection.
-    pub fn set_peer_udp_port(&mut self, name: &str, port: u16) -> Result<usize, String> {
+    /// The peer of connection `name` is now at `peer` (IKE saw a validated
+    /// message from a NAT's new mapping of it, RFC 7296 §2.23): the
+    /// connection's outbound SAs send there from the next packet (tunnel
+    /// mode: address and port; transport mode: the port), and its inbound
+    /// ones show it in the status. Returns how many outbound SAs changed;
+    /// an error for no such connection, or for an address of the other
+    /// family than `remote` (the outer headers would change size).
+    pub fn set_peer(&mut self, name: &str, peer: SocketAddr) -> Result<usize, String> {
         let ci = self.conn_index(name)?;
         let c = &self.conns[ci];
+        let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
+        if peer.is_ipv4() != c.spec.remote.is_ipv4() {
+            return Err(format!(
+                "connection \"{name}\": the peer moved to {peer}, not of the family of its \
+                 remote {}: the SAs keep sending to their address",
+                c.spec.remote
+            ));
+        }
         let mut changed = (0, 0);
         for (ids, outbound) in [(&c.out_ids, true), (&c.in_ids, false)] {
             for &id in ids {
                 if self
                     .sad
                     .get_mut(id)
-                    .is_some_and(|sa| sa.set_peer_udp_port(port, outbound))
+                    .is_some_and(|sa| sa.set_peer(peer, outbound))
                 {
                     if outbound {
                         changed.0 += 1;
@@ -562,7 +577,7 @@ impl Engine {
             }
         }
         if changed != (0, 0) {
-            // `sa list` reads the ports from the published entries.
+            // `sa list` and the kernel filter read the published entries.
             self.publish();
         }
         Ok(changed.0)

@@ -24,7 +24,7 @@ pub use classifier::{classify, Classified, Classifier, Inbound, MAX_UDP_PORTS};
 pub use lifetime::{Lifetime, LifetimeState, SaEvent};
 pub use per_cpu::per_cpu_key;
 use replay::ReplayWindow;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -197,6 +197,37 @@ impl std::fmt::Debug for SaConfig {
 }
 
 impl SaConfig {
+    /// Addresses the SA to the peer at `peer`. Outbound it sends there: in
+    /// tunnel mode to the address, with ESP-in-UDP to the port. Inbound,
+    /// where packets from any source are accepted, `peer` is recorded as
+    /// their source (for the status and the kernel filter). True if that
+    /// changed anything. The address stays in transport mode (the outer
+    /// addresses are the inner packet's) and when `peer` is of the other
+    /// family (the outer header would change size; the engine refuses
+    /// that first, [`crate::gateway::Engine::set_peer`]).
+    pub fn set_peer(&mut self, peer: SocketAddr, outbound: bool) -> bool {
+        let mut changed = false;
+        let addr = if outbound {
+            &mut self.tunnel_dst
+        } else {
+            &mut self.tunnel_src
+        };
+        if let Some(a) = addr.as_mut() {
+            if a.is_ipv4() == peer.is_ipv4() && *a != peer.ip() {
+                *a = peer.ip();
+                changed = true;
+            }
+        }
+        if let Encap::Udp { src_port, dst_port } = &mut self.encap {
+            let port = if outbound { dst_port } else { src_port };
+            if *port != peer.port() {
+                *port = peer.port();
+                changed = true;
+            }
+        }
+        changed
+    }
+
     /// A config with defaults: tunnel mode, raw ESP, 32-bit sequence
     /// numbers, a 1024-packet window, first sequence number 1, no limits.
     pub fn new(
@@ -560,23 +591,15 @@ impl Sa {
         (to < usize::from(asked)).then_some((asked, to))
     }
 
-    /// The peer's UDP port is `port` from now on (a NAT gave the peer
-    /// another mapping, RFC 7296 §2.23): an outbound SA sends ESP-in-UDP
-    /// there; an inbound SA (which accepts any source port) records it as
-    /// the source of its packets, for the status. True if that changed
-    /// anything. A raw SA is left alone.
-    pub fn set_peer_udp_port(&mut self, port: u16, outbound: bool) -> bool {
-        match &mut self.cfg.encap {
-            Encap::Udp { dst_port, .. } if outbound && *dst_port != port => {
-                *dst_port = port;
-                true
-            }
-            Encap::Udp { src_port, .. } if !outbound && *src_port != port => {
-                *src_port = port;
-                true
-            }
-            _ => false,
+    /// The peer is at `peer` from now on (RFC 7296 §2.23: a validated IKE
+    /// message came from a NAT's new mapping of it): [`SaConfig::set_peer`].
+    pub fn set_peer(&mut self, peer: SocketAddr, outbound: bool) -> bool {
+        let changed = self.cfg.set_peer(peer, outbound);
+        if changed {
+            // The outer header is built from the template again.
+            self.outer = None;
         }
+        changed
     }
 
     /// Configuration (keys included; never log it with keys).

@@ -18,7 +18,7 @@ use espgate_api::ike::{ChildSaStatus, IkeDoc, IkeOpCost, IkeSaStatus};
 use espgate_config::LoadedConfig;
 use espgate_core::gateway::WorkerStats;
 use espgate_core::gateway::{
-    del_sa_all, install_negotiated_all, set_peer_udp_port_all, Engine, NegotiatedSa,
+    del_sa_all, install_negotiated_all, set_peer_all, Engine, NegotiatedSa,
 };
 use espgate_core::selector::TrafficSelector;
 use espgate_ike::engine::IkeSnapshot;
@@ -450,11 +450,11 @@ impl IkeDriver {
         if self.ike.poll_timeout().is_some_and(|t| t <= now) {
             self.ike.handle_timeout(now);
         }
-        let mut installed = false;
+        let mut sas_changed = false;
         while let Some(ev) = self.ike.poll_event() {
             match ev {
                 Event::InstallSa(s) => {
-                    installed = true;
+                    sas_changed = true;
                     let selectors = data_plane_selectors(&s);
                     let sa = NegotiatedSa {
                         conn: &s.conn,
@@ -466,6 +466,7 @@ impl IkeDriver {
                         integ_key: &s.integ_key,
                         esn: s.esn,
                         encap: s.encap,
+                        peer: Some(s.remote),
                         slot: s.slot,
                         selectors: &selectors,
                     };
@@ -506,34 +507,23 @@ impl IkeDriver {
                 }
                 Event::PeerMoved { conn, remote } => {
                     // RFC 7296 §2.23: ESP follows the peer's new NAT
-                    // mapping, not only IKE. The outer address stays the
-                    // connection's `remote` (a new address would need
-                    // MOBIKE's address update, which is not built).
+                    // mapping, not only IKE.
+                    let remote = SocketAddr::new(remote.ip().to_canonical(), remote.port());
                     let mut guards = lock_all(engines);
                     let mut refs: Vec<&mut Engine> = guards.iter_mut().map(|g| &mut **g).collect();
-                    match set_peer_udp_port_all(&mut refs, &conn, remote.port()) {
+                    match set_peer_all(&mut refs, &conn, remote) {
                         Ok(n) => tracing::info!(
                             "ike: connection \"{conn}\": {n} outbound SA(s) now send ESP-in-UDP \
-                             to port {}",
-                            remote.port()
+                             to {remote}"
                         ),
-                        Err(e) => tracing::warn!("ike: connection \"{conn}\": {e}"),
+                        Err(e) => tracing::warn!("ike: {e}"),
                     }
                     if let Some(cl) = self.cluster.as_mut() {
                         // The other nodes follow through etcd.
-                        cl.shared.peer_moved(&conn, remote.port());
+                        cl.shared.peer_moved(&conn, remote);
                     }
-                    let configured = refs
-                        .first()
-                        .and_then(|e| e.connections().find(|c| c.name == conn))
-                        .map(|c| c.remote);
-                    if configured.is_some_and(|r| r.to_canonical() != remote.ip().to_canonical()) {
-                        tracing::warn!(
-                            "ike: connection \"{conn}\": the peer now sends from address {}, \
-                             not its configured remote; ESP still goes to the configured address",
-                            remote.ip()
-                        );
-                    }
+                    // The kernel filter keeps each SA's peer address.
+                    sas_changed = true;
                 }
                 Event::IkeUp { conn, algorithms } => {
                     tracing::debug!("ike: connection \"{conn}\" up ({algorithms})");
@@ -568,7 +558,7 @@ impl IkeDriver {
         // Transmit after the installs: a peer that gets our answer may use
         // the new SAs at once, and the data plane must know them by then
         // (the workers run beside this thread), its SPI filter included.
-        if installed {
+        if sas_changed {
             if let Some(f) = &self.spi_filter {
                 f.refresh(engines);
             }

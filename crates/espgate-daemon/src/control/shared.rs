@@ -10,10 +10,11 @@ use espgate_api::cluster::{ClusterSas, SharedSa};
 use espgate_core::cluster::NodeId;
 use espgate_core::crypto::Suite;
 use espgate_core::gateway::{
-    del_sa_all, install_negotiated_all, set_peer_udp_port_all, Engine, NegotiatedSa,
+    del_sa_all, install_negotiated_all, set_peer_all, Engine, NegotiatedSa,
 };
 use espgate_core::sa::Protocol;
 use espgate_core::selector::TrafficSelector;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use zeroize::Zeroizing;
 
@@ -124,6 +125,7 @@ impl SharedSas {
                 integ_key: hex::encode(s.integ_key),
                 esn: s.esn,
                 encap: s.encap,
+                peer: s.peer,
                 owner: self.me,
                 share_from: None,
                 selectors: s.selectors.iter().map(ToString::to_string).collect(),
@@ -135,19 +137,21 @@ impl SharedSas {
         self.generation += 1;
     }
 
-    /// IKE saw the peer of `conn` move to UDP port `port` (its NAT mapped
-    /// it anew; the daemon has moved this node's SAs already): the shared
-    /// entries of the connection say so too, so that the leader's agent
-    /// publishes them again and the other nodes' ESP follows at once, not
-    /// at the next rekey. Returns how many entries changed.
-    pub fn peer_moved(&mut self, conn: &str, port: u16) -> usize {
+    /// IKE saw the peer of `conn` move to `peer` (its NAT mapped it anew;
+    /// the daemon has moved this node's SAs already): the shared entries
+    /// of the connection say so too, so that the leader's agent publishes
+    /// them again and the other nodes' ESP follows at once, not at the
+    /// next rekey. Returns how many entries changed.
+    pub fn peer_moved(&mut self, conn: &str, peer: SocketAddr) -> usize {
         let mut changed = 0;
         for x in self.entries.iter_mut().filter(|x| x.sa.conn == conn) {
-            if let Some((ours, peer)) = x.sa.encap {
-                if peer != port {
-                    x.sa.encap = Some((ours, port));
-                    changed += 1;
-                }
+            let Some((ours, port)) = x.sa.encap else {
+                continue;
+            };
+            if port != peer.port() || x.sa.peer != Some(peer.ip()) {
+                x.sa.encap = Some((ours, peer.port()));
+                x.sa.peer = Some(peer.ip());
+                changed += 1;
             }
         }
         if changed > 0 {
@@ -259,18 +263,22 @@ impl SharedSas {
                 .iter_mut()
                 .find(|x| x.sa.spi == s.spi && x.sa.outbound == s.outbound)
             {
-                if x.imported && x.sa.encap != s.encap {
+                if x.imported && (x.sa.encap, x.sa.peer) != (s.encap, s.peer) {
                     // The leader's IKE saw the peer's NAT move it.
                     x.sa.encap = s.encap;
+                    x.sa.peer = s.peer;
                     self.generation += 1;
                     if let (true, Some((_, port))) = (s.outbound, s.encap) {
-                        match set_peer_udp_port_all(engines, &s.conn, port) {
-                            Ok(n) => tracing::info!(
-                                "cluster: connection \"{}\": the peer's NAT moved it to port \
-                                 {port} (from etcd): {n} outbound SA(s) now send there",
-                                s.conn
-                            ),
-                            Err(err) => lines.push(format!("cluster: {}: {err}", s.name())),
+                        let addr = s.peer.or_else(|| remote_of(engines, &s.conn));
+                        if let Some(peer) = addr.map(|a| SocketAddr::new(a, port)) {
+                            match set_peer_all(engines, &s.conn, peer) {
+                                Ok(n) => tracing::info!(
+                                    "cluster: connection \"{}\": the peer's NAT moved it to \
+                                     {peer} (from etcd): {n} outbound SA(s) now send there",
+                                    s.conn
+                                ),
+                                Err(err) => lines.push(format!("cluster: {}: {err}", s.name())),
+                            }
                         }
                     }
                 }
@@ -340,6 +348,12 @@ impl SharedSas {
     }
 }
 
+/// The configured `remote` of connection `conn`.
+fn remote_of(engines: &[&mut Engine], conn: &str) -> Option<IpAddr> {
+    let e = engines.first()?;
+    e.connections().find(|c| c.name == conn).map(|c| c.remote)
+}
+
 /// Removes the shared SA `s` from every engine, saying `why` in the log.
 fn remove(engines: &mut [&mut Engine], s: &SharedSa, why: &str) {
     match del_sa_all(engines, s.spi, None, Some(s.outbound), Some(&s.conn)) {
@@ -383,6 +397,7 @@ fn install(engines: &mut [&mut Engine], s: &SharedSa, now: Duration) -> Result<S
         integ_key: &integ,
         esn: s.esn,
         encap: s.encap,
+        peer: s.peer,
         // A cluster node runs one worker and no per-CPU SAs (the
         // configuration refuses them with [cluster]).
         slot: 0,
@@ -423,14 +438,16 @@ mod tests {
         e
     }
 
-    /// The UDP destination port of the next packet `e` sends (the owner
-    /// of the SA: the others leave its packets to it until it shares).
-    fn sends_to(e: &mut Engine) -> u16 {
+    /// The outer destination address and UDP port of the next packet `e`
+    /// sends (the owner of the SA: the others leave its packets to it
+    /// until it shares).
+    fn sends_to(e: &mut Engine) -> (IpAddr, u16) {
         let mut buf = PacketBuf::with_capacity(2000);
         buf.load(&udp4("10.1.0.5", "10.2.0.9", 10));
         assert_eq!(e.outbound(&mut buf, T), Ok(Some(0)));
         let b = buf.as_slice();
-        u16::from_be_bytes([b[22], b[23]])
+        let dst = std::net::Ipv4Addr::new(b[16], b[17], b[18], b[19]);
+        (dst.into(), u16::from_be_bytes([b[22], b[23]]))
     }
 
     #[test]
@@ -451,6 +468,7 @@ mod tests {
                 integ_key: &[],
                 esn: true,
                 encap: Some((4500, 31000)),
+                peer: None,
                 slot: 0,
                 selectors: &[],
             };
@@ -460,33 +478,38 @@ mod tests {
         let first = ls.export();
         fs.reconcile(&mut [&mut follower], &first.sas, T);
         assert!(fs.has(0x4001, true) && fs.has(0x4002, false));
-        assert_eq!(follower.peer_udp_port(0), Some(31000));
-        assert_eq!(sends_to(&mut leader), 31000);
+        let nat = |ip: [u8; 4], port| SocketAddr::from((ip, port));
+        assert_eq!(follower.peer_udp(0), Some(nat([192, 0, 2, 2], 31000)));
+        assert_eq!(sends_to(&mut leader), ([192, 0, 2, 2].into(), 31000));
 
-        // The NAT mapped the peer anew: IKE moved the leader's SAs, and
-        // its table says so in a new generation, for both entries.
-        set_peer_udp_port_all(&mut [&mut leader], "peer", 32000).unwrap();
-        assert_eq!(ls.peer_moved("peer", 32000), 2);
-        assert_eq!(ls.peer_moved("peer", 32000), 0, "said once");
-        assert_eq!(ls.peer_moved("other", 1), 0);
+        // The NAT mapped the peer anew, from another public address: IKE
+        // moved the leader's SAs, and its table says so in a new
+        // generation, for both entries.
+        let to = nat([192, 0, 2, 9], 32000);
+        set_peer_all(&mut [&mut leader], "peer", to).unwrap();
+        assert_eq!(ls.peer_moved("peer", to), 2);
+        assert_eq!(ls.peer_moved("peer", to), 0, "said once");
+        assert_eq!(ls.peer_moved("other", nat([192, 0, 2, 1], 1)), 0);
         let moved = ls.export();
         assert!(moved.generation > first.generation);
-        assert!(moved.sas.iter().all(|s| s.encap == Some((4500, 32000))));
-        assert_eq!(sends_to(&mut leader), 32000);
+        let at = |s: &SharedSa| (s.encap, s.peer);
+        let want = (Some((4500, 32000)), Some(to.ip()));
+        assert!(moved.sas.iter().all(|s| at(s) == want));
+        assert_eq!(sends_to(&mut leader), (to.ip(), 32000));
 
         // The follower's SA says so from etcd's next list on (its outer
         // header and keepalives come from it), without a rekey; the SAs
         // are the same ones.
         let before = fs.export().generation;
         fs.reconcile(&mut [&mut follower], &moved.sas, T);
-        assert_eq!(follower.peer_udp_port(0), Some(32000));
+        assert_eq!(follower.peer_udp(0), Some(to));
         assert!(fs.has(0x4001, true) && fs.has(0x4002, false));
         let after = fs.export();
         assert!(after.generation > before);
-        assert!(after.sas.iter().all(|s| s.encap == Some((4500, 32000))));
+        assert!(after.sas.iter().all(|s| at(s) == want));
         // An older list (etcd lagging behind) does not move this node's
         // own SAs back: only imported entries follow the list.
         ls.reconcile(&mut [&mut leader], &first.sas, T);
-        assert_eq!(sends_to(&mut leader), 32000);
+        assert_eq!(sends_to(&mut leader), (to.ip(), 32000));
     }
 }

@@ -480,6 +480,9 @@ fn the_spi_filter_engages_on_floods_follows_sa_add_and_ends() {
     // Site A with its peer on loopback, its ESP-in-UDP socket there too.
     let (mut ca, _) = mirrored(Shape::new(Layers::Esp, true));
     ca.remote = "127.0.0.1".parse().unwrap();
+    for sa in &mut ca.inbound {
+        sa.tunnel_src = Some(ca.remote);
+    }
     let engines = Engine::for_workers(&[ca], &opts(), T, 1).unwrap();
     let sock = Arc::new(UdpSock::open("127.0.0.1:0".parse().unwrap(), None, false).unwrap());
     let to = sock.local_addr().unwrap();
