@@ -334,6 +334,7 @@ def test_esp_follows_the_peer_when_its_nat_maps_it_anew(lab):
     # `sa list` shows where each SA's ESP goes now, and where it comes from.
     assert b.sas("out")[0]["udp_ports"] == [4500, second], b.sas("out")
     assert b.sas("in")[0]["udp_ports"] == [second, 4500], b.sas("in")
+    assert "peer" not in b.sas("out")[0], "the address is still the configured remote"
     assert f"tunnel/udp 4500>{second}" in ctl(b, "sa", "list").stdout
     assert a.stop() == 0 and b.stop() == 0
 
@@ -367,6 +368,9 @@ table ip espgate_test_nat {
              30, (a, b))
     assert "outbound SA(s) now send ESP-in-UDP to 192.0.2.3:" in b.log_text(), b.log_text()[-3000:]
     assert b.sas("out")[0]["spi"] == spi, "followed by a rekey, not by the move"
+    assert b.sas("out")[0]["peer"] == b.sas("in")[0]["peer"] == "192.0.2.3", b.sas("out")
+    port = b.sas("out")[0]["udp_ports"][1]
+    assert f"tunnel/udp 4500>192.0.2.3:{port}" in ctl(b, "sa", "list").stdout
     assert_ping(a.ns, "10.2.0.1", "10.1.0.1", daemons=(a, b))
     ka = capture_one(lab, b.ns, "vb", "udp and dst host 192.0.2.3 and less 60", lambda: None, timeout=15)
     assert bytes(ka[UDP].payload) == b"\xff", ka.summary()

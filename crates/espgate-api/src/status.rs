@@ -178,6 +178,11 @@ pub struct SaStatus {
     /// from the peer's NAT; inbound: the peer's, then ours).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub udp_ports: Option<(u16, u16)>,
+    /// The peer's address on this SA when it is not the connection's
+    /// `remote`: IKE followed the peer to a NAT's new public address (RFC
+    /// 7296 §2.23).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
     /// 64-bit sequence numbers.
     pub esn: bool,
     /// Packets processed.
@@ -326,6 +331,30 @@ const SA_HEADER: [&str; 10] = [
     "DIR", "SPI", "PROTO", "SUITE", "MODE", "PACKETS", "BYTES", "SEQ", "LIFETIME", "DROPS",
 ];
 
+/// `tunnel/udp 4500>31000`: the mode, the encapsulation and, with UDP,
+/// the ports of the SA's packets (source>destination), with the peer's
+/// address on the peer's side when IKE moved it away from `remote`.
+fn mode_cell(s: &SaStatus) -> String {
+    let Some((src, dst)) = s.udp_ports else {
+        return format!("{}/{}", s.mode, s.encap);
+    };
+    let (src, dst) = match (&s.peer, s.direction.as_str()) {
+        (Some(p), "out") => (src.to_string(), sock(p, dst)),
+        (Some(p), _) => (sock(p, src), dst.to_string()),
+        (None, _) => (src.to_string(), dst.to_string()),
+    };
+    format!("{}/{} {src}>{dst}", s.mode, s.encap)
+}
+
+/// `addr:port`, with brackets for IPv6.
+fn sock(addr: &str, port: u16) -> String {
+    if addr.contains(':') {
+        format!("[{addr}]:{port}")
+    } else {
+        format!("{addr}:{port}")
+    }
+}
+
 fn sa_row(s: &SaStatus, with_conn: bool) -> Vec<String> {
     let mut r = Vec::new();
     if with_conn {
@@ -340,10 +369,7 @@ fn sa_row(s: &SaStatus, with_conn: bool) -> Vec<String> {
         },
         s.protocol.clone(),
         s.suite.clone(),
-        match s.udp_ports {
-            Some((src, dst)) => format!("{}/{} {src}>{dst}", s.mode, s.encap),
-            None => format!("{}/{}", s.mode, s.encap),
-        },
+        mode_cell(s),
         s.packets.to_string(),
         si(s.bytes),
         seq_cell(s),
@@ -602,6 +628,7 @@ mod tests {
             } else {
                 (31000, 4500)
             }),
+            peer: None,
             esn: false,
             packets: 3,
             bytes: 3 * 84,
@@ -683,6 +710,31 @@ drops: replay=2, unknown_spi=1
 counters: keepalives=0, tun_rx=3
 ";
         assert_eq!(text, want, "\n{text}");
+    }
+
+    #[test]
+    fn the_mode_cell_names_a_moved_peer_on_its_side() {
+        let s = sample();
+        let (inbound, outbound) = (&s.connections[0].sas[0], &s.connections[0].sas[1]);
+        assert_eq!(mode_cell(outbound), "tunnel/udp 4500>31000");
+        let moved = |sa: &SaStatus, peer: &str| SaStatus {
+            peer: Some(peer.into()),
+            ..sa.clone()
+        };
+        assert_eq!(
+            mode_cell(&moved(outbound, "192.0.2.3")),
+            "tunnel/udp 4500>192.0.2.3:31000"
+        );
+        assert_eq!(
+            mode_cell(&moved(inbound, "2001:db8::3")),
+            "tunnel/udp [2001:db8::3]:31000>4500"
+        );
+        let raw = SaStatus {
+            encap: "none".into(),
+            udp_ports: None,
+            ..moved(outbound, "192.0.2.3")
+        };
+        assert_eq!(mode_cell(&raw), "tunnel/none");
     }
 
     #[test]

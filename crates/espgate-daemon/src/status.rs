@@ -12,7 +12,7 @@ use espgate_core::sa::{Encap, Mode, Protocol};
 use espgate_core::stats::LifeState;
 use espgate_core::DropReason;
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,6 +46,7 @@ pub struct ConnInfo {
     udp: bool,
     local: String,
     remote: String,
+    remote_addr: IpAddr,
     local_ts: Vec<String>,
     remote_ts: Vec<String>,
     more_ts: Vec<SelectorSetStatus>,
@@ -65,6 +66,7 @@ impl ConnInfo {
             } else {
                 c.remote.to_string()
             },
+            remote_addr: c.remote,
             local_ts: c.local_ts.iter().map(ToString::to_string).collect(),
             remote_ts: c.remote_ts.iter().map(ToString::to_string).collect(),
             more_ts: c
@@ -122,6 +124,8 @@ fn sa_status(conn: &str, e: &SaEntry, now: Duration) -> SaStatus {
             Encap::None => None,
             Encap::Udp { src_port, dst_port } => Some((src_port, dst_port)),
         },
+        // Set by the caller, who knows the connection's remote.
+        peer: None,
         esn: e.esn,
         packets,
         bytes,
@@ -174,7 +178,9 @@ pub fn connections(
                 continue;
             };
             let key = (e.conn, e.outbound, e.protocol, e.spi);
-            let line = sa_status(&c.name, e, now);
+            let mut line = sa_status(&c.name, e, now);
+            let remote = conns.get(e.conn).map(|c| c.remote_addr);
+            line.peer = e.peer.filter(|p| Some(*p) != remote).map(|p| p.to_string());
             match seen.get(&key) {
                 Some(&i) => {
                     let s = &mut c.sas[i];

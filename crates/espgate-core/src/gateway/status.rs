@@ -8,6 +8,7 @@
 use crate::crypto::Suite;
 use crate::sa::{Encap, Lifetime, Mode, Protocol, Sa, SeqLease, SharedSeq};
 use crate::stats::{SaCounters, WorkerCounters};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -53,6 +54,11 @@ pub struct SaEntry {
     pub mode: Mode,
     /// UDP encapsulation.
     pub encap: Encap,
+    /// The peer's outer address in tunnel mode (outbound: where it sends;
+    /// inbound: what it records as its packets' source), which IKE may
+    /// have moved away from the connection's `remote` (a NAT's new
+    /// mapping); `None` in transport mode.
+    pub peer: Option<IpAddr>,
     /// 64-bit sequence numbers.
     pub esn: bool,
     /// Its lifetime limits (this copy's share of them, with several
@@ -78,6 +84,7 @@ impl SaEntry {
             suite: c.suite,
             mode: c.mode,
             encap: c.encap,
+            peer: if outbound { c.tunnel_dst } else { c.tunnel_src },
             esn: c.esn,
             limits: *sa.lifetime().limits(),
             created: sa.lifetime().created(),

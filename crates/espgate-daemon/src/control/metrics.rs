@@ -866,6 +866,7 @@ mod tests {
             mode: "tunnel".into(),
             encap: "udp".into(),
             udp_ports: Some((4500, 4500)),
+            peer: None,
             esn: false,
             packets: 3,
             bytes: 252,
