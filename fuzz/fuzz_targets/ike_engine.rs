@@ -91,6 +91,7 @@ fn conf(local: &str, remote: &str, (lts, rts): (&str, &str), more: (&str, &str))
             limit: Duration::ZERO,
         },
         force_encap: false,
+        mobike: true,
     }
 }
 

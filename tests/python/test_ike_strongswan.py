@@ -13,7 +13,8 @@ Cases: espgate as initiator and as responder; PSK and ECDSA certificates
 aes256-sha256-modp2048; traffic both ways; child and IKE rekeys under a
 running transfer; DPD after charon is killed, recovery when it returns;
 a new child SA on an established IKE SA (CREATE_CHILD_SA without
-REKEY_SA), created by charon and by espgate, with and without PFS.
+REKEY_SA), created by charon and by espgate, with and without PFS;
+charon moving to a new address with MOBIKE (RFC 4555).
 
 scripts/setup.sh installs strongSwan; without it the tests are skipped.
 """
@@ -72,6 +73,7 @@ curve25519 kernel-libipsec kernel-netlink socket-default vici updown
       default = 1
       ike = 2
       time_format = %T
+      flush_line = yes
     }}
   }}
   plugins {{
@@ -116,7 +118,7 @@ curve25519 kernel-libipsec kernel-netlink socket-default vici updown
 
 def setup(lab, *, ike_extra="", charon_conn="", charon_child="", esp_proposals="aes128gcm16",
           proposals="aes128gcm16-prfsha256-x25519", auth="psk", retransmit="", extra_gw="", extra_conn="",
-          remote_ts="10.2.0.1/32", charon_children=None):
+          remote_ts="10.2.0.1/32", charon_children=None, charon_local="{b_addr}"):
     """espgate in A, charon in B; returns (espgate daemon, charon).
     `charon_children`: (name, local_ts) of charon's children, each with
     remote_ts 10.1.0.0/24 (default: one, "net", for 10.2.0.1/32)."""
@@ -199,7 +201,7 @@ esp_proposals = ["{esp_proposals}"]
     charon.write(f"""connections {{
   moon {{
     version = 2
-    local_addrs = {b_addr}
+    local_addrs = {charon_local.format(b_addr=b_addr)}
     remote_addrs = {a_addr}
     proposals = {proposals}
     encap = yes
@@ -546,4 +548,56 @@ def test_new_child_sa_on_the_established_ike_sa(lab, esp):
     counters = ike_status(d)["counters"]
     assert counters.get("children_established", 0) == 3, counters
     assert counters.get("child_failed", 0) == 0, counters
+    assert d.stop() == 0
+
+
+def test_strongswan_moves_to_a_new_address_with_mobike(lab):
+    """charon (MOBIKE's initiator) loses its address and takes another on
+    the same link: it moves the IKE SA and the child SA there with
+    UPDATE_SA_ADDRESSES. espgate answers (NAT detection on the new
+    addresses), and its ESP follows, with the same SAs: no new handshake,
+    traffic both ways. Without MOBIKE, espgate would keep sending to the
+    address that is gone, and a new IKE SA from the new address would
+    match no connection."""
+    d, c = setup(lab, charon_conn="mobike = yes", charon_local="%any")
+    b_ns = c.ns
+    # Deleting the old address must keep the new one of the same prefix
+    # (and its route): promote the secondary.
+    run("ip", "netns", "exec", b_ns, "sysctl", "-qw", "net.ipv4.conf.vb.promote_secondaries=1")
+    c.start()
+    d.start()
+    r = c.swanctl_cmd("--initiate", "--child", "net", timeout=60)
+    assert r.returncode == 0, f"{r.stdout}{r.stderr}\n{logs(d, c)}"
+    wait_for("the IKE SA", lambda: established(d), 15, (d,))
+    before = ike_status(d)["sas"][0]
+    assert before["mobike"] and not before["initiator"], before
+    assert before["remote"].startswith("192.0.2.2:"), before
+    assert_traffic(d, c)
+
+    run("ip", "-n", b_ns, "addr", "add", "192.0.2.9/24", "dev", "vb")
+    run("ip", "-n", b_ns, "addr", "del", "192.0.2.2/24", "dev", "vb")
+
+    def moved():
+        sas = ike_status(d)["sas"]
+        return len(sas) == 1 and sas[0]["remote"].startswith("192.0.2.9:")
+    wait_for("espgate's IKE SA to move to charon's new address", moved, 30, (d,),
+             explain=lambda: logs(d, c))
+    assert "the peer moved from 192.0.2.2:4500 to 192.0.2.9:4500 (MOBIKE" in d.log_text(), logs(d, c)
+    st = ike_status(d)
+    # The same IKE SA: moved, not authenticated again.
+    assert st["sas"][0]["spis"] == before["spis"], (before, st)
+    assert st["counters"].get("mobike_updates", 0) >= 1, st["counters"]
+    # charon got espgate's answer with NAT detection on the new addresses
+    # and its COOKIE2 back.
+    answer = re.compile(r"parsed INFORMATIONAL response \d+ \[ N\(NATD_S_IP\) N\(NATD_D_IP\) N\(COOKIE2\) \]")
+    wait_for("charon to take espgate's answer", lambda: answer.search(c.log_text()), 10, (d,),
+             explain=lambda: logs(d, c))
+    # The ESP follows: espgate's outbound SAs go to the new address. (With
+    # kernel-libipsec charon cannot move its own SAs, so it rekeys the
+    # child at once; espgate moved the old one, and makes the new one
+    # there.)
+    wait_for("the child SA on the new path", lambda: charon_established(c), 15, (d,))
+    out = d.sas("out")
+    assert out and all(sa.get("peer") == "192.0.2.9" for sa in out), out
+    assert_traffic(d, c)
     assert d.stop() == 0

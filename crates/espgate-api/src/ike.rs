@@ -41,6 +41,9 @@ pub struct IkeSaStatus {
     pub rekey_in_secs: Option<u64>,
     /// NAT-T in use.
     pub nat: bool,
+    /// MOBIKE (RFC 4555) negotiated: the peer may move the SA.
+    #[serde(default)]
+    pub mobike: bool,
     /// Child SAs.
     pub children: Vec<ChildSaStatus>,
     /// Per-operation cost of this IKE SA (count, microseconds).
@@ -166,6 +169,7 @@ mod tests {
             established_secs: Some(5),
             rekey_in_secs: None,
             nat: false,
+            mobike: false,
             children: Vec::new(),
             costs: vec![op("dh", 2, 250.5), op("auth_verify", 1, 1234.25)],
         };

@@ -559,7 +559,12 @@ fn render_ike(out: &mut String, ike: &crate::ike::IkeDoc) {
             },
             sa.local,
             sa.remote,
-            if sa.nat { " (NAT-T)" } else { "" },
+            match (sa.nat, sa.mobike) {
+                (true, true) => " (NAT-T, MOBIKE)",
+                (true, false) => " (NAT-T)",
+                (false, true) => " (MOBIKE)",
+                (false, false) => "",
+            },
             sa.peer_id.as_deref().unwrap_or("-"),
             sa.algorithms.as_deref().unwrap_or("-"),
         );

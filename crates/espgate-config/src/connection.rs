@@ -464,6 +464,7 @@ impl Connection {
             dpd_action: s.dpd_action,
             retransmit: s.retransmit,
             force_encap: s.force_encap,
+            mobike: s.mobike,
         })
     }
 

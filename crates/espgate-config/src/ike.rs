@@ -77,6 +77,9 @@ pub struct IkeSettings {
     pub retransmit: Retransmit,
     /// Make both sides see a NAT, so that ESP is UDP-encapsulated.
     pub force_encap: bool,
+    /// Let a peer that offers MOBIKE (RFC 4555) move the SAs to its new
+    /// address (`mobike`, default true).
+    pub mobike: bool,
     /// Whether child SAs are negotiated as Q-ESP (`qesp`).
     pub qesp: QespMode,
     /// What the table said that the loaded values no longer show.
@@ -157,6 +160,7 @@ impl IkeSettings {
             retransmit_tries: Some(value(self.retransmit.tries.into())),
             retransmit_limit: time(self.retransmit.limit),
             force_encap: Some(value(self.force_encap)),
+            mobike: Some(value(self.mobike)),
             qesp: Some(value(match self.qesp {
                 QespMode::Off => QespName::Off,
                 QespMode::Prefer => QespName::Prefer,
@@ -574,6 +578,7 @@ pub(crate) fn settings(
             ..Retransmit::default()
         },
         force_encap,
+        mobike: r.mobike.as_ref().is_none_or(|b| *b.get_ref()),
         qesp,
         source: IkeSource {
             proposals: proposal_names,
@@ -1063,6 +1068,7 @@ remote_ts = ["10.2.0.0/16"]
             }
         );
         assert!(s.force_encap, "encap defaults to udp");
+        assert!(s.mobike, "MOBIKE is answered by default");
         assert!(!k.start_on_boot());
 
         let e = k.ike_config().unwrap();
@@ -1489,6 +1495,15 @@ retransmit_tries = 3"#,
         );
         let c = ike_ok(&d, &ike_conn("", "psk_file = \"psk\"\nforce_encap = false"));
         assert!(!c.connections[0].ike().unwrap().force_encap);
+        let c = ike_ok(&d, &ike_conn("", "psk_file = \"psk\"\nmobike = false"));
+        let ike = c.connections[0].ike().unwrap();
+        assert!(!ike.mobike);
+        assert!(!c.connections[0].ike_config().unwrap().mobike);
+        assert_eq!(
+            ike.to_table().mobike.map(|v| v.into_inner()),
+            Some(false),
+            "the effective configuration says it"
+        );
         // child_rekey_time = 0 with a lifetime warns.
         let c = ike_ok(
             &d,

@@ -321,6 +321,8 @@ pub struct IkeTable {
     pub retransmit_limit: Option<Spanned<Scalar>>,
     /// Pretend a NAT so that ESP is UDP-encapsulated.
     pub force_encap: Option<Spanned<bool>>,
+    /// Answer a peer's MOBIKE (RFC 4555), so that it can move.
+    pub mobike: Option<Spanned<bool>>,
     /// Negotiate Q-ESP child SAs: `off`, `prefer` or `require`.
     pub qesp: Option<Spanned<QespName>>,
     /// `[[connection.ike.child]]`: selector sets beyond the connection's

@@ -645,6 +645,7 @@ const NO_RANGE: &[(&str, &str, &str)] = &[
         "force_encap",
         "a boolean (conflict below)",
     ),
+    ("connection.ike", "mobike", "a boolean"),
     ("cluster", "etcd_user", "any user name etcd knows"),
 ];
 

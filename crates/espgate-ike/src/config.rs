@@ -246,4 +246,8 @@ pub struct IkeConfig {
     /// strongSwan's `encap = yes`) so that ESP is UDP-encapsulated and IKE
     /// moves to port 4500.
     pub force_encap: bool,
+    /// Answer a peer's MOBIKE_SUPPORTED (RFC 4555), so that it can move
+    /// the SAs to its new address with UPDATE_SA_ADDRESSES. Only as the
+    /// responder of MOBIKE: we never move ourselves.
+    pub mobike: bool,
 }

@@ -313,6 +313,9 @@ pub struct IkeStatus {
     pub rekey_at: Option<Duration>,
     /// NAT detected (or forced): IKE on port 4500, ESP in UDP.
     pub nat: bool,
+    /// MOBIKE (RFC 4555) negotiated: the peer may move the SA with
+    /// UPDATE_SA_ADDRESSES.
+    pub mobike: bool,
     /// Child SAs.
     pub children: Vec<ChildStatus>,
     /// Operation costs of this IKE SA.
@@ -527,6 +530,9 @@ struct IkeSa {
     remove_at: Option<Duration>,
     /// Both sides announced IKEV2_FRAGMENTATION_SUPPORTED (RFC 7383).
     fragmentation: bool,
+    /// Both sides announced MOBIKE_SUPPORTED (RFC 4555): the peer (the
+    /// initiator) moves the SAs with UPDATE_SA_ADDRESSES.
+    mobike: bool,
     /// The PFS group the peer asked for (INVALID_KE_PAYLOAD) in a rekey.
     pfs_group: Option<Group>,
     /// The peer answered our Q-ESP + ESP offer (`qesp = "prefer"`) with
@@ -629,6 +635,7 @@ impl IkeSa {
             costs: IkeCosts::default(),
             remove_at: None,
             fragmentation: false,
+            mobike: false,
             reasm: None,
             pfs_group: None,
             qesp_declined: false,
@@ -776,6 +783,10 @@ pub struct Ike {
     dirty: Vec<usize>,
     next_serial: u64,
     transmits: VecDeque<Transmit>,
+    /// While a request of SA `.0` is handled: where it arrived and where
+    /// it came from, which is where its answer goes (RFC 7296 §2.11), even
+    /// when the SA does not move there (a MOBIKE peer testing a path).
+    answer_to: Option<(usize, SocketAddr, SocketAddr)>,
     events: VecDeque<Event>,
     ports: Ports,
     cookie_threshold: usize,
@@ -831,6 +842,21 @@ fn nat_hash(spi_i: u64, spi_r: u64, addr: SocketAddr) -> Vec<u8> {
     }
     ctx.update(&addr.port().to_be_bytes());
     ctx.finish().as_ref().to_vec()
+}
+
+/// NO_NATS_ALLOWED's data (RFC 4555 §4.2.3): the sender's source and
+/// destination address, then source and destination port, as it sent them.
+fn no_nats_data(src: SocketAddr, dst: SocketAddr) -> Vec<u8> {
+    let mut v = Vec::with_capacity(36);
+    for a in [src.ip(), dst.ip()] {
+        match a {
+            IpAddr::V4(a) => v.extend_from_slice(&a.octets()),
+            IpAddr::V6(a) => v.extend_from_slice(&a.octets()),
+        }
+    }
+    v.extend_from_slice(&src.port().to_be_bytes());
+    v.extend_from_slice(&dst.port().to_be_bytes());
+    v
 }
 
 fn notify(t: NotifyType, data: Vec<u8>) -> Payload {
@@ -973,6 +999,7 @@ impl Ike {
             dirty: Vec::new(),
             next_serial: 0,
             transmits: VecDeque::new(),
+            answer_to: None,
             events: VecDeque::new(),
             ports,
             cookie_threshold: DEFAULT_COOKIE_THRESHOLD,
@@ -1382,6 +1409,7 @@ impl Ike {
                 established_at: sa.established_at,
                 rekey_at: sa.rekey_at,
                 nat: sa.nat,
+                mobike: sa.mobike,
                 costs: sa.costs.clone(),
                 children: sa
                     .children
@@ -1534,13 +1562,26 @@ impl Ike {
 
     fn transmit(&mut self, i: usize, datagrams: Vec<Vec<u8>>) {
         let sa = &self.sas[i];
+        self.transmit_to(sa.local, sa.remote, datagrams);
+    }
+
+    fn transmit_to(&mut self, local: SocketAddr, remote: SocketAddr, datagrams: Vec<Vec<u8>>) {
         for data in datagrams {
             self.transmits.push_back(Transmit {
-                local: sa.local,
-                remote: sa.remote,
+                local,
+                remote,
                 data,
             });
             self.counters.add(IkeEvent::MessagesOut);
+        }
+    }
+
+    /// Sends the answer to the request of SA `i` being handled to where
+    /// that request came from (§2.11).
+    fn transmit_answer(&mut self, i: usize, datagrams: Vec<Vec<u8>>) {
+        match self.answer_to {
+            Some((j, local, remote)) if j == i => self.transmit_to(local, remote, datagrams),
+            _ => self.transmit(i, datagrams),
         }
     }
 
@@ -1626,7 +1667,7 @@ impl Ike {
         };
         self.sas[i].last_resp = Some((id, data.clone()));
         self.sas[i].next_in_id = id.wrapping_add(1);
-        self.transmit(i, data);
+        self.transmit_answer(i, data);
     }
 
     /// An unencrypted answer outside any IKE SA (IKE_SA_INIT errors, cookies).
@@ -2577,6 +2618,16 @@ impl Ike {
         };
         let mut out = vec![Payload::IdR(our)];
         out.extend(auth);
+        // RFC 4555 §3.3: MOBIKE if the initiator offers it and the
+        // connection allows it. We are never its initiator (we do not move
+        // ourselves); the peer is, and moves the SAs with
+        // UPDATE_SA_ADDRESSES.
+        let mobike =
+            self.conns[ci].mobike && find_notify(&p, NotifyType::MobikeSupported).is_some();
+        if mobike {
+            out.push(notify(NotifyType::MobikeSupported, vec![]));
+        }
+        self.sas[i].mobike = mobike;
         self.sas[i].peer_id = Some(ident.clone());
         self.set_state(i, State::Established);
         self.sas[i].established_at = Some(now);
@@ -3354,7 +3405,9 @@ impl Ike {
         if h.response {
             self.handle_response(i, now, remote, data, h);
         } else {
+            self.answer_to = Some((i, local, remote));
             self.handle_request(i, now, local, remote, data, h);
+            self.answer_to = None;
         }
     }
 
@@ -3549,7 +3602,7 @@ impl Ike {
                 if !skf || data.get(32..34) == Some(&[0, 1][..]) {
                     let resp = resp.clone();
                     self.count(IkeEvent::RetransmittedResponses);
-                    self.transmit(i, resp);
+                    self.transmit_answer(i, resp);
                 }
                 return;
             }
@@ -3579,12 +3632,24 @@ impl Ike {
             );
         }
         self.peer_heard(i);
+        let update = self.sas[i].mobike
+            && h.exchange_type == ExchangeType::Informational
+            && find_notify(&p, NotifyType::UpdateSaAddresses).is_some();
         // §2.11: answer from where the request arrived to where it came
         // from (the peer floats to the NAT-T port after IKE_SA_INIT, and a
-        // NAT may change its port, §2.23).
+        // NAT may change its port, §2.23). With MOBIKE the SA moves only
+        // when the peer says so (RFC 4555 §3.5): an other message from
+        // elsewhere may be the peer testing a path.
         let sa = &mut self.sas[i];
         let moved = local.port() != sa.local.port() || remote != sa.remote;
-        if moved && (sa.nat || local.port() == self.ports.nat_t) {
+        if update {
+            if let Err(e) = self.mobike_update(i, local, remote, &p) {
+                // §3.9: refused, the SA stays where it was; the answer
+                // still goes where the request came from (§2.11).
+                self.reply(i, h.exchange_type, h.message_id, vec![notify(e, vec![])]);
+                return;
+            }
+        } else if moved && !sa.mobike && (sa.nat || local.port() == self.ports.nat_t) {
             sa.local.set_port(local.port());
             let was = std::mem::replace(&mut sa.remote, remote);
             // Past IKE_SA_INIT's float to port 4500: a NAT's new mapping.
@@ -4422,6 +4487,7 @@ impl Ike {
         sa.established_at = Some(now);
         sa.peer_id = old.peer_id.clone();
         sa.fragmentation = old.fragmentation;
+        sa.mobike = old.mobike;
         sa.qesp_declined = old.qesp_declined;
         sa.per_cpu_peer = old.per_cpu_peer;
         sa.per_cpu_reopened = old.per_cpu_reopened.clone();
@@ -4473,6 +4539,99 @@ impl Ike {
     // -----------------------------------------------------------------
     // INFORMATIONAL
     // -----------------------------------------------------------------
+
+    /// RFC 4555 §3.5: the peer's UPDATE_SA_ADDRESSES (request `p`, which
+    /// came from `remote` to `local`) moves the IKE SA and its child SAs
+    /// there. NAT detection is done again on the new addresses; if its
+    /// outcome changed, the child SAs are rekeyed so that their ESP is
+    /// encapsulated (or not) as the new path needs. Err: the notify to
+    /// refuse with (NO_NATS_ALLOWED, and the addresses were changed on the
+    /// way), the SA unchanged.
+    fn mobike_update(
+        &mut self,
+        i: usize,
+        local: SocketAddr,
+        remote: SocketAddr,
+        p: &[Payload],
+    ) -> Result<(), NotifyType> {
+        let ci = self.sas[i].conn;
+        if let Some(n) = find_notify(p, NotifyType::NoNatsAllowed) {
+            if n.data != no_nats_data(remote, local) {
+                self.count(IkeEvent::MobikeRefused);
+                self.log(
+                    Level::Warn,
+                    Some(ci),
+                    format!(
+                        "MOBIKE: the peer asked to move to {remote} with NO_NATS_ALLOWED, but \
+                         its addresses were changed on the way: refused \
+                         (UNEXPECTED_NAT_DETECTED), the SAs stay with {}",
+                        self.sas[i].remote
+                    ),
+                );
+                return Err(NotifyType::UnexpectedNatDetected);
+            }
+        }
+        let (spi_i, spi_r) = (self.sas[i].spi_i, self.sas[i].spi_r);
+        let src_ok = find_notify(p, NotifyType::NatDetectionSourceIp)
+            .map(|n| n.data == nat_hash(spi_i, spi_r, remote));
+        let dst_ok = find_notify(p, NotifyType::NatDetectionDestinationIp)
+            .map(|n| n.data == nat_hash(spi_i, spi_r, local));
+        let sa = &mut self.sas[i];
+        // Without NAT detection payloads, the NAT state stays as it was.
+        let nat = match (src_ok, dst_ok) {
+            (None, None) => sa.nat,
+            _ => src_ok == Some(false) || dst_ok == Some(false) || self.conns[ci].force_encap,
+        };
+        let was = std::mem::replace(&mut sa.remote, remote);
+        sa.local = local;
+        let nat_changed = std::mem::replace(&mut sa.nat, nat) != nat;
+        self.count(IkeEvent::MobikeUpdates);
+        self.log(
+            Level::Info,
+            Some(ci),
+            format!(
+                "the peer moved from {was} to {remote} (MOBIKE){}: IKE and ESP go there",
+                if nat { ", behind a NAT" } else { "" }
+            ),
+        );
+        if was != remote {
+            self.events.push_back(Event::PeerMoved {
+                conn: self.conns[ci].name.clone(),
+                remote,
+            });
+        }
+        if nat_changed {
+            // The installed SAs keep the encapsulation they were made with:
+            // new ones, made on the new path, take the new one.
+            let live: Vec<u32> = self.sas[i]
+                .children
+                .iter_mut()
+                .filter(|c| c.state == ChildState::Installed)
+                .map(|c| {
+                    c.rekey_at = None;
+                    c.spi_in
+                })
+                .collect();
+            self.log(
+                Level::Info,
+                Some(ci),
+                format!(
+                    "MOBIKE: the new path {} a NAT: rekeying {} child SA(s) so that their ESP is \
+                     {}",
+                    if nat { "crosses" } else { "no longer crosses" },
+                    live.len(),
+                    if nat { "in UDP" } else { "no longer in UDP" }
+                ),
+            );
+            // Started after the answer (the INFORMATIONAL handler kicks).
+            for s in live {
+                if !self.sas[i].tasks.contains(&Task::RekeyChild(s)) {
+                    self.sas[i].tasks.push_back(Task::RekeyChild(s));
+                }
+            }
+        }
+        Ok(())
+    }
 
     fn responder_informational(&mut self, i: usize, now: Duration, id: u32, p: Vec<Payload>) {
         let ci = self.sas[i].conn;
@@ -4537,6 +4696,37 @@ impl Ike {
                     delete_ike = true;
                 }
                 _ => {}
+            }
+        }
+        if self.sas[i].mobike && !delete_ike {
+            // RFC 4555 §3.5, §3.8: an address update is answered with NAT
+            // detection on the new addresses, and a COOKIE2 is returned.
+            if find_notify(&p, NotifyType::UpdateSaAddresses).is_some()
+                && find_notify(&p, NotifyType::NatDetectionSourceIp).is_some()
+            {
+                let sa = &self.sas[i];
+                let (spi_i, spi_r, local, remote) = (sa.spi_i, sa.spi_r, sa.local, sa.remote);
+                let src = if self.conns[ci].force_encap {
+                    // As in IKE_SA_INIT: a random hash, so the peer keeps
+                    // seeing a NAT.
+                    match rng::bytes(&mut *self.rng, 20) {
+                        Ok(b) => b,
+                        Err(_) => {
+                            self.rng_failed(Some(ci), "address update not answered");
+                            return;
+                        }
+                    }
+                } else {
+                    nat_hash(spi_i, spi_r, local)
+                };
+                out.push(notify(NotifyType::NatDetectionSourceIp, src));
+                out.push(notify(
+                    NotifyType::NatDetectionDestinationIp,
+                    nat_hash(spi_i, spi_r, remote),
+                ));
+            }
+            if let Some(n) = find_notify(&p, NotifyType::Cookie2) {
+                out.push(notify(NotifyType::Cookie2, n.data.clone()));
             }
         }
         self.reply(

@@ -397,6 +397,9 @@ codepoint! {
     TsUnacceptable = 38 => "TS_UNACCEPTABLE",
     /// INVALID_SELECTORS.
     InvalidSelectors = 39 => "INVALID_SELECTORS",
+    /// UNEXPECTED_NAT_DETECTED (RFC 4555): the peer said NO_NATS_ALLOWED,
+    /// but its addresses were changed on the way.
+    UnexpectedNatDetected = 41 => "UNEXPECTED_NAT_DETECTED",
     /// TEMPORARY_FAILURE.
     TemporaryFailure = 43 => "TEMPORARY_FAILURE",
     /// CHILD_SA_NOT_FOUND.
@@ -427,6 +430,24 @@ codepoint! {
     EspTfcPaddingNotSupported = 16394 => "ESP_TFC_PADDING_NOT_SUPPORTED",
     /// NON_FIRST_FRAGMENTS_ALSO.
     NonFirstFragmentsAlso = 16395 => "NON_FIRST_FRAGMENTS_ALSO",
+    /// MOBIKE_SUPPORTED (RFC 4555): the sender can move the IKE SA and its
+    /// child SAs to other addresses.
+    MobikeSupported = 16396 => "MOBIKE_SUPPORTED",
+    /// ADDITIONAL_IP4_ADDRESS (RFC 4555).
+    AdditionalIp4Address = 16397 => "ADDITIONAL_IP4_ADDRESS",
+    /// ADDITIONAL_IP6_ADDRESS (RFC 4555).
+    AdditionalIp6Address = 16398 => "ADDITIONAL_IP6_ADDRESS",
+    /// NO_ADDITIONAL_ADDRESSES (RFC 4555).
+    NoAdditionalAddresses = 16399 => "NO_ADDITIONAL_ADDRESSES",
+    /// UPDATE_SA_ADDRESSES (RFC 4555): move the SAs to the addresses this
+    /// message came from and went to.
+    UpdateSaAddresses = 16400 => "UPDATE_SA_ADDRESSES",
+    /// COOKIE2 (RFC 4555): returned unchanged in the response, a return
+    /// routability check.
+    Cookie2 = 16401 => "COOKIE2",
+    /// NO_NATS_ALLOWED (RFC 4555; data: the addresses and ports the sender
+    /// used).
+    NoNatsAllowed = 16402 => "NO_NATS_ALLOWED",
     /// IKEV2_FRAGMENTATION_SUPPORTED (RFC 7383).
     Ikev2FragmentationSupported = 16430 => "IKEV2_FRAGMENTATION_SUPPORTED",
     /// SIGNATURE_HASH_ALGORITHMS (RFC 7427).

@@ -688,6 +688,7 @@ fn sa_status(s: &IkeStatus, now: Duration) -> IkeSaStatus {
         established_secs: s.established_at.map(|t| now.saturating_sub(t).as_secs()),
         rekey_in_secs: secs_until(s.rekey_at, now),
         nat: s.nat,
+        mobike: s.mobike,
         costs: cost_rows(&s.costs),
         children: s
             .children

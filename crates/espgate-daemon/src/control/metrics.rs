@@ -1112,6 +1112,7 @@ mod tests {
                 established_secs: Some(5),
                 rekey_in_secs: None,
                 nat: true,
+                mobike: false,
                 children: vec![],
                 costs: vec![],
             }],

@@ -121,6 +121,12 @@ ike_events! {
     /// A continued IKE SA took the peer's request past the message ID its
     /// snapshot expected (the snapshot was behind).
     MessageIdResyncs => "message_id_resyncs",
+    /// The peer moved the IKE SA and its child SAs with MOBIKE's
+    /// UPDATE_SA_ADDRESSES (RFC 4555).
+    MobikeUpdates => "mobike_updates",
+    /// An UPDATE_SA_ADDRESSES was refused: the peer said NO_NATS_ALLOWED
+    /// and its addresses had been changed on the way.
+    MobikeRefused => "mobike_refused",
 }
 
 /// How many of each [`IkeEvent`] happened.

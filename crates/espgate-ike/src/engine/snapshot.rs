@@ -265,6 +265,9 @@ pub struct IkeSnapshot {
     last_response: Option<(u32, Vec<Bytes>)>,
     peer_id: Option<PeerId>,
     fragmentation: bool,
+    /// MOBIKE (RFC 4555) was negotiated.
+    #[serde(default)]
+    mobike: bool,
     qesp_declined: bool,
     /// The peer keeps per-CPU children (RFC 9611).
     #[serde(default)]
@@ -318,6 +321,7 @@ pub(super) fn fingerprint(sa: &IkeSa) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (sa.serial, sa.spi_i, sa.spi_r, sa.local, sa.remote).hash(&mut h);
     (sa.nat, sa.fragmentation, sa.qesp_declined, sa.per_cpu_peer).hash(&mut h);
+    sa.mobike.hash(&mut h);
     sa.pfs_group.map(|g| g.id()).hash(&mut h);
     (next_out(sa), sa.next_in_id, sa.rekey_at).hash(&mut h);
     matches!(
@@ -445,6 +449,7 @@ impl Ike {
                 data: Bytes(p.data()),
             }),
             fragmentation: sa.fragmentation,
+            mobike: sa.mobike,
             qesp_declined: sa.qesp_declined,
             per_cpu_peer: sa.per_cpu_peer,
             pfs_group: sa.pfs_group.map(|g| g.id()),
@@ -695,6 +700,7 @@ impl Ike {
         sa.rekey_at = snap.rekey_in.map(|d| now + d);
         sa.peer_id = peer_id;
         sa.fragmentation = snap.fragmentation;
+        sa.mobike = snap.mobike;
         sa.qesp_declined = snap.qesp_declined;
         sa.per_cpu_peer = snap.per_cpu_peer;
         sa.pfs_group = pfs_group;

@@ -52,6 +52,7 @@ fn conf(local: &str, remote: &str, ike: &str, esp: &str, lts: &str, rts: &str) -
             limit: Duration::ZERO,
         },
         force_encap: false,
+        mobike: true,
     }
 }
 
@@ -3475,5 +3476,191 @@ fn each_sets_first_child_announces_per_cpu_children_and_reopens_hold_off_per_set
         1,
         "{:?}",
         p.pa.lines
+    );
+}
+
+/// A request of A's IKE SA with `payloads`, as B receives it from `from`
+/// (A moved there, or a NAT changed it on the way); returns B's answer
+/// (where it went, and its payloads as A opens them).
+fn crafted_from(
+    p: &mut Pair,
+    payloads: Vec<Payload>,
+    from: SocketAddr,
+) -> (SocketAddr, Vec<Payload>) {
+    let id = p.a.sas[0].next_out_id;
+    let h = p.a.sas[0].header(ExchangeType::Informational, false, id);
+    let data = p.a.sas[0].sk.as_mut().unwrap().seal(&h, &payloads).unwrap();
+    p.a.sas[0].next_out_id += 1;
+    let to = p.a.sas[0].remote;
+    p.b.handle(p.now, to, from, &data);
+    let t = p.b.poll_transmit().expect("an answer");
+    assert_eq!(t.local, to, "answered from where the request arrived");
+    let answer = p.a.sas[0].sk.as_ref().unwrap().open(&t.data).unwrap().1;
+    (t.remote, answer)
+}
+
+/// RFC 4555 as the responder: a MOBIKE peer's message from another
+/// address is answered there without moving anything (it may be testing a
+/// path); its UPDATE_SA_ADDRESSES moves the IKE SA and the child SAs
+/// (PeerMoved), answered with NAT detection on the new addresses and its
+/// COOKIE2; NO_NATS_ALLOWED with addresses changed on the way is refused
+/// (UNEXPECTED_NAT_DETECTED) and moves nothing; a move onto a path with a
+/// NAT rekeys the children so that the new ones are UDP-encapsulated.
+#[test]
+fn a_mobike_peer_moves_the_sas_only_when_it_says_so() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    assert_eq!(established(&p.b), 1);
+    let bi = p.b.sas.iter().next().map(|(k, _)| k).unwrap();
+    assert!(
+        !p.b.sas[bi].mobike,
+        "espgate's initiator does not offer MOBIKE"
+    );
+    assert!(!p.b.status()[0].mobike);
+    // As if A had offered it in IKE_AUTH (a strongSwan initiator does).
+    p.b.sas[bi].mobike = true;
+    let (spi_i, spi_r) = (p.a.sas[0].spi_i, p.a.sas[0].spi_r);
+    let old: SocketAddr = format!("{A}:500").parse().unwrap();
+    let new: SocketAddr = "192.0.2.9:500".parse().unwrap();
+    let b_addr = p.a.sas[0].remote;
+    let moves = |p: &Pair| p.pb.log.iter().filter(|l| l.starts_with("moved")).count();
+
+    // 1. A liveness check from the new address: answered there, no move.
+    let (to, answer) = crafted_from(&mut p, vec![], new);
+    apply(&mut p.b, &mut p.pb);
+    assert_eq!((to, answer.len()), (new, 0));
+    assert_eq!((p.b.sas[bi].remote, moves(&p)), (old, 0));
+
+    // 2. NO_NATS_ALLOWED naming addresses the packet does not have.
+    let (to, answer) = crafted_from(
+        &mut p,
+        vec![
+            notify(NotifyType::UpdateSaAddresses, vec![]),
+            notify(NotifyType::NoNatsAllowed, no_nats_data(old, b_addr)),
+        ],
+        new,
+    );
+    apply(&mut p.b, &mut p.pb);
+    assert_eq!(to, new);
+    assert_eq!(
+        notify_of(&answer).map(|n| n.0),
+        Some(NotifyType::UnexpectedNatDetected)
+    );
+    assert_eq!((p.b.sas[bi].remote, moves(&p)), (old, 0));
+    assert_eq!(p.b.counter(IkeEvent::MobikeRefused), 1);
+
+    // 3. The update, no NAT on the way (NAT detection hashes match).
+    let cookie2 = b"return routability".to_vec();
+    let (to, answer) = crafted_from(
+        &mut p,
+        vec![
+            notify(NotifyType::UpdateSaAddresses, vec![]),
+            notify(
+                NotifyType::NatDetectionSourceIp,
+                nat_hash(spi_i, spi_r, new),
+            ),
+            notify(
+                NotifyType::NatDetectionDestinationIp,
+                nat_hash(spi_i, spi_r, b_addr),
+            ),
+            notify(NotifyType::NoNatsAllowed, no_nats_data(new, b_addr)),
+            notify(NotifyType::Cookie2, cookie2.clone()),
+        ],
+        new,
+    );
+    apply(&mut p.b, &mut p.pb);
+    assert_eq!(to, new);
+    assert_eq!(
+        find_notify(&answer, NotifyType::NatDetectionSourceIp).map(|n| n.data.clone()),
+        Some(nat_hash(spi_i, spi_r, b_addr)),
+        "{answer:?}"
+    );
+    assert_eq!(
+        find_notify(&answer, NotifyType::NatDetectionDestinationIp).map(|n| n.data.clone()),
+        Some(nat_hash(spi_i, spi_r, new))
+    );
+    assert_eq!(
+        find_notify(&answer, NotifyType::Cookie2).map(|n| n.data.clone()),
+        Some(cookie2)
+    );
+    assert_eq!(p.b.sas[bi].remote, new);
+    assert!(!p.b.sas[bi].nat);
+    assert_eq!(
+        p.pb.log
+            .iter()
+            .filter(|l| l.starts_with("moved"))
+            .collect::<Vec<_>>(),
+        [&format!("moved c {new}")]
+    );
+    assert_eq!(p.b.counter(IkeEvent::MobikeUpdates), 1);
+    // Nothing rekeyed: the NAT state did not change.
+    let sas_before = p.pb.sas.clone();
+    assert!(p.b.poll_transmit().is_none());
+    // B's own requests go to the new address now.
+    p.b.terminate(p.now, "c").unwrap();
+    assert_eq!(p.b.poll_transmit().expect("a delete").remote, new);
+    // (Delivered nowhere: A is not told; the test ends its IKE SA on B.)
+    assert_eq!(p.pb.sas, sas_before);
+
+    // 4. A fresh pair: an update onto a path through a NAT (A's source
+    // hash does not match what B sees) rekeys the child.
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let bi = p.b.sas.iter().next().map(|(k, _)| k).unwrap();
+    p.b.sas[bi].mobike = true;
+    let (spi_i, spi_r) = (p.a.sas[0].spi_i, p.a.sas[0].spi_r);
+    let b_addr = p.a.sas[0].remote;
+    let nat: SocketAddr = "198.51.100.7:31000".parse().unwrap();
+    let children_before = p.b.status()[0].children.len();
+    let in_before: Vec<u32> = p.b.status()[0].children.iter().map(|c| c.spi_in).collect();
+    let (to, _) = crafted_from(
+        &mut p,
+        vec![
+            notify(NotifyType::UpdateSaAddresses, vec![]),
+            notify(
+                NotifyType::NatDetectionSourceIp,
+                nat_hash(spi_i, spi_r, new),
+            ),
+            notify(
+                NotifyType::NatDetectionDestinationIp,
+                nat_hash(spi_i, spi_r, b_addr),
+            ),
+        ],
+        nat,
+    );
+    assert_eq!(to, nat);
+    assert!(p.b.sas[bi].nat, "a NAT on the new path");
+    // B's rekey of the child goes to the new address; A (which did not
+    // move in this test) is handed it as if it came from B.
+    let t = p.b.poll_transmit().expect("a child rekey");
+    assert_eq!(t.remote, nat);
+    let a_addr = p.a.sas[0].local;
+    p.a.handle(p.now, a_addr, b_addr, &t.data);
+    apply(&mut p.b, &mut p.pb);
+    let t = p.a.poll_transmit().expect("A's answer");
+    p.b.handle(p.now, t.remote, nat, &t.data);
+    apply(&mut p.a, &mut p.pa);
+    apply(&mut p.b, &mut p.pb);
+    let st = &p.b.status()[0];
+    assert!(st.nat && st.mobike);
+    let in_after: Vec<u32> = st
+        .children
+        .iter()
+        .filter(|c| c.state == "installed")
+        .map(|c| c.spi_in)
+        .collect();
+    assert_eq!(in_after.len(), children_before);
+    assert!(
+        in_after.iter().all(|s| !in_before.contains(s)),
+        "{in_before:?} -> {in_after:?}"
+    );
+    assert!(
+        p.pb.lines
+            .iter()
+            .any(|(_, l)| l.contains("the new path crosses a NAT: rekeying 1 child SA(s)")),
+        "{:?}",
+        p.pb.lines
     );
 }

@@ -384,6 +384,7 @@ fn config(
         dpd_action: DpdAction::Clear,
         retransmit: Retransmit::default(),
         force_encap: false,
+        mobike: true,
     })
 }
 
