@@ -599,5 +599,8 @@ def test_strongswan_moves_to_a_new_address_with_mobike(lab):
     wait_for("the child SA on the new path", lambda: charon_established(c), 15, (d,))
     out = d.sas("out")
     assert out and all(sa.get("peer") == "192.0.2.9" for sa in out), out
+    text = ctl(d, "status").stdout
+    assert "192.0.2.1 -> 192.0.2.2:4500 (now 192.0.2.9:4500)" in text, text
+    assert "192.0.2.9:4500 (NAT-T, MOBIKE)" in text, text
     assert_traffic(d, c)
     assert d.stop() == 0

@@ -333,10 +333,15 @@ const SA_HEADER: [&str; 10] = [
 
 /// `tunnel/udp 4500>31000`: the mode, the encapsulation and, with UDP,
 /// the ports of the SA's packets (source>destination), with the peer's
-/// address on the peer's side when IKE moved it away from `remote`.
+/// address on the peer's side when IKE moved it away from `remote`
+/// (raw ESP: `tunnel/none >192.0.2.3`, `tunnel/none 192.0.2.3>`).
 fn mode_cell(s: &SaStatus) -> String {
     let Some((src, dst)) = s.udp_ports else {
-        return format!("{}/{}", s.mode, s.encap);
+        return match (&s.peer, s.direction.as_str()) {
+            (Some(p), "out") => format!("{}/{} >{p}", s.mode, s.encap),
+            (Some(p), _) => format!("{}/{} {p}>", s.mode, s.encap),
+            (None, _) => format!("{}/{}", s.mode, s.encap),
+        };
     };
     let (src, dst) = match (&s.peer, s.direction.as_str()) {
         (Some(p), "out") => (src.to_string(), sock(p, dst)),
@@ -419,9 +424,22 @@ pub fn render_status(s: &Status) -> String {
         let _ = writeln!(out, ", offloads {}", s.offloads.join(" "));
     }
     for c in &s.connections {
+        // IKE followed the peer away from `remote` (a NAT, MOBIKE).
+        let now = c
+            .sas
+            .iter()
+            .find(|sa| sa.direction == "out")
+            .and_then(|sa| {
+                let p = sa.peer.as_deref()?;
+                Some(match sa.udp_ports {
+                    Some((_, port)) => format!(" (now {})", sock(p, port)),
+                    None => format!(" (now {p})"),
+                })
+            })
+            .unwrap_or_default();
         let _ = writeln!(
             out,
-            "\nconnection {}: {} {} over {}, {} -> {}",
+            "\nconnection {}: {} {} over {}, {} -> {}{now}",
             c.name, c.mode, c.protocol, c.encap, c.local, c.remote
         );
         let _ = writeln!(
@@ -739,7 +757,32 @@ counters: keepalives=0, tun_rx=3
             udp_ports: None,
             ..moved(outbound, "192.0.2.3")
         };
-        assert_eq!(mode_cell(&raw), "tunnel/none");
+        assert_eq!(mode_cell(&raw), "tunnel/none >192.0.2.3");
+        let raw_in = SaStatus {
+            encap: "none".into(),
+            udp_ports: None,
+            ..moved(inbound, "192.0.2.3")
+        };
+        assert_eq!(mode_cell(&raw_in), "tunnel/none 192.0.2.3>");
+        let unmoved = SaStatus { peer: None, ..raw };
+        assert_eq!(mode_cell(&unmoved), "tunnel/none");
+    }
+
+    #[test]
+    fn the_connection_line_names_where_a_moved_peer_is_now() {
+        let mut s = sample();
+        let text = render_status(&s);
+        assert!(!text.contains("(now "), "{text}");
+        for sa in &mut s.connections[0].sas {
+            sa.peer = Some("192.0.2.3".into());
+        }
+        let c = &s.connections[0];
+        let line = format!(
+            "connection {}: {} {} over {}, {} -> {} (now 192.0.2.3:31000)",
+            c.name, c.mode, c.protocol, c.encap, c.local, c.remote
+        );
+        let text = render_status(&s);
+        assert!(text.contains(&line), "{text}");
     }
 
     #[test]
