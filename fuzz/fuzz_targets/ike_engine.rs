@@ -13,7 +13,11 @@
 //! - 4: deliver everything queued both ways (a handshake makes progress);
 //! - 5: time passes (the first byte in seconds) and timers run;
 //! - 6: the next queued datagram of A, with one byte flipped, to B;
-//! - 7: A initiates / terminates (first byte even / odd).
+//! - 7: A initiates / terminates / B takes its IKE SAs to have negotiated
+//!   MOBIKE (first byte % 3 = 0 / 1 / 2).
+//!
+//! In 2 and 3, bit 7 of the third byte delivers the message from another
+//! address of the sender (a moved MOBIKE peer, a NAT's new mapping).
 //!
 //! Asserts: no panic, no endless loop (every loop is bounded), and the
 //! data-plane events stay consistent: an SA is never installed twice or
@@ -178,11 +182,14 @@ fuzz_target!(|data: &[u8]| {
             1 => a.handle(now, from_a, from_b, body),
             2 | 3 => {
                 if body.len() >= 4 {
-                    let (src, dst, to, from) = if kind == 2 {
+                    let (src, dst, to, mut from) = if kind == 2 {
                         (&mut a, &mut b, from_b, from_a)
                     } else {
                         (&mut b, &mut a, from_a, from_b)
                     };
+                    if body[2] & 0x80 != 0 {
+                        from = "192.0.2.9:4500".parse().unwrap();
+                    }
                     let exch = 34 + body[1] % 4;
                     let response = body[2] & 1 == 1;
                     if let Some(t) = src.fuzz_seal(
@@ -236,10 +243,14 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             _ => {
-                if body.first().is_some_and(|x| x % 2 == 0) {
-                    let _ = a.initiate(now, "c");
-                } else {
-                    let _ = a.terminate(now, "c");
+                match body.first().map_or(0, |x| x % 3) {
+                    0 => {
+                        let _ = a.initiate(now, "c");
+                    }
+                    1 => {
+                        let _ = a.terminate(now, "c");
+                    }
+                    _ => b.fuzz_mobike(),
                 }
             }
         }

@@ -354,7 +354,7 @@ table ip espgate_test_nat {
     run("ip", "netns", "exec", c.peer, "conntrack", "-F", check=False)
     wait("the followers told of the new port",
          lambda: all(d.log_text().count(moved) > n for d, n in zip(followers, told)), 30, logs)
-    assert "outbound SA(s) now send ESP-in-UDP to 192.168.50.2:" in c.daemons[leader - 1].log_text()
+    assert "outbound SA(s) now send ESP to 192.168.50.2:" in c.daemons[leader - 1].log_text()
     before = all_shared(c)
     kernel_before = c.kernel_counters()
     end = udp_stream(c, 4, rate="2M", length=500, port=5320)

@@ -329,7 +329,7 @@ def test_esp_follows_the_peer_when_its_nat_maps_it_anew(lab):
     assert second != first, "the NAT kept its port; run again"
     wait_for("B's ESP at the new port", lambda: ping(b.ns, "10.1.0.1", "10.2.0.1", count=1).returncode == 0,
              30, (a, b))
-    assert f"outbound SA(s) now send ESP-in-UDP to 192.0.2.1:{second}" in b.log_text(), b.log_text()[-3000:]
+    assert f"outbound SA(s) now send ESP to 192.0.2.1:{second}" in b.log_text(), b.log_text()[-3000:]
     assert b.sas("out")[0]["spi"] == spi, "followed by a rekey, not by the move"
     # `sa list` shows where each SA's ESP goes now, and where it comes from.
     assert b.sas("out")[0]["udp_ports"] == [4500, second], b.sas("out")
@@ -366,7 +366,7 @@ table ip espgate_test_nat {
     run("ip", "netns", "exec", r_ns, "conntrack", "-F", check=False)
     wait_for("B's ESP at the NAT's new address", lambda: ping(b.ns, "10.1.0.1", "10.2.0.1", count=1).returncode == 0,
              30, (a, b))
-    assert "outbound SA(s) now send ESP-in-UDP to 192.0.2.3:" in b.log_text(), b.log_text()[-3000:]
+    assert "outbound SA(s) now send ESP to 192.0.2.3:" in b.log_text(), b.log_text()[-3000:]
     assert b.sas("out")[0]["spi"] == spi, "followed by a rekey, not by the move"
     assert b.sas("out")[0]["peer"] == b.sas("in")[0]["peer"] == "192.0.2.3", b.sas("out")
     port = b.sas("out")[0]["udp_ports"][1]

@@ -135,10 +135,11 @@ pub enum Event {
         /// Direction.
         outbound: bool,
     },
-    /// The peer of an established IKE SA behind a NAT now sends from
-    /// `remote` (the NAT gave it another port, or address): RFC 7296 §2.23
-    /// has the other side send everything there, so the connection's
-    /// outbound ESP-in-UDP should follow, not only IKE.
+    /// The peer of an established IKE SA now sends from `remote`: behind
+    /// a NAT that gave it another port or address (RFC 7296 §2.23), or
+    /// moved there itself and said so with MOBIKE (RFC 4555). Everything
+    /// goes there now, so the connection's outbound ESP should follow, not
+    /// only IKE.
     PeerMoved {
         /// Connection name.
         conn: String,
@@ -1470,6 +1471,18 @@ impl Ike {
             remote: s.remote,
             data,
         })
+    }
+
+    /// Fuzzing only: every established IKE SA is taken to have negotiated
+    /// MOBIKE (as if the initiator had offered it), so that a fuzzer
+    /// reaches the address-update paths.
+    #[cfg(fuzzing)]
+    pub fn fuzz_mobike(&mut self) {
+        for (_, s) in self.sas.iter_mut() {
+            if s.state == State::Established {
+                s.mobike = true;
+            }
+        }
     }
 
     // -----------------------------------------------------------------

@@ -507,14 +507,15 @@ impl IkeDriver {
                 }
                 Event::PeerMoved { conn, remote } => {
                     // RFC 7296 §2.23: ESP follows the peer's new NAT
-                    // mapping, not only IKE.
+                    // mapping, not only IKE; and RFC 4555 §3.5: its
+                    // MOBIKE address update. (Raw ESP: the port is unused.)
                     let remote = SocketAddr::new(remote.ip().to_canonical(), remote.port());
                     let mut guards = lock_all(engines);
                     let mut refs: Vec<&mut Engine> = guards.iter_mut().map(|g| &mut **g).collect();
                     match set_peer_all(&mut refs, &conn, remote) {
                         Ok(n) => tracing::info!(
-                            "ike: connection \"{conn}\": {n} outbound SA(s) now send ESP-in-UDP \
-                             to {remote}"
+                            "ike: connection \"{conn}\": {n} outbound SA(s) now send ESP to \
+                             {remote}"
                         ),
                         Err(e) => tracing::warn!("ike: {e}"),
                     }
