@@ -3499,6 +3499,23 @@ fn crafted_from(
     (t.remote, answer)
 }
 
+/// UPDATE_SA_ADDRESSES with NAT detection hashes of `src` and `dst`, as
+/// the peer sent them (they match what the receiver sees unless a NAT
+/// changed the packet on the way).
+fn update_sa_addresses(spis: (u64, u64), src: SocketAddr, dst: SocketAddr) -> Vec<Payload> {
+    vec![
+        notify(NotifyType::UpdateSaAddresses, vec![]),
+        notify(
+            NotifyType::NatDetectionSourceIp,
+            nat_hash(spis.0, spis.1, src),
+        ),
+        notify(
+            NotifyType::NatDetectionDestinationIp,
+            nat_hash(spis.0, spis.1, dst),
+        ),
+    ]
+}
+
 /// RFC 4555 as the responder: a MOBIKE peer's message from another
 /// address is answered there without moving anything (it may be testing a
 /// path); its UPDATE_SA_ADDRESSES moves the IKE SA and the child SAs
@@ -3554,19 +3571,14 @@ fn a_mobike_peer_moves_the_sas_only_when_it_says_so() {
     let cookie2 = b"return routability".to_vec();
     let (to, answer) = crafted_from(
         &mut p,
-        vec![
-            notify(NotifyType::UpdateSaAddresses, vec![]),
-            notify(
-                NotifyType::NatDetectionSourceIp,
-                nat_hash(spi_i, spi_r, new),
-            ),
-            notify(
-                NotifyType::NatDetectionDestinationIp,
-                nat_hash(spi_i, spi_r, b_addr),
-            ),
-            notify(NotifyType::NoNatsAllowed, no_nats_data(new, b_addr)),
-            notify(NotifyType::Cookie2, cookie2.clone()),
-        ],
+        [
+            update_sa_addresses((spi_i, spi_r), new, b_addr),
+            vec![
+                notify(NotifyType::NoNatsAllowed, no_nats_data(new, b_addr)),
+                notify(NotifyType::Cookie2, cookie2.clone()),
+            ],
+        ]
+        .concat(),
         new,
     );
     apply(&mut p.b, &mut p.pb);
@@ -3617,17 +3629,7 @@ fn a_mobike_peer_moves_the_sas_only_when_it_says_so() {
     let in_before: Vec<u32> = p.b.status()[0].children.iter().map(|c| c.spi_in).collect();
     let (to, _) = crafted_from(
         &mut p,
-        vec![
-            notify(NotifyType::UpdateSaAddresses, vec![]),
-            notify(
-                NotifyType::NatDetectionSourceIp,
-                nat_hash(spi_i, spi_r, new),
-            ),
-            notify(
-                NotifyType::NatDetectionDestinationIp,
-                nat_hash(spi_i, spi_r, b_addr),
-            ),
-        ],
+        update_sa_addresses((spi_i, spi_r), new, b_addr),
         nat,
     );
     assert_eq!(to, nat);
