@@ -4712,13 +4712,18 @@ impl Ike {
             }
         }
         if self.sas[i].mobike && !delete_ike {
-            // RFC 4555 §3.5, §3.8: an address update is answered with NAT
-            // detection on the new addresses, and a COOKIE2 is returned.
-            if find_notify(&p, NotifyType::UpdateSaAddresses).is_some()
-                && find_notify(&p, NotifyType::NatDetectionSourceIp).is_some()
-            {
+            // RFC 4555 §3.5, §3.8: NAT detection is answered on the
+            // addresses of this exchange (an address update's new ones; a
+            // liveness check's, by which a peer behind a NAT finds that
+            // its mapping changed and moves the SAs), and a COOKIE2 is
+            // returned.
+            if find_notify(&p, NotifyType::NatDetectionSourceIp).is_some() {
                 let sa = &self.sas[i];
-                let (spi_i, spi_r, local, remote) = (sa.spi_i, sa.spi_r, sa.local, sa.remote);
+                let (spi_i, spi_r) = (sa.spi_i, sa.spi_r);
+                let (local, remote) = match self.answer_to {
+                    Some((j, l, r)) if j == i => (l, r),
+                    _ => (sa.local, sa.remote),
+                };
                 let src = if self.conns[ci].force_encap {
                     // As in IKE_SA_INIT: a random hash, so the peer keeps
                     // seeing a NAT.

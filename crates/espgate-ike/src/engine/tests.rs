@@ -3548,6 +3548,35 @@ fn a_mobike_peer_moves_the_sas_only_when_it_says_so() {
     apply(&mut p.b, &mut p.pb);
     assert_eq!((to, answer.len()), (new, 0));
     assert_eq!((p.b.sas[bi].remote, moves(&p)), (old, 0));
+    // With NAT detection (a peer behind a NAT checking its mapping): the
+    // hashes are of this exchange's addresses, so the peer sees that it
+    // arrived from elsewhere; still no move.
+    let (to, answer) = crafted_from(
+        &mut p,
+        vec![
+            notify(
+                NotifyType::NatDetectionSourceIp,
+                nat_hash(spi_i, spi_r, old),
+            ),
+            notify(
+                NotifyType::NatDetectionDestinationIp,
+                nat_hash(spi_i, spi_r, b_addr),
+            ),
+        ],
+        new,
+    );
+    apply(&mut p.b, &mut p.pb);
+    assert_eq!(to, new);
+    assert_eq!(
+        find_notify(&answer, NotifyType::NatDetectionDestinationIp).map(|n| n.data.clone()),
+        Some(nat_hash(spi_i, spi_r, new)),
+        "{answer:?}"
+    );
+    assert_eq!(
+        find_notify(&answer, NotifyType::NatDetectionSourceIp).map(|n| n.data.clone()),
+        Some(nat_hash(spi_i, spi_r, b_addr))
+    );
+    assert_eq!((p.b.sas[bi].remote, moves(&p)), (old, 0));
 
     // 2. NO_NATS_ALLOWED naming addresses the packet does not have.
     let (to, answer) = crafted_from(
