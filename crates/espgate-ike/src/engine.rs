@@ -3418,7 +3418,10 @@ impl Ike {
         if h.response {
             self.handle_response(i, now, remote, data, h);
         } else {
-            self.answer_to = Some((i, local, remote));
+            // Our address is the SA's (we never move; `local` may be the
+            // socket's wildcard address), the port the request's.
+            let here = SocketAddr::new(self.sas[i].local.ip(), local.port());
+            self.answer_to = Some((i, here, remote));
             self.handle_request(i, now, local, remote, data, h);
             self.answer_to = None;
         }
@@ -4568,6 +4571,9 @@ impl Ike {
         p: &[Payload],
     ) -> Result<(), NotifyType> {
         let ci = self.sas[i].conn;
+        // We do not move: our address stays the SA's (`local` may be the
+        // socket's wildcard address), the port is the request's.
+        let local = SocketAddr::new(self.sas[i].local.ip(), local.port());
         if let Some(n) = find_notify(p, NotifyType::NoNatsAllowed) {
             if n.data != no_nats_data(remote, local) {
                 self.count(IkeEvent::MobikeRefused);

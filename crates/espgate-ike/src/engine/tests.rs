@@ -3481,7 +3481,9 @@ fn each_sets_first_child_announces_per_cpu_children_and_reopens_hold_off_per_set
 
 /// A request of A's IKE SA with `payloads`, as B receives it from `from`
 /// (A moved there, or a NAT changed it on the way); returns B's answer
-/// (where it went, and its payloads as A opens them).
+/// (where it went, and its payloads as A opens them). B's socket is the
+/// wildcard address, as a daemon's is when the packet's destination is
+/// not known: B still answers from its own.
 fn crafted_from(
     p: &mut Pair,
     payloads: Vec<Payload>,
@@ -3492,7 +3494,8 @@ fn crafted_from(
     let data = p.a.sas[0].sk.as_mut().unwrap().seal(&h, &payloads).unwrap();
     p.a.sas[0].next_out_id += 1;
     let to = p.a.sas[0].remote;
-    p.b.handle(p.now, to, from, &data);
+    let wildcard = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), to.port());
+    p.b.handle(p.now, wildcard, from, &data);
     let t = p.b.poll_transmit().expect("an answer");
     assert_eq!(t.local, to, "answered from where the request arrived");
     let answer = p.a.sas[0].sk.as_ref().unwrap().open(&t.data).unwrap().1;
