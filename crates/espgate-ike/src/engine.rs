@@ -3422,7 +3422,7 @@ impl Ike {
             // socket's wildcard address), the port the request's.
             let here = SocketAddr::new(self.sas[i].local.ip(), local.port());
             self.answer_to = Some((i, here, remote));
-            self.handle_request(i, now, local, remote, data, h);
+            self.handle_request(i, now, here, remote, data, h);
             self.answer_to = None;
         }
     }
@@ -4571,9 +4571,6 @@ impl Ike {
         p: &[Payload],
     ) -> Result<(), NotifyType> {
         let ci = self.sas[i].conn;
-        // We do not move: our address stays the SA's (`local` may be the
-        // socket's wildcard address), the port is the request's.
-        let local = SocketAddr::new(self.sas[i].local.ip(), local.port());
         if let Some(n) = find_notify(p, NotifyType::NoNatsAllowed) {
             if n.data != no_nats_data(remote, local) {
                 self.count(IkeEvent::MobikeRefused);

@@ -3519,6 +3519,22 @@ fn update_sa_addresses(spis: (u64, u64), src: SocketAddr, dst: SocketAddr) -> Ve
     ]
 }
 
+/// `answer` carries NAT detection hashes of `src` (the answer's sender)
+/// and `dst`.
+fn assert_nat_detection(answer: &[Payload], spis: (u64, u64), src: SocketAddr, dst: SocketAddr) {
+    let hash = |t| find_notify(answer, t).map(|n| n.data.clone());
+    assert_eq!(
+        hash(NotifyType::NatDetectionSourceIp),
+        Some(nat_hash(spis.0, spis.1, src)),
+        "{answer:?}"
+    );
+    assert_eq!(
+        hash(NotifyType::NatDetectionDestinationIp),
+        Some(nat_hash(spis.0, spis.1, dst)),
+        "{answer:?}"
+    );
+}
+
 /// RFC 4555 as the responder: a MOBIKE peer's message from another
 /// address is answered there without moving anything (it may be testing a
 /// path); its UPDATE_SA_ADDRESSES moves the IKE SA and the child SAs
@@ -3570,15 +3586,7 @@ fn a_mobike_peer_moves_the_sas_only_when_it_says_so() {
     );
     apply(&mut p.b, &mut p.pb);
     assert_eq!(to, new);
-    assert_eq!(
-        find_notify(&answer, NotifyType::NatDetectionDestinationIp).map(|n| n.data.clone()),
-        Some(nat_hash(spi_i, spi_r, new)),
-        "{answer:?}"
-    );
-    assert_eq!(
-        find_notify(&answer, NotifyType::NatDetectionSourceIp).map(|n| n.data.clone()),
-        Some(nat_hash(spi_i, spi_r, b_addr))
-    );
+    assert_nat_detection(&answer, (spi_i, spi_r), b_addr, new);
     assert_eq!((p.b.sas[bi].remote, moves(&p)), (old, 0));
 
     // 2. NO_NATS_ALLOWED naming addresses the packet does not have.
@@ -3615,15 +3623,7 @@ fn a_mobike_peer_moves_the_sas_only_when_it_says_so() {
     );
     apply(&mut p.b, &mut p.pb);
     assert_eq!(to, new);
-    assert_eq!(
-        find_notify(&answer, NotifyType::NatDetectionSourceIp).map(|n| n.data.clone()),
-        Some(nat_hash(spi_i, spi_r, b_addr)),
-        "{answer:?}"
-    );
-    assert_eq!(
-        find_notify(&answer, NotifyType::NatDetectionDestinationIp).map(|n| n.data.clone()),
-        Some(nat_hash(spi_i, spi_r, new))
-    );
+    assert_nat_detection(&answer, (spi_i, spi_r), b_addr, new);
     assert_eq!(
         find_notify(&answer, NotifyType::Cookie2).map(|n| n.data.clone()),
         Some(cookie2)
