@@ -271,6 +271,20 @@ impl UdpSock {
     }
 }
 
+impl UdpSock {
+    /// One `sendmmsg` of `msgs`, each to its own destination with its own
+    /// TOS, source and GSO size (see [`sys::send_msgs`]): how many the
+    /// kernel took, or the first one's error.
+    pub fn send_msgs(&self, msgs: &[sys::Msg<'_>]) -> io::Result<usize> {
+        sys::send_msgs(self.fd.as_fd(), msgs, self.v6)
+    }
+
+    /// One `sendmsg` of message `m` (see [`sys::send_iov`]).
+    pub fn send_msg(&self, m: &sys::Msg<'_>) -> io::Result<usize> {
+        sys::send_iov(self.fd.as_fd(), m.iov, m.dst, m.tos, m.src, self.v6, m.gso)
+    }
+}
+
 impl AsFd for UdpSock {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()

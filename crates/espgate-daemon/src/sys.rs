@@ -1,8 +1,9 @@
 //! The data plane's per-packet socket calls: `recvmsg` and `recvmmsg`
 //! with the ancillary data we ask for (destination address, TOS / traffic
 //! class, UDP GRO segment size), `sendmsg` with a TOS, a UDP GSO
-//! segment size and a source address, and `sendmmsg` of a batch of raw
-//! packets; plus the socket buffer sizes.
+//! segment size and a source address, and `sendmmsg` of a batch of such
+//! messages (ESP-in-UDP runs to several peers, raw packets); plus the
+//! socket buffer sizes.
 //!
 //! # Crate choices
 //!
@@ -14,8 +15,8 @@
 //!   `rustix` 1.1 has no `recvmmsg` and decodes only `SCM_RIGHTS` and
 //!   `SCM_CREDENTIALS`. The buffers are allocated once; nothing is
 //!   allocated per packet.
-//! - Sending stays hand-written: one `sendmsg`, and for raw ESP/AH one
-//!   `sendmmsg` whose headers live on the stack ([`send_each`]; the tests
+//! - Sending stays hand-written: one `sendmsg`, or one `sendmmsg` whose
+//!   headers live on the stack ([`send_msgs`], [`send_each`]; the tests
 //!   check the control-message layout against libc's `CMSG_*` macros):
 //!   `nix` 0.31's `sendmsg` allocates its control-message buffer (a `Vec`)
 //!   on every call that carries one (`src/sys/socket/mod.rs`, `vec![0u8;
@@ -458,48 +459,24 @@ pub fn send_iov(
     v6_socket: bool,
     gso: Option<u16>,
 ) -> io::Result<usize> {
-    let dst = match dst {
-        SocketAddr::V4(a) if v6_socket => {
-            SocketAddr::V6(SocketAddrV6::new(a.ip().to_ipv6_mapped(), a.port(), 0, 0))
-        }
-        d => d,
+    let m = Msg {
+        iov: data,
+        dst,
+        tos,
+        src,
+        gso,
     };
-    let v4_dst = match dst {
-        SocketAddr::V4(_) => true,
-        SocketAddr::V6(a) => a.ip().to_ipv4_mapped().is_some(),
-    };
-    let addr = SockaddrStorage::from(dst);
-    let mut cmsgs = Cmsgs::new();
-    if let Some(tos) = tos.filter(|&t| t != 0) {
-        let (level, ty) = if v4_dst {
-            (libc::SOL_IP, libc::IP_TOS)
-        } else {
-            (libc::SOL_IPV6, libc::IPV6_TCLASS)
-        };
-        cmsgs.push(level, ty, &libc::c_int::from(tos).to_ne_bytes());
-    }
-    if let Some(g) = gso {
-        cmsgs.push(libc::SOL_UDP, libc::UDP_SEGMENT, &g.to_ne_bytes());
-    }
-    if let Some(src) = src {
-        cmsgs.push_source(src, v4_dst);
-    }
-    let control = cmsgs.as_slice();
-    let msg = libc::msghdr {
-        msg_name: addr.as_ptr().cast_mut().cast(),
-        msg_namelen: addr.len(),
-        // `IoSlice` is ABI-compatible with `iovec` (documented by std); the
-        // kernel only reads through these pointers.
-        msg_iov: data.as_ptr().cast_mut().cast(),
-        msg_iovlen: data.len(),
-        msg_control: if control.is_empty() {
-            std::ptr::null_mut()
-        } else {
-            control.as_ptr().cast_mut().cast()
-        },
-        msg_controllen: control.len(),
+    let (addr, cmsgs) = m.header(v6_socket);
+    let mut msg = libc::msghdr {
+        msg_name: std::ptr::null_mut(),
+        msg_namelen: 0,
+        msg_iov: std::ptr::null_mut(),
+        msg_iovlen: 0,
+        msg_control: std::ptr::null_mut(),
+        msg_controllen: 0,
         msg_flags: 0,
     };
+    m.fill(&mut msg, &addr, &cmsgs);
     // SAFETY: every pointer in `msg` points to a live local (`addr`,
     // `cmsgs`) or to `data`, with the length given next to it; the kernel
     // only reads them during the call.
@@ -511,8 +488,112 @@ pub fn send_iov(
     }
 }
 
+/// One message of a [`send_msgs`] call: the concatenation of `iov` to
+/// `dst`, as one datagram or, with `gso = Some(size)`, one `UDP_SEGMENT`
+/// run of datagrams of `size` bytes; with the TOS / traffic class `tos`
+/// and from the local address `src` when given (see [`send_iov`]).
+#[derive(Clone, Copy)]
+pub struct Msg<'a> {
+    pub iov: &'a [io::IoSlice<'a>],
+    pub dst: SocketAddr,
+    pub tos: Option<u8>,
+    pub src: Option<IpAddr>,
+    pub gso: Option<u16>,
+}
+
+impl Msg<'_> {
+    /// The destination as the socket takes it (IPv4 written IPv4-mapped on
+    /// an `AF_INET6` socket) and the control messages.
+    fn header(&self, v6_socket: bool) -> (SockaddrStorage, Cmsgs) {
+        let dst = match self.dst {
+            SocketAddr::V4(a) if v6_socket => {
+                SocketAddr::V6(SocketAddrV6::new(a.ip().to_ipv6_mapped(), a.port(), 0, 0))
+            }
+            d => d,
+        };
+        let v4_dst = match dst {
+            SocketAddr::V4(_) => true,
+            SocketAddr::V6(a) => a.ip().to_ipv4_mapped().is_some(),
+        };
+        let mut cmsgs = Cmsgs::new();
+        if let Some(tos) = self.tos.filter(|&t| t != 0) {
+            let (level, ty) = if v4_dst {
+                (libc::SOL_IP, libc::IP_TOS)
+            } else {
+                (libc::SOL_IPV6, libc::IPV6_TCLASS)
+            };
+            cmsgs.push(level, ty, &libc::c_int::from(tos).to_ne_bytes());
+        }
+        if let Some(g) = self.gso {
+            cmsgs.push(libc::SOL_UDP, libc::UDP_SEGMENT, &g.to_ne_bytes());
+        }
+        if let Some(src) = self.src {
+            cmsgs.push_source(src, v4_dst);
+        }
+        (SockaddrStorage::from(dst), cmsgs)
+    }
+
+    /// Points `msg` at `addr`, `cmsgs` and this message's bytes.
+    fn fill(&self, msg: &mut libc::msghdr, addr: &SockaddrStorage, cmsgs: &Cmsgs) {
+        let control = cmsgs.as_slice();
+        msg.msg_name = addr.as_ptr().cast_mut().cast();
+        msg.msg_namelen = addr.len();
+        // `IoSlice` is ABI-compatible with `iovec` (documented by std); the
+        // kernel only reads through these pointers.
+        msg.msg_iov = self.iov.as_ptr().cast_mut().cast();
+        msg.msg_iovlen = self.iov.len();
+        msg.msg_control = if control.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            control.as_ptr().cast_mut().cast()
+        };
+        msg.msg_controllen = control.len();
+    }
+}
+
+/// Most messages one [`send_msgs`] call sends.
+pub const SEND_MSGS_MAX: usize = 64;
+
+/// One `sendmmsg` call sending each of `msgs` (at most [`SEND_MSGS_MAX`];
+/// the rest are left), each to its own destination with its own TOS,
+/// source and GSO size: a worker's batch holds runs for several peers, or
+/// one peer's runs cut by a TOS change, and they leave in one system call
+/// instead of one each. Returns how many messages the kernel took, or the
+/// error of the first one when it took none: after a refusal in the middle
+/// the call returns the count before it, and the caller calls again from
+/// there to see that message's error (the kernel does not keep it).
+///
+/// Hand-written over `libc::sendmmsg` like [`send_iov`] (see the module
+/// documentation); headers, addresses and control messages live on the
+/// stack, nothing is allocated.
+pub fn send_msgs(fd: BorrowedFd<'_>, msgs: &[Msg<'_>], v6_socket: bool) -> io::Result<usize> {
+    let n = msgs.len().min(SEND_MSGS_MAX);
+    if n == 0 {
+        return Ok(0);
+    }
+    let heads: [Option<(SockaddrStorage, Cmsgs)>; SEND_MSGS_MAX] =
+        std::array::from_fn(|i| msgs.get(i).filter(|_| i < n).map(|m| m.header(v6_socket)));
+    // SAFETY: `mmsghdr` is plain data for which all-zero bytes (null
+    // pointers, zero lengths) is a valid value.
+    let mut hdrs: [libc::mmsghdr; SEND_MSGS_MAX] = unsafe { std::mem::zeroed() };
+    for ((h, m), head) in hdrs.iter_mut().zip(&msgs[..n]).zip(&heads) {
+        if let Some((addr, cmsgs)) = head {
+            m.fill(&mut h.msg_hdr, addr, cmsgs);
+        }
+    }
+    // SAFETY: the first `n` headers point to `heads` and to the slices of
+    // `msgs`, all alive for the call; the kernel reads them and writes
+    // only the headers' `msg_len`.
+    let r = unsafe { libc::sendmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr(), n as libc::c_uint, 0) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
 /// Most datagrams one [`send_each`] call sends.
-pub const SEND_EACH_MAX: usize = 64;
+pub const SEND_EACH_MAX: usize = SEND_MSGS_MAX;
 
 /// One `sendmmsg` call sending each of `pkts` (at most [`SEND_EACH_MAX`];
 /// the rest are left) as its own datagram to `dst`: for raw ESP/AH, which
@@ -522,37 +603,21 @@ pub const SEND_EACH_MAX: usize = 64;
 /// count before it, and the caller calls again from there to see that
 /// packet's error (the kernel does not keep it).
 ///
-/// Hand-written over `libc::sendmmsg` like [`send_iov`] (see the module
-/// documentation); the headers live on the stack, nothing is allocated.
+/// One [`send_msgs`] call without control messages; nothing is allocated.
 pub fn send_each(
     fd: BorrowedFd<'_>,
     pkts: &[io::IoSlice<'_>],
     dst: SocketAddr,
 ) -> io::Result<usize> {
     let n = pkts.len().min(SEND_EACH_MAX);
-    if n == 0 {
-        return Ok(0);
-    }
-    let addr = SockaddrStorage::from(dst);
-    // SAFETY: `mmsghdr` is plain data for which all-zero bytes (null
-    // pointers, zero lengths) is a valid value.
-    let mut hdrs: [libc::mmsghdr; SEND_EACH_MAX] = unsafe { std::mem::zeroed() };
-    for (h, p) in hdrs.iter_mut().zip(&pkts[..n]) {
-        h.msg_hdr.msg_name = addr.as_ptr().cast_mut().cast();
-        h.msg_hdr.msg_namelen = addr.len();
-        // `IoSlice` is ABI-compatible with `iovec`; the kernel only reads.
-        h.msg_hdr.msg_iov = std::ptr::from_ref(p).cast_mut().cast();
-        h.msg_hdr.msg_iovlen = 1;
-    }
-    // SAFETY: the first `n` headers point to `addr` and to `n` slices of
-    // `pkts`, all alive for the call; the kernel reads them and writes
-    // only the headers' `msg_len`.
-    let r = unsafe { libc::sendmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr(), n as libc::c_uint, 0) };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r as usize)
-    }
+    let msgs: [Msg<'_>; SEND_EACH_MAX] = std::array::from_fn(|i| Msg {
+        iov: pkts.get(i..i + 1).unwrap_or(&[]),
+        dst,
+        tos: None,
+        src: None,
+        gso: None,
+    });
+    send_msgs(fd, &msgs[..n], false)
 }
 
 /// [`send_to`] from the source address `src` (`IP_PKTINFO` /
@@ -641,6 +706,71 @@ mod tests {
             let n = rx.recv(&mut buf).unwrap();
             assert_eq!(&buf[..n], want.as_bytes());
         }
+    }
+
+    /// `send_msgs` sends messages to several destinations in one call, each
+    /// with its own GSO size and TOS (a GSO message arrives as its
+    /// segments), and a refused message in the middle is reported as
+    /// `send_each`'s are: the count before it, then its error.
+    #[test]
+    fn send_msgs_sends_runs_to_several_destinations_in_one_call() {
+        let rx: Vec<_> = (0..2)
+            .map(|_| {
+                let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+                s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+                    .unwrap();
+                sockopt::set_ip_recvtos(&s, true).unwrap();
+                s
+            })
+            .collect();
+        let to: Vec<SocketAddr> = rx.iter().map(|s| s.local_addr().unwrap()).collect();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let (a, b, c) = ([1u8; 100], [2u8; 100], [3u8; 60]);
+        let run = [&a[..], &b, &c].map(io::IoSlice::new);
+        let one = [io::IoSlice::new(b"single")];
+        let big = vec![7u8; 70_000];
+        let too_big = [io::IoSlice::new(&big)];
+        let msg = |iov, dst, tos, gso| Msg {
+            iov,
+            dst,
+            tos,
+            src: None,
+            gso,
+        };
+        let msgs = [
+            msg(&run[..], to[0], Some(0xb8), Some(100)),
+            msg(&one[..], to[1], None, None),
+            msg(&too_big[..], to[1], None, None),
+            msg(&one[..], to[0], Some(0x28), None),
+        ];
+        assert_eq!(send_msgs(tx.as_fd(), &msgs, false).unwrap(), 2);
+        let e = send_msgs(tx.as_fd(), &msgs[2..], false).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EMSGSIZE), "{e}");
+        assert_eq!(send_msgs(tx.as_fd(), &msgs[3..], false).unwrap(), 1);
+        assert_eq!(send_msgs(tx.as_fd(), &[], false).unwrap(), 0);
+        let mut batch = RecvBatch::new(4, 2048);
+        let mut got = Vec::new();
+        for (i, want) in [(0, 4), (1, 1)] {
+            let mut left = want;
+            while left > 0 {
+                let n = batch.recv(rx[i].as_fd()).unwrap();
+                for k in 0..n {
+                    let (data, meta) = batch.get(k).unwrap();
+                    got.push((i, data.len(), data[0], meta.tos));
+                }
+                left -= n.min(left);
+            }
+        }
+        assert_eq!(
+            got,
+            [
+                (0, 100, 1, Some(0xb8)),
+                (0, 100, 2, Some(0xb8)),
+                (0, 60, 3, Some(0xb8)),
+                (0, 6, b's', Some(0x28)),
+                (1, 6, b's', Some(0)),
+            ]
+        );
     }
 
     /// The hand-built control messages have the kernel's layout: each
