@@ -129,7 +129,7 @@ COUNTERS = {
     "dummies": "espgate_dummy_packets_total", "not_unicast": "espgate_not_unicast_packets_total",
     "mss_clamped": "espgate_mss_clamped_total", "icmp_too_big": "espgate_icmp_too_big_sent_total",
     "keepalives_sent": "espgate_nat_keepalives_sent_total", "gso_sends": "espgate_udp_gso_sends_total",
-    "raw_batch_sends": "espgate_raw_batch_sends_total",
+    "raw_batch_sends": "espgate_raw_batch_sends_total", "udp_batch_sends": "espgate_udp_batch_sends_total",
     "gro_reads": "espgate_udp_gro_reads_total", "tso_reads": "espgate_tun_tso_reads_total",
     "tun_gso_writes": "espgate_tun_gso_writes_total",
     "hot_path_allocs": "espgate_hot_path_allocations_total",

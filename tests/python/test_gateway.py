@@ -557,6 +557,140 @@ def test_hot_path_allocates_nothing_under_load(lab, encap, offloads, v6):
     assert a.stop() == 0 and b.stop() == 0
 
 
+# Sends bursts of datagrams alternating over (address, TOS) targets, each
+# with its target's own sequence number; prints how many went to each.
+BURSTS = r"""
+import socket, struct, sys, time
+src, port, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+targets = [(t.split("/")[0], int(t.split("/")[1], 0)) for t in sys.argv[4:]]
+socks = []
+for _, tos in targets:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+    s.bind((src, 0))
+    socks.append(s)
+seq = [0] * len(targets)
+for _ in range(rounds):
+    for i in range(64):
+        k = i % len(targets)
+        socks[k].sendto(struct.pack("!Q", seq[k]) + bytes(92), (targets[k][0], port))
+        seq[k] += 1
+    time.sleep(0.002)
+print(*seq, flush=True)
+"""
+
+# Receives on each address at one port until SIGTERM; prints, per address,
+# [received, out of order] as JSON.
+BURST_SINK = r"""
+import json, select, signal, socket, struct, sys
+port = int(sys.argv[1])
+socks = []
+for a in sys.argv[2:]:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    s.bind((a, port))
+    socks.append(s)
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+got = [[0, 0, -1] for _ in socks]
+print("listening", flush=True)
+while not stop:
+    try:
+        ready, _, _ = select.select(socks, [], [], 0.05)
+    except InterruptedError:
+        continue
+    for s in ready:
+        g = got[socks.index(s)]
+        (n,) = struct.unpack_from("!Q", s.recv(2048))
+        g[0] += 1
+        g[1] += n < g[2]
+        g[2] = max(g[2], n)
+print(json.dumps([g[:2] for g in got]), flush=True)
+"""
+
+
+def two_peer_configs(lab):
+    """A with two connections over ESP in UDP to two addresses of B
+    (192.0.2.2 for 10.2.0.0/25, 192.0.2.12 for 10.2.0.128/25), B with the
+    mirror of each; nothing started."""
+    a_ns, b_ns, a_addr, b_addr = lab.pair()
+    b_addr2 = "192.0.2.12"
+    run("ip", "-n", b_ns, "addr", "add", f"{b_addr2}/24", "dev", "vb")
+    halves = [(b_addr, "10.2.0.0/25", 0x3001), (b_addr2, "10.2.0.128/25", 0x3003)]
+    texts = {"A": [], "B": []}
+    dirs = {"A": lab.tmp / "A", "B": lab.tmp / "B"}
+    for d in dirs.values():
+        d.mkdir()
+    for k, (far, half, spi) in enumerate(halves):
+        ta, tb = sa_table("esp", "aes128gcm16", spi, spi + 1, False, dirs)
+        texts["A"].append(f'[[connection]]\nname = "to-b{k}"\nlocal = "{a_addr}"\nremote = "{far}"\n'
+                          f'local_ts = ["10.1.0.0/24"]\nremote_ts = ["{half}"]\n' + ta)
+        texts["B"].append(f'[[connection]]\nname = "to-a{k}"\nlocal = "{far}"\nremote = "{a_addr}"\n'
+                          f'local_ts = ["{half}"]\nremote_ts = ["10.1.0.0/24"]\n' + tb)
+    daemons = []
+    for side, ns, tun_addr in (("A", a_ns, '"10.1.0.1/24"'), ("B", b_ns, '"10.2.0.1/24", "10.2.0.129/24"')):
+        gw = (f'[gateway]\ntun = "tun{side}"\ntun_address = [{tun_addr}]\nlisten = "0.0.0.0:4500"\n'
+              'control_socket = "ctl.sock"\nstate_dir = "state"\nlog = "debug"\n\n')
+        cfg = dirs[side] / "gw.toml"
+        cfg.write_text(gw + "\n".join(texts[side]))
+        cfg.chmod(0o600)
+        daemons.append(Daemon(lab, ns, cfg, dirs[side] / "ctl.sock", dirs[side] / "log"))
+    return daemons
+
+
+@pytest.mark.parametrize("targets", [["10.2.0.1/0", "10.2.0.129/0"], ["10.2.0.1/0", "10.2.0.1/0xb8"]],
+                         ids=["two-peers", "two-tos"])
+def test_runs_for_several_peers_leave_in_one_sendmmsg(lab, targets):
+    """A batch whose packets alternate between two peers leaves as one GSO
+    run per peer (`gso_sends`), both in one `sendmmsg` (`udp_batch_sends`);
+    one alternating between two TOS values to one peer stays in its order
+    (one SA's sequence numbers), many short runs, still in one `sendmmsg`
+    and not one system call each. Every datagram arrives, in order for
+    each peer, and the steady state allocates nothing."""
+    a, b = two_peer_configs(lab)
+    a.start()
+    b.start()
+    port = 5301
+    addrs = sorted({t.split("/")[0] for t in targets})
+
+    def bursts(rounds):
+        sink = subprocess.Popen(["ip", "netns", "exec", b.ns, sys.executable, "-c", BURST_SINK, str(port), *addrs],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lab.procs.append(sink)
+        assert sink.stdout.readline().strip() == "listening", sink.stderr.read()
+        sent = run("ip", "netns", "exec", a.ns, sys.executable, "-c", BURSTS, "10.1.0.1", str(port), str(rounds),
+                   *targets, timeout=60).stdout.split()
+        time.sleep(1)
+        sink.send_signal(signal.SIGTERM)
+        out, err = sink.communicate(timeout=10)
+        return [int(n) for n in sent], json.loads(out)
+
+    bursts(5)
+    before = a.status()["counters"]
+    sent, got = bursts(200)
+    after = a.status()["counters"]
+    # Per destination address: what was sent to it (both TOS values go to
+    # one address in the second case) against what arrived, none late.
+    want = {addr: sum(n for t, n in zip(targets, sent) if t.startswith(addr + "/")) for addr in addrs}
+    assert [g[0] for g in got] == [want[x] for x in addrs], (sent, got)
+    if len(addrs) == 2:
+        assert all(g[1] == 0 for g in got), got
+    calls = after["udp_batch_sends"] - before.get("udp_batch_sends", 0)
+    out = after["net_tx"] - after.get("keepalives_sent", 0) - (before["net_tx"] - before.get("keepalives_sent", 0))
+    print(f"{out} datagrams, {calls} sendmmsg calls of several runs, "
+          f"{after['gso_sends'] - before['gso_sends']} GSO runs")
+    gso = after["gso_sends"] - before["gso_sends"]
+    assert out >= sum(sent), (before, after)
+    assert calls > 0, (before, after)
+    if len(addrs) == 2:
+        # Gathered per peer: far fewer messages than datagrams.
+        assert gso > 0 and out > 4 * gso, (before, after)
+    assert after["hot_path_allocs"] == before["hot_path_allocs"], (before, after)
+    for d in (a, b):
+        assert_clean(d, 0)
+    assert a.stop() == 0 and b.stop() == 0
+
+
 @pytest.mark.skipif(PING is None, reason="needs ping")
 @pytest.mark.parametrize("encap,v6", [("udp", False), ("none", True)], ids=["udp-v4", "raw-v6"])
 def test_transport_mode_host_to_host(lab, encap, v6):

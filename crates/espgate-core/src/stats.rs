@@ -107,6 +107,9 @@ pub struct WorkerCounters {
     /// `sendmmsg` calls that sent several raw ESP/AH packets (raw IP has
     /// no GSO).
     pub raw_batch_sends: Counter,
+    /// `sendmmsg` calls that sent several ESP-in-UDP messages (GSO runs or
+    /// datagrams) at once: runs to several peers, or cut by a TOS change.
+    pub udp_batch_sends: Counter,
     /// UDP reads that returned several datagrams coalesced by `UDP_GRO`.
     pub gro_reads: Counter,
     /// TUN reads that returned a TCP/UDP super-segment, cut before
@@ -121,7 +124,7 @@ pub struct WorkerCounters {
 
 impl WorkerCounters {
     /// Every counter but the drops, by its name in `espgate status`.
-    pub fn named(&self) -> [(&'static str, u64); 16] {
+    pub fn named(&self) -> [(&'static str, u64); 17] {
         [
             ("tun_rx", self.tun_rx.get()),
             ("tun_tx", self.tun_tx.get()),
@@ -136,6 +139,7 @@ impl WorkerCounters {
             ("keepalives_sent", self.keepalives_sent.get()),
             ("gso_sends", self.gso_sends.get()),
             ("raw_batch_sends", self.raw_batch_sends.get()),
+            ("udp_batch_sends", self.udp_batch_sends.get()),
             ("gro_reads", self.gro_reads.get()),
             ("tso_reads", self.tso_reads.get()),
             ("tun_gso_writes", self.tun_gso_writes.get()),

@@ -131,28 +131,71 @@ pub struct Worker<'a> {
     pub sources: &'a [Option<IpAddr>],
 }
 
-/// Outbound ESP-in-UDP datagrams waiting to leave in one GSO send: the
-/// packets stay in their own buffers (no copy), `run` says where each UDP
-/// payload lies. All go to `dst` with `tos` from `src` (`None`: the
-/// route's choice); all have `seg` bytes but the last, which may be
-/// shorter (then the run is `closed`).
-struct TxBatch {
-    bufs: Vec<PacketBuf>,
-    run: [(usize, usize); GSO_MAX],
-    n: usize,
+/// One run of a [`TxBatch`]: `len` slots from `first` (each slot's
+/// successor in `TxBatch::next`, the last one `last`), all to one
+/// destination, which leave as one message: ESP-in-UDP as one GSO send of
+/// datagrams of `seg` bytes but the last, which may be shorter (then the
+/// run is `closed`), to `dst` with `tos` from `src` (`None`: the route's
+/// choice); raw ESP/AH (`raw`: connection and peer) one datagram each.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    first: usize,
+    last: usize,
+    len: usize,
     dst: SocketAddr,
     src: Option<IpAddr>,
     tos: u8,
     seg: usize,
     bytes: usize,
     closed: bool,
-    /// False once the kernel refused a GSO send: one datagram per send.
-    gso: bool,
-    /// Most datagrams per send (`gateway.batch`, at most [`GSO_MAX`]).
-    max: usize,
-    /// The run is raw ESP/AH of connection `.0` to `.1` (no GSO: one
-    /// `sendmmsg` sends it), else ESP-in-UDP to `dst`.
     raw: Option<(usize, IpAddr)>,
+}
+
+impl Run {
+    const EMPTY: Run = Run {
+        first: 0,
+        last: 0,
+        len: 0,
+        dst: SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
+        src: None,
+        tos: 0,
+        seg: 0,
+        bytes: 0,
+        closed: false,
+        raw: None,
+    };
+}
+
+/// How many runs back a packet looks for its destination's run: bounds
+/// the per-packet search when a round holds packets for many peers.
+const RUN_LOOKBACK: usize = 16;
+
+/// Outbound packets of one round waiting to leave: the packets stay in
+/// their own buffers (no copy), `span` says where each one's payload lies
+/// (the UDP payload, or the whole raw packet), and the packets for one
+/// destination form [`Run`]s. A packet joins the newest run for its
+/// destination (ESP in UDP: its peer's address and port; raw: its
+/// connection and peer), if that run can take it, even when packets for
+/// other peers came in between: so a round alternating between peers
+/// still leaves as one GSO run per peer. Packets for one destination keep
+/// their order (they join only its newest run), and so every SA's
+/// sequence numbers leave in order; only packets for different peers
+/// change places. The ESP-in-UDP runs leave together in one `sendmmsg`,
+/// each its own GSO message; raw runs in one `sendmmsg` each.
+struct TxBatch {
+    bufs: Vec<PacketBuf>,
+    span: [(usize, usize); GSO_MAX],
+    /// The slot after each slot in its run.
+    next: [usize; GSO_MAX],
+    /// Slots in use.
+    n: usize,
+    runs: [Run; GSO_MAX],
+    nruns: usize,
+    /// False once the kernel refused a GSO send: one datagram per message.
+    gso: bool,
+    /// Most packets per batch, and so per GSO send (`gateway.batch`, at
+    /// most [`GSO_MAX`]).
+    max: usize,
 }
 
 impl TxBatch {
@@ -163,38 +206,127 @@ impl TxBatch {
             bufs: (0..GSO_MAX)
                 .map(|_| PacketBuf::with_capacity(MAX_PACKET + VNET_HDR_LEN))
                 .collect(),
-            run: [(0, 0); GSO_MAX],
+            span: [(0, 0); GSO_MAX],
+            next: [0; GSO_MAX],
             n: 0,
-            dst: SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
-            src: None,
-            tos: 0,
-            seg: 0,
-            bytes: 0,
-            closed: false,
+            runs: [Run::EMPTY; GSO_MAX],
+            nruns: 0,
             gso,
             max: max.clamp(1, GSO_MAX),
-            raw: None,
         }
     }
 
-    /// Can the datagram of `len` bytes to `dst`/`tos` from `src` join the
-    /// run?
-    fn fits(&self, dst: SocketAddr, src: Option<IpAddr>, tos: u8, len: usize) -> bool {
-        self.n == 0
-            || (self.gso
-                && self.raw.is_none()
-                && !self.closed
-                && self.n < self.max
-                && dst == self.dst
-                && src == self.src
-                && tos == self.tos
-                && len <= self.seg
-                && self.bytes + len <= GSO_BYTES)
+    /// The newest run (within [`RUN_LOOKBACK`]) for which `same` holds.
+    fn newest(&self, same: impl Fn(&Run) -> bool) -> Option<usize> {
+        (self.nruns.saturating_sub(RUN_LOOKBACK)..self.nruns)
+            .rev()
+            .find(|&i| same(&self.runs[i]))
     }
 
-    /// Can a raw packet of connection `ci` to `remote` join the run?
-    fn fits_raw(&self, ci: usize, remote: IpAddr) -> bool {
-        self.n == 0 || (self.raw == Some((ci, remote)) && self.n < self.max)
+    /// Puts the next slot, whose payload is `span`, at the end of run `ri`,
+    /// or of a new run made from `new` when `ri` is `None`; returns the
+    /// run's index.
+    fn append(&mut self, ri: Option<usize>, new: Run, span: (usize, usize)) -> usize {
+        let slot = self.n;
+        let ri = match ri {
+            Some(i) => {
+                let r = &mut self.runs[i];
+                self.next[r.last] = slot;
+                r.last = slot;
+                r.len += 1;
+                i
+            }
+            None => {
+                self.runs[self.nruns] = Run {
+                    first: slot,
+                    last: slot,
+                    len: 1,
+                    ..new
+                };
+                self.nruns += 1;
+                self.nruns - 1
+            }
+        };
+        self.span[slot] = span;
+        self.n += 1;
+        ri
+    }
+
+    /// Would a datagram of `len` bytes to `dst` find its peer's newest run
+    /// complete (a shorter datagram closed it, or it has no room)? Then
+    /// the batch is sent first, as it was before runs were gathered: a
+    /// complete run leaves at once instead of waiting for the batch to
+    /// fill, so the receiving gateway can start on it while this one seals
+    /// the next (a TCP super-segment ends in a short segment). One peer's
+    /// traffic is then sent exactly as before. A run cut by another TOS or
+    /// source is not complete: those keep gathering.
+    fn completes(&self, dst: SocketAddr, len: usize) -> bool {
+        self.gso
+            && self
+                .newest(|r| r.raw.is_none() && r.dst == dst)
+                .is_some_and(|i| {
+                    let r = &self.runs[i];
+                    r.closed || len > r.seg || r.bytes + len > GSO_BYTES
+                })
+    }
+
+    /// Adds the ESP-in-UDP datagram in the next slot, whose payload is
+    /// `span`, to the newest run for `dst` if that can take it (same TOS
+    /// and source, not longer than the run's segments, GSO room), else
+    /// starts a run. True when the batch is full.
+    fn push_udp(
+        &mut self,
+        dst: SocketAddr,
+        src: Option<IpAddr>,
+        tos: u8,
+        span: (usize, usize),
+    ) -> bool {
+        let len = span.1 - span.0;
+        let joins = self
+            .newest(|r| r.raw.is_none() && r.dst == dst)
+            .filter(|&i| {
+                let r = &self.runs[i];
+                self.gso
+                    && !r.closed
+                    && r.src == src
+                    && r.tos == tos
+                    && len <= r.seg
+                    && r.bytes + len <= GSO_BYTES
+            });
+        let new = Run {
+            dst,
+            src,
+            tos,
+            seg: len,
+            ..Run::EMPTY
+        };
+        let ri = self.append(joins, new, span);
+        let r = &mut self.runs[ri];
+        r.bytes += len;
+        r.closed = len < r.seg;
+        self.n >= self.max
+    }
+
+    /// Adds the raw ESP/AH packet of connection `ci` to `remote` in the
+    /// next slot to the newest run for the same, else starts a run. True
+    /// when the batch is full.
+    fn push_raw(&mut self, ci: usize, remote: IpAddr) -> bool {
+        let raw = Some((ci, remote));
+        let joins = self.newest(|r| r.raw == raw);
+        let span = (0, self.bufs[self.n].len());
+        self.append(joins, Run { raw, ..Run::EMPTY }, span);
+        self.n >= self.max
+    }
+
+    /// The payloads of run `r`'s packets, in order, into `out` (at least
+    /// `r.len` long).
+    fn iov<'b>(&'b self, r: &Run, out: &mut [io::IoSlice<'b>]) {
+        let mut slot = r.first;
+        for v in out.iter_mut().take(r.len) {
+            let (s, e) = self.span[slot];
+            *v = io::IoSlice::new(&self.bufs[slot].as_slice()[s..e]);
+            slot = self.next[slot];
+        }
     }
 }
 
@@ -621,7 +753,9 @@ impl Round<'_> {
         };
         let (udp_conn, remote) = (c.udp, c.remote);
         if !udp_conn {
-            self.queue_raw(tx, ci, remote);
+            if tx.push_raw(ci, remote) {
+                self.flush(tx);
+            }
             return;
         }
         let Some(((start, end), tos, dst)) =
@@ -633,120 +767,188 @@ impl Round<'_> {
             return;
         };
         let src = self.w.sources.get(ci).copied().flatten();
-        let len = end - start;
-        if !tx.fits(dst, src, tos, len) {
-            // Flush the run; this packet starts the next one in slot 0.
+        if tx.completes(dst, end - start) {
+            // Send what is gathered; this packet starts the next batch in
+            // slot 0.
             let i = tx.n;
             self.flush(tx);
             tx.bufs.swap(0, i);
         }
-        if tx.n == 0 {
-            (tx.dst, tx.src, tx.tos, tx.seg) = (dst, src, tos, len);
-            (tx.bytes, tx.closed) = (0, false);
-            tx.raw = None;
-        }
-        tx.run[tx.n] = (start, end);
-        tx.n += 1;
-        tx.bytes += len;
-        tx.closed = len < tx.seg;
-        if tx.n >= tx.max || !tx.gso {
+        if tx.push_udp(dst, src, tos, (start, end)) {
             self.flush(tx);
         }
     }
 
-    /// Adds the raw ESP/AH packet in the batch's next slot to the run
-    /// (after sending the run if it is for another connection or full).
-    fn queue_raw(&mut self, tx: &mut TxBatch, ci: usize, remote: IpAddr) {
-        if !tx.fits_raw(ci, remote) {
-            // Flush the run; this packet starts the next one in slot 0.
-            let i = tx.n;
-            self.flush(tx);
-            tx.bufs.swap(0, i);
-        }
-        tx.raw = Some((ci, remote));
-        tx.run[tx.n] = (0, tx.bufs[tx.n].len());
-        tx.n += 1;
-        if tx.n >= tx.max {
-            self.flush(tx);
-        }
-    }
-
-    /// Sends the gathered run: one GSO send, or one datagram at a time if
-    /// the kernel refuses GSO (then never tried again); a raw run with one
-    /// `sendmmsg`.
+    /// Sends the batch, its runs in order: consecutive ESP-in-UDP runs in
+    /// one `sendmmsg` (one GSO message each), each raw run in one
+    /// `sendmmsg` of its own.
     fn flush(&mut self, tx: &mut TxBatch) {
-        let n = std::mem::take(&mut tx.n);
+        let (n, nruns) = (std::mem::take(&mut tx.n), std::mem::take(&mut tx.nruns));
         if n == 0 {
             return;
         }
-        if let Some((ci, remote)) = tx.raw {
-            self.flush_raw(tx, n, ci, remote);
-            return;
-        }
-        let Some(u) = &self.w.sockets.udp else { return };
         let t = self.cost_clock();
-        if n > 1 && tx.gso {
-            let mut iov = [io::IoSlice::new(&[]); GSO_MAX];
-            for (i, &(s, e)) in tx.run[..n].iter().enumerate() {
-                iov[i] = io::IoSlice::new(&tx.bufs[i].as_slice()[s..e]);
+        let mut i = 0;
+        while i < nruns {
+            if let Some((ci, remote)) = tx.runs[i].raw {
+                self.flush_raw(tx, i, ci, remote);
+                i += 1;
+                continue;
             }
-            match u.send_gso(&iov[..n], tx.seg as u16, tx.dst, tx.tos, tx.src) {
-                Ok(_) => {
-                    self.counters.net_tx.add(n as u64);
-                    self.counters.gso_sends.incr();
-                    self.cost_sent(t, Dir::Outbound, n);
-                    return;
-                }
-                // No GSO on this kernel or device: never again.
-                Err(e)
-                    if e.raw_os_error().is_some_and(|c| {
-                        [libc::EIO, libc::ENOPROTOOPT, libc::EOPNOTSUPP].contains(&c)
-                    }) =>
-                {
-                    tracing::warn!(
-                        "UDP GSO refused by the kernel ({e}); sending one datagram per call"
-                    );
-                    tx.gso = false;
-                }
-                // This run only: e.g. segments larger than the path MTU
-                // (fragment_inner = false), which GSO cannot fragment.
-                Err(e)
-                    if e.raw_os_error()
-                        .is_some_and(|c| [libc::EINVAL, libc::EMSGSIZE].contains(&c)) =>
-                {
-                    tracing::debug!("UDP GSO send refused ({e}); sending this run one by one");
-                }
-                Err(e) => {
-                    let dst = tx.dst;
-                    for _ in 0..n {
-                        self.io_drop(DropReason::SendError, |f| {
-                            write!(f, "sending to {dst}: {e}")
-                        });
-                    }
-                    return;
-                }
-            }
-        }
-        for (i, &(s, e)) in tx.run[..n].iter().enumerate() {
-            match u.send(&tx.bufs[i].as_slice()[s..e], tx.dst, tx.tos, tx.src) {
-                Ok(_) => self.counters.net_tx.incr(),
-                Err(err) => {
-                    let dst = tx.dst;
-                    self.io_drop(DropReason::SendError, |f| {
-                        write!(f, "sending to {dst}: {err}")
-                    })
-                }
-            }
+            let j = (i..nruns)
+                .find(|&k| tx.runs[k].raw.is_some())
+                .unwrap_or(nruns);
+            self.flush_udp(tx, i, j);
+            i = j;
         }
         self.cost_sent(t, Dir::Outbound, n);
     }
 
-    /// Sends the `n` raw packets of connection `ci` gathered in `tx`, as
-    /// many per `sendmmsg` as the kernel takes. A packet it refuses is
-    /// dropped and counted (and a refusal as too big asks for the path
-    /// MTU), and the rest still go: at most `n` calls.
-    fn flush_raw(&mut self, tx: &TxBatch, n: usize, ci: usize, remote: IpAddr) {
+    /// Sends the ESP-in-UDP runs `first..end` of the batch: one message
+    /// each (a GSO send of its datagrams, or one datagram), as many per
+    /// `sendmmsg` as the kernel takes. A message the kernel refuses is
+    /// handled alone and the rest still go: at most one call per run plus
+    /// the fallbacks below.
+    fn flush_udp(&mut self, tx: &mut TxBatch, first: usize, end: usize) {
         let sockets = self.w.sockets;
+        let Some(u) = &sockets.udp else { return };
+        // The runs' payloads one run after another: message k's are
+        // `iov[starts[k]..][..len]`.
+        let mut iov = [io::IoSlice::new(&[]); GSO_MAX];
+        let mut starts = [0usize; GSO_MAX];
+        let mut used = 0;
+        for (k, r) in tx.runs[first..end].iter().enumerate() {
+            starts[k] = used;
+            tx.iov(r, &mut iov[used..]);
+            used += r.len;
+        }
+        let gso = tx.gso;
+        let msg = |r: &Run, from: usize| sys::Msg {
+            iov: &iov[from..from + r.len],
+            dst: r.dst,
+            tos: Some(r.tos),
+            src: r.src,
+            gso: (gso && r.len > 1).then_some(r.seg as u16),
+        };
+        let mut gso_off = false;
+        if end - first == 1 {
+            // One message (one peer, the common case): a plain `sendmsg`,
+            // without the multi-message headers, whose set-up would cost
+            // every small round (a TCP receiver's ACKs) for nothing.
+            let one = [msg(&tx.runs[first], 0)];
+            self.send_udp_msgs(u, &one, &mut gso_off);
+        } else {
+            let msgs: [sys::Msg<'_>; GSO_MAX] =
+                std::array::from_fn(
+                    |k| match tx.runs.get(first + k).filter(|_| first + k < end) {
+                        Some(r) => msg(r, starts[k]),
+                        None => msg(&Run::EMPTY, 0),
+                    },
+                );
+            self.send_udp_msgs(u, &msgs[..end - first], &mut gso_off);
+        }
+        if gso_off {
+            tx.gso = false;
+        }
+    }
+
+    /// Sends `msgs`, as many per `sendmmsg` as the kernel takes (one alone
+    /// with `sendmsg`). A message the kernel refuses is handled alone and
+    /// the rest still go: at most one call per message plus the fallbacks
+    /// of [`Round::refused`].
+    fn send_udp_msgs(&mut self, u: &UdpSock, msgs: &[sys::Msg<'_>], gso_off: &mut bool) {
+        let m = msgs.len();
+        let mut at = 0;
+        while at < m {
+            let r = if m - at == 1 {
+                u.send_msg(&msgs[at]).map(|_| 1)
+            } else {
+                u.send_msgs(&msgs[at..m])
+            };
+            match r {
+                Ok(k) if k > 0 => {
+                    if k > 1 {
+                        self.counters.udp_batch_sends.incr();
+                    }
+                    for g in &msgs[at..at + k] {
+                        self.counters.net_tx.add(g.iov.len() as u64);
+                        if g.gso.is_some() {
+                            self.counters.gso_sends.incr();
+                        }
+                    }
+                    at += k;
+                }
+                // Not seen in practice; counted rather than retried, so
+                // the loop stays bounded.
+                Ok(_) => {
+                    let (dst, count) = (msgs[at].dst, msgs[at].iov.len());
+                    for _ in 0..count {
+                        self.io_drop(DropReason::SendError, |f| {
+                            write!(f, "sending to {dst}: the kernel took no datagram")
+                        });
+                    }
+                    at += 1;
+                }
+                Err(e) => {
+                    self.refused(gso_off, &msgs[at], e);
+                    at += 1;
+                }
+            }
+        }
+    }
+
+    /// The kernel refused message `g` with `e`. A GSO refusal for want of
+    /// support turns GSO off for good (`gso_off`); one for this message only (e.g.
+    /// segments larger than the path MTU with `fragment_inner = false`,
+    /// which GSO cannot fragment) sends it a datagram at a time; any other
+    /// error drops its datagrams, counted.
+    fn refused(&mut self, gso_off: &mut bool, g: &sys::Msg<'_>, e: io::Error) {
+        let dst = g.dst;
+        let code = e.raw_os_error().unwrap_or(0);
+        if g.gso.is_some() {
+            if [libc::EIO, libc::ENOPROTOOPT, libc::EOPNOTSUPP].contains(&code) {
+                if !*gso_off {
+                    tracing::warn!(
+                        "UDP GSO refused by the kernel ({e}); sending one datagram per message"
+                    );
+                }
+                *gso_off = true;
+            } else if [libc::EINVAL, libc::EMSGSIZE].contains(&code) {
+                tracing::debug!("UDP GSO send refused ({e}); sending this run one by one");
+            } else {
+                return self.drop_all(g, &e);
+            }
+            let Some(u) = &self.w.sockets.udp else { return };
+            for v in g.iov {
+                match u.send(v, dst, g.tos.unwrap_or(0), g.src) {
+                    Ok(_) => self.counters.net_tx.incr(),
+                    Err(err) => self.io_drop(DropReason::SendError, |f| {
+                        write!(f, "sending to {dst}: {err}")
+                    }),
+                }
+            }
+            return;
+        }
+        self.drop_all(g, &e);
+    }
+
+    /// Drops (counted) every datagram of message `g`, refused with `e`.
+    fn drop_all(&mut self, g: &sys::Msg<'_>, e: &io::Error) {
+        let dst = g.dst;
+        for _ in 0..g.iov.len() {
+            self.io_drop(DropReason::SendError, |f| {
+                write!(f, "sending to {dst}: {e}")
+            });
+        }
+    }
+
+    /// Sends run `ri` of the batch, raw packets of connection `ci` to
+    /// `remote`, as many per `sendmmsg` as the kernel takes. A packet it
+    /// refuses is dropped and counted (and a refusal as too big asks for
+    /// the path MTU), and the rest still go: at most one call per packet.
+    fn flush_raw(&mut self, tx: &TxBatch, ri: usize, ci: usize, remote: IpAddr) {
+        let sockets = self.w.sockets;
+        let n = tx.runs[ri].len;
         let raw = if remote.is_ipv6() {
             &sockets.raw_tx6
         } else {
@@ -760,11 +962,8 @@ impl Round<'_> {
             }
             return;
         };
-        let t = self.cost_clock();
         let mut iov = [io::IoSlice::new(&[]); GSO_MAX];
-        for (i, &(s, e)) in tx.run[..n].iter().enumerate() {
-            iov[i] = io::IoSlice::new(&tx.bufs[i].as_slice()[s..e]);
-        }
+        tx.iov(&tx.runs[ri], &mut iov);
         let mut at = 0;
         while at < n {
             match raw.send_each(&iov[at..n], remote) {
@@ -794,7 +993,6 @@ impl Round<'_> {
                 }
             }
         }
-        self.cost_sent(t, Dir::Outbound, n);
     }
 
     /// A send to `remote` was refused as larger than the path carries (raw
@@ -1108,4 +1306,111 @@ fn gso_info(h: &VirtioNetHdr) -> Option<GsoInfo> {
         csum_start: h.csum_start,
         csum_offset: h.csum_offset,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    /// The slots of each run, in the order they leave.
+    fn slots(tx: &TxBatch) -> Vec<Vec<usize>> {
+        tx.runs[..tx.nruns]
+            .iter()
+            .map(|r| {
+                let mut v = vec![r.first];
+                while v.len() < r.len {
+                    v.push(tx.next[*v.last().unwrap()]);
+                }
+                assert_eq!(*v.last().unwrap(), r.last);
+                v
+            })
+            .collect()
+    }
+
+    /// The runs a batch forms: a peer's full-size datagrams join its newest
+    /// run even with another peer's in between, until a shorter one closes
+    /// it; another TOS or source starts a run, and a packet for a peer
+    /// whose newest run cannot take it starts one after it (never joins an
+    /// older one: one destination's packets keep their order); raw packets
+    /// gather per connection and peer; without GSO every datagram is a
+    /// message of its own.
+    #[test]
+    fn a_batch_gathers_each_peers_packets_and_keeps_their_order() {
+        let (p, q) = (at("192.0.2.2:4500"), at("192.0.2.3:4500"));
+        let mut tx = TxBatch::new(true, 12);
+        let pushes = [
+            (p, 0, 100),    // 0: run 0
+            (q, 0, 100),    // 1: run 1
+            (p, 0, 100),    // 2: run 0
+            (q, 0, 100),    // 3: run 1
+            (p, 0x2e, 100), // 4: run 2 (another TOS)
+            (p, 0, 100),    // 5: run 3 (p's newest run has the other TOS)
+            (q, 0, 60),     // 6: run 1, now closed
+            (q, 0, 100),    // 7: run 4
+            (p, 0, 100),    // 8: run 3
+        ];
+        for (k, &(dst, tos, len)) in pushes.iter().enumerate() {
+            assert!(!tx.push_udp(dst, None, tos, (8, 8 + len)), "full at {k}");
+        }
+        assert_eq!(
+            slots(&tx),
+            [vec![0, 2], vec![1, 3, 6], vec![4], vec![5, 8], vec![7]]
+        );
+        let runs: Vec<_> = tx.runs[..tx.nruns]
+            .iter()
+            .map(|r| (r.dst, r.tos, r.seg, r.bytes, r.closed))
+            .collect();
+        assert_eq!(
+            runs,
+            [
+                (p, 0, 100, 200, false),
+                (q, 0, 100, 260, true),
+                (p, 0x2e, 100, 100, false),
+                (p, 0, 100, 200, false),
+                (q, 0, 100, 100, false),
+            ]
+        );
+        // q's newest run (4) is open, p's (3) too: nothing completes (the
+        // batch is sent first only then); a longer datagram than p's
+        // segments would complete p's.
+        assert!(!tx.completes(q, 100) && !tx.completes(p, 100));
+        assert!(tx.completes(p, 101));
+        let mut short = TxBatch::new(true, 8);
+        short.push_udp(q, None, 0, (0, 100));
+        assert!(!short.completes(q, 100));
+        short.push_udp(q, None, 0, (0, 50));
+        assert!(short.completes(q, 100), "a short datagram closed q's run");
+        assert!(!short.completes(p, 100), "another peer's run is no matter");
+
+        let (r1, r2) = ("192.0.2.9".parse().unwrap(), "192.0.2.8".parse().unwrap());
+        assert!(!tx.push_raw(3, r1));
+        assert!(!tx.push_raw(4, r2));
+        assert!(tx.push_raw(3, r1), "the 12th slot fills it");
+        assert_eq!(&slots(&tx)[5..], [vec![9, 11], vec![10]]);
+        assert_eq!(tx.runs[5].raw, Some((3, r1)));
+
+        // A peer whose run is further back than RUN_LOOKBACK runs starts
+        // a new one (the search per packet stays bounded).
+        let mut many = TxBatch::new(true, 64);
+        let peer = |k: usize| at(&format!("192.0.2.{}:4500", 10 + k));
+        for k in 0..RUN_LOOKBACK {
+            many.push_udp(peer(k), None, 0, (0, 100));
+        }
+        many.push_udp(peer(0), None, 0, (0, 100));
+        assert_eq!(many.nruns, RUN_LOOKBACK, "the 16th run back is found");
+        many.push_udp(peer(RUN_LOOKBACK), None, 0, (0, 100));
+        many.push_udp(peer(RUN_LOOKBACK + 1), None, 0, (0, 100));
+        many.push_udp(peer(1), None, 0, (0, 100));
+        assert_eq!(many.nruns, RUN_LOOKBACK + 3, "the 17th is not");
+
+        let mut off = TxBatch::new(false, 64);
+        for _ in 0..3 {
+            off.push_udp(p, None, 0, (0, 100));
+        }
+        assert_eq!(off.nruns, 3, "without GSO every datagram is a message");
+    }
 }

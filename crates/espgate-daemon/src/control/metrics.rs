@@ -172,7 +172,7 @@ fn sanitize(name: &str) -> String {
 /// The counters of `Status::counters` with their metric names (without
 /// `_total`, which the encoder adds) and help; a counter not listed here
 /// is exported as `espgate_NAME_total`.
-const COUNTERS: [(&str, &str, &str); 19] = [
+const COUNTERS: [(&str, &str, &str); 20] = [
     (
         "tun_rx",
         "espgate_tun_rx_packets",
@@ -235,6 +235,11 @@ const COUNTERS: [(&str, &str, &str); 19] = [
         "raw_batch_sends",
         "espgate_raw_batch_sends",
         "sendmmsg calls that sent several raw ESP/AH packets (raw IP has no GSO).",
+    ),
+    (
+        "udp_batch_sends",
+        "espgate_udp_batch_sends",
+        "sendmmsg calls that sent several ESP-in-UDP messages (runs to several peers or TOS values).",
     ),
     (
         "gro_reads",
