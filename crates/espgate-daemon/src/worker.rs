@@ -166,6 +166,18 @@ impl Run {
     };
 }
 
+/// Where [`TxBatch::place`] puts an ESP-in-UDP datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// At the end of this run (its peer's newest).
+    Join(usize),
+    /// In a new run.
+    New,
+    /// In a new batch: its peer's newest run is complete, so the batch is
+    /// sent first.
+    SendFirst,
+}
+
 /// How many runs back a packet looks for its destination's run: bounds
 /// the per-packet search when a round holds packets for many peers.
 const RUN_LOOKBACK: usize = 16;
@@ -252,47 +264,50 @@ impl TxBatch {
         ri
     }
 
-    /// Would a datagram of `len` bytes to `dst` find its peer's newest run
-    /// complete (a shorter datagram closed it, or it has no room)? Then
-    /// the batch is sent first, as it was before runs were gathered: a
-    /// complete run leaves at once instead of waiting for the batch to
-    /// fill, so the receiving gateway can start on it while this one seals
-    /// the next (a TCP super-segment ends in a short segment). One peer's
-    /// traffic is then sent exactly as before. A run cut by another TOS or
-    /// source is not complete: those keep gathering.
-    fn completes(&self, dst: SocketAddr, len: usize) -> bool {
-        self.gso
-            && self
-                .newest(|r| r.raw.is_none() && r.dst == dst)
-                .is_some_and(|i| {
-                    let r = &self.runs[i];
-                    r.closed || len > r.seg || r.bytes + len > GSO_BYTES
-                })
+    /// Where an ESP-in-UDP datagram of `len` bytes to `dst` from `src`
+    /// with `tos` goes, from one look at its peer's newest run: into that
+    /// run if it can take it (same TOS and source, not longer than the
+    /// run's segments, GSO room); after sending the batch if that run is
+    /// complete (a shorter datagram closed it, or it has no room), as
+    /// before runs were gathered: a complete run leaves at once instead of
+    /// waiting for the batch to fill, so the receiving gateway can start
+    /// on it while this one seals the next (a TCP super-segment ends in a
+    /// short segment), and one peer's traffic is sent exactly as before;
+    /// else (no run for the peer, another TOS or source, no GSO) into a
+    /// new run.
+    fn place(&self, dst: SocketAddr, src: Option<IpAddr>, tos: u8, len: usize) -> Place {
+        let Some(i) = self.newest(|r| r.raw.is_none() && r.dst == dst) else {
+            return Place::New;
+        };
+        let r = &self.runs[i];
+        if !self.gso {
+            Place::New
+        } else if r.closed || len > r.seg || r.bytes + len > GSO_BYTES {
+            Place::SendFirst
+        } else if r.src == src && r.tos == tos {
+            Place::Join(i)
+        } else {
+            Place::New
+        }
     }
 
     /// Adds the ESP-in-UDP datagram in the next slot, whose payload is
-    /// `span`, to the newest run for `dst` if that can take it (same TOS
-    /// and source, not longer than the run's segments, GSO room), else
-    /// starts a run. True when the batch is full.
+    /// `span`, to run `i` (`Place::Join(i)`) or to a new run (any other
+    /// place: after `SendFirst` the caller has sent the batch). True when
+    /// the batch is full.
     fn push_udp(
         &mut self,
+        place: Place,
         dst: SocketAddr,
         src: Option<IpAddr>,
         tos: u8,
         span: (usize, usize),
     ) -> bool {
         let len = span.1 - span.0;
-        let joins = self
-            .newest(|r| r.raw.is_none() && r.dst == dst)
-            .filter(|&i| {
-                let r = &self.runs[i];
-                self.gso
-                    && !r.closed
-                    && r.src == src
-                    && r.tos == tos
-                    && len <= r.seg
-                    && r.bytes + len <= GSO_BYTES
-            });
+        let joins = match place {
+            Place::Join(i) => Some(i),
+            Place::New | Place::SendFirst => None,
+        };
         let new = Run {
             dst,
             src,
@@ -767,14 +782,15 @@ impl Round<'_> {
             return;
         };
         let src = self.w.sources.get(ci).copied().flatten();
-        if tx.completes(dst, end - start) {
+        let place = tx.place(dst, src, tos, end - start);
+        if place == Place::SendFirst {
             // Send what is gathered; this packet starts the next batch in
             // slot 0.
             let i = tx.n;
             self.flush(tx);
             tx.bufs.swap(0, i);
         }
-        if tx.push_udp(dst, src, tos, (start, end)) {
+        if tx.push_udp(place, dst, src, tos, (start, end)) {
             self.flush(tx);
         }
     }
@@ -1316,6 +1332,18 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// Places and adds a datagram as `Round::protect` does, without the
+    /// send a `SendFirst` asks for. True when the batch is full.
+    fn push(tx: &mut TxBatch, dst: SocketAddr, tos: u8, span: (usize, usize)) -> bool {
+        let place = tx.place(dst, None, tos, span.1 - span.0);
+        tx.push_udp(place, dst, None, tos, span)
+    }
+
+    /// Would this datagram send the batch first?
+    fn completes(tx: &TxBatch, dst: SocketAddr, len: usize) -> bool {
+        tx.place(dst, None, 0, len) == Place::SendFirst
+    }
+
     /// The slots of each run, in the order they leave.
     fn slots(tx: &TxBatch) -> Vec<Vec<usize>> {
         tx.runs[..tx.nruns]
@@ -1354,7 +1382,7 @@ mod tests {
             (p, 0, 100),    // 8: run 3
         ];
         for (k, &(dst, tos, len)) in pushes.iter().enumerate() {
-            assert!(!tx.push_udp(dst, None, tos, (8, 8 + len)), "full at {k}");
+            assert!(!push(&mut tx, dst, tos, (8, 8 + len)), "full at {k}");
         }
         assert_eq!(
             slots(&tx),
@@ -1377,14 +1405,17 @@ mod tests {
         // q's newest run (4) is open, p's (3) too: nothing completes (the
         // batch is sent first only then); a longer datagram than p's
         // segments would complete p's.
-        assert!(!tx.completes(q, 100) && !tx.completes(p, 100));
-        assert!(tx.completes(p, 101));
+        assert!(!completes(&tx, q, 100) && !completes(&tx, p, 100));
+        assert!(completes(&tx, p, 101));
         let mut short = TxBatch::new(true, 8);
-        short.push_udp(q, None, 0, (0, 100));
-        assert!(!short.completes(q, 100));
-        short.push_udp(q, None, 0, (0, 50));
-        assert!(short.completes(q, 100), "a short datagram closed q's run");
-        assert!(!short.completes(p, 100), "another peer's run is no matter");
+        push(&mut short, q, 0, (0, 100));
+        assert!(!completes(&short, q, 100));
+        push(&mut short, q, 0, (0, 50));
+        assert!(completes(&short, q, 100), "a short datagram closed q's run");
+        assert!(
+            !completes(&short, p, 100),
+            "another peer's run is no matter"
+        );
 
         let (r1, r2) = ("192.0.2.9".parse().unwrap(), "192.0.2.8".parse().unwrap());
         assert!(!tx.push_raw(3, r1));
@@ -1398,18 +1429,18 @@ mod tests {
         let mut many = TxBatch::new(true, 64);
         let peer = |k: usize| at(&format!("192.0.2.{}:4500", 10 + k));
         for k in 0..RUN_LOOKBACK {
-            many.push_udp(peer(k), None, 0, (0, 100));
+            push(&mut many, peer(k), 0, (0, 100));
         }
-        many.push_udp(peer(0), None, 0, (0, 100));
+        push(&mut many, peer(0), 0, (0, 100));
         assert_eq!(many.nruns, RUN_LOOKBACK, "the 16th run back is found");
-        many.push_udp(peer(RUN_LOOKBACK), None, 0, (0, 100));
-        many.push_udp(peer(RUN_LOOKBACK + 1), None, 0, (0, 100));
-        many.push_udp(peer(1), None, 0, (0, 100));
+        push(&mut many, peer(RUN_LOOKBACK), 0, (0, 100));
+        push(&mut many, peer(RUN_LOOKBACK + 1), 0, (0, 100));
+        push(&mut many, peer(1), 0, (0, 100));
         assert_eq!(many.nruns, RUN_LOOKBACK + 3, "the 17th is not");
 
         let mut off = TxBatch::new(false, 64);
         for _ in 0..3 {
-            off.push_udp(p, None, 0, (0, 100));
+            push(&mut off, p, 0, (0, 100));
         }
         assert_eq!(off.nruns, 3, "without GSO every datagram is a message");
     }
