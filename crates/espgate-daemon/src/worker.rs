@@ -1444,4 +1444,182 @@ mod tests {
         }
         assert_eq!(off.nruns, 3, "without GSO every datagram is a message");
     }
+
+    use proptest::prelude::*;
+
+    /// A datagram in the property test below: ESP in UDP to peer `dst`
+    /// with `tos` from `src`, `len` bytes; or raw, for connection `ci`.
+    #[derive(Debug, Clone, Copy)]
+    enum Out {
+        Udp {
+            dst: u8,
+            tos: u8,
+            src: bool,
+            len: usize,
+        },
+        Raw {
+            ci: usize,
+        },
+    }
+
+    /// Runs `outs` through a batch the way the worker does (`place`, the
+    /// batch sent first on `SendFirst` and when full, the rest at the
+    /// end) and returns each sent batch's runs as the indices into `outs`
+    /// of their datagrams, in the order they leave, each with its run.
+    fn send_all(outs: &[Out], gso: bool, max: usize) -> Vec<Vec<(Run, Vec<usize>)>> {
+        let dst = |d: u8| SocketAddr::new(IpAddr::V4([198, 51, 100, d].into()), 4500);
+        let src = |s: bool| s.then(|| IpAddr::V4([203, 0, 113, 1].into()));
+        let mut tx = TxBatch::new(gso, max);
+        let mut ids = [usize::MAX; GSO_MAX];
+        let mut sent = Vec::new();
+        let mut send = |tx: &mut TxBatch, ids: &[usize; GSO_MAX]| {
+            let runs = tx.runs[..tx.nruns].to_vec();
+            let batch: Vec<_> = runs
+                .into_iter()
+                .zip(slots(tx))
+                .map(|(r, s)| (r, s.iter().map(|&slot| ids[slot]).collect()))
+                .collect();
+            if !batch.is_empty() {
+                sent.push(batch);
+            }
+            tx.n = 0;
+            tx.nruns = 0;
+        };
+        for (k, o) in outs.iter().enumerate() {
+            let full = match *o {
+                Out::Udp {
+                    dst: d,
+                    tos,
+                    src: s,
+                    len,
+                } => {
+                    let place = tx.place(dst(d), src(s), tos, len);
+                    if place == Place::SendFirst {
+                        send(&mut tx, &ids);
+                    }
+                    ids[tx.n] = k;
+                    tx.push_udp(place, dst(d), src(s), tos, (8, 8 + len))
+                }
+                Out::Raw { ci } => {
+                    ids[tx.n] = k;
+                    tx.push_raw(ci, IpAddr::V4([198, 51, 100, 200].into()))
+                }
+            };
+            if full {
+                send(&mut tx, &ids);
+            }
+        }
+        send(&mut tx, &ids);
+        sent
+    }
+
+    /// Mostly ESP-in-UDP datagrams, most of them full-size (a TCP
+    /// super-segment's), to up to 20 peers; some raw packets.
+    fn out() -> impl Strategy<Value = Out> {
+        prop_oneof![
+            8 => (0u8..20, 0u8..2, any::<bool>(), prop_oneof![3 => Just(1400usize), 1 => 1usize..1500])
+                .prop_map(|(dst, tos, src, len)| Out::Udp { dst, tos, src, len }),
+            1 => (0usize..2).prop_map(|ci| Out::Raw { ci }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Whatever a round holds (up to 20 peers, two TOS values, two
+        /// sources, raw packets, any lengths, with or without GSO, any
+        /// batch size): every datagram leaves exactly once; each
+        /// destination's datagrams leave in the order they came (so every
+        /// SA's sequence numbers do); every run is a valid GSO send (one
+        /// peer, TOS and source; equal segments but a shorter last one;
+        /// within the batch size and the GSO byte limit); and one peer
+        /// under one TOS makes one run per batch, as before runs were
+        /// gathered.
+        #[test]
+        fn any_round_leaves_once_in_order_in_valid_runs(
+            outs in proptest::collection::vec(out(), 1..300),
+            peers in prop_oneof![1 => Just(1u8), 3 => 1u8..=20],
+            gso in any::<bool>(),
+            max in 1usize..=GSO_MAX,
+        ) {
+            // Fold the peers into `peers` of them; one peer also gets one
+            // TOS and source, so that some rounds are one peer's traffic.
+            let one = peers == 1;
+            let outs: Vec<Out> = outs
+                .into_iter()
+                .map(|o| match o {
+                    Out::Udp { dst, tos, src, len } => Out::Udp {
+                        dst: dst % peers,
+                        tos: if one { 0 } else { tos },
+                        src: src && !one,
+                        len,
+                    },
+                    raw => raw,
+                })
+                .collect();
+            let sent = send_all(&outs, gso, max);
+            let order: Vec<usize> = sent.iter().flatten().flat_map(|(_, ids)| ids.clone()).collect();
+            let mut all = order.clone();
+            all.sort_unstable();
+            prop_assert_eq!(all, (0..outs.len()).collect::<Vec<_>>(), "each leaves once");
+            // Per destination (a peer, or a raw connection), in order.
+            let key = |o: &Out| match *o {
+                Out::Udp { dst, .. } => u16::from(dst),
+                Out::Raw { ci } => 1000 + ci as u16,
+            };
+            let mut last = std::collections::HashMap::new();
+            for &k in &order {
+                if let Some(&prev) = last.get(&key(&outs[k])) {
+                    prop_assert!(prev < k, "datagram {} left after {}", prev, k);
+                }
+                last.insert(key(&outs[k]), k);
+            }
+            for batch in &sent {
+                prop_assert!(batch.iter().map(|(r, _)| r.len).sum::<usize>() <= max);
+                for (r, ids) in batch {
+                    prop_assert_eq!(r.len, ids.len());
+                    prop_assert!(!ids.is_empty());
+                    match outs[ids[0]] {
+                        Out::Raw { ci } => {
+                            for &k in ids {
+                                let same = matches!(outs[k], Out::Raw { ci: c } if c == ci);
+                                prop_assert!(same, "one connection per raw run");
+                            }
+                        }
+                        Out::Udp { dst, tos, src, .. } => {
+                            prop_assert!(gso || ids.len() == 1, "no GSO: one datagram per message");
+                            let lens: Vec<usize> = ids
+                                .iter()
+                                .map(|&k| match outs[k] {
+                                    Out::Udp { dst: d, tos: t, src: s, len } => {
+                                        assert_eq!((d, t, s), (dst, tos, src), "one peer, TOS, source");
+                                        len
+                                    }
+                                    Out::Raw { .. } => panic!("a raw packet in a UDP run"),
+                                })
+                                .collect();
+                            prop_assert_eq!(r.seg, lens[0]);
+                            prop_assert!(lens[..lens.len() - 1].iter().all(|&l| l == r.seg));
+                            prop_assert!(lens[lens.len() - 1] <= r.seg);
+                            prop_assert_eq!(r.bytes, lens.iter().sum::<usize>());
+                            prop_assert!(r.bytes <= GSO_BYTES);
+                        }
+                    }
+                }
+                // A batch of one peer's datagrams under one TOS and source
+                // is one run, as before runs were gathered.
+                let keys: std::collections::HashSet<_> = batch
+                    .iter()
+                    .flat_map(|(_, ids)| ids)
+                    .map(|&k| match outs[k] {
+                        Out::Udp { dst, tos, src, .. } => Some((dst, tos, src)),
+                        Out::Raw { .. } => None,
+                    })
+                    .collect();
+                if gso && keys.len() == 1 && !keys.contains(&None) {
+                    prop_assert_eq!(batch.len(), 1, "one peer: one run per batch");
+                }
+            }
+        }
+    }
 }
