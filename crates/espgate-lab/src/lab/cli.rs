@@ -45,6 +45,40 @@ pub enum LabCmd {
         /// The directory of a run.
         dir: PathBuf,
     },
+    /// Two runs side by side: every point both measured (same experiment,
+    /// series and x), with the ratio of the means, whether the ranges
+    /// overlap, and the gateways' CPU.
+    #[command(after_long_help = COMPARE_USAGE)]
+    Compare {
+        /// The earlier run: its directory or its results.json.
+        before: PathBuf,
+        /// The later run.
+        after: PathBuf,
+        /// Only these experiments (ids or prefixes).
+        #[arg(value_name = "ID")]
+        ids: Vec<String>,
+    },
+}
+
+const COMPARE_USAGE: &str = "\
+Example: the same experiment with an older build's gateways, then this build's
+  espgate lab run 000-link1000 --gateway-binary /tmp/old/espgate --out lab-old
+  espgate lab run 000-link1000 --out lab-new
+  espgate lab compare lab-old lab-new
+
+One run per side is one sample of each point: on a shared machine read a ratio
+whose ranges overlap as no change, and repeat before drawing conclusions.";
+
+/// Reads the results of a run from its directory or its results.json.
+fn read_results(path: &std::path::Path) -> Result<Results> {
+    let file = if path.is_dir() {
+        path.join("results.json")
+    } else {
+        path.to_path_buf()
+    };
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    Results::from_json(&text).with_context(|| format!("{}", file.display()))
 }
 
 /// The options of `espgate lab run`.
@@ -82,12 +116,14 @@ pub fn main(cmd: &LabCmd) -> Result<ExitCode> {
         }
         LabCmd::Run(a) => run_cmd(a),
         LabCmd::Report { dir } => {
-            let path = dir.join("results.json");
-            let text = std::fs::read_to_string(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let r = Results::from_json(&text).with_context(|| format!("{}", path.display()))?;
+            let r = read_results(&dir.join("results.json"))?;
             let (h, m) = super::report::write(dir, &r, &exps(), Seeds::get())?;
             println!("{}\n{}", h.display(), m.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCmd::Compare { before, after, ids } => {
+            let (b, a) = (read_results(before)?, read_results(after)?);
+            print!("{}", super::compare::compare(&b, &a, ids));
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -13,11 +13,13 @@
 //! - [`cluster_rig`]: seed 003's flat cluster of n nodes on flooding
 //!   bridges, with the lab as the cluster agent;
 //! - [`trace`]: a synthetic trace with seed 003's traffic statistics;
-//! - [`run`]: the repetition loop, progress, Ctrl-C, `results.json`.
+//! - [`run`]: the repetition loop, progress, Ctrl-C, `results.json`;
+//! - [`compare`]: two runs' common points side by side (`lab compare`).
 
 pub mod catalog;
 pub mod cli;
 pub mod cluster_rig;
+pub mod compare;
 pub mod experiment;
 pub mod model;
 pub mod p000;

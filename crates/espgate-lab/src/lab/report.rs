@@ -896,7 +896,7 @@ fn seed_table(d: &mut Doc, t: &SeedTable) {
 
 /// A measured value: ≥ 100 without decimals, ≥ 10 with one, else three
 /// significant digits; "–" when not finite.
-fn num(v: f64) -> String {
+pub(crate) fn num(v: f64) -> String {
     if !v.is_finite() {
         return "–".into();
     }
@@ -933,7 +933,7 @@ fn x_num(x: f64) -> String {
 }
 
 /// The x of a point: its category name, else the number.
-fn x_name(p: &Point) -> String {
+pub(crate) fn x_name(p: &Point) -> String {
     match &p.x_label {
         Some(l) => l.clone(),
         None => x_num(p.x),

@@ -321,6 +321,17 @@ pub fn environment(command: &str, knobs: &Knobs) -> Environment {
     let mut tools = BTreeMap::new();
     tools.insert("iperf3".into(), tool(&["iperf3", "--version"]));
     tools.insert("iproute2".into(), tool(&["ip", "-V"]));
+    // Gateways run by another build (`--gateway-binary`, a before/after):
+    // its version and path, since `espgate_version` is this lab's.
+    let same = |a: &Path, b: &Path| a.canonicalize().ok() == b.canonicalize().ok();
+    let this = std::env::current_exe().unwrap_or_default();
+    if !knobs.exe.as_os_str().is_empty() && !same(&knobs.exe, &this) {
+        let exe = knobs.exe.to_string_lossy();
+        tools.insert(
+            "espgate (gateways)".into(),
+            format!("{} ({exe})", tool(&[&exe, "--version"])),
+        );
+    }
     Environment {
         kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
         cpu_model,
@@ -506,6 +517,29 @@ mod tests {
             points: None,
             exe: PathBuf::from("espgate"),
         }
+    }
+
+    #[test]
+    fn the_gateways_build_is_recorded_when_it_is_not_this_one() {
+        let this = std::env::current_exe().unwrap();
+        let env = environment(
+            "lab",
+            &Knobs {
+                exe: this,
+                ..knobs()
+            },
+        );
+        assert!(!env.tools.contains_key("espgate (gateways)"), "{env:?}");
+        let other = Knobs {
+            exe: "/bin/true".into(),
+            ..knobs()
+        };
+        let env = environment("lab", &other);
+        let g = &env.tools["espgate (gateways)"];
+        assert!(
+            g.starts_with("true (GNU coreutils)") && g.ends_with(" (/bin/true)"),
+            "{g}"
+        );
     }
 
     #[test]
