@@ -180,3 +180,38 @@ def test_bad_arguments_are_refused_plainly(espgate, tmp_path):
     r = subprocess.run([espgate, "lab", "report", str(tmp_path / "nothing")], capture_output=True, text=True,
                        timeout=30)
     assert r.returncode != 0 and "results.json" in r.stderr, r.stderr
+
+
+def test_a_before_and_after_pair_is_recorded_and_compared(espgate, tmp_path):
+    """`--gateway-binary` with another build records that build, and `lab
+    compare` lists the points both runs measured."""
+    other = tmp_path / "espgate-other"
+    shutil.copy(espgate, other)
+    runs = {}
+    for side, extra in (("before", ["--gateway-binary", str(other)]), ("after", [])):
+        runs[side] = tmp_path / side
+        r = subprocess.run([espgate, "lab", "run", "000-link10-ip-vs-ipsec", "--quick", "--out", str(runs[side])]
+                           + extra, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+    before = json.loads((runs["before"] / "results.json").read_text())
+    after = json.loads((runs["after"] / "results.json").read_text())
+    assert before["env"]["tools"]["espgate (gateways)"].endswith(f"({other})"), before["env"]["tools"]
+    assert "espgate (gateways)" not in after["env"]["tools"], "this build's gateways are not another build"
+
+    r = subprocess.run([espgate, "lab", "compare", str(runs["before"]), str(runs["after"] / "results.json")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("before: espgate") and f"gateways espgate" in lines[0], lines[0]
+    assert lines[1].startswith("after: espgate") and "gateways" not in lines[1].split(":")[1], lines[1]
+    assert "## 000-link10-ip-vs-ipsec" in lines, r.stdout
+    n = len(after["points"])
+    assert n > 0 and lines[-1] == f"{n} point(s) in both runs; 0 only before, 0 only after", r.stdout
+    # one row per point, each with a ratio (or a dash for a zero before)
+    header = lines.index("## 000-link10-ip-vs-ipsec") + 1
+    assert lines[header].split()[:3] == ["series", "x", "unit"], lines[header]
+    assert len([l for l in lines[header + 1:] if l.strip()]) == n + 1, r.stdout  # rows, then the count
+
+    r = subprocess.run([espgate, "lab", "compare", str(runs["before"]), str(tmp_path / "nothing")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "results.json" in r.stderr and "nothing" in r.stderr, r.stderr

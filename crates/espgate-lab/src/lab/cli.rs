@@ -71,6 +71,11 @@ whose ranges overlap as no change, and repeat before drawing conclusions.";
 
 /// Reads the results of a run from its directory or its results.json.
 fn read_results(path: &std::path::Path) -> Result<Results> {
+    anyhow::ensure!(
+        path.exists(),
+        "{}: no such directory or file (give a run's directory or its results.json)",
+        path.display()
+    );
     let file = if path.is_dir() {
         path.join("results.json")
     } else {
