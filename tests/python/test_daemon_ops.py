@@ -132,6 +132,7 @@ COUNTERS = {
     "raw_batch_sends": "espgate_raw_batch_sends_total", "udp_batch_sends": "espgate_udp_batch_sends_total",
     "gro_reads": "espgate_udp_gro_reads_total", "tso_reads": "espgate_tun_tso_reads_total",
     "tun_gso_writes": "espgate_tun_gso_writes_total",
+    "hold_flushes": "espgate_hold_flushes_total",
     "hot_path_allocs": "espgate_hot_path_allocations_total",
     "udp_socket_drops": "espgate_udp_socket_drops_total",
     "spi_filter_engaged": "espgate_spi_filter_engagements_total",

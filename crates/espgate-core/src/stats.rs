@@ -118,13 +118,18 @@ pub struct WorkerCounters {
     /// TUN writes of a super-segment coalesced from several decrypted TCP
     /// segments of one flow.
     pub tun_gso_writes: Counter,
+    /// Batches sent, or coalesced packets written to the TUN, before the
+    /// round ended because their first packet had waited the worker's
+    /// hold time (a slow cipher such as 3DES, or a worker that lost its CPU
+    /// in the middle of a round).
+    pub hold_flushes: Counter,
     /// Drops by reason, both directions.
     pub drops: DropCounters,
 }
 
 impl WorkerCounters {
     /// Every counter but the drops, by its name in `espgate status`.
-    pub fn named(&self) -> [(&'static str, u64); 17] {
+    pub fn named(&self) -> [(&'static str, u64); 18] {
         [
             ("tun_rx", self.tun_rx.get()),
             ("tun_tx", self.tun_tx.get()),
@@ -143,6 +148,7 @@ impl WorkerCounters {
             ("gro_reads", self.gro_reads.get()),
             ("tso_reads", self.tso_reads.get()),
             ("tun_gso_writes", self.tun_gso_writes.get()),
+            ("hold_flushes", self.hold_flushes.get()),
         ]
     }
 }

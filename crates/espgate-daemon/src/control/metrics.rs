@@ -172,7 +172,7 @@ fn sanitize(name: &str) -> String {
 /// The counters of `Status::counters` with their metric names (without
 /// `_total`, which the encoder adds) and help; a counter not listed here
 /// is exported as `espgate_NAME_total`.
-const COUNTERS: [(&str, &str, &str); 20] = [
+const COUNTERS: [(&str, &str, &str); 21] = [
     (
         "tun_rx",
         "espgate_tun_rx_packets",
@@ -255,6 +255,11 @@ const COUNTERS: [(&str, &str, &str); 20] = [
         "tun_gso_writes",
         "espgate_tun_gso_writes",
         "TUN writes of a super-segment coalesced from several decrypted TCP segments.",
+    ),
+    (
+        "hold_flushes",
+        "espgate_hold_flushes",
+        "Batches sent or super-segments written before their round ended, because their first packet had waited the hold time (e.g. a slow cipher).",
     ),
     (
         "udp_socket_drops",
