@@ -94,7 +94,8 @@ def check_rows(rows, systems, tests, espgate_bin):
             # the kernel's 15-character comm).
             # The current wireguard-go is built by go install, which names
             # its binary after the module path's last element.
-            want = {"espgate": os.path.basename(espgate_bin)[:15], "wireguard-go": "wireguard",
+            want = {"espgate": os.path.basename(espgate_bin)[:15],
+                    "relay": os.path.basename(espgate_bin)[:15], "wireguard-go": "wireguard",
                     "wireguard-go-debian": "wireguard-go", "boringtun": "boringtun-cli",
                     "strongswan": "charon", "openvpn": "openvpn"}[r["system"]]
             assert want in names, r["cpu"]
@@ -195,6 +196,34 @@ def test_scrape_runs_alternate_with_plain_ones(espgate):
     assert scraped["scrapes"] >= 8, scraped
     assert scraped["error"] is None and scraped["median_mbps"] > 0, scraped
     assert scraped["settings"]["scrape_hz"] == 10
+
+
+@needs_tools
+def test_the_relay_is_measured_on_tcp_only(espgate):
+    """--relay: the no-crypto relay (the ceiling of a userspace UDP tunnel)
+    runs between plain routing and espgate, on the TCP tests only, as the
+    gateway binary, and carries TCP's super-segments: a transfer through
+    it delivers, with each row's numbers consistent as for every system."""
+    r = bench(espgate, "--time", "1", "--runs", "1", "--tests", "tcp,udp512", "--json", "--relay")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(r.stdout)
+    assert [(x["system"], x["test"]) for x in rows] == [
+        ("plain", "tcp"), ("plain", "udp512"), ("relay", "tcp"), ("espgate", "tcp"),
+        ("espgate", "udp512")], rows
+    check_rows([x for x in rows if x["system"] != "relay"], ["plain", "espgate"], ["tcp", "udp512"],
+               espgate)
+    check_rows([x for x in rows if x["test"] == "tcp"], ["plain", "relay", "espgate"], ["tcp"], espgate)
+    relay = rows[2]
+    assert relay["suite"] is None and relay["version"] == rows[3]["version"], relay
+    # Each side said, when it stopped, what it carried: every message whole.
+    counts = [l for l in r.stderr.splitlines() if l.startswith("relay ") and "stopped;" in l]
+    assert len(counts) == 2 and all(" torn 0 " in l for l in counts), r.stderr
+    # The table says what the relay is, so that nobody reads it as a VPN.
+    t = bench(espgate, "--time", "1", "--runs", "1", "--tests", "tcp", "--relay")
+    assert t.returncode == 0, t.stdout + t.stderr
+    assert "not a VPN" in t.stdout and "ceiling" in t.stdout, t.stdout
+    assert [l.split()[0] for l in t.stdout.splitlines()
+            if l.split()[1:2] == ["tcp"]] == ["plain", "relay", "espgate"], t.stdout
 
 
 PEER_PACKAGES = {"wireguard-go": ["go", "wg"], "wireguard-go-debian": ["wireguard-go", "wg"],

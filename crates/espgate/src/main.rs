@@ -426,6 +426,11 @@ enum BenchCmd {
     /// sendmmsg); prints one JSON line with what it sent.
     #[command(hide = true)]
     Flood(espgate_lab::bench::dos::FloodArgs),
+    /// The no-crypto userspace relay `bench tunnel --relay` runs in each
+    /// gateway namespace (not a VPN: the ceiling of a userspace UDP
+    /// tunnel, for measurement only).
+    #[command(hide = true)]
+    Relay(espgate_lab::bench::relay::Args),
 }
 
 #[derive(clap::Args)]
@@ -465,6 +470,7 @@ fn run_bench(what: BenchCmd) -> Result<ExitCode> {
         BenchCmd::Ike(a) => return espgate_lab::bench::ike::main(&a),
         BenchCmd::Dos(a) => return Ok(espgate_lab::bench::dos::main(&a)),
         BenchCmd::Flood(a) => return Ok(espgate_lab::bench::dos::flood_main(&a)),
+        BenchCmd::Relay(a) => return Ok(espgate_lab::bench::relay::main(&a)),
     };
     let mut p = bench::Params::new(
         &args.suite,

@@ -47,6 +47,7 @@
 pub mod dos;
 pub mod ike;
 pub mod parallel;
+pub mod relay;
 pub mod scrape;
 pub mod tunnel;
 

@@ -202,6 +202,13 @@ pub struct Args {
     /// older build to compare with.
     #[arg(long, value_name = "PATH")]
     pub gateway_binary: Option<PathBuf>,
+    /// Also measure a userspace relay without cryptography (TCP tests
+    /// only): TUN super-segments carried whole over UDP GSO/GRO, the work
+    /// the kernel does for any userspace UDP tunnel and nothing else, so
+    /// its ratio to plain routing is the ceiling of such a tunnel here.
+    /// Not a VPN.
+    #[arg(long)]
+    pub relay: bool,
 }
 
 /// One test.
@@ -574,6 +581,8 @@ pub enum System {
     Espgate(String),
     /// Another VPN.
     Peer(Peer),
+    /// The no-crypto userspace relay ([`super::relay`]): the ceiling.
+    Relay,
 }
 
 impl System {
@@ -583,7 +592,13 @@ impl System {
             System::Plain => "plain",
             System::Espgate(_) => "espgate",
             System::Peer(p) => p.name(),
+            System::Relay => "relay",
         }
+    }
+
+    /// Whether it runs `test`: the relay is a ceiling for TCP only.
+    pub fn runs(&self, test: Test) -> bool {
+        !matches!((self, test), (System::Relay, Test::Udp(_)))
     }
 
     /// The version measured: the kernel's (`uname -r`) for plain
@@ -595,7 +610,7 @@ impl System {
                 .ok()
                 .map(|v| v.trim().to_string())
                 .filter(|v| !v.is_empty()),
-            System::Espgate(_) => {
+            System::Espgate(_) | System::Relay => {
                 let out = run_timeout(Command::new(exe).arg("--version"), Duration::from_secs(10));
                 version_after(&out.ok()?, "espgate")
             }
@@ -609,6 +624,10 @@ fn about_system(name: &str) -> Option<&'static str> {
     match name {
         "plain" => Some("Linux kernel forwarding"),
         "espgate" => None,
+        "relay" => Some(
+            "espgate's userspace relay, no cryptography: not a VPN, the ceiling of a userspace \
+             UDP tunnel here (TCP only)",
+        ),
         other => Peer::parse(other).ok().map(|p| p.about()),
     }
 }
@@ -709,6 +728,8 @@ pub struct Options {
     pub suites: Vec<String>,
     /// Other VPNs.
     pub peers: Vec<Peer>,
+    /// The no-crypto relay too (`--relay`).
+    pub relay: bool,
     /// JSON output.
     pub json: bool,
     /// Namespace prefix.
@@ -789,6 +810,7 @@ impl Options {
             runs: args.runs,
             suites,
             peers,
+            relay: args.relay,
             json: args.json,
             prefix,
             settings: Settings {
@@ -831,6 +853,9 @@ impl Options {
     /// The systems in the order they are measured.
     pub fn systems(&self) -> Vec<System> {
         let mut v = vec![System::Plain];
+        if self.relay {
+            v.push(System::Relay);
+        }
         v.extend(self.suites.iter().cloned().map(System::Espgate));
         v.extend(self.peers.iter().copied().map(System::Peer));
         v
@@ -1436,6 +1461,9 @@ fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) ->
             for (ti, test) in opts.tests.iter().enumerate() {
                 netlab::check_interrupt()?;
                 step += 1;
+                if !sys.runs(*test) {
+                    continue;
+                }
                 let what = format!(
                     "[{step}/{total}] {} {} run {run}/{}",
                     sys.name(),
@@ -1485,6 +1513,18 @@ fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) ->
                 }
             }
             lab.remove_namespaces();
+            if *sys == System::Relay {
+                // Stopped now: each side's last line says what it carried.
+                for side in ["a", "b"] {
+                    let log = lab.work.join("relay").join(format!("{side}.log"));
+                    let text = std::fs::read_to_string(&log).unwrap_or_default();
+                    let last = text.lines().rfind(|l| l.contains("stopped;"));
+                    eprintln!(
+                        "relay {side}, round {run}: {}",
+                        last.unwrap_or("no counts (it did not stop cleanly)")
+                    );
+                }
+            }
         }
     }
     let mut rows = Vec::new();
@@ -1495,7 +1535,9 @@ fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) ->
             ..Row::new(sys, t, s, g.down.clone().or(e), &opts.settings)
         };
         for (t, (s, e)) in opts.tests.iter().zip(&g.plain) {
-            rows.push(row(*t, s, e.clone()));
+            if sys.runs(*t) {
+                rows.push(row(*t, s, e.clone()));
+            }
         }
         if matches!(sys, System::Espgate(_)) && hz > 0 {
             for (t, (s, e, n)) in opts.tests.iter().zip(&g.scraped) {
@@ -1646,6 +1688,7 @@ fn start(lab: &mut Lab, topo: &Topology, sys: &System, opts: &Options) -> Result
     match sys {
         System::Plain => topo.plain_routes(true).map(|()| Vec::new()),
         System::Espgate(suite) => start_espgate(lab, topo, suite, opts),
+        System::Relay => start_relay(lab, topo, opts),
         System::Peer(p) => {
             ensure_installed(*p)?;
             let dir = lab.work.join(p.name());
@@ -2142,6 +2185,74 @@ fn start_wireguard(
             "up",
         ])?;
         ip(&["-n", ns, "route", "add", remote_net, "dev", iface])?;
+    }
+    Ok(logs)
+}
+
+/// The no-crypto relay ([`super::relay`]) in both gateway namespaces:
+/// `espgate bench relay` of the gateway binary, its TUN device given the
+/// MTU and queue length espgate's would have and a route to the other
+/// site.
+fn start_relay(lab: &mut Lab, topo: &Topology, opts: &Options) -> Result<Vec<PathBuf>> {
+    let dir = lab.work.join("relay");
+    std::fs::create_dir_all(&dir)?;
+    let mtu = opts.settings.mtu;
+    let exe = opts.exe.to_string_lossy().into_owned();
+    let sides = [
+        ("a", &topo.ga, GW_A, GW_B, NET_B),
+        ("b", &topo.gb, GW_B, GW_A, NET_A),
+    ];
+    let mut logs = Vec::new();
+    for (side, ns, local, peer, remote_net) in sides {
+        let iface = format!("egrelay{side}");
+        let log_path = dir.join(format!("{side}.log"));
+        let log = std::fs::File::create(&log_path)?;
+        let what = format!("relay {side}");
+        let (local, peer) = (format!("{local}:51821"), format!("{peer}:51821"));
+        let argv = [
+            exe.as_str(),
+            "bench",
+            "relay",
+            "--tun",
+            &iface,
+            "--local",
+            &local,
+            "--peer",
+            &peer,
+            "--mtu",
+            &mtu.to_string(),
+        ];
+        lab.spawn(
+            &what,
+            in_ns(ns, &argv)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log),
+        )?;
+        logs.push(log_path);
+        wait_for(
+            lab,
+            &[&what],
+            Duration::from_secs(10),
+            "its interface",
+            || ip(&["-n", ns, "link", "show", &iface]).is_ok(),
+        )
+        .map_err(|e| with_logs(e, &logs))?;
+        // espgate's TUN MTU at this path MTU (ESP in UDP, AES-GCM).
+        let inner = (mtu - 62).to_string();
+        ip(&[
+            "-n",
+            ns,
+            "link",
+            "set",
+            &iface,
+            "mtu",
+            &inner,
+            "txqueuelen",
+            "10000",
+            "up",
+        ])?;
+        ip(&["-n", ns, "route", "add", remote_net, "dev", &iface])?;
     }
     Ok(logs)
 }
@@ -2940,6 +3051,12 @@ log line
             System::Espgate("aes128gcm16".into()).version(Path::new("/nonexistent/espgate")),
             None
         );
+        // The relay is espgate's own tool, and says it is no VPN.
+        assert_eq!(
+            System::Relay.version(Path::new("/nonexistent/espgate")),
+            None
+        );
+        assert!(about_system("relay").is_some_and(|a| a.contains("not a VPN")));
     }
 
     #[test]
@@ -3025,6 +3142,7 @@ log line
                 scrape: 0,
                 pin: false,
                 gateway_binary: None,
+                relay: false,
             };
             f(&mut a);
             Options::new(&a, PathBuf::from("/x"))
@@ -3034,6 +3152,27 @@ log line
             o.tests,
             [Test::Tcp, Test::Udp(64), Test::Udp(512), Test::Udp(1400)]
         );
+        assert!(!o.systems().contains(&System::Relay));
+        // --relay: right after plain routing, TCP tests only.
+        let r = args(&|a| {
+            a.relay = true;
+            a.peers = vec!["wireguard-go".into()];
+        })
+        .unwrap();
+        assert_eq!(
+            r.systems(),
+            [
+                System::Plain,
+                System::Relay,
+                System::Espgate("aes128gcm16".into()),
+                System::Peer(Peer::WireguardGo)
+            ]
+        );
+        for t in ["tcp", "tcp4"] {
+            assert!(System::Relay.runs(Test::parse(t).unwrap()), "{t}");
+        }
+        assert!(!System::Relay.runs(Test::Udp(64)));
+        assert!(System::Plain.runs(Test::Udp(64)));
         assert_eq!(o.settings.encap, Encapsulation::Udp);
         let raw = args(&|a| a.encap = "none".into()).unwrap();
         assert_eq!(raw.settings.encap, Encapsulation::None);
