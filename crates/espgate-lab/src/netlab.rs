@@ -64,6 +64,23 @@ pub fn check_interrupt() -> Result<()> {
     Ok(())
 }
 
+/// Fails in the host's own network namespace (the one PID 1 is in): for
+/// the lab's helpers that must only ever run inside a test namespace
+/// (`what` the helper does, `cmd` its subcommand, `by` the command that
+/// starts it there).
+pub fn refuse_host_namespace(what: &str, cmd: &str, by: &str) -> Result<()> {
+    let ns = |p: &str| std::fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    if let (Ok(me), Ok(host)) = (ns("/proc/self/ns/net"), ns("/proc/1/ns/net")) {
+        if me == host {
+            bail!(
+                "refusing to {what} from the host's network namespace; run it inside a test \
+                 namespace (ip netns exec NS espgate {cmd} ...), as {by} does"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Fails unless we are root.
 pub fn require_root(what: &str) -> Result<()> {
     if !rustix::process::geteuid().is_root() {

@@ -798,16 +798,9 @@ fn flood(a: &FloodArgs) -> Result<FloodReport> {
         "--batch {}: 1 to 1024",
         a.batch
     );
-    // A flood belongs in a lab: refuse the host's own network namespace
-    // (the one PID 1 is in), so that a mistyped command floods nothing real.
-    let ns = |p: &str| std::fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
-    if let (Ok(me), Ok(host)) = (ns("/proc/self/ns/net"), ns("/proc/1/ns/net")) {
-        ensure!(
-            me != host,
-            "refusing to flood from the host's network namespace; run it inside a test \
-             namespace (ip netns exec NS espgate bench flood ...), as bench dos does"
-        );
-    }
+    // A flood belongs in a lab, so that a mistyped command floods nothing
+    // real.
+    netlab::refuse_host_namespace("flood", "bench flood", "bench dos")?;
     let mut gen = Generator::new(a)?;
     netlab::install_signal_handlers();
     let fd = net::socket(

@@ -252,6 +252,8 @@ fn relay(a: &Args) -> Result<Counts> {
         a.local.is_ipv4() == a.peer.is_ipv4(),
         "--local and --peer: one address family"
     );
+    // It carries traffic in clear: never outside a test namespace.
+    netlab::refuse_host_namespace("relay", "bench relay", "bench tunnel --relay")?;
     netlab::install_signal_handlers();
     let tun = open_tun(&a.tun)?;
     let family = if a.local.is_ipv4() {
