@@ -95,7 +95,8 @@ def check_rows(rows, systems, tests, espgate_bin):
             # The current wireguard-go is built by go install, which names
             # its binary after the module path's last element.
             want = {"espgate": os.path.basename(espgate_bin)[:15],
-                    "relay": os.path.basename(espgate_bin)[:15], "wireguard-go": "wireguard",
+                    "relay": os.path.basename(espgate_bin)[:15],
+                    "relay-gcm": os.path.basename(espgate_bin)[:15], "wireguard-go": "wireguard",
                     "wireguard-go-debian": "wireguard-go", "boringtun": "boringtun-cli",
                     "strongswan": "charon", "openvpn": "openvpn"}[r["system"]]
             assert want in names, r["cpu"]
@@ -199,31 +200,43 @@ def test_scrape_runs_alternate_with_plain_ones(espgate):
 
 
 @needs_tools
-def test_the_relay_is_measured_on_tcp_only(espgate):
-    """--relay: the no-crypto relay (the ceiling of a userspace UDP tunnel)
-    runs between plain routing and espgate, on the TCP tests only, as the
-    gateway binary, and carries TCP's super-segments: a transfer through
-    it delivers, with each row's numbers consistent as for every system."""
+def test_the_relays_are_measured_on_tcp_only(espgate):
+    """--relay: the relay without cryptography (the ceiling of a userspace
+    UDP tunnel) and the relay sealing with AES-GCM (that of an encrypting
+    one) run between plain routing and espgate, on the TCP tests only, as
+    the gateway binary, and carry TCP's super-segments: a transfer through
+    each delivers, with each row's numbers consistent as for every system,
+    and every sealed message opens on the other side."""
     r = bench(espgate, "--time", "1", "--runs", "1", "--tests", "tcp,udp512", "--json", "--relay")
     assert r.returncode == 0, r.stdout + r.stderr
     rows = json.loads(r.stdout)
     assert [(x["system"], x["test"]) for x in rows] == [
-        ("plain", "tcp"), ("plain", "udp512"), ("relay", "tcp"), ("espgate", "tcp"),
-        ("espgate", "udp512")], rows
-    check_rows([x for x in rows if x["system"] != "relay"], ["plain", "espgate"], ["tcp", "udp512"],
+        ("plain", "tcp"), ("plain", "udp512"), ("relay", "tcp"), ("relay-gcm", "tcp"),
+        ("espgate", "tcp"), ("espgate", "udp512")], rows
+    relays = ["relay", "relay-gcm"]
+    check_rows([x for x in rows if x["system"] not in relays], ["plain", "espgate"],
+               ["tcp", "udp512"], espgate)
+    check_rows([x for x in rows if x["test"] == "tcp"], ["plain"] + relays + ["espgate"], ["tcp"],
                espgate)
-    check_rows([x for x in rows if x["test"] == "tcp"], ["plain", "relay", "espgate"], ["tcp"], espgate)
-    relay = rows[2]
-    assert relay["suite"] is None and relay["version"] == rows[3]["version"], relay
-    # Each side said, when it stopped, what it carried: every message whole.
-    counts = [l for l in r.stderr.splitlines() if l.startswith("relay ") and "stopped;" in l]
-    assert len(counts) == 2 and all(" torn 0 " in l for l in counts), r.stderr
-    # The table says what the relay is, so that nobody reads it as a VPN.
+    for relay in rows[2:4]:
+        assert relay["suite"] is None and relay["version"] == rows[4]["version"], relay
+    # Each side said, when it stopped, what it carried: every message
+    # whole, and every sealed one authentic.
+    for name in relays:
+        counts = [l for l in r.stderr.splitlines()
+                  if l.startswith(name + " ") and "stopped;" in l]
+        assert len(counts) == 2, r.stderr
+        assert all(" torn 0 " in l and " forged 0 " in l for l in counts), r.stderr
+        delivered = [int(l.split(" delivered ")[1].split()[0]) for l in counts]
+        assert all(d > 0 for d in delivered), counts
+    # The table says what the relays are, so that nobody reads them as VPNs.
     t = bench(espgate, "--time", "1", "--runs", "1", "--tests", "tcp", "--relay")
     assert t.returncode == 0, t.stdout + t.stderr
-    assert "not a VPN" in t.stdout and "ceiling" in t.stdout, t.stdout
+    about = [l for l in t.stdout.splitlines() if l.strip().startswith("relay")]
+    assert len(about) >= 2 and all("not a VPN" in l and "ceiling" in l for l in about[:2]), t.stdout
+    assert "AES-GCM" in about[1], about
     assert [l.split()[0] for l in t.stdout.splitlines()
-            if l.split()[1:2] == ["tcp"]] == ["plain", "relay", "espgate"], t.stdout
+            if l.split()[1:2] == ["tcp"]] == ["plain"] + relays + ["espgate"], t.stdout
 
 
 PEER_PACKAGES = {"wireguard-go": ["go", "wg"], "wireguard-go-debian": ["wireguard-go", "wg"],

@@ -85,7 +85,7 @@ impl GcmImpl {
 /// lives in a box of its own as `MaybeUninit` (so that all-zero bytes are
 /// a valid value of the box's type) and is overwritten there on drop;
 /// `Transform::new` scrubs the stack its construction used.
-pub(super) struct RingGcmKey {
+pub struct RingGcmKey {
     key: Box<MaybeUninit<ring::aead::LessSafeKey>>,
 }
 
@@ -147,6 +147,126 @@ impl RingGcmKey {
             .map(|_| ())
             .map_err(|_| DropReason::Integrity)
     }
+
+    /// Opens `body` in place against the separate 16-byte `tag` (checked in
+    /// constant time by ring).
+    #[inline]
+    fn open_separate(
+        &self,
+        nonce: [u8; 12],
+        aad: &[u8],
+        body: &mut [u8],
+        tag: &[u8; 16],
+    ) -> PResult<()> {
+        self.key()
+            .open_in_place_separate_tag(
+                ring::aead::Nonce::assume_unique_for_key(nonce),
+                ring::aead::Aad::from(aad),
+                ring::aead::Tag::from(*tag),
+                body,
+                0..,
+            )
+            .map(|_| ())
+            .map_err(|_| DropReason::Integrity)
+    }
+}
+
+/// A bare AES-GCM key (16 or 32 bytes, no salt) in either library
+/// ([`GcmImpl`]), sealing and opening in place with the tag kept apart:
+/// for `espgate bench relay --seal-key-file`, which measures, in the
+/// library the gateways use on its CPU ([`GcmImpl::current`]), what
+/// per-packet AES-GCM costs a userspace tunnel with nothing else in it. Not for ESP (its SAs go through [`crate::crypto::Transform`]).
+/// The nonce is the caller's to keep unique. ring's key is wiped on drop
+/// (the same wiping as its ESP keys); aws-lc wipes its own.
+pub enum GcmKey {
+    /// ring.
+    Ring(RingGcmKey),
+    /// aws-lc.
+    AwsLc(aws_lc_rs::aead::LessSafeKey),
+}
+
+impl GcmKey {
+    /// AES-128-GCM or AES-256-GCM by the key's length, in `imp`; `None` for
+    /// another length.
+    pub fn new(key: &[u8], imp: GcmImpl) -> Option<GcmKey> {
+        match imp {
+            GcmImpl::Ring => RingGcmKey::new(key).map(GcmKey::Ring),
+            GcmImpl::AwsLc => {
+                let alg = match key.len() {
+                    16 => &aws_lc_rs::aead::AES_128_GCM,
+                    32 => &aws_lc_rs::aead::AES_256_GCM,
+                    _ => return None,
+                };
+                let k = aws_lc_rs::aead::UnboundKey::new(alg, key).ok()?;
+                Some(GcmKey::AwsLc(aws_lc_rs::aead::LessSafeKey::new(k)))
+            }
+        }
+    }
+
+    /// Seals `body` in place; its tag goes to `tag`.
+    pub fn seal(
+        &self,
+        nonce: [u8; 12],
+        aad: &[u8],
+        body: &mut [u8],
+        tag: &mut [u8; 16],
+    ) -> PResult<()> {
+        match self {
+            GcmKey::Ring(k) => k.seal(nonce, aad, body, tag),
+            GcmKey::AwsLc(k) => {
+                use aws_lc_rs::aead::{Aad, Nonce};
+                let t = k
+                    .seal_in_place_separate_tag(
+                        Nonce::assume_unique_for_key(nonce),
+                        Aad::from(aad),
+                        body,
+                    )
+                    .map_err(|_| DropReason::Crypto)?;
+                tag.copy_from_slice(t.as_ref());
+                Ok(())
+            }
+        }
+    }
+
+    /// Opens `body` in place against `tag` (`Integrity` if it does not
+    /// verify; the tag is compared in constant time by either library).
+    pub fn open(
+        &self,
+        nonce: [u8; 12],
+        aad: &[u8],
+        body: &mut [u8],
+        tag: &[u8; 16],
+    ) -> PResult<()> {
+        match self {
+            GcmKey::Ring(k) => k.open_separate(nonce, aad, body, tag),
+            GcmKey::AwsLc(k) => {
+                use aws_lc_rs::aead::{Aad, Nonce};
+                k.open_in_place_separate_tag(
+                    Nonce::assume_unique_for_key(nonce),
+                    Aad::from(aad),
+                    tag,
+                    body,
+                )
+                .map(|_| ())
+                .map_err(|_| DropReason::Integrity)
+            }
+        }
+    }
+
+    /// The library it runs in.
+    pub fn library(&self) -> GcmImpl {
+        match self {
+            GcmKey::Ring(_) => GcmImpl::Ring,
+            GcmKey::AwsLc(_) => GcmImpl::AwsLc,
+        }
+    }
+}
+
+impl std::fmt::Debug for GcmKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        write!(f, "GcmKey({})", self.library().name())
+    }
 }
 
 impl Drop for RingGcmKey {
@@ -191,6 +311,56 @@ mod tests {
         }
         assert!(RingGcmKey::new(&[7; 24]).is_none(), "no AES-192-GCM");
         assert!(!GcmImpl::current().describe().is_empty());
+    }
+
+    #[test]
+    fn a_bare_key_seals_alike_in_both_libraries_and_each_opens_the_others() {
+        for klen in [16, 32] {
+            let key: Vec<u8> = (0..klen as u8).collect();
+            let r = GcmKey::new(&key, GcmImpl::Ring).unwrap();
+            let a = GcmKey::new(&key, GcmImpl::AwsLc).unwrap();
+            assert_eq!((r.library(), a.library()), (GcmImpl::Ring, GcmImpl::AwsLc));
+            assert!(!format!("{r:?}{a:?}").contains("00, 01"));
+            let nonce = [9u8; 12];
+            let clear: Vec<u8> = (0..1500u32).map(|i| (i * 31) as u8).collect();
+            let (mut br, mut ba) = (clear.clone(), clear.clone());
+            let (mut tr, mut ta) = ([0u8; 16], [0u8; 16]);
+            r.seal(nonce, b"aad", &mut br, &mut tr).unwrap();
+            a.seal(nonce, b"aad", &mut ba, &mut ta).unwrap();
+            assert_eq!((&br, tr), (&ba, ta), "same bytes, same tag");
+            assert_ne!(br, clear);
+            for (opener, body, tag) in [(&r, &ba, &ta), (&a, &br, &tr)] {
+                let mut b = body.clone();
+                opener.open(nonce, b"aad", &mut b, tag).unwrap();
+                assert_eq!(b, clear);
+                // A flipped bit in the body, the tag, the AAD or the nonce.
+                let mut b = body.clone();
+                b[700] ^= 1;
+                assert_eq!(
+                    opener.open(nonce, b"aad", &mut b, tag),
+                    Err(DropReason::Integrity)
+                );
+                let mut t = *tag;
+                t[15] ^= 0x80;
+                let mut b = body.clone();
+                assert_eq!(
+                    opener.open(nonce, b"aad", &mut b, &t),
+                    Err(DropReason::Integrity)
+                );
+                let mut b = body.clone();
+                assert_eq!(
+                    opener.open(nonce, b"aab", &mut b, tag),
+                    Err(DropReason::Integrity)
+                );
+                let mut b = body.clone();
+                assert_eq!(
+                    opener.open([8; 12], b"aad", &mut b, tag),
+                    Err(DropReason::Integrity)
+                );
+            }
+        }
+        assert!(GcmKey::new(&[1; 24], GcmImpl::Ring).is_none());
+        assert!(GcmKey::new(&[1; 24], GcmImpl::AwsLc).is_none());
     }
 
     proptest! {

@@ -11,7 +11,7 @@ mod mac;
 mod suite;
 
 pub use cipher::{Transform, AES_GCM_PAD_ALIGN};
-pub use gcm::GcmImpl;
+pub use gcm::{GcmImpl, GcmKey};
 pub use mac::Mac;
 pub use suite::{parse_enc, parse_integ};
 pub use suite::{Enc, Integ, Suite, SuiteError};

@@ -202,11 +202,13 @@ pub struct Args {
     /// older build to compare with.
     #[arg(long, value_name = "PATH")]
     pub gateway_binary: Option<PathBuf>,
-    /// Also measure a userspace relay without cryptography (TCP tests
-    /// only): TUN super-segments carried whole over UDP GSO/GRO, the work
-    /// the kernel does for any userspace UDP tunnel and nothing else, so
-    /// its ratio to plain routing is the ceiling of such a tunnel here.
-    /// Not a VPN.
+    /// Also measure a userspace relay, without and with AES-GCM (TCP
+    /// tests only): TUN super-segments carried whole over UDP GSO/GRO, the
+    /// work the kernel does for any userspace UDP tunnel and nothing else
+    /// (`relay`), then that plus one AES-GCM seal per packet's worth in
+    /// the gateways' library (`relay-gcm`). Their ratios to plain routing
+    /// are the ceilings of such a tunnel here, without and with
+    /// encryption. Not VPNs.
     #[arg(long)]
     pub relay: bool,
 }
@@ -583,6 +585,9 @@ pub enum System {
     Peer(Peer),
     /// The no-crypto userspace relay ([`super::relay`]): the ceiling.
     Relay,
+    /// The relay sealing what it carries with per-packet AES-GCM: the
+    /// ceiling of an encrypting userspace tunnel.
+    RelayGcm,
 }
 
 impl System {
@@ -593,12 +598,18 @@ impl System {
             System::Espgate(_) => "espgate",
             System::Peer(p) => p.name(),
             System::Relay => "relay",
+            System::RelayGcm => "relay-gcm",
         }
     }
 
-    /// Whether it runs `test`: the relay is a ceiling for TCP only.
+    /// Whether it runs `test`: the relays are ceilings for TCP only.
     pub fn runs(&self, test: Test) -> bool {
-        !matches!((self, test), (System::Relay, Test::Udp(_)))
+        !(self.is_relay() && matches!(test, Test::Udp(_)))
+    }
+
+    /// One of the relays.
+    pub fn is_relay(&self) -> bool {
+        matches!(self, System::Relay | System::RelayGcm)
     }
 
     /// The version measured: the kernel's (`uname -r`) for plain
@@ -610,7 +621,7 @@ impl System {
                 .ok()
                 .map(|v| v.trim().to_string())
                 .filter(|v| !v.is_empty()),
-            System::Espgate(_) | System::Relay => {
+            System::Espgate(_) | System::Relay | System::RelayGcm => {
                 let out = run_timeout(Command::new(exe).arg("--version"), Duration::from_secs(10));
                 version_after(&out.ok()?, "espgate")
             }
@@ -627,6 +638,10 @@ fn about_system(name: &str) -> Option<&'static str> {
         "relay" => Some(
             "espgate's userspace relay, no cryptography: not a VPN, the ceiling of a userspace \
              UDP tunnel here (TCP only)",
+        ),
+        "relay-gcm" => Some(
+            "the relay sealing each packet's worth with AES-GCM (the gateways' library): still \
+             not a VPN, the ceiling of an encrypting userspace UDP tunnel here (TCP only)",
         ),
         other => Peer::parse(other).ok().map(|p| p.about()),
     }
@@ -854,7 +869,7 @@ impl Options {
     pub fn systems(&self) -> Vec<System> {
         let mut v = vec![System::Plain];
         if self.relay {
-            v.push(System::Relay);
+            v.extend([System::Relay, System::RelayGcm]);
         }
         v.extend(self.suites.iter().cloned().map(System::Espgate));
         v.extend(self.peers.iter().copied().map(System::Peer));
@@ -1513,14 +1528,15 @@ fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) ->
                 }
             }
             lab.remove_namespaces();
-            if *sys == System::Relay {
+            if sys.is_relay() {
                 // Stopped now: each side's last line says what it carried.
                 for side in ["a", "b"] {
-                    let log = lab.work.join("relay").join(format!("{side}.log"));
+                    let log = lab.work.join(sys.name()).join(format!("{side}.log"));
                     let text = std::fs::read_to_string(&log).unwrap_or_default();
                     let last = text.lines().rfind(|l| l.contains("stopped;"));
                     eprintln!(
-                        "relay {side}, round {run}: {}",
+                        "{} {side}, round {run}: {}",
+                        sys.name(),
                         last.unwrap_or("no counts (it did not stop cleanly)")
                     );
                 }
@@ -1688,7 +1704,8 @@ fn start(lab: &mut Lab, topo: &Topology, sys: &System, opts: &Options) -> Result
     match sys {
         System::Plain => topo.plain_routes(true).map(|()| Vec::new()),
         System::Espgate(suite) => start_espgate(lab, topo, suite, opts),
-        System::Relay => start_relay(lab, topo, opts),
+        System::Relay => start_relay(lab, topo, opts, false),
+        System::RelayGcm => start_relay(lab, topo, opts, true),
         System::Peer(p) => {
             ensure_installed(*p)?;
             let dir = lab.work.join(p.name());
@@ -2189,13 +2206,20 @@ fn start_wireguard(
     Ok(logs)
 }
 
-/// The no-crypto relay ([`super::relay`]) in both gateway namespaces:
-/// `espgate bench relay` of the gateway binary, its TUN device given the
-/// MTU and queue length espgate's would have and a route to the other
-/// site.
-fn start_relay(lab: &mut Lab, topo: &Topology, opts: &Options) -> Result<Vec<PathBuf>> {
-    let dir = lab.work.join("relay");
+/// The relay ([`super::relay`]) in both gateway namespaces: `espgate
+/// bench relay` of the gateway binary, its TUN device given the MTU and
+/// queue length espgate's would have and a route to the other site; with
+/// `seal`, both sides seal with one random AES-128 key, written for them
+/// to a file only root may read.
+fn start_relay(lab: &mut Lab, topo: &Topology, opts: &Options, seal: bool) -> Result<Vec<PathBuf>> {
+    let dir = lab.work.join(if seal { "relay-gcm" } else { "relay" });
     std::fs::create_dir_all(&dir)?;
+    let key_file = dir.join("key");
+    if seal {
+        let key = zeroize::Zeroizing::new(netlab::random_hex(16)?);
+        netlab::write_private(&key_file, &key)?;
+    }
+    let key_arg = key_file.to_string_lossy().into_owned();
     let mtu = opts.settings.mtu;
     let exe = opts.exe.to_string_lossy().into_owned();
     let sides = [
@@ -2208,6 +2232,7 @@ fn start_relay(lab: &mut Lab, topo: &Topology, opts: &Options) -> Result<Vec<Pat
         let log_path = dir.join(format!("{side}.log"));
         let log = std::fs::File::create(&log_path)?;
         let what = format!("relay {side}");
+        let mtu_arg = mtu.to_string();
         let (local, peer) = (format!("{local}:51821"), format!("{peer}:51821"));
         let argv = [
             exe.as_str(),
@@ -2220,11 +2245,18 @@ fn start_relay(lab: &mut Lab, topo: &Topology, opts: &Options) -> Result<Vec<Pat
             "--peer",
             &peer,
             "--mtu",
-            &mtu.to_string(),
+            &mtu_arg,
+            "--seal-key-file",
+            &key_arg,
         ];
+        let argv = if seal {
+            &argv[..]
+        } else {
+            &argv[..argv.len() - 2]
+        };
         lab.spawn(
             &what,
-            in_ns(ns, &argv)
+            in_ns(ns, argv)
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log),
@@ -3057,6 +3089,7 @@ log line
             None
         );
         assert!(about_system("relay").is_some_and(|a| a.contains("not a VPN")));
+        assert!(about_system("relay-gcm").is_some_and(|a| a.contains("not a VPN")));
     }
 
     #[test]
@@ -3152,8 +3185,8 @@ log line
             o.tests,
             [Test::Tcp, Test::Udp(64), Test::Udp(512), Test::Udp(1400)]
         );
-        assert!(!o.systems().contains(&System::Relay));
-        // --relay: right after plain routing, TCP tests only.
+        assert!(!o.systems().iter().any(System::is_relay));
+        // --relay: both relays right after plain routing, TCP tests only.
         let r = args(&|a| {
             a.relay = true;
             a.peers = vec!["wireguard-go".into()];
@@ -3164,14 +3197,18 @@ log line
             [
                 System::Plain,
                 System::Relay,
+                System::RelayGcm,
                 System::Espgate("aes128gcm16".into()),
                 System::Peer(Peer::WireguardGo)
             ]
         );
-        for t in ["tcp", "tcp4"] {
-            assert!(System::Relay.runs(Test::parse(t).unwrap()), "{t}");
+        for sys in [System::Relay, System::RelayGcm] {
+            for t in ["tcp", "tcp4"] {
+                assert!(sys.runs(Test::parse(t).unwrap()), "{t}");
+            }
+            assert!(!sys.runs(Test::Udp(64)));
         }
-        assert!(!System::Relay.runs(Test::Udp(64)));
+        assert!(System::Espgate("aes128gcm16".into()).runs(Test::Udp(64)));
         assert!(System::Plain.runs(Test::Udp(64)));
         assert_eq!(o.settings.encap, Encapsulation::Udp);
         let raw = args(&|a| a.encap = "none".into()).unwrap();
