@@ -2214,12 +2214,15 @@ fn start_wireguard(
 fn start_relay(lab: &mut Lab, topo: &Topology, opts: &Options, seal: bool) -> Result<Vec<PathBuf>> {
     let dir = lab.work.join(if seal { "relay-gcm" } else { "relay" });
     std::fs::create_dir_all(&dir)?;
-    let key_file = dir.join("key");
-    if seal {
+    // The key file's path, for sealing only.
+    let key_arg = if seal {
+        let key_file = dir.join("key");
         let key = zeroize::Zeroizing::new(netlab::random_hex(16)?);
         netlab::write_private(&key_file, &key)?;
-    }
-    let key_arg = key_file.to_string_lossy().into_owned();
+        Some(key_file.to_string_lossy().into_owned())
+    } else {
+        None
+    };
     let mtu = opts.settings.mtu;
     let exe = opts.exe.to_string_lossy().into_owned();
     let sides = [
@@ -2234,7 +2237,7 @@ fn start_relay(lab: &mut Lab, topo: &Topology, opts: &Options, seal: bool) -> Re
         let what = format!("relay {side}");
         let mtu_arg = mtu.to_string();
         let (local, peer) = (format!("{local}:51821"), format!("{peer}:51821"));
-        let argv = [
+        let mut argv = vec![
             exe.as_str(),
             "bench",
             "relay",
@@ -2246,17 +2249,13 @@ fn start_relay(lab: &mut Lab, topo: &Topology, opts: &Options, seal: bool) -> Re
             &peer,
             "--mtu",
             &mtu_arg,
-            "--seal-key-file",
-            &key_arg,
         ];
-        let argv = if seal {
-            &argv[..]
-        } else {
-            &argv[..argv.len() - 2]
-        };
+        if let Some(k) = &key_arg {
+            argv.extend(["--seal-key-file", k.as_str()]);
+        }
         lab.spawn(
             &what,
-            in_ns(ns, argv)
+            in_ns(ns, &argv)
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log),
