@@ -237,6 +237,16 @@ def test_the_relays_are_measured_on_tcp_only(espgate):
     assert "AES-GCM" in about[1], about
     assert [l.split()[0] for l in t.stdout.splitlines()
             if l.split()[1:2] == ["tcp"]] == ["plain"] + relays + ["espgate"], t.stdout
+    # espgate against each relay, read off the same run: its median over
+    # theirs, as the table's medians give it.
+    median = {l.split()[0]: float(l.split()[2]) for l in t.stdout.splitlines()
+              if l.split()[1:2] == ["tcp"]}
+    vs = [l for l in t.stdout.splitlines() if l.startswith("  espgate tcp: ")]
+    assert len(vs) == 1, t.stdout
+    got = dict(x.rsplit(" ", 1) for x in vs[0].split(": ", 1)[1].split(", "))
+    assert sorted(got) == relays, vs
+    for name in relays:
+        assert abs(float(got[name]) - median["espgate"] / median[name]) < 0.006, (vs, median)
 
 
 PEER_PACKAGES = {"wireguard-go": ["go", "wg"], "wireguard-go-debian": ["wireguard-go", "wg"],

@@ -1274,6 +1274,7 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
         }
     }
     out += &t.render();
+    out += &against_others(rows, label);
     // Peak memory per system: the largest over its tests.
     let mut mem: Vec<(String, BTreeMap<String, f64>)> = Vec::new();
     for r in rows.iter().filter(|r| !r.peak_rss_mib.is_empty()) {
@@ -1309,6 +1310,37 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
         }
     }
     out
+}
+
+/// The issue-17 ratios read off one run: for each espgate row (`label`
+/// tells them apart), its median over every other system's median of the
+/// same test (plain routing is already the table's `vs plain`). Empty when
+/// no other system delivered a median beside espgate.
+fn against_others(rows: &[Row], label: impl Fn(&Row) -> String) -> String {
+    let mut lines = Vec::new();
+    for e in rows.iter().filter(|r| r.system == "espgate") {
+        let Some(m) = e.median_mbps.filter(|m| *m > 0.0) else {
+            continue;
+        };
+        let others: Vec<String> = rows
+            .iter()
+            .filter(|o| o.test == e.test && o.system != "plain" && o.system != "espgate")
+            .filter_map(|o| {
+                let v = o.median_mbps.filter(|v| *v > 0.0)?;
+                Some(format!("{} {:.2}", label(o), m / v))
+            })
+            .collect();
+        if !others.is_empty() {
+            lines.push(format!("  {} {}: {}", label(e), e.test, others.join(", ")));
+        }
+    }
+    if lines.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\nespgate's median / each other system's median, same test, same run:\n{}\n",
+        lines.join("\n")
+    )
 }
 
 /// `espgate bench tunnel`: runs, prints the table or JSON; the exit status.
@@ -2859,6 +2891,35 @@ log line
         assert!(r.iter().any(|x| x.aes_gcm.is_some()));
         let text = render_table(&r, &settings(), 3);
         assert_eq!(text, want, "\n{text}");
+    }
+
+    #[test]
+    fn espgate_is_set_against_every_other_system_of_the_same_test() {
+        let s = settings();
+        let row = |sys: &System, test: Test, mbps: &[f64]| {
+            let samples: Vec<Sample> = mbps.iter().map(|m| sample(*m, None, &[])).collect();
+            Row::new(sys, test, &samples, None, &s)
+        };
+        let esp = System::Espgate("aes128gcm16".into());
+        let wg = System::Peer(Peer::WireguardGo);
+        let mut r = vec![
+            row(&System::Plain, Test::Tcp, &[10000.0]),
+            row(&System::RelayGcm, Test::Tcp, &[3000.0, 3200.0, 3400.0]),
+            row(&esp, Test::Tcp, &[2400.0]),
+            row(&wg, Test::Tcp, &[1000.0, 1200.0]),
+            row(&esp, Test::Udp(64), &[50.0]),
+            // No median: left out, not divided by.
+            row(&wg, Test::Udp(64), &[]),
+        ];
+        fill_ratios(&mut r);
+        let text = render_table(&r, &s, 1);
+        let want = "\nespgate's median / each other system's median, same test, same run:\n  \
+                    espgate tcp: relay-gcm 0.75, wireguard-go 2.18\n";
+        assert!(text.contains(want), "{text}");
+        assert!(!text.contains("espgate udp64:"), "{text}");
+        // Nothing beside espgate: no such lines.
+        r.retain(|x| x.system == "espgate" || x.system == "plain");
+        assert!(!render_table(&r, &s, 1).contains("each other system"));
     }
 
     #[test]
