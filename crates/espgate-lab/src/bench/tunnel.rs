@@ -2561,6 +2561,14 @@ fn start_strongswan(lab: &mut Lab, topo: &Topology, dir: &Path) -> Result<Vec<Pa
             "mount --bind '{rd}' /run && exec '{}'",
             charon.to_string_lossy()
         );
+        // The last round's charon leaves its socket behind: gone first, so
+        // that only this charon's socket can be waited for below.
+        match std::fs::remove_file(&vici) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(anyhow!("removing {}: {e}", vici.display()))
+            }
+            _ => {}
+        }
         let outf = std::fs::File::create(&out)?;
         let what = format!("charon {side}");
         lab.spawn(
@@ -2581,7 +2589,7 @@ fn start_strongswan(lab: &mut Lab, topo: &Topology, dir: &Path) -> Result<Vec<Pa
             &[what],
             Duration::from_secs(15),
             "its vici socket",
-            || vici.exists(),
+            || std::os::unix::net::UnixStream::connect(vici).is_ok(),
         )
         .map_err(|e| with_logs(e, &logs))?;
         let uri = format!("unix://{}", vici.display());
