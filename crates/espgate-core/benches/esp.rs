@@ -148,6 +148,95 @@ fn checksum(c: &mut Criterion) {
         });
     }
     g.finish();
+    // What the coalescer does per appended segment: the copy and the sum
+    // as two passes, against the fused loop.
+    let mut g = c.benchmark_group("checksum_copy");
+    let size = 1400usize;
+    let data: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
+    let mut out = vec![0u8; size];
+    g.throughput(Throughput::Bytes(size as u64));
+    g.bench_function("copy_then_sum/1400", |b| {
+        b.iter(|| {
+            out.copy_from_slice(black_box(&data));
+            espgate_core::wire::checksum::sum(0, black_box(&out))
+        })
+    });
+    g.bench_function("copy_sum/1400", |b| {
+        b.iter(|| espgate_core::wire::checksum::copy_sum(0, black_box(&mut out), black_box(&data)))
+    });
+    g.finish();
+}
+
+/// The receiving gateway's software GRO: 44 TCP segments of 1448 payload
+/// bytes (IPv4, timestamps), each verified and merged, then the
+/// super-segment taken. The segments are cut from one super-segment by the
+/// [`Segmenter`] (full checksums), as the sending gateway does.
+fn coalesce(c: &mut Criterion) {
+    use espgate_core::offload::{Coalescer, GsoInfo, GsoKind, Push, Segmenter};
+    use espgate_core::wire::checksum;
+    const MSS: usize = 1448;
+    const SEGS: usize = 44;
+    let (l4, hdr) = (20usize, 52usize);
+    let mut sup = vec![0u8; hdr + SEGS * MSS];
+    let total = sup.len() as u16;
+    sup[..20].copy_from_slice(&[
+        0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, 6, 0, 0, 10, 1, 0, 1, 10, 2, 0, 1,
+    ]);
+    sup[2..4].copy_from_slice(&total.to_be_bytes());
+    let ip = checksum::checksum(&sup[..20]);
+    sup[10..12].copy_from_slice(&ip.to_be_bytes());
+    // Ports, sequence, ack, data offset 8 words, ACK, window, then NOP NOP
+    // and a timestamp option.
+    let t = &mut sup[l4..hdr];
+    t[..4].copy_from_slice(&[0x9c, 0x40, 0x14, 0x51]);
+    t[4..8].copy_from_slice(&1000u32.to_be_bytes());
+    t[8..12].copy_from_slice(&7u32.to_be_bytes());
+    t[12] = 8 << 4;
+    t[13] = 0x10;
+    t[14..16].copy_from_slice(&512u16.to_be_bytes());
+    t[20..32].copy_from_slice(&[1, 1, 8, 10, 0, 0, 0, 9, 0, 0, 0, 3]);
+    for (i, b) in sup[hdr..].iter_mut().enumerate() {
+        *b = (i * 13 + 5) as u8;
+    }
+    let pseudo = checksum::pseudo_header(
+        IpAddr::V4(Ipv4Addr::new(10, 1, 0, 1)),
+        IpAddr::V4(Ipv4Addr::new(10, 2, 0, 1)),
+        6,
+        (sup.len() - l4) as u32,
+    );
+    let partial = !checksum::finish(pseudo);
+    sup[l4 + 16..l4 + 18].copy_from_slice(&partial.to_be_bytes());
+    let info = GsoInfo {
+        kind: GsoKind::TcpV4,
+        needs_csum: true,
+        hdr_len: hdr as u16,
+        gso_size: MSS as u16,
+        csum_start: l4 as u16,
+        csum_offset: 16,
+    };
+    let mut seg = Segmenter::new(&sup[..], &info).unwrap();
+    let mut segs = Vec::new();
+    let mut out = PacketBuf::with_capacity(2048);
+    while let Some(r) = seg.next_into(&mut out) {
+        r.unwrap();
+        segs.push(out.as_slice().to_vec());
+    }
+    assert_eq!(segs.len(), SEGS);
+    let mut co = Coalescer::new();
+    let mut g = c.benchmark_group("coalesce");
+    g.throughput(Throughput::Bytes((SEGS * MSS) as u64));
+    g.bench_function("tcp4/44x1448", |b| {
+        b.iter(|| {
+            for s in &segs {
+                let r = co.push(black_box(s));
+                assert_eq!(r, Push::Absorbed);
+            }
+            let (p, _, n) = co.take().unwrap();
+            black_box(p);
+            n
+        })
+    });
+    g.finish();
 }
 
 fn spd(c: &mut Criterion) {
@@ -259,5 +348,5 @@ fn engine(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, esp, replay, spd, checksum, engine);
+criterion_group!(benches, esp, replay, spd, checksum, coalesce, engine);
 criterion_main!(benches);

@@ -170,16 +170,34 @@ impl Coalescer {
             return Push::FlushFirst;
         }
         if !self.first_verified {
-            if !l4_checksum_ok(&self.buf[..self.len], self.v6, self.udp, self.l4) {
+            if !l4_checksum_ok(
+                &self.buf[..self.len],
+                self.v6,
+                self.udp,
+                self.l4,
+                self.hdr,
+                None,
+            ) {
                 self.closed = true;
                 return Push::FlushFirst;
             }
             self.first_verified = true;
         }
-        if !l4_checksum_ok(pkt, c.v6, c.udp, c.l4) {
+        // The payload is copied into place while its checksum is summed
+        // (one pass, `checksum::copy_sum`); a bad checksum leaves the
+        // pending length as it was, so the bytes copied past it are unused.
+        let end = self.len + c.payload;
+        if !l4_checksum_ok(
+            pkt,
+            c.v6,
+            c.udp,
+            c.l4,
+            c.hdr,
+            Some(&mut self.buf[self.len..end]),
+        ) {
             return Push::Ineligible;
         }
-        self.append(pkt, &c);
+        self.appended(&c);
         Push::Absorbed
     }
 
@@ -263,10 +281,10 @@ impl Coalescer {
             && ta[field::URGENT.start..] == tb[field::URGENT.start..]
     }
 
-    fn append(&mut self, pkt: &[u8], c: &Candidate) {
-        let end = self.len + c.payload;
-        self.buf[self.len..end].copy_from_slice(&pkt[c.hdr..]);
-        self.len = end;
+    /// Takes in the packet `c` describes, whose payload was copied after
+    /// the pending bytes: its length, sequence number and flags.
+    fn appended(&mut self, c: &Candidate) {
+        self.len += c.payload;
         self.segs += 1;
         self.next_seq = c.seq.wrapping_add(c.payload as u32);
         if c.payload < self.gso_size {
@@ -382,21 +400,36 @@ fn candidate(pkt: &[u8], udp_on: bool) -> Option<Candidate> {
     })
 }
 
-/// True if the TCP or UDP checksum of `pkt` (IP header of `l4` bytes)
-/// verifies. An IPv4 UDP checksum of zero (none sent) passes; in IPv6 it
-/// is invalid (RFC 8200 §8.1).
-fn l4_checksum_ok(pkt: &[u8], v6: bool, is_udp: bool, l4: usize) -> bool {
-    let (src, dst) = addrs(pkt, v6);
-    if !is_udp {
-        return Tcp::new_unchecked(&pkt[l4..]).verify_checksum(src, dst);
-    }
-    let seg = &pkt[l4..];
-    if seg.len() < udp::HEADER_LEN {
-        return false;
-    }
-    if seg[6..8] == [0, 0] {
+/// True if the TCP or UDP checksum of `pkt` (IP header of `l4` bytes, IP
+/// and L4 headers of `hdr`, as [`candidate`] found them) verifies. An IPv4
+/// UDP checksum of zero (none sent) passes; in IPv6 it is invalid (RFC 8200
+/// §8.1). With `copy_to`, the payload (the bytes after `hdr`; its length
+/// is theirs) is copied there in the same pass.
+fn l4_checksum_ok(
+    pkt: &[u8],
+    v6: bool,
+    is_udp: bool,
+    l4: usize,
+    hdr: usize,
+    copy_to: Option<&mut [u8]>,
+) -> bool {
+    let proto = if is_udp { proto::UDP } else { proto::TCP };
+    // The pseudo-header's addresses end where the L4 header starts (a
+    // candidate has no IPv4 options or IPv6 extension headers), so they
+    // and the L4 header are summed as one span; its protocol and length
+    // are added as numbers. Both spans start at an even offset and the L4
+    // header's length is a multiple of 4 (TCP data offset, UDP 8), so
+    // their words line up with the pseudo-header's and the segment's.
+    let addrs_at = if v6 { 8 } else { 12 };
+    let len = (pkt.len() - l4) as u32;
+    let acc = u32::from(proto) + (len >> 16) + (len & 0xffff);
+    let acc = checksum::sum(acc, &pkt[addrs_at..hdr]);
+    let total = match copy_to {
+        Some(out) => checksum::copy_sum(acc, out, &pkt[hdr..]),
+        None => checksum::sum(acc, &pkt[hdr..]),
+    };
+    if is_udp && pkt[l4 + 6..l4 + 8] == [0, 0] {
         return !v6;
     }
-    let acc = checksum::pseudo_header(src, dst, proto::UDP, seg.len() as u32);
-    checksum::finish(checksum::sum(acc, seg)) == 0
+    checksum::finish(total) == 0
 }
