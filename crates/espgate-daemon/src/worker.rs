@@ -10,7 +10,7 @@
 
 use crate::netdev::{TunQueue, VirtioNetHdr, VNET_HDR_LEN};
 use crate::ratelimit::{suppressed_note, RateLimiter};
-use crate::sockets::{push_ipv6_outer, push_udp_outer, RawRx, RawTx, UdpSock};
+use crate::sockets::{push_ipv6_outer, RawRx, RawTx, UdpOuter, UdpSock};
 use crate::sys::{self, RecvBatch};
 use anyhow::{Context, Result};
 use espgate_api::costs::{CostCells, Costs, Dir};
@@ -1244,6 +1244,7 @@ impl Round<'_> {
             IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
         };
         let mut read = 0;
+        let mut outer = UdpOuter::default();
         // Bounded: at most `batch` calls, fewer as datagrams arrive.
         for _ in 0..self.w.batch {
             if read >= self.w.batch {
@@ -1285,7 +1286,7 @@ impl Round<'_> {
                         continue;
                     }
                     buf.load_head(d);
-                    if let Err(e) = push_udp_outer(buf, src, dst, meta.tos.unwrap_or(0)) {
+                    if let Err(e) = outer.push(buf, src, dst, meta.tos.unwrap_or(0)) {
                         self.counters.net_rx.incr();
                         let len = d.len();
                         self.io_drop(e, |f| write!(f, "datagram from {src} ({len} bytes)"));
