@@ -7,7 +7,6 @@ use crate::buf::PacketBuf;
 use crate::error::{DropReason, PResult};
 use crate::wire::tcp::{flags, Tcp};
 use crate::wire::{be16, checksum, ipv4, ipv6, proto, put16};
-use std::net::IpAddr;
 
 /// Most segments one super-segment may be split into. 64 KiB at TCP's
 /// smallest sendable MSS (48 bytes, `tcp_min_snd_mss`) is 1366 segments and
@@ -61,8 +60,6 @@ pub struct Segmenter<B> {
 struct Cut {
     mode: Mode,
     v6: bool,
-    src: IpAddr,
-    dst: IpAddr,
     /// Offset of the L4 header.
     l4: usize,
     /// Offset of the payload (all headers before it).
@@ -74,6 +71,15 @@ struct Cut {
     /// The super-segment's TCP flags (segments in place overwrite the
     /// header the later ones are made from).
     tcp_flags: u8,
+    /// IPv4: the sum of the IP header without its total length,
+    /// identification and checksum, the only fields that differ per
+    /// segment: each segment's header checksum is this plus its two
+    /// fields (RFC 1624's incremental form), not a new pass over the
+    /// header.
+    ip_sum: u32,
+    /// The pseudo-header's sum without its length (addresses, protocol),
+    /// the same for every segment.
+    pseudo: u32,
 }
 
 impl<B: AsRef<[u8]>> Segmenter<B> {
@@ -163,14 +169,20 @@ impl<B: AsRef<[u8]>> Segmenter<B> {
             return Err(DropReason::BadOffload);
         }
         let (src, dst) = addrs(cut, v6);
+        let ip_sum = if v6 {
+            0
+        } else {
+            // Taking a 16-bit field out of a ones-complement sum is adding
+            // its complement.
+            let out = |at: usize| u32::from(!be16(cut, at));
+            checksum::sum(0, &cut[..l4]) + out(2) + out(4) + out(10)
+        };
         Ok(Segmenter {
             pkt,
             len: end,
             cut: Cut {
                 mode,
                 v6,
-                src,
-                dst,
                 l4,
                 hdr,
                 gso_size,
@@ -178,6 +190,8 @@ impl<B: AsRef<[u8]>> Segmenter<B> {
                 ip_id,
                 seq,
                 tcp_flags,
+                ip_sum,
+                pseudo: checksum::pseudo_header(src, dst, l4_proto, 0),
             },
             next: 0,
         })
@@ -194,15 +208,12 @@ impl<B: AsRef<[u8]>> Segmenter<B> {
         } else {
             Mode::Pass
         };
-        let unspecified = IpAddr::from([0u8; 4]);
         Ok(Segmenter {
             pkt,
             len,
             cut: Cut {
                 mode,
                 v6: false,
-                src: unspecified,
-                dst: unspecified,
                 l4: 0,
                 hdr: 0,
                 gso_size: len,
@@ -210,6 +221,8 @@ impl<B: AsRef<[u8]>> Segmenter<B> {
                 ip_id: 0,
                 seq: 0,
                 tcp_flags: 0,
+                ip_sum: 0,
+                pseudo: 0,
             },
             next: 0,
         })
@@ -289,17 +302,21 @@ impl Cut {
         if self.v6 {
             ipv6::set_payload_len(b, len16 - ipv6::HEADER_LEN as u16);
         } else {
+            let id = self.ip_id.wrapping_add(index);
             put16(b, 2, len16);
-            put16(b, 4, self.ip_id.wrapping_add(index));
-            ipv4::Ipv4::new_header_checked(&mut *b)?.fill_checksum();
+            put16(b, 4, id);
+            let c = checksum::finish(self.ip_sum + u32::from(len16) + u32::from(id));
+            put16(b, 10, c);
         }
 
         // Transport layer.
         let l4 = &mut b[self.l4..];
         let l4_len = l4.len();
+        // Under 64 KiB: the length is one 16-bit word of the pseudo-header.
+        let pseudo = self.pseudo + l4_len as u32;
         if self.mode == Mode::Tcp {
             // The header is a copy of the one Segmenter::new checked.
-            let mut t = Tcp::new_unchecked(l4);
+            let mut t = Tcp::new_unchecked(&mut *l4);
             // i * gso_size < 64 KiB: no truncation.
             t.set_seq_number(self.seq.wrapping_add((i * self.gso_size) as u32));
             let mut f = self.tcp_flags;
@@ -310,11 +327,12 @@ impl Cut {
                 f &= !flags::CWR;
             }
             t.set_flags(f);
-            t.fill_checksum(self.src, self.dst);
+            t.set_checksum(0);
+            let c = checksum::finish(checksum::sum(pseudo, l4));
+            put16(l4, usize::from(TCP_CSUM_OFFSET), c);
         } else {
             put16(l4, 4, l4_len as u16);
             put16(l4, 6, 0);
-            let pseudo = checksum::pseudo_header(self.src, self.dst, proto::UDP, l4_len as u32);
             let c = match checksum::finish(checksum::sum(pseudo, l4)) {
                 0 => 0xffff,
                 c => c,
