@@ -23,9 +23,11 @@ pub fn sum(acc: u32, data: &[u8]) -> u32 {
 /// Copies `src` into `dst` (of the same length) and returns [`sum`]`(acc,
 /// src)`, in one pass: the coalescer appends each verified segment to its
 /// super-segment, and summing the bytes while they are in registers for
-/// the copy makes the copy nearly free (`cargo bench -p espgate-core
-/// --bench esp -- checksum`; docs/PERFORMANCE.md). Neither
-/// `copy_from_slice` nor a checksum crate offers the fused loop.
+/// the copy makes the copy cheap: 1400 bytes in about 26 ns against
+/// 23 ns for the sum alone and 35-45 ns for a copy then a sum (`cargo
+/// bench -p espgate-core --bench esp -- checksum`; docs/PERFORMANCE.md).
+/// The standard library's copy and the checksum code we found elsewhere
+/// each make their own pass; the fused loop is written here.
 ///
 /// # Panics
 ///
