@@ -5,7 +5,7 @@
 CARGO ?= cargo
 PY := .venv/bin/python
 
-.PHONY: test demo setup lint unit e2e bench build
+.PHONY: test demo setup lint unit fuzz-replay e2e bench build
 
 setup:
 	./scripts/setup.sh
@@ -21,10 +21,15 @@ lint: setup
 unit: setup
 	$(CARGO) test --workspace
 
+# Every saved fuzz input (corpora and regression reproducers) once through
+# its target's oracles, on the stable toolchain (fuzz/replay.sh).
+fuzz-replay: setup
+	./fuzz/replay.sh
+
 e2e: build
 	ESPGATE=$(CURDIR)/target/release/espgate $(PY) -m pytest tests/python -q
 
-test: lint unit e2e
+test: lint unit fuzz-replay e2e
 
 demo: build
 	./scripts/demo.sh

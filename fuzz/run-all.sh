@@ -13,25 +13,59 @@
 #                with libFuzzer's -set_cover_merge=1, keeping the seed-* files)
 #   FUZZ_ARGS=…  extra libFuzzer arguments (e.g. "-rss_limit_mb=4096")
 #
-# Needs cargo-fuzz and a nightly toolchain (cargo +nightly fuzz ...).
+# With cargo-fuzz and a nightly toolchain (cargo +nightly fuzz ...) the
+# targets are built as cargo fuzz builds them, with AddressSanitizer.
+# Without them (or with STABLE=1) they are built with the stable toolchain:
+# the same coverage instrumentation (`-C passes=sancov-module` and the
+# SanitizerCoverage options cargo-fuzz passes, all stable codegen flags),
+# `--cfg fuzzing`, debug assertions and overflow checks, but no
+# AddressSanitizer (a nightly `-Z` flag): safe Rust's bounds checks still
+# panic, out-of-bounds accesses inside C code (aws-lc) go unseen.
 set -u -o pipefail
 
 cd "$(dirname "$0")"
 secs="${1:-600}"
 shift || true
+triple=x86_64-unknown-linux-gnu
+if [ "${STABLE:-0}" != 1 ] && cargo +nightly fuzz --version >/dev/null 2>&1; then
+    stable=0
+else
+    stable=1
+fi
 if [ "$#" -gt 0 ]; then
     targets=("$@")
-else
+elif [ "$stable" = 0 ]; then
     mapfile -t targets < <(cargo +nightly fuzz list)
+else
+    # The [[bin]] targets of Cargo.toml.
+    mapfile -t targets < <(awk '/^\[\[bin\]\]/ { bin = 1; next }
+        bin && /^name *=/ { gsub(/^name *= *"|".*$/, ""); print; bin = 0 }' Cargo.toml)
 fi
 
 mkdir -p logs
-echo "building ${targets[*]} ..."
-if ! cargo +nightly fuzz build >logs/build.log 2>&1; then
+if [ "$stable" = 0 ]; then
+    echo "building ${targets[*]} (cargo +nightly fuzz build) ..."
+    build() { cargo +nightly fuzz build; }
+else
+    echo "building ${targets[*]} (stable toolchain, coverage instrumentation, no ASan) ..."
+    # `--target` keeps these flags off build scripts and proc macros, which
+    # would not link against libFuzzer's coverage hooks.
+    build() {
+        RUSTFLAGS="--cfg fuzzing -C debug-assertions -C overflow-checks \
+-C passes=sancov-module -C llvm-args=-sanitizer-coverage-level=4 \
+-C llvm-args=-sanitizer-coverage-inline-8bit-counters \
+-C llvm-args=-sanitizer-coverage-pc-table \
+-C llvm-args=-sanitizer-coverage-trace-compares" \
+            CARGO_TARGET_DIR=target cargo build --release --target "$triple" --bins
+    }
+fi
+if ! build >logs/build.log 2>&1; then
     echo "build failed; see fuzz/logs/build.log" >&2
     tail -20 logs/build.log >&2
     exit 1
 fi
+# Both builds put the targets here.
+bin_dir="target/$triple/release"
 
 declare -A status
 for t in "${targets[@]}"; do
@@ -39,8 +73,10 @@ for t in "${targets[@]}"; do
     mkdir -p "corpus/$t"
     dict=()
     [ -f "dicts/$t.dict" ] && dict=("-dict=dicts/$t.dict")
+    # What `cargo fuzz run` runs; crashes go to artifacts/<target>/ as with it.
+    mkdir -p "artifacts/$t"
     # shellcheck disable=SC2086
-    cargo +nightly fuzz run "$t" "corpus/$t" -- \
+    "$bin_dir/$t" -artifact_prefix="artifacts/$t/" "corpus/$t" \
         -max_total_time="$secs" -max_len=4096 -print_final_stats=1 \
         "${dict[@]}" ${FUZZ_ARGS:-} >"logs/$t.log" 2>&1
     status[$t]=$?
@@ -49,7 +85,7 @@ for t in "${targets[@]}"; do
         # fewest files (smaller than cargo fuzz cmin's greedy merge); the
         # seed-* files stay whatever it picks.
         keep=$(mktemp -d)
-        if "target/x86_64-unknown-linux-gnu/release/$t" -set_cover_merge=1 -max_len=4096 \
+        if "$bin_dir/$t" -set_cover_merge=1 -max_len=4096 \
             "$keep" "corpus/$t" >"logs/$t.cmin.log" 2>&1 &&
             [ -n "$(ls -A "$keep")" ]; then
             for f in "corpus/$t"/*; do
