@@ -446,7 +446,13 @@ pub(crate) fn settings(
         YEAR,
     );
     let child_life_time = match child_rekey_time {
-        Some(rk) => dur(v, "child_life_time", &r.child_life_time, rk + rk / 10, YEAR),
+        Some(rk) => dur(
+            v,
+            "child_life_time",
+            &r.child_life_time,
+            rk + life_margin(rk),
+            YEAR,
+        ),
         None => None,
     };
     if let (Some(rk), Some(life)) = (child_rekey_time, child_life_time) {
@@ -477,7 +483,7 @@ pub(crate) fn settings(
                 .into_iter()
                 .filter(|d| !d.is_zero())
                 .min();
-            let default = smallest.map_or(Duration::ZERO, |d| d / 10);
+            let default = smallest.map_or(Duration::ZERO, default_jitter);
             let j = dur(v, "jitter", &r.jitter, default, YEAR);
             if let (Some(j), Some(s)) = (j, smallest) {
                 if j >= s / 2 && !j.is_zero() {
@@ -946,6 +952,31 @@ fn cert_vs_key(
             ),
         );
     }
+}
+
+/// How much longer than `child_rekey_time` a child SA lives by default:
+/// a tenth of it, in whole seconds (see [`default_jitter`]) and at least
+/// 1 s, so that a short rekey time still leaves time to rekey; none when
+/// it is never rekeyed (0).
+fn life_margin(rekey: Duration) -> Duration {
+    match rekey.as_secs() {
+        0 => Duration::ZERO,
+        s => Duration::from_secs((s / 10).max(1)),
+    }
+}
+
+/// The default `jitter` for a smallest non-zero rekey time `d`: a tenth
+/// of it, in whole seconds as every duration of the file is (a default of
+/// 2.5 s would be shown by `config check` as "2s", and read back as that),
+/// and at least 1 s where that is still below half of `d`, so that peers
+/// with short test settings still rarely rekey at once.
+fn default_jitter(d: Duration) -> Duration {
+    let tenth = d.as_secs() / 10;
+    Duration::from_secs(if tenth == 0 && d.as_secs() > 2 {
+        1
+    } else {
+        tenth
+    })
 }
 
 #[cfg(test)]
@@ -1992,6 +2023,47 @@ retransmit_tries = 3"#,
         assert!(parse_str(&minimal()).unwrap().connections[0]
             .children
             .is_empty());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// The defaults derived from rekey times are whole seconds, as every
+    /// duration the file can hold: `config check` shows what is in effect,
+    /// and that text loads to the same settings. (The config_parse fuzz
+    /// target found a rekey time of 8 s giving a jitter of 0.8 s, shown and
+    /// read back as "0s".)
+    #[test]
+    fn derived_rekey_defaults_are_whole_seconds_and_round_trip() {
+        let d = ike_dir();
+        // (rekey_time, child_rekey_time) -> (jitter, child_life_time)
+        let cases = [
+            (("8s", "1h"), (1, 3960)),
+            (("25s", "25s"), (2, 27)),
+            (("5s", "5s"), (1, 6)),
+            (("3s", "7s"), (1, 8)),
+            (("2s", "1h"), (0, 3960)),
+            (("1s", "1s"), (0, 2)),
+            (("4h", "95s"), (9, 104)),
+            (("0", "0"), (0, 0)),
+        ];
+        for ((ike_rk, child_rk), (jitter, life)) in cases {
+            let c = ike_ok(
+                &d,
+                &ike_conn(
+                    "",
+                    &format!(
+                        "psk_file = \"psk\"\nrekey_time = \"{ike_rk}\"\n\
+                         child_rekey_time = \"{child_rk}\""
+                    ),
+                ),
+            );
+            let s = c.connections[0].ike().unwrap();
+            assert_eq!(
+                (s.jitter, s.child_life_time),
+                (Duration::from_secs(jitter), Duration::from_secs(life)),
+                "rekey_time {ike_rk}, child_rekey_time {child_rk}"
+            );
+            crate::assert_effective_round_trips(&c, &d);
+        }
         std::fs::remove_dir_all(&d).unwrap();
     }
 
