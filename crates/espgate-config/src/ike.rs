@@ -133,11 +133,11 @@ impl IkeSettings {
         IkeTable {
             proposals: list(&self.source.proposals),
             esp_proposals: list(&self.source.esp_proposals),
-            local_id: Some(value(self.local_id.to_string())),
+            local_id: Some(value(id_text(&self.local_id))),
             remote_id: Some(value(
                 self.remote_id
                     .as_ref()
-                    .map_or_else(|| "%any".to_string(), |id| id.to_string()),
+                    .map_or_else(|| "%any".to_string(), id_text),
             )),
             auth: Some(self.auth()),
             remote_auth: Some(self.remote_auth_method()),
@@ -175,6 +175,16 @@ impl IkeSettings {
 /// `%any` (any case): accept whatever identity the peer authenticates.
 fn is_any_id(s: &str) -> bool {
     s.trim().eq_ignore_ascii_case("%any")
+}
+
+/// An identity as the file writes it: its text, which reads back as the
+/// same identity, with `@` in front of an FQDN spelled `%any` (which the
+/// file reads as "any identity").
+fn id_text(id: &Identity) -> String {
+    match id.to_string() {
+        t if is_any_id(&t) => format!("@{t}"),
+        t => t,
+    }
 }
 
 fn parse_identity(s: &str) -> Result<Identity, String> {
@@ -2061,6 +2071,31 @@ retransmit_tries = 3"#,
                 (s.jitter, s.child_life_time),
                 (Duration::from_secs(jitter), Duration::from_secs(life)),
                 "rekey_time {ike_rk}, child_rekey_time {child_rk}"
+            );
+            crate::assert_effective_round_trips(&c, &d);
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Identities the file can name are written back so that they load to
+    /// the same: an FQDN that looks like an address, or is spelled `%any`.
+    #[test]
+    fn identities_round_trip_through_the_effective_configuration() {
+        let d = ike_dir();
+        for (local, remote) in [
+            ("@92.0.2.1", "@%any"),
+            ("@a=b", "@fd00::1"),
+            ("moon.example", "%any"),
+            ("192.0.2.1", "@#0a0b"),
+        ] {
+            let c = ike_ok(
+                &d,
+                &ike_conn(
+                    "",
+                    &format!(
+                        "psk_file = \"psk\"\nlocal_id = \"{local}\"\nremote_id = \"{remote}\""
+                    ),
+                ),
             );
             crate::assert_effective_round_trips(&c, &d);
         }

@@ -197,7 +197,12 @@ impl fmt::Display for Identity {
         match self {
             Identity::Ipv4(a) => write!(f, "{a}"),
             Identity::Ipv6(a) => write!(f, "{a}"),
-            Identity::Fqdn(s) | Identity::Rfc822(s) => f.write_str(s),
+            // `@` marks an FQDN that would read as something else without
+            // it (`@92.0.2.1`, `@a=b`, `@a@b`): the text always parses back
+            // to this identity, as a configuration written back must.
+            Identity::Fqdn(s) if Identity::parse(s).is_ok_and(|id| id == *self) => f.write_str(s),
+            Identity::Fqdn(s) => write!(f, "@{s}"),
+            Identity::Rfc822(s) => f.write_str(s),
             Identity::Dn(d) => match dn_to_string(d) {
                 Some(s) => f.write_str(&s),
                 None => write!(f, "DN:{}", hex::encode(d)),
@@ -887,6 +892,33 @@ mod tests {
             verify_chain(&moon(), &[], &[], T_VALID),
             Err(CertError::NoTrustAnchor)
         );
+    }
+
+    /// An identity written as text reads back as the same identity (the
+    /// effective configuration writes local_id and remote_id this way).
+    /// `@92.0.2.1` used to be written as `92.0.2.1`, an address (found by
+    /// the config_parse fuzz target).
+    #[test]
+    fn identity_text_reads_back_as_the_same_identity() {
+        for (text, shown) in [
+            ("@92.0.2.1", "@92.0.2.1"),
+            ("@fd00::1", "@fd00::1"),
+            ("@a=b", "@a=b"),
+            ("@carol@example.org", "@carol@example.org"),
+            ("@@#0102", "@@#0102"),
+            ("@@moon", "@@moon"),
+            ("@moon.example", "moon.example"),
+            ("moon.example", "moon.example"),
+            ("@#0102", "@#0102"),
+            ("carol@example.org", "carol@example.org"),
+            ("92.0.2.1", "92.0.2.1"),
+            ("fd00::1", "fd00::1"),
+            ("C=CH, O=strongSwan, CN=moon", "C=CH, O=strongSwan, CN=moon"),
+        ] {
+            let id = Identity::parse(text).unwrap();
+            assert_eq!(id.to_string(), shown, "{text}");
+            assert_eq!(Identity::parse(&id.to_string()).unwrap(), id, "{text}");
+        }
     }
 
     #[test]
