@@ -529,6 +529,13 @@ struct IkeSa {
     costs: IkeCosts,
     /// A replaced IKE SA is removed at this time if the peer never deletes it.
     remove_at: Option<Duration>,
+    /// RFC 7296 §2.8.2: the peer rekeyed this SA while our own rekey of it
+    /// was in flight; this is the local SPI of the SA the peer's rekey
+    /// made. Its fate waits for our answer: the new SA made with the
+    /// lowest nonce is the redundant one, and the other takes the
+    /// children. Not carried in a snapshot: a continued engine resolves
+    /// nothing and keeps the children where our answer puts them.
+    crossed_by: Option<u64>,
     /// Both sides announced IKEV2_FRAGMENTATION_SUPPORTED (RFC 7383).
     fragmentation: bool,
     /// Both sides announced MOBIKE_SUPPORTED (RFC 4555): the peer (the
@@ -635,6 +642,7 @@ impl IkeSa {
             peer_id: None,
             costs: IkeCosts::default(),
             remove_at: None,
+            crossed_by: None,
             fragmentation: false,
             mobike: false,
             reasm: None,
@@ -1289,6 +1297,17 @@ impl Ike {
             self.half_open = self.half_open.saturating_sub(1);
         }
         self.ike_spis.remove(&spi);
+        // A request still in flight holds the SPIs it reserved for the SA
+        // it would make; nothing will answer it now.
+        match sa.pending.as_ref().map(|p| &p.what) {
+            Some(Req::IkeRekey { new_spi, .. }) => {
+                self.ike_spis.remove(new_spi);
+            }
+            Some(Req::Child { spi_in, .. } | Req::Auth { spi_in }) => {
+                self.child_spis.remove(spi_in);
+            }
+            _ => {}
+        }
         if sa.export_fp != 0 {
             self.export_gen += 1;
         }
@@ -4293,6 +4312,29 @@ impl Ike {
         ni: Vec<u8>,
     ) {
         let ci = self.sas[i].conn;
+        let closing = matches!(
+            self.sas[i].pending.as_ref().map(|x| &x.what),
+            Some(Req::DeleteIke)
+        ) || self.sas[i].tasks.contains(&Task::DeleteIke);
+        if closing || self.sas[i].crossed_by.is_some() {
+            // RFC 7296 §2.8.2: an IKE SA we are closing (having rekeyed it
+            // ourselves), or whose crossed rekeys wait for our answer, is
+            // not rekeyed again. A peer whose rekey crossed our finished
+            // one learns of it from the Delete of the old SA.
+            self.log(
+                Level::Info,
+                Some(ci),
+                "the peer's rekey of an IKE SA already replaced or being deleted refused (TEMPORARY_FAILURE)"
+                    .into(),
+            );
+            self.reply(
+                i,
+                ExchangeType::CreateChildSa,
+                id,
+                vec![notify(NotifyType::TemporaryFailure, vec![])],
+            );
+            return;
+        }
         let (Some(offered), Some((kg, kd))) = (get_sa(p), get_ke(p)) else {
             self.reply(
                 i,
@@ -4397,6 +4439,23 @@ impl Ike {
             return;
         };
         self.reply(i, ExchangeType::CreateChildSa, id, out);
+        if matches!(
+            self.sas[i].pending.as_ref().map(|x| &x.what),
+            Some(Req::IkeRekey { .. })
+        ) {
+            // §2.8.2: both sides rekey this SA at once. The children stay
+            // where they are until the answer to ours says which new SA
+            // the lowest nonce made redundant (see ike_rekey_response).
+            self.sas[i].crossed_by = Some(our_spi);
+            self.dirty.push(i);
+            self.log(
+                Level::Info,
+                Some(ci),
+                "simultaneous IKE SA rekey: the peer's crossed ours; the lowest nonce decides which new SA stays"
+                    .into(),
+            );
+            return;
+        }
         self.replace_ike(i, j, now);
     }
 
@@ -4410,7 +4469,102 @@ impl Ike {
         p: Vec<Payload>,
     ) {
         let ci = self.sas[i].conn;
-        let answer = match get_sa(&p) {
+        let made = self.ike_rekey_answer(i, now, new_spi, ni, ke, &p);
+        let crossed = self.take_crossed(i);
+        match (made, crossed) {
+            (Ok(k), None) => {
+                self.replace_ike(i, k, now);
+                // We initiated: we delete the old IKE SA.
+                self.sas[i].tasks.clear();
+                self.sas[i].tasks.push_back(Task::DeleteIke);
+            }
+            (Err(why), None) => {
+                // The old SA keeps its children and is rekeyed again later.
+                self.log(Level::Warn, Some(ci), format!("{why}; retrying in 10 s"));
+                self.sas[i].rekey_at = Some(now + RETRY_DELAY);
+            }
+            (Err(why), Some(j)) => {
+                self.log(
+                    Level::Info,
+                    Some(ci),
+                    format!("{why}; the peer's rekey, which crossed ours, stands"),
+                );
+                // The peer initiated the surviving SA: it deletes the old one.
+                self.replace_ike(i, j, now);
+                self.sas[i].tasks.clear();
+            }
+            (Ok(k), Some(j)) => {
+                // Both rekeys succeeded. The new SA whose exchange has the
+                // lowest of the four nonces is redundant; the side that
+                // initiated that exchange deletes it, the other new SA
+                // takes the children, and its initiator deletes the old SA.
+                // The peer compares the same nonces and agrees.
+                self.count(IkeEvent::IkeRekeyCollisions);
+                let lowest = |sa: &IkeSa| sa.ni.clone().min(sa.nr.clone());
+                if lowest(&self.sas[k]) < lowest(&self.sas[j]) {
+                    self.log(
+                        Level::Info,
+                        Some(ci),
+                        "simultaneous IKE SA rekey: ours lost, deleting our new SA".into(),
+                    );
+                    self.replace_ike(i, j, now);
+                    self.sas[i].tasks.clear();
+                    // Redundant, not failed: its deletion takes nothing
+                    // down, and it goes after the grace period if the
+                    // peer never answers.
+                    self.sas[k].remove_at = Some(now + OLD_IKE_SA_GRACE);
+                    self.sas[k].tasks.push_back(Task::DeleteIke);
+                    self.kick(k, now);
+                } else {
+                    self.log(
+                        Level::Info,
+                        Some(ci),
+                        "simultaneous IKE SA rekey: ours won".into(),
+                    );
+                    self.replace_ike(i, k, now);
+                    self.sas[i].tasks.clear();
+                    self.sas[i].tasks.push_back(Task::DeleteIke);
+                    // The peer deletes the redundant SA it made; it is
+                    // removed here after the grace period if it never does.
+                    let redundant = &mut self.sas[j];
+                    redundant.state = State::Deleting;
+                    redundant.remove_at = Some(now + OLD_IKE_SA_GRACE);
+                    redundant.tasks.clear();
+                    self.dirty.push(j);
+                }
+            }
+        }
+    }
+
+    /// §2.8.2: the SA made by the peer's rekey of SA `i` that crossed ours
+    /// (and clears the mark), if it is still there: the peer may have
+    /// deleted it already, having found it redundant.
+    fn take_crossed(&mut self, i: usize) -> Option<usize> {
+        let spi = self.sas[i].crossed_by.take()?;
+        self.dirty.push(i);
+        let ci = self.sas[i].conn;
+        self.by_spi.get(&spi).copied().filter(|&j| {
+            j != i
+                && self
+                    .sas
+                    .get(j)
+                    .is_some_and(|s| s.conn == ci && s.state == State::Established)
+        })
+    }
+
+    /// The answer `p` to our rekey of IKE SA `i`: the new SA, keyed, or
+    /// why there is none (then its reserved SPI is released).
+    fn ike_rekey_answer(
+        &mut self,
+        i: usize,
+        now: Duration,
+        new_spi: u64,
+        ni: Vec<u8>,
+        ke: KeyExchange,
+        p: &[Payload],
+    ) -> Result<usize, String> {
+        let ci = self.sas[i].conn;
+        let answer = match get_sa(p) {
             Some([one]) => Some(one.clone()),
             _ => None,
         };
@@ -4421,50 +4575,29 @@ impl Ike {
             .as_ref()
             .and_then(|a| <[u8; 8]>::try_from(&a.spi[..]).ok())
             .map(u64::from_be_bytes);
-        let (Some(chosen), Some(peer_spi), Some(nr), Some((kg, kd))) = (
-            chosen,
-            peer_spi,
-            get_nonce(&p).map(|n| n.to_vec()),
-            get_ke(&p),
-        ) else {
-            self.ike_spis.remove(&new_spi);
-            self.log(
-                Level::Warn,
-                Some(ci),
-                format!(
-                    "IKE SA rekey refused or invalid{}; retrying in 10 s",
-                    error_notify(&p)
-                        .map(|n| format!(" ({})", notify_name(n)))
-                        .unwrap_or_default()
-                ),
-            );
-            self.sas[i].rekey_at = Some(now + Duration::from_secs(10));
-            return;
+        let made = match (chosen, peer_spi, get_nonce(p), get_ke(p)) {
+            (Some(chosen), Some(peer_spi), Some(nr), Some((kg, kd))) => {
+                if chosen.dh.map(|g| g.id()) != Some(kg) || ke.group().id() != kg {
+                    Err("IKE SA rekey: the answer's KE group is not the one chosen".to_string())
+                } else if let Ok(g_ir) = self.timed(Some(i), IkeOp::Dh, |_| ke.agree(kd)) {
+                    let nr = nr.to_vec();
+                    self.rekeyed_ike(i, now, true, new_spi, peer_spi, chosen, ni, nr, &g_ir)
+                        .ok_or_else(|| "IKE SA rekey: the new SA could not be keyed".to_string())
+                } else {
+                    Err("IKE SA rekey: the answer's KE payload is invalid".to_string())
+                }
+            }
+            _ => Err(format!(
+                "IKE SA rekey refused or invalid{}",
+                error_notify(p)
+                    .map(|n| format!(" ({})", notify_name(n)))
+                    .unwrap_or_default()
+            )),
         };
-        if chosen.dh.map(|g| g.id()) != Some(kg) || ke.group().id() != kg {
-            self.sas[i].rekey_at = Some(now + Duration::from_secs(10));
-            return;
+        if made.is_err() {
+            self.ike_spis.remove(&new_spi);
         }
-        let Ok(g_ir) = self.timed(Some(i), IkeOp::Dh, |_| ke.agree(kd)) else {
-            self.sas[i].rekey_at = Some(now + Duration::from_secs(10));
-            return;
-        };
-        let Some(j) = self.rekeyed_ike(i, now, true, new_spi, peer_spi, chosen, ni, nr, &g_ir)
-        else {
-            // The old SA keeps its children and is rekeyed again later.
-            self.ike_spis.remove(&new_spi);
-            self.log(
-                Level::Warn,
-                Some(ci),
-                "IKE SA rekey: the new SA could not be keyed; retrying in 10 s".into(),
-            );
-            self.sas[i].rekey_at = Some(now + RETRY_DELAY);
-            return;
-        };
-        self.replace_ike(i, j, now);
-        // We initiated: we delete the old IKE SA.
-        self.sas[i].tasks.clear();
-        self.sas[i].tasks.push_back(Task::DeleteIke);
+        made
     }
 
     /// Creates and keys the IKE SA that is to replace SA `i`, without
@@ -4757,9 +4890,29 @@ impl Ike {
             if delete_ike { Vec::new() } else { out },
         );
         if delete_ike {
-            let replaced = self.sas[i].state == State::Deleting
-                && self.sas[i].children.is_empty()
-                && self.sas[i].remove_at.is_some();
+            if let Some(j) = self.take_crossed(i) {
+                // §2.8.2: the peer did not see our rekey cross its own,
+                // which replaced this SA; ours is forgotten (its answer,
+                // if one comes, finds no SA) and the peer's takes the
+                // children.
+                self.log(
+                    Level::Info,
+                    Some(ci),
+                    "simultaneous IKE SA rekey: the peer deleted the old SA, its new SA stays"
+                        .into(),
+                );
+                self.replace_ike(i, j, now);
+            }
+            // A replaced SA, or the peer's redundant SA of a rekey
+            // collision that we had not decided yet (the peer's Delete
+            // overtook its answer), goes without taking anything down.
+            let spi = self.sas[i].local_spi();
+            let crossing = self.by_conn[ci]
+                .iter()
+                .any(|&o| o != i && self.sas[o].crossed_by == Some(spi));
+            let replaced = self.sas[i].children.is_empty()
+                && (crossing
+                    || (self.sas[i].state == State::Deleting && self.sas[i].remove_at.is_some()));
             self.destroy(i, "deleted by peer".into(), !replaced);
         } else {
             self.reopen_per_cpu(i, now, &closed);

@@ -55,6 +55,8 @@ ike_events! {
     ChildrenExpired => "children_expired",
     /// Both sides rekeyed the same child SA at once (RFC 7296 §2.8.1).
     RekeyCollisions => "rekey_collisions",
+    /// Both sides rekeyed the same IKE SA at once (RFC 7296 §2.8.2).
+    IkeRekeyCollisions => "ike_rekey_collisions",
     /// The peer's authentication failed, or it refused ours.
     AuthFailed => "auth_failed",
     /// No proposal of the peer was acceptable.

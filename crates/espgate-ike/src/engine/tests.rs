@@ -59,10 +59,13 @@ fn conf(local: &str, remote: &str, ike: &str, esp: &str, lts: &str, rts: &str) -
 /// An installed SA: suite name, encryption key, integrity key.
 type Keys = (String, Vec<u8>, Vec<u8>);
 
+/// A data plane's SAs by (direction, SPI).
+type PlaneSas = BTreeMap<(bool, u32), Keys>;
+
 /// What the data plane of one side holds: SAs by (direction, SPI).
 #[derive(Default)]
 struct Plane {
-    sas: BTreeMap<(bool, u32), Keys>,
+    sas: PlaneSas,
     /// The protocol each SA was installed with.
     protocols: BTreeMap<(bool, u32), Protocol>,
     /// The per-CPU slot and the selectors of each outbound SA.
@@ -737,6 +740,193 @@ fn ike_rekey_keeps_children() {
     p.advance(Duration::from_secs(11));
     assert_eq!(p.a.counter(IkeEvent::IkeRekeys), 2);
     assert_eq!(p.b.status().len(), 1);
+}
+
+/// Both sides' child SAs and table sizes before a rekey collision.
+struct Before {
+    sas: (PlaneSas, PlaneSas),
+    sizes: ([usize; 9], [usize; 9]),
+}
+
+/// Two engines whose IKE SAs both come up for rekeying 10 s after they
+/// are made, and have just sent their rekey requests; with generators
+/// seeded from `seed`: the nonces, and so which side's rekey makes the
+/// redundant SA in a collision, are reproducible.
+fn both_rekey_the_ike_sa(seed: u64) -> (Pair, Before) {
+    let mut p = rekeying(10, 0);
+    let (ca, mut cb) = (p.a.conns[0].clone(), p.b.conns[0].clone());
+    cb.rekey_time = ca.rekey_time;
+    p.a = Ike::with_rng(
+        vec![ca],
+        Ports::default(),
+        Box::new(SeededRng::new(2 * seed)),
+    );
+    p.b = Ike::with_rng(
+        vec![cb],
+        Ports::default(),
+        Box::new(SeededRng::new(2 * seed + 1)),
+    );
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let before = Before {
+        sas: (p.pa.sas.clone(), p.pb.sas.clone()),
+        sizes: (table_sizes(&p.a), table_sizes(&p.b)),
+    };
+    p.now += Duration::from_secs(10);
+    p.a.handle_timeout(p.now);
+    p.b.handle_timeout(p.now);
+    // No rekey after this one: what is left is what the collision left.
+    p.a.conns[0].rekey_time = Duration::ZERO;
+    p.b.conns[0].rekey_time = Duration::ZERO;
+    (p, before)
+}
+
+impl Pair {
+    /// What A (`from_a`), else B, has queued, not delivered.
+    fn take(&mut self, from_a: bool) -> Vec<Transmit> {
+        let e = if from_a { &mut self.a } else { &mut self.b };
+        std::iter::from_fn(|| e.poll_transmit()).collect()
+    }
+
+    /// Hands `msgs` to B (`to_b`), else A, and applies what follows.
+    fn deliver(&mut self, to_b: bool, msgs: &[Transmit]) {
+        let (e, plane) = if to_b {
+            (&mut self.b, &mut self.pb)
+        } else {
+            (&mut self.a, &mut self.pa)
+        };
+        for t in msgs {
+            e.handle(self.now, t.remote, t.local, &t.data);
+        }
+        apply(e, plane);
+    }
+}
+
+/// What a rekey collision must leave once the old and redundant SAs are
+/// gone: one IKE SA on each side, the same one, holding the child whose
+/// SAs are untouched; nothing went down; and no table is larger than it
+/// was before, so no SA or reserved SPI leaked.
+fn assert_one_ike_sa_left(p: &Pair, before: &Before) {
+    let (sa, sb) = (p.a.status(), p.b.status());
+    assert_eq!(sa.len(), 1, "A: {sa:#?}");
+    assert_eq!(sb.len(), 1, "B: {sb:#?}");
+    assert_eq!((sa[0].spi_i, sa[0].spi_r), (sb[0].spi_i, sb[0].spi_r));
+    assert_eq!((sa[0].state, sb[0].state), ("established", "established"));
+    assert_eq!((sa[0].children.len(), sb[0].children.len()), (1, 1));
+    assert_eq!(p.pa.sas, before.sas.0, "A's child SAs changed");
+    assert_eq!(p.pb.sas, before.sas.1, "B's child SAs changed");
+    assert!(
+        p.pa.down.is_empty() && p.pb.down.is_empty(),
+        "{:?} {:?}",
+        p.pa.down,
+        p.pb.down
+    );
+    let after = (table_sizes(&p.a), table_sizes(&p.b));
+    let grown = |x: &[usize; 9], y: &[usize; 9]| x.iter().zip(y).any(|(x, y)| x > y);
+    assert!(
+        !grown(&after.0, &before.sizes.0) && !grown(&after.1, &before.sizes.1),
+        "tables grew: {:?} -> {after:?}",
+        before.sizes
+    );
+}
+
+fn logged(plane: &Plane, what: &str) -> bool {
+    plane.lines.iter().any(|(_, l)| l.contains(what))
+}
+
+/// RFC 7296 §2.8.2: both sides rekey the IKE SA at once and each sees the
+/// other's request before its answer. Each compares the four nonces: the
+/// new SA with the lowest is deleted by the side that made it, the other
+/// takes the children, and the old SA is deleted. Before, both new SAs
+/// stayed (one of them empty) and every later collision doubled them.
+#[test]
+fn simultaneous_ike_rekey_leaves_one_ike_sa() {
+    let (mut ours_lost, mut ours_won) = (0, 0);
+    for seed in 0..8 {
+        let (mut p, before) = both_rekey_the_ike_sa(seed);
+        assert_eq!(p.cross(), (1, 1), "the two rekey requests cross");
+        p.run();
+        p.advance(OLD_IKE_SA_GRACE + Duration::from_secs(1));
+        assert_one_ike_sa_left(&p, &before);
+        for (e, plane) in [(&p.a, &p.pa), (&p.b, &p.pb)] {
+            assert_eq!(e.counter(IkeEvent::IkeRekeyCollisions), 1);
+            assert_eq!(e.counter(IkeEvent::IkeRekeys), 1);
+            assert_eq!(plane.up, 2, "one IKE SA up, then one rekey");
+        }
+        // The two sides agree on whose SA stays.
+        let a_lost = logged(&p.pa, "ours lost");
+        assert_eq!(a_lost, logged(&p.pb, "ours won"));
+        assert_eq!(a_lost, !logged(&p.pa, "ours won"));
+        if a_lost {
+            ours_lost += 1;
+        } else {
+            ours_won += 1;
+        }
+    }
+    assert!(ours_lost > 0 && ours_won > 0, "{ours_lost} {ours_won}");
+}
+
+/// §2.8.2 when only one side sees the collision: A's rekey finished before
+/// B's request reached it, so A refuses B's with TEMPORARY_FAILURE and
+/// deletes the old SA; B, which answered A's, keeps A's new SA, whichever
+/// of A's refusal and A's Delete reaches it first.
+#[test]
+fn ike_rekey_collision_seen_by_one_side_leaves_one_ike_sa() {
+    for delete_first in [true, false] {
+        let (mut p, before) = both_rekey_the_ike_sa(1);
+        let (ra, rb) = (p.take(true), p.take(false));
+        assert_eq!((ra.len(), rb.len()), (1, 1));
+        p.deliver(true, &ra);
+        let answer = p.take(false);
+        p.deliver(false, &answer);
+        // A is done: the old SA's Delete is on its way.
+        let delete = p.take(true);
+        assert_eq!(delete.len(), 1);
+        p.deliver(false, &rb);
+        let refusal = p.take(true);
+        assert!(
+            logged(&p.pa, "refused (TEMPORARY_FAILURE)"),
+            "{:?}",
+            p.pa.lines
+        );
+        if delete_first {
+            p.deliver(true, &delete);
+            p.deliver(true, &refusal);
+        } else {
+            p.deliver(true, &refusal);
+            p.deliver(true, &delete);
+        }
+        p.run();
+        p.advance(OLD_IKE_SA_GRACE + Duration::from_secs(1));
+        assert_one_ike_sa_left(&p, &before);
+        assert_eq!(p.a.counter(IkeEvent::IkeRekeyCollisions), 0);
+    }
+}
+
+/// §2.8.2 with the loser's Delete of its redundant SA, or the winner's
+/// Delete of the old SA, overtaking the answer to the other rekey: the
+/// children stay in place until the collision is decided, so a Delete
+/// that arrives early takes none of them down.
+#[test]
+fn ike_rekey_collision_survives_a_delete_that_overtakes_an_answer() {
+    let mut outcomes = BTreeSet::new();
+    for seed in 0..8 {
+        let (mut p, before) = both_rekey_the_ike_sa(seed);
+        assert_eq!(p.cross(), (1, 1));
+        // Each side answered the other's request; A gets B's answer first.
+        let (answer_a, answer_b) = (p.take(true), p.take(false));
+        p.deliver(false, &answer_b);
+        let decided = p.take(true);
+        assert_eq!(decided.len(), 1, "A deletes one SA");
+        // A's Delete reaches B before A's answer to B's rekey.
+        p.deliver(true, &decided);
+        p.deliver(true, &answer_a);
+        p.run();
+        p.advance(OLD_IKE_SA_GRACE + Duration::from_secs(1));
+        assert_one_ike_sa_left(&p, &before);
+        outcomes.insert(logged(&p.pa, "ours lost"));
+    }
+    assert_eq!(outcomes.len(), 2, "both sides of the nonce comparison");
 }
 
 /// The children of the IKE SAs of `e`, by IKE SA.
