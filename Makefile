@@ -15,6 +15,7 @@ build: setup
 
 lint: setup
 	$(CARGO) fmt --all -- --check
+	cd fuzz && $(CARGO) fmt -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --workspace --quiet
 

@@ -166,7 +166,7 @@ fn check_lifetime(sad: &mut Sad, applied: &[SaId], wire: &[u8], profile: u8) -> 
 
 fn decap(sad: &mut Sad, pkt: &[u8]) -> (Res, Vec<u8>) {
     let mut b = PacketBuf::from_packet(pkt);
-    let r = sad.decapsulate(&mut b, &*CLASSIFIER, T0);
+    let r = sad.decapsulate(&mut b, &CLASSIFIER, T0);
     (r, b.as_slice().to_vec())
 }
 
@@ -204,10 +204,10 @@ fn generic(sad: &Sad, input: &[u8], r: &Res, out: &[u8]) {
         }
         Ok(InboundResult::Dummy(_)) => {}
         Ok(InboundResult::Ike) => {
-            assert_eq!(sa::classify(input, &*CLASSIFIER), Ok(Classified::Ike))
+            assert_eq!(sa::classify(input, &CLASSIFIER), Ok(Classified::Ike))
         }
         Ok(InboundResult::Keepalive) => {
-            assert_eq!(sa::classify(input, &*CLASSIFIER), Ok(Classified::Keepalive))
+            assert_eq!(sa::classify(input, &CLASSIFIER), Ok(Classified::Keepalive))
         }
         Err(e) => {
             // An unknown SPI is reported without an SA.
@@ -260,7 +260,7 @@ enum Expect {
 /// be classified, is dropped; any other well-formed packet (including UDP
 /// on the NAT-T port that is not ESP) is the payload.
 fn after_transport(ids: Vec<SaId>, out: Vec<u8>) -> Expect {
-    match sa::classify(&out, &*CLASSIFIER) {
+    match sa::classify(&out, &CLASSIFIER) {
         Ok(Classified::Ipsec(_)) => Expect::Unknown,
         Ok(_) | Err(DropReason::NotIpsec) => Expect::Packet(ids, out),
         Err(d) => match espgate_core::wire::ip::parse(&out) {
@@ -438,7 +438,7 @@ fn lazily(pkt: &[u8], reference: &Res, ref_out: &[u8]) {
         let r = sad.decapsulate_from_probed(
             &mut b,
             &pkt[k..],
-            &*CLASSIFIER,
+            &CLASSIFIER,
             T0,
             &mut applied,
             &mut NoProbe,
@@ -458,7 +458,7 @@ fn outer_layer_passed(pkt: &[u8], id: SaId) -> bool {
     let (mut sad, _) = build_sad();
     let mut b = PacketBuf::from_packet(pkt);
     let mut applied = Vec::new();
-    let _ = sad.decapsulate_into(&mut b, &*CLASSIFIER, T0, &mut applied);
+    let _ = sad.decapsulate_into(&mut b, &CLASSIFIER, T0, &mut applied);
     applied.first() == Some(&id)
 }
 
@@ -482,7 +482,7 @@ fn gated(pkt: &[u8], reference: &Res, ref_out: &[u8], gate: u8) {
     let mut asked = Vec::new();
     let r = sad.decapsulate_gated(
         &mut b,
-        &*CLASSIFIER,
+        &CLASSIFIER,
         T0,
         &mut applied,
         &mut NoProbe,
@@ -494,7 +494,7 @@ fn gated(pkt: &[u8], reference: &Res, ref_out: &[u8], gate: u8) {
     assert!(asked.len() <= 1, "gate asked more than once: {asked:?}");
     if let Some(&(_, seq, len)) = asked.first() {
         assert_eq!(len, pkt.len());
-        let Ok(Classified::Ipsec(inb)) = sa::classify(pkt, &*CLASSIFIER) else {
+        let Ok(Classified::Ipsec(inb)) = sa::classify(pkt, &CLASSIFIER) else {
             panic!("gate asked for a packet that is not IPsec");
         };
         assert_eq!(Some(seq), inb.wire_seq(pkt));

@@ -35,7 +35,7 @@ mod common;
 
 use common::*;
 use espgate_core::offload::{
-    GsoInfo, GsoKind, Segmenter, Coalescer, MAX_COALESCE_SEGMENTS, MAX_SEGMENTS,
+    Coalescer, GsoInfo, GsoKind, Segmenter, MAX_COALESCE_SEGMENTS, MAX_SEGMENTS,
 };
 use espgate_core::DropReason;
 use espgate_fuzz::Cursor;

@@ -285,7 +285,7 @@ fn layouts(b: &[u8]) {
     let ok = ah::emit(&mut out, 17, 0x1234_5678, 9).is_ok();
     assert_eq!(
         ok,
-        len % 4 == 0 && (12..=1028).contains(&len),
+        len.is_multiple_of(4) && (12..=1028).contains(&len),
         "AH of {len} bytes"
     );
     // IPv6's fixed header, by RFC 8200 §3.

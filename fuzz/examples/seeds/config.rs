@@ -52,7 +52,9 @@ fn connection(base: &str, name: &str) -> String {
 
 /// `base`'s `[cluster]` table.
 fn cluster(base: &str) -> String {
-    section(base, "[cluster]", |l| l.starts_with("[[") || l == "[gateway]")
+    section(base, "[cluster]", |l| {
+        l.starts_with("[[") || l == "[gateway]"
+    })
 }
 
 fn esp_udp_files() -> String {

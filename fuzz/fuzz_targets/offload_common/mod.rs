@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use espgate_core::offload::{
-    GsoInfo, GsoKind, Push, Segmenter, Coalescer, MAX_COALESCE_SEGMENTS, MAX_SEGMENTS,
+    Coalescer, GsoInfo, GsoKind, Push, Segmenter, MAX_COALESCE_SEGMENTS, MAX_SEGMENTS,
     MAX_SUPER_LEN,
 };
 use espgate_core::wire::ip;
@@ -492,7 +492,10 @@ pub fn check_super(b: &[u8], info: &GsoInfo) {
         );
     }
     assert!(info.needs_csum);
-    assert_eq!((usize::from(info.csum_start), info.csum_offset), (l4, csum_at as u16));
+    assert_eq!(
+        (usize::from(info.csum_start), info.csum_offset),
+        (l4, csum_at as u16)
+    );
     let n = (b.len() - usize::from(info.hdr_len)).div_ceil(usize::from(info.gso_size));
     assert!((2..=MAX_COALESCE_SEGMENTS).contains(&n), "{n} segments");
     if v6 {
