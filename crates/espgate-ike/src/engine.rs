@@ -4471,17 +4471,14 @@ impl Ike {
         let ci = self.sas[i].conn;
         let made = self.ike_rekey_answer(i, now, new_spi, ni, ke, &p);
         let crossed = self.take_crossed(i);
-        match (made, crossed) {
-            (Ok(k), None) => {
-                self.replace_ike(i, k, now);
-                // We initiated: we delete the old IKE SA.
-                self.sas[i].tasks.clear();
-                self.sas[i].tasks.push_back(Task::DeleteIke);
-            }
+        // The SA that takes the children, and whether we initiated it.
+        let (keep, ours) = match (made, crossed) {
+            (Ok(k), None) => (k, true),
             (Err(why), None) => {
                 // The old SA keeps its children and is rekeyed again later.
                 self.log(Level::Warn, Some(ci), format!("{why}; retrying in 10 s"));
                 self.sas[i].rekey_at = Some(now + RETRY_DELAY);
+                return;
             }
             (Err(why), Some(j)) => {
                 self.log(
@@ -4489,50 +4486,51 @@ impl Ike {
                     Some(ci),
                     format!("{why}; the peer's rekey, which crossed ours, stands"),
                 );
-                // The peer initiated the surviving SA: it deletes the old one.
-                self.replace_ike(i, j, now);
-                self.sas[i].tasks.clear();
+                (j, false)
             }
             (Ok(k), Some(j)) => {
                 // Both rekeys succeeded. The new SA whose exchange has the
-                // lowest of the four nonces is redundant; the side that
-                // initiated that exchange deletes it, the other new SA
-                // takes the children, and its initiator deletes the old SA.
-                // The peer compares the same nonces and agrees.
+                // lowest of the four nonces is redundant: the side that
+                // initiated that exchange deletes it, and the other new SA
+                // takes the children. The peer compares the same nonces
+                // and agrees.
                 self.count(IkeEvent::IkeRekeyCollisions);
                 let lowest = |sa: &IkeSa| sa.ni.clone().min(sa.nr.clone());
-                if lowest(&self.sas[k]) < lowest(&self.sas[j]) {
-                    self.log(
-                        Level::Info,
-                        Some(ci),
-                        "simultaneous IKE SA rekey: ours lost, deleting our new SA".into(),
-                    );
-                    self.replace_ike(i, j, now);
-                    self.sas[i].tasks.clear();
-                    // Redundant, not failed: its deletion takes nothing
-                    // down, and it goes after the grace period if the
-                    // peer never answers.
-                    self.sas[k].remove_at = Some(now + OLD_IKE_SA_GRACE);
-                    self.sas[k].tasks.push_back(Task::DeleteIke);
-                    self.kick(k, now);
+                let ours_lost = lowest(&self.sas[k]) < lowest(&self.sas[j]);
+                self.log(
+                    Level::Info,
+                    Some(ci),
+                    if ours_lost {
+                        "simultaneous IKE SA rekey: ours lost, deleting our new SA"
+                    } else {
+                        "simultaneous IKE SA rekey: ours won"
+                    }
+                    .into(),
+                );
+                let (keep, redundant) = if ours_lost { (j, k) } else { (k, j) };
+                // Redundant, not failed: its deletion takes nothing down,
+                // and it is removed after the grace period if that
+                // deletion never completes.
+                let r = &mut self.sas[redundant];
+                r.remove_at = Some(now + OLD_IKE_SA_GRACE);
+                r.tasks.clear();
+                if ours_lost {
+                    r.tasks.push_back(Task::DeleteIke);
+                    self.kick(redundant, now);
                 } else {
-                    self.log(
-                        Level::Info,
-                        Some(ci),
-                        "simultaneous IKE SA rekey: ours won".into(),
-                    );
-                    self.replace_ike(i, k, now);
-                    self.sas[i].tasks.clear();
-                    self.sas[i].tasks.push_back(Task::DeleteIke);
-                    // The peer deletes the redundant SA it made; it is
-                    // removed here after the grace period if it never does.
-                    let redundant = &mut self.sas[j];
-                    redundant.state = State::Deleting;
-                    redundant.remove_at = Some(now + OLD_IKE_SA_GRACE);
-                    redundant.tasks.clear();
-                    self.dirty.push(j);
+                    // The peer made it: the peer deletes it.
+                    r.state = State::Deleting;
+                    self.dirty.push(redundant);
                 }
+                (keep, !ours_lost)
             }
+        };
+        self.replace_ike(i, keep, now);
+        self.sas[i].tasks.clear();
+        if ours {
+            // We initiated the surviving SA: we delete the old one (else
+            // the peer does).
+            self.sas[i].tasks.push_back(Task::DeleteIke);
         }
     }
 
