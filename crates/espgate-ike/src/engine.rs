@@ -4525,11 +4525,15 @@ impl Ike {
                 (keep, !ours_lost)
             }
         };
+        self.ike_rekeyed(i, keep, ours, now);
+    }
+
+    /// Our rekey of IKE SA `i` ended with SA `keep` taking the children;
+    /// `ours`: we initiated `keep`, so we delete `i` (else the peer does).
+    fn ike_rekeyed(&mut self, i: usize, keep: usize, ours: bool, now: Duration) {
         self.replace_ike(i, keep, now);
         self.sas[i].tasks.clear();
         if ours {
-            // We initiated the surviving SA: we delete the old one (else
-            // the peer does).
             self.sas[i].tasks.push_back(Task::DeleteIke);
         }
     }
@@ -5210,7 +5214,43 @@ impl Ike {
             return true;
         };
         if p.tries >= r.tries {
-            let was_deleting = matches!(p.what, Req::DeleteIke);
+            if let Req::IkeRekey { new_spi, .. } = p.what {
+                if let Some(j) = self.take_crossed(i) {
+                    // §2.8.2: the peer's rekey of this SA, which crossed
+                    // ours, was answered and stands; only ours went
+                    // unanswered. The peer deletes this SA once its own
+                    // rekey is done, so the peer is alive: its new SA
+                    // takes the children.
+                    self.sas[i].pending = None;
+                    self.ike_spis.remove(&new_spi);
+                    self.log(
+                        Level::Info,
+                        Some(ci),
+                        format!(
+                            "no answer to our IKE SA rekey after {} retransmissions; the \
+                             peer's rekey, which crossed ours, stands",
+                            r.tries
+                        ),
+                    );
+                    self.ike_rekeyed(i, j, false, now);
+                    return true;
+                }
+            }
+            let was_deleting = matches!(
+                self.sas[i].pending.as_ref().map(|p| &p.what),
+                Some(Req::DeleteIke)
+            );
+            if was_deleting && self.sas[i].remove_at.is_some() {
+                // A replaced or redundant SA, without children: its
+                // successor's own exchanges (and DPD) say whether the peer
+                // lives, so nothing goes down and no peer is declared dead.
+                let reason = format!(
+                    "replaced by rekeying (no answer to its Delete after {} retransmissions)",
+                    r.tries
+                );
+                self.destroy(i, reason, false);
+                return false;
+            }
             self.count(IkeEvent::PeersDead);
             let continued = self.sas[i].continued;
             let reason = if continued {

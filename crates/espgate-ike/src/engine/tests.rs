@@ -929,6 +929,37 @@ fn ike_rekey_collision_survives_a_delete_that_overtakes_an_answer() {
     assert_eq!(outcomes.len(), 2, "both sides of the nonce comparison");
 }
 
+/// §2.8.2 when our rekey goes unanswered: the requests cross and A
+/// answers B's, but A's request, all its retransmissions and B's Delete of
+/// the old SA are lost. When A gives up on its own rekey, the peer is not
+/// dead: its rekey, which A answered, stands and takes the children.
+/// Before, A declared the peer dead and took the child down.
+#[test]
+fn unanswered_ike_rekey_crossed_by_the_peers_keeps_the_peers() {
+    let (mut p, before) = both_rekey_the_ike_sa(0);
+    let (lost, rb) = (p.take(true), p.take(false));
+    assert_eq!((lost.len(), rb.len()), (1, 1));
+    p.deliver(false, &rb);
+    let answer = p.take(true);
+    p.deliver(true, &answer);
+    // Nothing gets through until A has given up on its rekey.
+    (p.drop_a, p.drop_b) = (true, true);
+    p.advance(Duration::from_secs(45));
+    assert!(
+        logged(&p.pa, "the peer's rekey, which crossed ours, stands"),
+        "{:?}",
+        p.pa.lines
+    );
+    (p.drop_a, p.drop_b) = (false, false);
+    p.advance(OLD_IKE_SA_GRACE + Duration::from_secs(1));
+    assert_one_ike_sa_left(&p, &before);
+    // B's Delete of the old SA went unanswered too: that SA had been
+    // replaced, so it says nothing about A.
+    for e in [&p.a, &p.b] {
+        assert_eq!(e.counter(IkeEvent::PeersDead), 0);
+    }
+}
+
 /// The children of the IKE SAs of `e`, by IKE SA.
 fn child_counts(e: &Ike) -> Vec<usize> {
     e.status().iter().map(|s| s.children.len()).collect()
