@@ -233,16 +233,29 @@ impl Pair {
     /// before either is delivered (so two requests cross); returns how
     /// many A and B had sent.
     fn cross(&mut self) -> (usize, usize) {
-        let ta: Vec<Transmit> = std::iter::from_fn(|| self.a.poll_transmit()).collect();
-        let tb: Vec<Transmit> = std::iter::from_fn(|| self.b.poll_transmit()).collect();
-        let sent = (ta.len(), tb.len());
-        for t in ta {
-            self.b.handle(self.now, t.remote, t.local, &t.data);
+        let (ta, tb) = (self.take(true), self.take(false));
+        self.deliver(true, &ta);
+        self.deliver(false, &tb);
+        (ta.len(), tb.len())
+    }
+
+    /// What A (`from_a`), else B, has queued, not delivered.
+    fn take(&mut self, from_a: bool) -> Vec<Transmit> {
+        let e = if from_a { &mut self.a } else { &mut self.b };
+        std::iter::from_fn(|| e.poll_transmit()).collect()
+    }
+
+    /// Hands `msgs` to B (`to_b`), else A, and applies what follows.
+    fn deliver(&mut self, to_b: bool, msgs: &[Transmit]) {
+        let (e, plane) = if to_b {
+            (&mut self.b, &mut self.pb)
+        } else {
+            (&mut self.a, &mut self.pa)
+        };
+        for t in msgs {
+            e.handle(self.now, t.remote, t.local, &t.data);
         }
-        for t in tb {
-            self.a.handle(self.now, t.remote, t.local, &t.data);
-        }
-        sent
+        apply(e, plane);
     }
 
     /// Advances time to each due timer up to `until`, running exchanges.
@@ -779,27 +792,6 @@ fn both_rekey_the_ike_sa(seed: u64) -> (Pair, Before) {
     p.a.conns[0].rekey_time = Duration::ZERO;
     p.b.conns[0].rekey_time = Duration::ZERO;
     (p, before)
-}
-
-impl Pair {
-    /// What A (`from_a`), else B, has queued, not delivered.
-    fn take(&mut self, from_a: bool) -> Vec<Transmit> {
-        let e = if from_a { &mut self.a } else { &mut self.b };
-        std::iter::from_fn(|| e.poll_transmit()).collect()
-    }
-
-    /// Hands `msgs` to B (`to_b`), else A, and applies what follows.
-    fn deliver(&mut self, to_b: bool, msgs: &[Transmit]) {
-        let (e, plane) = if to_b {
-            (&mut self.b, &mut self.pb)
-        } else {
-            (&mut self.a, &mut self.pa)
-        };
-        for t in msgs {
-            e.handle(self.now, t.remote, t.local, &t.data);
-        }
-        apply(e, plane);
-    }
 }
 
 /// What a rekey collision must leave once the old and redundant SAs are
