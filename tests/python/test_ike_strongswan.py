@@ -471,6 +471,62 @@ def test_rekeys_under_a_running_transfer(lab):
     assert d.stop() == 0
 
 
+def ike_spis(c):
+    """The (spi_i, spi_r) of each IKE SA charon lists."""
+    return re.findall(r"\b([0-9a-f]{16})_i\*? ([0-9a-f]{16})_r", c.list_sas())
+
+
+def test_simultaneous_ike_rekeys_with_strongswan(lab):
+    """RFC 7296 §2.8.2 against strongSwan: both sides rekey the IKE SA at
+    once and both see the collision. espgate's request is held back (an
+    nftables rule drops A's IKE packets) until charon's rekey has reached
+    espgate, so the two requests cross. espgate compares the four nonces;
+    charon either does too or, when espgate's Delete of the old SA reaches
+    it before espgate's (dropped) answer, abandons its own rekey. Either
+    way one new IKE SA stays on both sides, with the child, and traffic
+    flows. When espgate's rekey wins, the peer's redundant SA lingers for
+    the grace period (charon never made it), so settling takes ~30 s."""
+    d, c = setup(lab, ike_extra='start_action = "start"\nrekey_time = "8s"\njitter = "0s"')
+    c.start()
+    d.start()
+    wait_for("the IKE SA", lambda: established(d) and charon_established(c), 30, (d,))
+    before = ike_status(d)["sas"][0]["spis"]
+    table = "espgate_collide"
+    nft = ["ip", "netns", "exec", d.ns, "nft"]
+    run(*nft, "-f", "-", input=f"add table ip {table}\n"
+        f"add chain ip {table} out {{ type filter hook output priority -300; policy accept; }}\n"
+        f"add rule ip {table} out udp dport {{ 500, 4500 }} counter drop\n")
+    try:
+        # espgate's rekey went out at 8 s and was dropped; its first
+        # retransmission (1 s later) is the sign.
+        wait_for("espgate's IKE rekey request", lambda: ike_status(d)["counters"].get("retransmits", 0) >= 1,
+                 30, (d,))
+        r = c.swanctl_cmd("--rekey", "--ike", "moon")
+        assert r.returncode == 0, f"{r.stdout}{r.stderr}"
+        wait_for("charon's rekey to cross espgate's", lambda: "the peer's crossed ours" in d.log_text(), 15, (d,))
+    finally:
+        run(*nft, "delete", "table", "ip", table, check=False)
+
+    def settled():
+        sas = ike_status(d)["sas"]
+        theirs = ike_spis(c)
+        return (len(sas) == 1 and sas[0]["state"] == "established" and len(sas[0]["children"]) == 1
+                and len(theirs) == 1 and re.findall(r"[0-9a-f]{16}", sas[0]["spis"]) == list(theirs[0]))
+    wait_for("one IKE SA on both sides", settled, 60, (d,), explain=lambda: logs(d, c))
+    counters = ike_status(d)["counters"]
+    after = ike_status(d)["sas"][0]["spis"]
+    verdict = "lost" if "ours lost" in d.log_text() else "won"
+    print(f"\nIKE SA rekey collision with strongSwan: espgate's rekey {verdict}; {before} -> {after}; "
+          f"charon: {[l for l in c.log_text().splitlines() if 'collision' in l.lower()]}")
+    assert after != before
+    assert counters.get("ike_rekey_collisions", 0) == 1, counters
+    assert counters.get("peers_dead", 0) == 0 and counters.get("ike_failed", 0) == 0, counters
+    # charon saw the collision too (it logs how it resolved it).
+    assert "collision" in c.log_text().lower(), logs(d, c)
+    assert_traffic(d, c)
+    assert d.stop() == 0
+
+
 def test_dpd_after_charon_dies_and_recovery(lab):
     d, c = setup(lab, ike_extra='start_action = "start"\ndpd_delay = "2s"\ndpd_action = "restart"\n'
                                 'retransmit_timeout = "1s"\nretransmit_tries = 2')
