@@ -321,7 +321,7 @@ pub(super) fn fingerprint(sa: &IkeSa) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (sa.serial, sa.spi_i, sa.spi_r, sa.local, sa.remote).hash(&mut h);
     (sa.nat, sa.fragmentation, sa.qesp_declined, sa.per_cpu_peer).hash(&mut h);
-    sa.mobike.hash(&mut h);
+    (sa.mobike, sa.crossed_by.is_some()).hash(&mut h);
     sa.pfs_group.map(|g| g.id()).hash(&mut h);
     (next_out(sa), sa.next_in_id, sa.rekey_at).hash(&mut h);
     matches!(
@@ -349,17 +349,46 @@ impl Ike {
     /// Every established IKE SA, as another engine with the same
     /// connections continues it ([`Ike::import`]); deadlines are counted
     /// from `now`. SAs being negotiated, deleted or replaced are left out.
+    ///
+    /// An IKE SA whose rekey the peer's crossed (RFC 7296 §2.8.2), ours
+    /// still unanswered, is written as the peer's new SA holding its
+    /// children: an engine continues one IKE SA per connection, our
+    /// request in flight is not carried over (see the module docs), and
+    /// without it the peer's rekey stands. The peer then deletes the old
+    /// SA, which the continued engine never knew, and keeps the children
+    /// on the new one, as the continued engine does.
     pub fn export(&self, now: Duration) -> Vec<IkeSnapshot> {
         let mut sas: Vec<&IkeSa> = self
             .sas
             .iter()
             .map(|(_, s)| s)
-            .filter(|s| exportable(s))
+            .filter(|s| exportable(s) && self.crossing(s).is_none())
             .collect();
         sas.sort_by_key(|s| s.serial);
         sas.into_iter()
-            .filter_map(|sa| self.snapshot_of(sa, now))
+            .filter_map(|sa| {
+                let children_of = self.crossed(sa).unwrap_or(sa);
+                self.snapshot_of(sa, children_of, now)
+            })
             .collect()
+    }
+
+    /// The exportable SA made by the peer's rekey of `sa` that crossed
+    /// ours, if there is one.
+    fn crossing(&self, sa: &IkeSa) -> Option<&IkeSa> {
+        let j = *self.by_spi.get(&sa.crossed_by?)?;
+        let other = self.sas.get(j)?;
+        (other.conn == sa.conn && exportable(other)).then_some(other)
+    }
+
+    /// The exportable SA whose rekey by the peer made `sa` and crossed
+    /// ours (the inverse of [`Ike::crossing`]).
+    fn crossed(&self, sa: &IkeSa) -> Option<&IkeSa> {
+        let spi = sa.local_spi();
+        self.by_conn[sa.conn]
+            .iter()
+            .map(|&i| &self.sas[i])
+            .find(|o| o.crossed_by == Some(spi) && exportable(o))
     }
 
     /// A number that grows whenever what [`Ike::export`] returns changes
@@ -370,7 +399,9 @@ impl Ike {
         self.export_gen
     }
 
-    fn snapshot_of(&self, sa: &IkeSa, now: Duration) -> Option<IkeSnapshot> {
+    /// SA `sa` with the children of `children_of` (itself but for
+    /// crossed rekeys, see [`Ike::export`]).
+    fn snapshot_of(&self, sa: &IkeSa, children_of: &IkeSa, now: Duration) -> Option<IkeSnapshot> {
         let chosen = sa.chosen?;
         let keys = sa.sk_keys.as_ref()?;
         let sk = sa.sk.as_ref()?;
@@ -382,7 +413,7 @@ impl Ike {
             })
         );
         let secret = |k: &Zeroizing<Vec<u8>>| Secret(k.clone());
-        let children = sa
+        let children = children_of
             .children
             .iter()
             .map(|c| {

@@ -921,6 +921,17 @@ fn ike_rekey_collision_survives_a_delete_that_overtakes_an_answer() {
     assert_eq!(outcomes.len(), 2, "both sides of the nonce comparison");
 }
 
+/// Both sides rekey the IKE SA at once; A's request is lost, B's reaches
+/// A, which answers it: A's answer (not delivered yet) is returned.
+fn a_answers_the_crossing_rekey_only(seed: u64) -> (Pair, Before, Vec<Transmit>) {
+    let (mut p, before) = both_rekey_the_ike_sa(seed);
+    let (lost, rb) = (p.take(true), p.take(false));
+    assert_eq!((lost.len(), rb.len()), (1, 1));
+    p.deliver(false, &rb);
+    let answer = p.take(true);
+    (p, before, answer)
+}
+
 /// §2.8.2 when our rekey goes unanswered: the requests cross and A
 /// answers B's, but A's request, all its retransmissions and B's Delete of
 /// the old SA are lost. When A gives up on its own rekey, the peer is not
@@ -928,11 +939,7 @@ fn ike_rekey_collision_survives_a_delete_that_overtakes_an_answer() {
 /// Before, A declared the peer dead and took the child down.
 #[test]
 fn unanswered_ike_rekey_crossed_by_the_peers_keeps_the_peers() {
-    let (mut p, before) = both_rekey_the_ike_sa(0);
-    let (lost, rb) = (p.take(true), p.take(false));
-    assert_eq!((lost.len(), rb.len()), (1, 1));
-    p.deliver(false, &rb);
-    let answer = p.take(true);
+    let (mut p, before, answer) = a_answers_the_crossing_rekey_only(0);
     p.deliver(true, &answer);
     // Nothing gets through until A has given up on its rekey.
     (p.drop_a, p.drop_b) = (true, true);
@@ -949,6 +956,34 @@ fn unanswered_ike_rekey_crossed_by_the_peers_keeps_the_peers() {
     // replaced, so it says nothing about A.
     for e in [&p.a, &p.b] {
         assert_eq!(e.counter(IkeEvent::PeersDead), 0);
+    }
+}
+
+/// §2.8.2 across a cluster takeover: A dies after answering B's rekey,
+/// which crossed its own, and before the answer to its own came. A's
+/// request dies with it; the engine that continues A takes B's new SA with
+/// the child, so when B, its rekey done, deletes the old SA, the child
+/// stays on both sides. Before, the old SA was continued, with the child,
+/// and B's Delete of it took the child down.
+#[test]
+fn a_takeover_during_crossed_ike_rekeys_continues_the_peers_new_sa() {
+    for seed in 0..4 {
+        let (mut p, before, answer) = a_answers_the_crossing_rekey_only(seed);
+        assert_eq!(p.a.status().len(), 2, "the old SA and B's new one");
+        let snaps = p.a.export(p.now);
+        assert_eq!(snaps.len(), 1, "{snaps:?}");
+        assert_eq!(snaps[0].children.len(), 1);
+        take_over(&mut p, &snaps[0]);
+        p.deliver(true, &answer);
+        p.run();
+        p.advance(Duration::from_secs(60) + OLD_IKE_SA_GRACE);
+        assert_one_ike_sa_left(&p, &before);
+        let st = p.a.status();
+        assert_eq!((st[0].spi_i, st[0].spi_r), (snaps[0].spi_i, snaps[0].spi_r));
+        for e in [&p.a, &p.b] {
+            assert_eq!(e.counter(IkeEvent::PeersDead), 0);
+        }
+        p.assert_matched();
     }
 }
 
