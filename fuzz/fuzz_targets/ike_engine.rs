@@ -14,15 +14,18 @@
 //! - 5: time passes (the first byte in seconds) and timers run;
 //! - 6: the next queued datagram of A, with one byte flipped, to B;
 //! - 7: A initiates / terminates / B takes its IKE SAs to have negotiated
-//!   MOBIKE (first byte % 3 = 0 / 1 / 2).
+//!   MOBIKE (first byte % 3 = 0 / 1 / 2); with a first byte of 0xf0 or
+//!   more, A's engine dies and a new one continues what it exports (each
+//!   snapshot through its JSON), as a cluster's new leader does; A's data
+//!   plane and what A had sent stay.
 //!
 //! In 2 and 3, bit 7 of the third byte delivers the message from another
 //! address of the sender (a moved MOBIKE peer, a NAT's new mapping).
 //!
 //! Asserts: no panic, no endless loop (every loop is bounded), the
 //! data-plane events stay consistent (an SA is never installed twice or
-//! removed without being installed), and the number of IKE SAs stays
-//! within a few per operation.
+//! removed without being installed), the number of IKE SAs stays within a
+//! few per operation, and a snapshot's JSON reads back to the same JSON.
 #![no_main]
 
 use espgate_core::sa::Mode;
@@ -31,7 +34,7 @@ use espgate_ike::cert::Identity;
 use espgate_ike::config::{
     ChildConfig, DpdAction, IkeConfig, LocalAuth, QespMode, RemoteAuth, Retransmit, SelectorSet,
 };
-use espgate_ike::engine::{Event, Ike, Ports, Transmit};
+use espgate_ike::engine::{Event, Ike, IkeSnapshot, Ports, Transmit};
 use espgate_ike::proposal::{ProposalKind, ProposalSpec};
 use espgate_ike::ts;
 use espgate_ike::wire::TrafficSelector;
@@ -136,7 +139,8 @@ fn drain(e: &mut Ike, p: &mut Plane) {
     }
 }
 
-fuzz_target!(|data: &[u8]| {
+/// A's engine, new.
+fn engine_a() -> Ike {
     let mut a = Ike::new(
         vec![conf(
             "192.0.2.1",
@@ -146,6 +150,25 @@ fuzz_target!(|data: &[u8]| {
         )],
         Ports::default(),
     );
+    a.set_spi_steering(2);
+    a
+}
+
+/// A new engine for A that continues what `old` exports, each snapshot
+/// carried through its JSON; an import may refuse.
+fn take_over(old: &Ike, now: Duration) -> Ike {
+    let mut a = engine_a();
+    for snap in old.export(now) {
+        let json = serde_json::to_vec(&snap).unwrap();
+        let back: IkeSnapshot = serde_json::from_slice(&json).unwrap();
+        assert_eq!(serde_json::to_vec(&back).unwrap(), json, "snapshot JSON");
+        let _ = a.import(now, &back);
+    }
+    a
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut a = engine_a();
     let mut b = Ike::new(
         vec![conf(
             "192.0.2.2",
@@ -156,7 +179,6 @@ fuzz_target!(|data: &[u8]| {
         Ports::default(),
     );
     // Per-CPU children's inbound SPIs spread over two workers.
-    a.set_spi_steering(2);
     b.set_spi_steering(2);
     let (mut pa, mut pb) = (Plane::default(), Plane::default());
     let mut now = Duration::from_secs(100);
@@ -243,14 +265,18 @@ fuzz_target!(|data: &[u8]| {
                     b.handle(now, from_b, from_a, &t.data);
                 }
             }
-            _ => match body.first().map_or(0, |x| x % 3) {
+            _ => match body
+                .first()
+                .map_or(0, |&x| if x >= 0xf0 { 3 } else { x % 3 })
+            {
                 0 => {
                     let _ = a.initiate(now, "c");
                 }
                 1 => {
                     let _ = a.terminate(now, "c");
                 }
-                _ => b.fuzz_mobike(),
+                2 => b.fuzz_mobike(),
+                _ => a = take_over(&a, now),
             },
         }
         drain(&mut a, &mut pa);
