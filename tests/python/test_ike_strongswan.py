@@ -508,10 +508,11 @@ def test_simultaneous_ike_rekeys_with_strongswan(lab):
         run(*nft, "delete", "table", "ip", table, check=False)
 
     def settled():
-        sas = ike_status(d)["sas"]
         theirs = ike_spis(c)
-        return (len(sas) == 1 and sas[0]["state"] == "established" and len(sas[0]["children"]) == 1
-                and len(theirs) == 1 and re.findall(r"[0-9a-f]{16}", sas[0]["spis"]) == list(theirs[0]))
+        if not established(d) or len(theirs) != 1:
+            return False
+        sa = ike_status(d)["sas"][0]
+        return len(sa["children"]) == 1 and re.findall(r"[0-9a-f]{16}", sa["spis"]) == list(theirs[0])
     wait_for("one IKE SA on both sides", settled, 60, (d,), explain=lambda: logs(d, c))
     counters = ike_status(d)["counters"]
     after = ike_status(d)["sas"][0]["spis"]

@@ -4542,16 +4542,29 @@ impl Ike {
     /// (and clears the mark), if it is still there: the peer may have
     /// deleted it already, having found it redundant.
     fn take_crossed(&mut self, i: usize) -> Option<usize> {
-        let spi = self.sas[i].crossed_by.take()?;
+        let j = self.crossing(i);
+        self.sas[i].crossed_by.take()?;
         self.dirty.push(i);
+        j
+    }
+
+    /// §2.8.2: the established SA made by the peer's rekey of SA `i` that
+    /// crossed ours, if it is still there.
+    fn crossing(&self, i: usize) -> Option<usize> {
         let ci = self.sas[i].conn;
-        self.by_spi.get(&spi).copied().filter(|&j| {
-            j != i
-                && self
-                    .sas
-                    .get(j)
-                    .is_some_and(|s| s.conn == ci && s.state == State::Established)
-        })
+        let j = *self.by_spi.get(&self.sas[i].crossed_by?)?;
+        let s = self.sas.get(j)?;
+        (j != i && s.conn == ci && s.state == State::Established).then_some(j)
+    }
+
+    /// The SA whose rekey the peer's rekey that made SA `j` crossed (the
+    /// inverse of [`Ike::crossing`]), whatever its state.
+    fn crossed(&self, j: usize) -> Option<usize> {
+        let spi = self.sas[j].local_spi();
+        self.by_conn[self.sas[j].conn]
+            .iter()
+            .copied()
+            .find(|&o| o != j && self.sas[o].crossed_by == Some(spi))
     }
 
     /// The answer `p` to our rekey of IKE SA `i`: the new SA, keyed, or
@@ -4908,12 +4921,8 @@ impl Ike {
             // A replaced SA, or the peer's redundant SA of a rekey
             // collision that we had not decided yet (the peer's Delete
             // overtook its answer), goes without taking anything down.
-            let spi = self.sas[i].local_spi();
-            let crossing = self.by_conn[ci]
-                .iter()
-                .any(|&o| o != i && self.sas[o].crossed_by == Some(spi));
             let replaced = self.sas[i].children.is_empty()
-                && (crossing
+                && (self.crossed(i).is_some()
                     || (self.sas[i].state == State::Deleting && self.sas[i].remove_at.is_some()));
             self.destroy(i, "deleted by peer".into(), !replaced);
         } else {

@@ -358,37 +358,17 @@ impl Ike {
     /// SA, which the continued engine never knew, and keeps the children
     /// on the new one, as the continued engine does.
     pub fn export(&self, now: Duration) -> Vec<IkeSnapshot> {
-        let mut sas: Vec<&IkeSa> = self
+        let exported = |i: Option<usize>| i.map(|i| &self.sas[i]).filter(|s| exportable(s));
+        let mut sas: Vec<(&IkeSa, &IkeSa)> = self
             .sas
             .iter()
-            .map(|(_, s)| s)
-            .filter(|s| exportable(s) && self.crossing(s).is_none())
+            .filter(|&(i, s)| exportable(s) && exported(self.crossing(i)).is_none())
+            .map(|(j, s)| (s, exported(self.crossed(j)).unwrap_or(s)))
             .collect();
-        sas.sort_by_key(|s| s.serial);
+        sas.sort_by_key(|(s, _)| s.serial);
         sas.into_iter()
-            .filter_map(|sa| {
-                let children_of = self.crossed(sa).unwrap_or(sa);
-                self.snapshot_of(sa, children_of, now)
-            })
+            .filter_map(|(sa, children_of)| self.snapshot_of(sa, children_of, now))
             .collect()
-    }
-
-    /// The exportable SA made by the peer's rekey of `sa` that crossed
-    /// ours, if there is one.
-    fn crossing(&self, sa: &IkeSa) -> Option<&IkeSa> {
-        let j = *self.by_spi.get(&sa.crossed_by?)?;
-        let other = self.sas.get(j)?;
-        (other.conn == sa.conn && exportable(other)).then_some(other)
-    }
-
-    /// The exportable SA whose rekey by the peer made `sa` and crossed
-    /// ours (the inverse of [`Ike::crossing`]).
-    fn crossed(&self, sa: &IkeSa) -> Option<&IkeSa> {
-        let spi = sa.local_spi();
-        self.by_conn[sa.conn]
-            .iter()
-            .map(|&i| &self.sas[i])
-            .find(|o| o.crossed_by == Some(spi) && exportable(o))
     }
 
     /// A number that grows whenever what [`Ike::export`] returns changes
