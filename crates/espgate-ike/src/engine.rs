@@ -564,6 +564,14 @@ struct IkeSa {
     /// request whose message ID is at or a little past `next_in_id` is
     /// taken (once), and the IDs follow it from then on.
     resync_in: bool,
+    /// Continued from a snapshot written while the previous engine's rekey
+    /// of the IKE SA crossed the peer's, this being the peer's new SA
+    /// ([`Ike::export`]): until then, the peer's Delete of it says that
+    /// the peer kept the other new SA, the previous engine's, which this
+    /// engine cannot finish (§2.8.2). The children it holds are the
+    /// peer's too, so they stay while a new IKE SA is negotiated
+    /// ([`CROSSED_TAKEOVER_WINDOW`]).
+    crossed_until: Option<Duration>,
     /// [`snapshot::fingerprint`] of the SA when it was last rearmed.
     export_fp: u64,
 }
@@ -652,6 +660,7 @@ impl IkeSa {
             per_cpu_reopened: Vec::new(),
             continued: false,
             resync_in: false,
+            crossed_until: None,
             export_fp: 0,
         }
     }
@@ -740,6 +749,12 @@ pub const DEFAULT_HALF_OPEN_LIMIT: usize = 1000;
 const OUTBOUND_SWITCH_DEADLINE: Duration = Duration::from_secs(5);
 /// A replaced IKE SA the peer never deletes is removed after this.
 const OLD_IKE_SA_GRACE: Duration = Duration::from_secs(30);
+/// How long after a takeover during crossed IKE SA rekeys the peer's Delete
+/// of the continued SA is taken for the peer's decision that the previous
+/// engine's rekey won (see `IkeSa::crossed_until`): the peer decides once
+/// it has both requests and our answer, all sent before the takeover, so
+/// its Delete comes within its retransmissions of it.
+const CROSSED_TAKEOVER_WINDOW: Duration = Duration::from_secs(60);
 /// RFC 7383 fragment size: an IKE message of 1200 bytes with IPv6, UDP and
 /// the non-ESP marker stays within the IPv6 minimum MTU (1280).
 const DEFAULT_FRAGMENT_SIZE: usize = 1200;
@@ -1297,21 +1312,27 @@ impl Ike {
             self.half_open = self.half_open.saturating_sub(1);
         }
         self.ike_spis.remove(&spi);
-        // A request still in flight holds the SPIs it reserved for the SA
-        // it would make; nothing will answer it now.
-        match sa.pending.as_ref().map(|p| &p.what) {
-            Some(Req::IkeRekey { new_spi, .. }) => {
-                self.ike_spis.remove(new_spi);
-            }
-            Some(Req::Child { spi_in, .. } | Req::Auth { spi_in }) => {
-                self.child_spis.remove(spi_in);
-            }
-            _ => {}
+        if let Some(p) = &sa.pending {
+            self.release_reserved(&p.what);
         }
         if sa.export_fp != 0 {
             self.export_gen += 1;
         }
         sa
+    }
+
+    /// A request still in flight holds the SPIs it reserved for the SA it
+    /// would make: released when nothing will answer it any more.
+    fn release_reserved(&mut self, what: &Req) {
+        match what {
+            Req::IkeRekey { new_spi, .. } => {
+                self.ike_spis.remove(new_spi);
+            }
+            Req::Child { spi_in, .. } | Req::Auth { spi_in } => {
+                self.child_spis.remove(spi_in);
+            }
+            _ => {}
+        }
     }
 
     /// Moves SA `i` to `state`, keeping the half-open count.
@@ -4917,6 +4938,11 @@ impl Ike {
                         .into(),
                 );
                 self.replace_ike(i, j, now);
+            } else if self.sas[i].crossed_until.is_some_and(|t| now < t)
+                && !self.sas[i].children.is_empty()
+            {
+                self.crossed_takeover_lost(i, now);
+                return;
             }
             // A replaced SA, or the peer's redundant SA of a rekey
             // collision that we had not decided yet (the peer's Delete
@@ -4928,6 +4954,44 @@ impl Ike {
         } else {
             self.reopen_per_cpu(i, now, &closed);
             self.kick(i, now);
+        }
+    }
+
+    /// The peer deleted SA `i`, continued from a snapshot written during
+    /// crossed IKE SA rekeys as the peer's new SA, soon after the takeover
+    /// (`IkeSa::crossed_until`): the peer found the previous engine's new
+    /// SA to be the one that stays (§2.8.2), and moved the children there.
+    /// This engine never had that SA's keys (its exchange was still in
+    /// flight), but the children are the same ESP SAs on both sides: they
+    /// stay installed, held by `i` until [`OLD_IKE_SA_GRACE`], while a new
+    /// IKE SA is negotiated at once. Its INITIAL_CONTACT has the peer drop
+    /// the SA it kept, and its child SAs replace the held ones. Before,
+    /// the children went down with `i`, and the peer, still holding the
+    /// other SA, found out only by its liveness checks.
+    fn crossed_takeover_lost(&mut self, i: usize, now: Duration) {
+        let ci = self.sas[i].conn;
+        self.log(
+            Level::Info,
+            Some(ci),
+            "the peer deleted the IKE SA continued from the cluster's previous leader: the \
+             previous leader's own rekey, which crossed the peer's and cannot be finished \
+             here, is the one the peer kept (RFC 7296 §2.8.2); negotiating a new IKE SA, \
+             the child SAs stay until it replaces them"
+                .into(),
+        );
+        let sa = &mut self.sas[i];
+        sa.state = State::Deleting;
+        sa.crossed_until = None;
+        sa.rekey_at = None;
+        sa.remove_at = Some(now + OLD_IKE_SA_GRACE);
+        sa.tasks.clear();
+        // The peer has no SA left to answer a request of ours on it.
+        if let Some(p) = sa.pending.take() {
+            self.release_reserved(&p.what);
+        }
+        self.dirty.push(i);
+        if self.start_init(now, ci, None, None).is_err() {
+            self.restart_at.insert(ci, now + RESTART_DELAY);
         }
     }
 
@@ -5189,7 +5253,13 @@ impl Ike {
                     return;
                 }
                 Timer::Replaced => {
-                    self.destroy(i, "replaced by rekeying".into(), false);
+                    let why = if self.sas[i].children.is_empty() {
+                        "replaced by rekeying"
+                    } else {
+                        // Kept for a new IKE SA (`crossed_takeover_lost`).
+                        "deleted by peer; its child SAs were kept for the new IKE SA until now"
+                    };
+                    self.destroy(i, why.into(), false);
                     return;
                 }
                 Timer::Retransmit => {

@@ -21,6 +21,13 @@
 //! with. The SK IV counter goes on far past what the old leader can have
 //! used ([`IV_SKIP`]): counter IVs (AES-GCM, ChaCha20-Poly1305) must never
 //! repeat under a key.
+//!
+//! A rekey of the IKE SA that the old leader had in flight is not carried
+//! over (its Diffie-Hellman secret stays with it). When the peer's rekey
+//! crossed it (RFC 7296 §2.8.2), the snapshot is the peer's new SA; if the
+//! peer later decides that the old leader's new SA is the one to keep, it
+//! deletes that snapshot's SA, and the continued engine keeps the child
+//! SAs while it negotiates a new IKE SA ([`Ike::export`]).
 
 use super::{
     protocol, Child, ChildState, CommandError, Event, Ike, IkeEvent, IkeSa, Level, Req, SkCrypto,
@@ -277,12 +284,17 @@ pub struct IkeSnapshot {
     /// How long it had been established.
     established_for: Duration,
     /// Time left until it is rekeyed.
-    rekey_in: Option<Duration>,
+    pub(super) rekey_in: Option<Duration>,
     /// Its child SAs.
     pub children: Vec<ChildSnapshot>,
     /// Inbound SAs of the connection's replaced children still to remove.
     #[serde(default)]
     retiring: Vec<RetiringSa>,
+    /// Written as the peer's new SA of crossed IKE SA rekeys, ours still
+    /// unanswered ([`Ike::export`]): for this long the peer may still
+    /// delete it because it kept our new SA instead.
+    #[serde(default)]
+    pub(super) crossed_for: Option<Duration>,
 }
 
 impl ChildSnapshot {
@@ -352,11 +364,14 @@ impl Ike {
     ///
     /// An IKE SA whose rekey the peer's crossed (RFC 7296 §2.8.2), ours
     /// still unanswered, is written as the peer's new SA holding its
-    /// children: an engine continues one IKE SA per connection, our
-    /// request in flight is not carried over (see the module docs), and
-    /// without it the peer's rekey stands. The peer then deletes the old
+    /// children: an engine continues one IKE SA per connection, and our
+    /// request in flight is not carried over (see the module docs). If the
+    /// peer never had our request, its rekey stands: it deletes the old
     /// SA, which the continued engine never knew, and keeps the children
-    /// on the new one, as the continued engine does.
+    /// on the new one, as the continued engine does. If it had it and our
+    /// new SA won, it deletes the one written here instead, within
+    /// `crossed_for`: the continued engine then keeps the children and
+    /// negotiates a new IKE SA at once.
     pub fn export(&self, now: Duration) -> Vec<IkeSnapshot> {
         let exported = |i: Option<usize>| i.map(|i| &self.sas[i]).filter(|s| exportable(s));
         let mut sas: Vec<(&IkeSa, &IkeSa)> = self
@@ -469,6 +484,10 @@ impl Ike {
                 .map_or(Duration::ZERO, |t| now.saturating_sub(t)),
             rekey_in: if rekeying_ike {
                 Some(Duration::ZERO)
+            } else if !std::ptr::eq(sa, children_of) {
+                // The peer's new SA of crossed rekeys has no rekey time
+                // until it takes the children: a whole one, as then.
+                Some(self.conns[sa.conn].rekey_time).filter(|d| !d.is_zero())
             } else {
                 left(sa.rekey_at, now)
             },
@@ -490,6 +509,11 @@ impl Ike {
                     _ => None,
                 })
                 .collect(),
+            crossed_for: if std::ptr::eq(sa, children_of) {
+                left(sa.crossed_until, now).filter(|d| !d.is_zero())
+            } else {
+                Some(super::CROSSED_TAKEOVER_WINDOW)
+            },
         })
     }
 
@@ -717,6 +741,9 @@ impl Ike {
         sa.pfs_group = pfs_group;
         sa.continued = true;
         sa.resync_in = true;
+        sa.crossed_until = snap
+            .crossed_for
+            .map(|d| now + d.min(super::CROSSED_TAKEOVER_WINDOW));
         // The liveness check first, then the deletes.
         sa.tasks.push_back(Task::Dpd);
         sa.tasks.extend(deletes.into_iter().map(Task::DeleteChild));

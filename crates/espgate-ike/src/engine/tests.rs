@@ -970,9 +970,14 @@ fn a_takeover_during_crossed_ike_rekeys_continues_the_peers_new_sa() {
     for seed in 0..4 {
         let (mut p, before, answer) = a_answers_the_crossing_rekey_only(seed);
         assert_eq!(p.a.status().len(), 2, "the old SA and B's new one");
+        p.a.conns[0].rekey_time = Duration::from_secs(3600);
         let snaps = p.a.export(p.now);
         assert_eq!(snaps.len(), 1, "{snaps:?}");
         assert_eq!(snaps[0].children.len(), 1);
+        // B's new SA is rekeyed in time, as if it had taken the children
+        // here: before, it had no rekey time.
+        assert_eq!(snaps[0].rekey_in, Some(Duration::from_secs(3600)));
+        p.a.conns[0].rekey_time = Duration::ZERO;
         take_over(&mut p, &snaps[0]);
         p.deliver(true, &answer);
         p.run();
@@ -985,6 +990,86 @@ fn a_takeover_during_crossed_ike_rekeys_continues_the_peers_new_sa() {
         }
         p.assert_matched();
     }
+}
+
+/// §2.8.2 across a cluster takeover, both requests through: A dies after
+/// answering B's rekey, which crossed its own, and B has A's request too
+/// and answers it after the takeover. B compares the nonces. If its own
+/// new SA is the redundant one, it keeps A's, which the continued engine
+/// cannot finish, and deletes its own, the one the continued engine holds
+/// with the children: the continued engine keeps the children and
+/// negotiates a new IKE SA at once, whose INITIAL_CONTACT has B drop A's
+/// unfinished SA. The old child SAs carry the traffic until the new ones
+/// replace them. Before, A took the children down with the deleted SA and
+/// B kept an IKE SA that A did not have.
+#[test]
+fn a_takeover_during_crossed_ike_rekeys_that_the_peer_resolves_for_ours() {
+    let mut outcomes = BTreeSet::new();
+    for seed in 0..8 {
+        let (mut p, before) = both_rekey_the_ike_sa(seed);
+        let (ra, rb) = (p.take(true), p.take(false));
+        assert_eq!((ra.len(), rb.len()), (1, 1));
+        p.deliver(false, &rb);
+        let answer = p.take(true);
+        let snaps = p.a.export(p.now);
+        assert_eq!(snaps.len(), 1, "{snaps:?}");
+        assert!(snaps[0].crossed_for.is_some());
+        take_over(&mut p, &snaps[0]);
+        if seed >= 4 {
+            // The continued engine is taken over in turn: what it knows of
+            // the crossing goes along.
+            let again = p.a.export(p.now);
+            assert_eq!(again.len(), 1);
+            assert_eq!(again[0].crossed_for, snaps[0].crossed_for);
+            take_over(&mut p, &again[0]);
+        }
+        p.deliver(true, &ra);
+        p.deliver(true, &answer);
+        p.run();
+        p.advance(Duration::from_secs(60) + OLD_IKE_SA_GRACE);
+        let ours_kept = logged(&p.pa, "is the one the peer kept");
+        outcomes.insert(ours_kept);
+        if !ours_kept {
+            assert_one_ike_sa_left(&p, &before);
+            continue;
+        }
+        // A new IKE SA, the same on both sides, with one new child each.
+        let (sa, sb) = (p.a.status(), p.b.status());
+        assert_eq!((sa.len(), sb.len()), (1, 1), "{sa:#?} {sb:#?}");
+        assert_eq!((sa[0].spi_i, sa[0].spi_r), (sb[0].spi_i, sb[0].spi_r));
+        assert_ne!((sa[0].spi_i, sa[0].spi_r), (snaps[0].spi_i, snaps[0].spi_r));
+        assert_eq!((sa[0].children.len(), sb[0].children.len()), (1, 1));
+        // B dropped A's unfinished SA and the old one, which A was to
+        // delete as its rekey won.
+        assert_eq!(p.b.counter(IkeEvent::InitialContactCleared), 2);
+        // Nothing went down: the old outbound SA was replaced by the new
+        // one, never removed, and the old inbound SA stayed until then.
+        assert!(p.pa.down.is_empty() && p.pb.down.is_empty());
+        for e in [&p.a, &p.b] {
+            assert_eq!(e.counter(IkeEvent::PeersDead), 0);
+        }
+        let at = |what: &str| p.pa.log.iter().position(|l| l == what);
+        let (old_in, old_out) = (
+            before.sas.0.keys().find(|k| !k.0).unwrap().1,
+            before.sas.0.keys().find(|k| k.0).unwrap().1,
+        );
+        let new_out = p.pa.current_out.unwrap();
+        assert_ne!(new_out, old_out);
+        assert_eq!(
+            at(&format!("remove out {old_out:08x}")),
+            None,
+            "{:?}",
+            p.pa.log
+        );
+        let installed = at(&format!("install out {new_out:08x}")).unwrap();
+        assert!(
+            at(&format!("remove in {old_in:08x}")).unwrap() > installed,
+            "{:?}",
+            p.pa.log
+        );
+        p.assert_matched();
+    }
+    assert_eq!(outcomes.len(), 2, "both sides of the nonce comparison");
 }
 
 /// The children of the IKE SAs of `e`, by IKE SA.
