@@ -4962,12 +4962,11 @@ impl Ike {
     /// (`IkeSa::crossed_until`): the peer found the previous engine's new
     /// SA to be the one that stays (§2.8.2), and moved the children there.
     /// This engine never had that SA's keys (its exchange was still in
-    /// flight), but the children are the same ESP SAs on both sides: they
-    /// stay installed, held by `i` until [`OLD_IKE_SA_GRACE`], while a new
-    /// IKE SA is negotiated at once. Its INITIAL_CONTACT has the peer drop
-    /// the SA it kept, and its child SAs replace the held ones. Before,
-    /// the children went down with `i`, and the peer, still holding the
-    /// other SA, found out only by its liveness checks.
+    /// flight), but the children are the same ESP SAs on both sides, so
+    /// they are kept while a new IKE SA is negotiated
+    /// ([`Ike::renegotiate_keeping_children`]). Before, the children went
+    /// down with `i`, and the peer, still holding the other SA, found out
+    /// only by its liveness checks.
     fn crossed_takeover_lost(&mut self, i: usize, now: Duration) {
         let ci = self.sas[i].conn;
         self.log(
@@ -4979,13 +4978,26 @@ impl Ike {
              the child SAs stay until it replaces them"
                 .into(),
         );
+        self.renegotiate_keeping_children(i, now);
+    }
+
+    /// IKE SA `i` is of no more use, but its children may still be the
+    /// peer's (a cluster's new leader continued a state the peer has moved
+    /// on from): a new IKE SA is negotiated at once, and `i` holds the
+    /// children in the data plane until [`OLD_IKE_SA_GRACE`], sending
+    /// nothing more. The new IKE SA's INITIAL_CONTACT has the peer drop
+    /// whatever it still holds, and its child SAs replace the held ones
+    /// (make before break); if none comes, the held ones go at the end of
+    /// the grace.
+    fn renegotiate_keeping_children(&mut self, i: usize, now: Duration) {
+        let ci = self.sas[i].conn;
         let sa = &mut self.sas[i];
         sa.state = State::Deleting;
         sa.crossed_until = None;
         sa.rekey_at = None;
         sa.remove_at = Some(now + OLD_IKE_SA_GRACE);
         sa.tasks.clear();
-        // The peer has no SA left to answer a request of ours on it.
+        // Nothing will answer a request of ours on it any more.
         if let Some(p) = sa.pending.take() {
             self.release_reserved(&p.what);
         }
@@ -5256,8 +5268,8 @@ impl Ike {
                     let why = if self.sas[i].children.is_empty() {
                         "replaced by rekeying"
                     } else {
-                        // Kept for a new IKE SA (`crossed_takeover_lost`).
-                        "deleted by peer; its child SAs were kept for the new IKE SA until now"
+                        // Held for a new IKE SA (`renegotiate_keeping_children`).
+                        "replaced by a new IKE SA; its child SAs were held for it until now"
                     };
                     self.destroy(i, why.into(), false);
                     return;
@@ -5332,6 +5344,23 @@ impl Ike {
             }
             self.count(IkeEvent::PeersDead);
             let continued = self.sas[i].continued;
+            if continued && !was_deleting && !self.sas[i].children.is_empty() {
+                // A stale state (the old leader did an exchange it did not
+                // publish, e.g. a rekey of the IKE SA): the peer may well
+                // still have these children under another IKE SA.
+                self.log(
+                    Level::Warn,
+                    Some(ci),
+                    format!(
+                        "no answer after {} retransmissions: the IKE SA continued from the \
+                         cluster's previous leader is stale or the peer dead; negotiating a \
+                         new one, the child SAs stay until it replaces them",
+                        r.tries
+                    ),
+                );
+                self.renegotiate_keeping_children(i, now);
+                return false;
+            }
             let reason = if continued {
                 format!(
                     "no answer after {} retransmissions: the IKE SA continued from the \
