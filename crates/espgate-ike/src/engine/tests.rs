@@ -1048,28 +1048,28 @@ fn a_takeover_during_crossed_ike_rekeys_that_the_peer_resolves_for_ours() {
         for e in [&p.a, &p.b] {
             assert_eq!(e.counter(IkeEvent::PeersDead), 0);
         }
-        let at = |what: &str| p.pa.log.iter().position(|l| l == what);
-        let (old_in, old_out) = (
-            before.sas.0.keys().find(|k| !k.0).unwrap().1,
-            before.sas.0.keys().find(|k| k.0).unwrap().1,
-        );
-        let new_out = p.pa.current_out.unwrap();
-        assert_ne!(new_out, old_out);
-        assert_eq!(
-            at(&format!("remove out {old_out:08x}")),
-            None,
-            "{:?}",
-            p.pa.log
-        );
-        let installed = at(&format!("install out {new_out:08x}")).unwrap();
-        assert!(
-            at(&format!("remove in {old_in:08x}")).unwrap() > installed,
-            "{:?}",
-            p.pa.log
-        );
+        assert_replaced_without_gap(&p.pa, 0, &before.sas.0);
         p.assert_matched();
     }
     assert_eq!(outcomes.len(), 2, "both sides of the nonce comparison");
+}
+
+/// The child SAs `old` of A's data plane were replaced by new ones
+/// without a gap, as A's plane log from entry `from` shows: a new outbound
+/// SA installed, the old one never removed (the new one replaced it), and
+/// the old inbound SAs kept at least until then.
+fn assert_replaced_without_gap(pl: &Plane, from: usize, old: &PlaneSas) {
+    let log = &pl.log[from..];
+    let at = |what: String| log.iter().position(|l| *l == what);
+    let old_out = old.keys().find(|k| k.0).expect("an old outbound SA").1;
+    let new_out = pl.current_out.expect("an outbound SA");
+    assert_ne!(new_out, old_out, "{log:?}");
+    assert_eq!(at(format!("remove out {old_out:08x}")), None, "{log:?}");
+    let installed = at(format!("install out {new_out:08x}")).expect("installed");
+    for &(_, spi) in old.keys().filter(|k| !k.0) {
+        let removed = at(format!("remove in {spi:08x}"));
+        assert!(removed.is_none_or(|r| r > installed), "{log:?}");
+    }
 }
 
 /// The children of the IKE SAs of `e`, by IKE SA.
@@ -2831,7 +2831,6 @@ fn a_stale_snapshot_is_found_out_and_the_connection_negotiated_anew() {
     run_task(&mut p, true, Task::Dpd);
     take_over(&mut p, &snap);
     let old = p.pa.sas.clone();
-    let old_out = p.pa.current_out.unwrap();
     let events = plane_events(&p.pa);
     p.advance(Duration::from_secs(16));
     assert_eq!(p.a.counter(IkeEvent::PeersDead), 1);
@@ -2850,16 +2849,7 @@ fn a_stale_snapshot_is_found_out_and_the_connection_negotiated_anew() {
     assert_eq!((established(&p.a), established(&p.b)), (1, 1));
     assert_eq!(p.b.counter(IkeEvent::InitialContactCleared), 1);
     assert!(p.pa.down.is_empty(), "{:?}", p.pa.down);
-    let new_out = p.pa.current_out.unwrap();
-    assert_ne!(new_out, old_out);
-    let log = &p.pa.log[events..];
-    let at = |what: String| log.iter().position(|l| *l == what);
-    assert_eq!(at(format!("remove out {old_out:08x}")), None, "{log:?}");
-    let installed = at(format!("install out {new_out:08x}")).unwrap();
-    for &(out, spi) in old.keys().filter(|k| !k.0) {
-        let removed = at(format!("remove in {spi:08x}"));
-        assert!(!out && removed.is_none_or(|r| r > installed), "{log:?}");
-    }
+    assert_replaced_without_gap(&p.pa, events, &old);
     p.advance(OLD_IKE_SA_GRACE);
     assert_eq!(p.a.status().len(), 1);
     assert!(
@@ -2867,6 +2857,37 @@ fn a_stale_snapshot_is_found_out_and_the_connection_negotiated_anew() {
         "{:?}",
         p.pa.log
     );
+    p.assert_matched();
+}
+
+/// The state published before the old leader rekeyed the IKE SA: the peer
+/// no longer knows the continued SA, but still has its children, moved to
+/// the new IKE SA. The new leader negotiates anew and keeps the children
+/// until the new ones replace them; the peer drops the SA it had for
+/// INITIAL_CONTACT.
+#[test]
+fn a_snapshot_from_before_an_ike_rekey_keeps_the_children_until_replaced() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let snap = p.a.export(p.now).remove(0);
+    run_task(&mut p, true, Task::RekeyIke);
+    assert_eq!(p.a.counter(IkeEvent::IkeRekeys), 1);
+    let children = p.pa.sas.clone();
+    take_over(&mut p, &snap);
+    let events = plane_events(&p.pa);
+    p.advance(Duration::from_secs(60));
+    assert!(
+        logged(&p.pa, "is stale or the peer dead"),
+        "{:?}",
+        p.pa.lines
+    );
+    assert_eq!((established(&p.a), established(&p.b)), (1, 1));
+    assert_eq!(p.b.counter(IkeEvent::InitialContactCleared), 1);
+    assert!(p.pa.down.is_empty(), "{:?}", p.pa.down);
+    assert_replaced_without_gap(&p.pa, events, &children);
+    p.advance(OLD_IKE_SA_GRACE);
+    assert!(children.keys().all(|k| !p.pa.sas.contains_key(k)));
     p.assert_matched();
 }
 
