@@ -2979,6 +2979,9 @@ impl Ike {
                 .iter()
                 .find(|c| c.spi_out == old_out)
                 .map(|c| c.spi_in);
+            if let Some(old_in) = child.replaces {
+                self.drop_abandoned_rekeys(i, old_in);
+            }
         } else {
             self.events.push_back(Event::InstallSa(outbound));
             self.outbound_replaced(ci, slot, (&child.local_ts, &child.remote_ts));
@@ -4979,6 +4982,36 @@ impl Ike {
                 .into(),
         );
         self.renegotiate_keeping_children(i, now);
+    }
+
+    /// The peer rekeys our child `old_in` again while the child an earlier
+    /// rekey of it made still holds its outbound SA back (the peer never
+    /// deleted `old_in` after it): the peer never completed that rekey
+    /// (its answer was lost, or a cluster's new leader continued without
+    /// it; a retransmitted request is answered from the cache and does not
+    /// come here). That child is dropped, its held outbound SA never
+    /// installed, so that it neither lingers until its rekey time nor
+    /// takes over the outbound traffic at its switch deadline, on an SA
+    /// the peer does not have.
+    fn drop_abandoned_rekeys(&mut self, i: usize, old_in: u32) {
+        let abandoned: Vec<u32> = self.sas[i]
+            .children
+            .iter()
+            .filter(|c| c.replaces == Some(old_in) && c.pending_out.is_some())
+            .map(|c| c.spi_in)
+            .collect();
+        let ci = self.sas[i].conn;
+        for spi in abandoned {
+            self.log(
+                Level::Info,
+                Some(ci),
+                format!(
+                    "the peer rekeys child SA {old_in:08x}_i again: its earlier rekey to \
+                     {spi:08x}_i was never completed, dropping that one"
+                ),
+            );
+            self.remove_child(i, spi, None);
+        }
     }
 
     /// IKE SA `i` is of no more use, but its children may still be the

@@ -4078,3 +4078,47 @@ fn a_mobike_peer_moves_the_sas_only_when_it_says_so() {
         p.pb.lines
     );
 }
+
+/// A dies with its rekey of the child in flight: B answered it, the answer
+/// died with A. The engine that continues A rekeys the child again (the
+/// snapshot cannot carry the exchange). B drops the child of the first
+/// rekey, which A never completed, instead of keeping it until its own
+/// rekey time and switching its outbound traffic to it at the switch
+/// deadline, on an SA A does not have.
+#[test]
+fn a_child_rekey_lost_with_the_old_leader_leaves_nothing_at_the_peer() {
+    let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
+    p.a.initiate(p.now, "c").unwrap();
+    p.run();
+    let ha = only_sa(&p.a);
+    let spi = p.a.sas[ha].children[0].spi_in;
+    p.a.sas[ha].tasks.push_back(Task::RekeyChild(spi));
+    p.a.kick_now(ha, p.now);
+    let req = p.a.poll_transmit().unwrap();
+    apply(&mut p.a, &mut p.pa);
+    let snap = p.a.export(p.now).remove(0);
+    p.deliver(true, &[req]);
+    let lost = p.take(false);
+    assert_eq!(lost.len(), 1);
+    assert_eq!(child_counts(&p.b), vec![2], "the old child and the new one");
+    take_over(&mut p, &snap);
+    p.run();
+    p.advance(Duration::from_secs(60));
+    assert!(logged(&p.pb, "was never completed"), "{:?}", p.pb.lines);
+    assert_eq!((child_counts(&p.a), child_counts(&p.b)), (vec![1], vec![1]));
+    let outs = |pl: &Plane| {
+        pl.log
+            .iter()
+            .filter(|l| l.starts_with("install out"))
+            .count()
+    };
+    assert_eq!(
+        outs(&p.pb),
+        2,
+        "B never sent on the abandoned child: {:?}",
+        p.pb.log
+    );
+    assert_eq!((p.pa.sas.len(), p.pb.sas.len()), (2, 2));
+    assert!(p.pa.down.is_empty() && p.pb.down.is_empty());
+    p.assert_matched();
+}
