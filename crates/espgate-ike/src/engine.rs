@@ -2971,16 +2971,25 @@ impl Ike {
         let ts_label = self.ts_label(ci, &child.local_ts, &child.remote_ts);
         self.events.push_back(Event::InstallSa(inbound));
         if let Some(old_out) = rekey_of {
-            // Make-before-break: hold our new outbound SA until the initiator
-            // deletes the old one (it has installed its inbound SA by then).
-            child.pending_out = Some((outbound, now + OUTBOUND_SWITCH_DEADLINE));
             child.replaces = self.sas[i]
                 .children
                 .iter()
                 .find(|c| c.spi_out == old_out)
                 .map(|c| c.spi_in);
-            if let Some(old_in) = child.replaces {
-                self.drop_abandoned_rekeys(i, old_in);
+            let lost_out = child
+                .replaces
+                .is_some_and(|old_in| self.drop_abandoned_rekeys(i, old_in));
+            if lost_out {
+                // Our outbound traffic went out on an SA the peer never
+                // had: holding the new one back would only prolong that.
+                self.events.push_back(Event::InstallSa(outbound));
+                self.outbound_replaced(ci, slot, (&child.local_ts, &child.remote_ts));
+                child.out_active = true;
+            } else {
+                // Make-before-break: hold our new outbound SA until the
+                // initiator deletes the old one (it has installed its
+                // inbound SA by then).
+                child.pending_out = Some((outbound, now + OUTBOUND_SWITCH_DEADLINE));
             }
         } else {
             self.events.push_back(Event::InstallSa(outbound));
@@ -4984,24 +4993,26 @@ impl Ike {
         self.renegotiate_keeping_children(i, now);
     }
 
-    /// The peer rekeys our child `old_in` again while the child an earlier
-    /// rekey of it made still holds its outbound SA back (the peer never
-    /// deleted `old_in` after it): the peer never completed that rekey
-    /// (its answer was lost, or a cluster's new leader continued without
-    /// it; a retransmitted request is answered from the cache and does not
-    /// come here). That child is dropped, its held outbound SA never
-    /// installed, so that it neither lingers until its rekey time nor
-    /// takes over the outbound traffic at its switch deadline, on an SA
-    /// the peer does not have.
-    fn drop_abandoned_rekeys(&mut self, i: usize, old_in: u32) {
-        let abandoned: Vec<u32> = self.sas[i]
+    /// The peer rekeys our child `old_in` again, so it never completed an
+    /// earlier rekey of it (a completed one ends with the peer's Delete of
+    /// `old_in`; its answer was lost, or a cluster's new leader continued
+    /// without it; a retransmitted request is answered from the cache and
+    /// does not come here). The children those earlier rekeys made are
+    /// dropped, so that none lingers until its rekey time. One still
+    /// holding its outbound SA back never installs it; one whose switch
+    /// deadline passed already carries our outbound traffic on an SA the
+    /// peer does not have: then this returns true, and the caller sends on
+    /// its new child at once.
+    fn drop_abandoned_rekeys(&mut self, i: usize, old_in: u32) -> bool {
+        let abandoned: Vec<(u32, bool)> = self.sas[i]
             .children
             .iter()
-            .filter(|c| c.replaces == Some(old_in) && c.pending_out.is_some())
-            .map(|c| c.spi_in)
+            .filter(|c| c.replaces == Some(old_in))
+            .map(|c| (c.spi_in, c.out_active))
             .collect();
         let ci = self.sas[i].conn;
-        for spi in abandoned {
+        let lost_out = abandoned.iter().any(|&(_, out)| out);
+        for (spi, _) in abandoned {
             self.log(
                 Level::Info,
                 Some(ci),
@@ -5012,6 +5023,7 @@ impl Ike {
             );
             self.remove_child(i, spi, None);
         }
+        lost_out
     }
 
     /// IKE SA `i` is of no more use, but its children may still be the

@@ -4079,14 +4079,9 @@ fn a_mobike_peer_moves_the_sas_only_when_it_says_so() {
     );
 }
 
-/// A dies with its rekey of the child in flight: B answered it, the answer
-/// died with A. The engine that continues A rekeys the child again (the
-/// snapshot cannot carry the exchange). B drops the child of the first
-/// rekey, which A never completed, instead of keeping it until its own
-/// rekey time and switching its outbound traffic to it at the switch
-/// deadline, on an SA A does not have.
-#[test]
-fn a_child_rekey_lost_with_the_old_leader_leaves_nothing_at_the_peer() {
+/// A rekeys its child; B answers, and the answer is lost with A. Returns
+/// the pair and A's snapshot from before the rekey's answer.
+fn a_child_rekey_answered_and_lost() -> (Pair, IkeSnapshot) {
     let mut p = Pair::psk("aes128gcm16-prfsha256-x25519", "aes128gcm16");
     p.a.initiate(p.now, "c").unwrap();
     p.run();
@@ -4098,9 +4093,20 @@ fn a_child_rekey_lost_with_the_old_leader_leaves_nothing_at_the_peer() {
     apply(&mut p.a, &mut p.pa);
     let snap = p.a.export(p.now).remove(0);
     p.deliver(true, &[req]);
-    let lost = p.take(false);
-    assert_eq!(lost.len(), 1);
+    assert_eq!(p.take(false).len(), 1);
     assert_eq!(child_counts(&p.b), vec![2], "the old child and the new one");
+    (p, snap)
+}
+
+/// A dies with its rekey of the child in flight: B answered it, the answer
+/// died with A. The engine that continues A rekeys the child again (the
+/// snapshot cannot carry the exchange). B drops the child of the first
+/// rekey, which A never completed, instead of keeping it until its own
+/// rekey time and switching its outbound traffic to it at the switch
+/// deadline, on an SA A does not have.
+#[test]
+fn a_child_rekey_lost_with_the_old_leader_leaves_nothing_at_the_peer() {
+    let (mut p, snap) = a_child_rekey_answered_and_lost();
     take_over(&mut p, &snap);
     p.run();
     p.advance(Duration::from_secs(60));
@@ -4120,5 +4126,67 @@ fn a_child_rekey_lost_with_the_old_leader_leaves_nothing_at_the_peer() {
     );
     assert_eq!((p.pa.sas.len(), p.pb.sas.len()), (2, 2));
     assert!(p.pa.down.is_empty() && p.pb.down.is_empty());
+    p.assert_matched();
+}
+
+/// As above, but the new leader's second rekey comes after B's switch
+/// deadline: B already sends on the abandoned child, which A never had. B
+/// drops that child and sends on the second rekey's child at once, instead
+/// of holding it back while every packet it sends is lost.
+#[test]
+fn a_child_rekey_lost_with_the_old_leader_after_the_switch_deadline_is_dropped_at_once() {
+    let (mut p, snap) = a_child_rekey_answered_and_lost();
+    // A is gone; B's deadline passes before the new leader speaks.
+    take_over(&mut p, &snap);
+    p.drop_a = true;
+    p.advance(Duration::from_secs(6));
+    let b_out = p.pb.current_out.unwrap();
+    assert!(
+        !p.pa.sas.contains_key(&(false, b_out)),
+        "B sends on the abandoned child"
+    );
+    p.drop_a = false;
+    // One message at a time, until B has answered the second rekey.
+    let mut answered = false;
+    'steps: for _ in 0..100 {
+        let next = [p.a.poll_timeout(), p.b.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min();
+        p.now = p.now.max(next.unwrap());
+        p.a.handle_timeout(p.now);
+        p.b.handle_timeout(p.now);
+        apply(&mut p.a, &mut p.pa);
+        apply(&mut p.b, &mut p.pb);
+        for _ in 0..20 {
+            let from_a = p.take(true);
+            let from_b = p.take(false);
+            if from_a.is_empty() && from_b.is_empty() {
+                break;
+            }
+            p.deliver(false, &from_b);
+            for m in from_a {
+                p.deliver(true, &[m]);
+                if !answered && logged(&p.pb, "was never completed") {
+                    answered = true;
+                    // Before A has even had the answer (let alone deleted
+                    // the old child), B sends on the new child.
+                    let new_out = p.pb.current_out.expect("B has an outbound SA");
+                    assert_ne!(new_out, b_out);
+                    assert!(!p.pa.sas.contains_key(&(false, new_out)));
+                }
+            }
+            if answered {
+                break 'steps;
+            }
+        }
+    }
+    assert!(answered, "{:?}", p.pb.lines);
+    let new_out = p.pb.current_out;
+    p.run();
+    p.advance(Duration::from_secs(60));
+    assert_eq!((child_counts(&p.a), child_counts(&p.b)), (vec![1], vec![1]));
+    assert!(p.pa.down.is_empty() && p.pb.down.is_empty());
+    assert_eq!(p.pb.current_out, new_out);
     p.assert_matched();
 }
