@@ -1226,6 +1226,7 @@ fn start_esp_gateways(lab: &mut Lab, topo: &Topology, exe: &Path) -> Result<Gate
         time_s: 0,
         scrape_hz: 0,
         pin: None,
+        iperf_window: None,
     };
     let (ab, ba) = (random_hex(20)?, random_hex(20)?);
     let conf = |local, remote, lts, rts, spis, k_in: &str, k_out: &str| {

@@ -108,8 +108,11 @@ gateway.workers, gateway.batch, gateway.socket_buffer and the connection's mss_c
 (\"auto\" or \"off\") and encap (\"udp\" or \"none\");
 those not given are left at espgate's defaults. --pin binds iperf3's client and server to
 CPU 0 (iperf3 -A) and every gateway process of every system to the other CPUs (taskset,
-before each run), so each system runs on the same CPUs. All are in the header and in each
-JSON row's \"settings\".
+before each run), so each system runs on the same CPUs. --iperf-window BYTES gives iperf3's
+sockets of every system buffers of that size (-w, both ends; at most net.core.rmem_max): a
+receiver whose default buffer overflows when datagrams arrive in bursts loses them, and a run
+with and one without shows how much of a UDP test's loss that is. All are in the header and
+in each JSON row's \"settings\".
 
 Scaling over cores (gateway.workers 1..N) needs more CPUs than this 2-vCPU machine has, and
 more than one flow: a TUN queue, and so a worker, carries a whole flow. On a bigger host run
@@ -198,6 +201,12 @@ pub struct Args {
     /// gets the same CPUs and the CPU seconds per gigabit compare fairly.
     #[arg(long)]
     pub pin: bool,
+    /// iperf3's socket buffers (-w, both ends), bytes, for every system
+    /// alike [default: the kernel's]. Up to net.core.rmem_max and
+    /// wmem_max; what a receiver's default buffer loses of a bursty
+    /// arrival shows as the difference to a run without it.
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(4096..=1 << 30))]
+    pub iperf_window: Option<u32>,
     /// The espgate binary the gateways run [default: this one], e.g. an
     /// older build to compare with.
     #[arg(long, value_name = "PATH")]
@@ -262,9 +271,14 @@ impl Test {
         Ok(Test::Udp(n))
     }
 
-    /// iperf3 client arguments for a run of `secs` seconds.
-    fn client_args(&self, secs: u32) -> Vec<String> {
+    /// iperf3 client arguments for a run of `secs` seconds, with socket
+    /// buffers of `window` bytes (-w; the server takes them from the
+    /// client) when given.
+    fn client_args(&self, secs: u32, window: Option<u32>) -> Vec<String> {
         let mut a = vec!["-t".to_string(), secs.to_string()];
+        if let Some(w) = window {
+            a.extend(["-w".to_string(), w.to_string()]);
+        }
         match self {
             Test::Tcp => {}
             Test::TcpStreams(n) => a.extend(["-P".to_string(), n.to_string()]),
@@ -674,6 +688,9 @@ pub struct Settings {
     /// `--pin`: iperf3's two ends run on CPU 0, every gateway process on
     /// the other CPUs (`None`: the scheduler decides).
     pub pin: Option<Pin>,
+    /// iperf3's socket buffers (-w) in bytes, every system alike (`None`:
+    /// the kernel's defaults).
+    pub iperf_window: Option<u32>,
 }
 
 /// Where `--pin` puts the processes.
@@ -716,9 +733,12 @@ impl Settings {
                 p.iperf3_cpu, p.gateway_cpus
             )
         });
+        let window = self
+            .iperf_window
+            .map_or(String::new(), |w| format!("; iperf3 -w {w} (every system)"));
         format!(
             "mtu {}, offloads {}, workers {}{}, batch {}, sockbuf {}, mss-clamp {}, encap {} \
-             (all but mtu: espgate only){pin}",
+             (all but mtu: espgate only){pin}{window}",
             self.mtu,
             onoff(self.offloads),
             opt(self.workers.map(|v| v.to_string())),
@@ -850,6 +870,7 @@ impl Options {
                 } else {
                     None
                 },
+                iperf_window: args.iperf_window,
             },
             exe: match &args.gateway_binary {
                 Some(p) => {
@@ -1519,13 +1540,7 @@ fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) ->
                 );
                 progress(&what);
                 let at = t0.elapsed().as_secs_f64();
-                match measure(
-                    lab,
-                    &topo,
-                    *test,
-                    opts.settings.time_s,
-                    opts.settings.pin.as_ref(),
-                ) {
+                match measure(lab, &topo, *test, &opts.settings) {
                     Ok(s) => g.plain[ti].0.push(Sample { started_s: at, ..s }),
                     Err(e) => {
                         netlab::check_interrupt()?;
@@ -1538,13 +1553,7 @@ fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) ->
                     progress(&format!("{what} under a {hz} Hz scrape"));
                     let at = t0.elapsed().as_secs_f64();
                     let scraper = super::scrape::Scraper::start(&scrape_targets(lab, &topo), hz);
-                    let r = measure(
-                        lab,
-                        &topo,
-                        *test,
-                        opts.settings.time_s,
-                        opts.settings.pin.as_ref(),
-                    );
+                    let r = measure(lab, &topo, *test, &opts.settings);
                     let n = scraper.stop();
                     let sc = &mut g.scraped[ti];
                     match (r, n) {
@@ -1635,18 +1644,13 @@ fn pin_gateways(procs: &[(String, u32)], cpus: &str) -> Result<()> {
 }
 
 /// One iperf3 run of `test`.
-fn measure(
-    lab: &mut Lab,
-    topo: &Topology,
-    test: Test,
-    secs: u32,
-    pin: Option<&Pin>,
-) -> Result<Sample> {
+fn measure(lab: &mut Lab, topo: &Topology, test: Test, settings: &Settings) -> Result<Sample> {
+    let (secs, pin) = (settings.time_s, settings.pin.as_ref());
     let procs = gateway_processes(topo);
     if let Some(p) = pin {
         pin_gateways(&procs, &p.gateway_cpus)?;
     }
-    let args = test.client_args(secs);
+    let args = test.client_args(secs, settings.iperf_window);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let r = netlab::iperf3(
         lab,
@@ -2635,6 +2639,7 @@ mod tests {
     fn settings() -> Settings {
         Settings {
             pin: None,
+            iperf_window: None,
             mtu: 1500,
             offloads: true,
             workers: None,
@@ -3242,6 +3247,7 @@ log line
                 encap: "udp".into(),
                 scrape: 0,
                 pin: false,
+                iperf_window: None,
                 gateway_binary: None,
                 relay: false,
             };
@@ -3334,7 +3340,7 @@ log line
     #[test]
     fn udp_tests_ask_iperf3_for_unlimited_rate_and_the_payload_size() {
         assert_eq!(
-            Test::Udp(1400).client_args(5),
+            Test::Udp(1400).client_args(5, None),
             [
                 "-t",
                 "5",
@@ -3347,7 +3353,11 @@ log line
                 "5000"
             ]
         );
-        assert_eq!(Test::Tcp.client_args(1)[..2], ["-t", "1"]);
+        assert_eq!(Test::Tcp.client_args(1, None)[..2], ["-t", "1"]);
+        assert_eq!(
+            Test::Udp(64).client_args(1, Some(4 << 20))[..4],
+            ["-t", "1", "-w", "4194304"]
+        );
         assert_eq!(Test::parse("udp64").unwrap().name(), "udp64");
     }
 
@@ -3359,11 +3369,11 @@ log line
         assert_eq!(t, Test::TcpStreams(4));
         assert_eq!(t.name(), "tcp4");
         assert_eq!(
-            t.client_args(3),
+            t.client_args(3, None),
             ["-t", "3", "-P", "4", "--connect-timeout", "5000"]
         );
         assert_eq!(Test::parse("tcp64").unwrap(), Test::TcpStreams(64));
-        assert_eq!(Test::parse("tcp").unwrap().client_args(3).len(), 4);
+        assert_eq!(Test::parse("tcp").unwrap().client_args(3, None).len(), 4);
         for bad in ["tcp1", "tcp0", "tcp65", "tcpx", "tcp-2"] {
             let e = Test::parse(bad).unwrap_err().to_string();
             assert!(
