@@ -123,7 +123,9 @@ counter is shared) and compare median Mbit/s and CPU s/Gbit between the runs
 
 --json prints one JSON list of rows: system, version, suite (espgate), test, runs, runs_mbps,
 runs_started_s (each run's start, seconds into the bench), runs_retransmits (tcp: the
-sender's retransmitted segments per run), median_mbps, min_mbps, max_mbps, median_pps and
+sender's retransmitted segments per run), runs_steal_percent (each run's CPU steal: time the
+hypervisor gave other guests, % of all CPU time, from /proc/stat; summed up per system under
+the table), median_mbps, min_mbps, max_mbps, median_pps and
 loss_percent (UDP; null for tcp), ratio_to_plain, cpu {process: %}, cpu_s_per_gbit, error
 (null unless it failed), settings, and for espgate with an AES-GCM suite aes_gcm (the library
 that ran it, aws-lc or ring, also shown after the suite above the table).
@@ -918,6 +920,35 @@ pub struct Sample {
     /// `end.sum_sent.retransmits`; `None` for UDP or where iperf3 does
     /// not report it).
     pub retransmits: Option<u64>,
+    /// CPU time the hypervisor gave other guests during the run ("steal"
+    /// in /proc/stat), % of all CPU time (`None` where it cannot be read).
+    /// A run with much steal measured a slower machine than its neighbours.
+    pub steal_percent: Option<f64>,
+}
+
+/// Steal and total CPU time (clock ticks, all CPUs) from the `cpu` line of
+/// /proc/stat: user nice system idle iowait irq softirq steal ... (guest
+/// time is already counted in user and nice).
+pub fn cpu_steal_total(proc_stat: &str) -> Option<(u64, u64)> {
+    let line = proc_stat.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    (v.len() == 8).then(|| (v[7], v.iter().sum()))
+}
+
+/// Steal between two /proc/stat readings, % of the CPU time between them.
+pub fn steal_percent(before: (u64, u64), after: (u64, u64)) -> Option<f64> {
+    let total = after.1.checked_sub(before.1)?;
+    let steal = after.0.checked_sub(before.0)?;
+    (total > 0).then(|| 100.0 * steal as f64 / total as f64)
+}
+
+fn read_cpu_steal_total() -> Option<(u64, u64)> {
+    cpu_steal_total(&std::fs::read_to_string("/proc/stat").ok()?)
 }
 
 /// TCP retransmissions from iperf3's `-J` document (the sender's count:
@@ -1018,6 +1049,9 @@ pub struct Row {
     pub runs_started_s: Vec<f64>,
     /// TCP: each run's retransmitted segments (empty for UDP).
     pub runs_retransmits: Vec<u64>,
+    /// Each run's CPU steal, % of all CPU time ([`Sample::steal_percent`];
+    /// runs where /proc/stat could not be read are left out).
+    pub runs_steal_percent: Vec<f64>,
     /// Median Mbit/s.
     pub median_mbps: Option<f64>,
     /// Slowest run.
@@ -1095,6 +1129,10 @@ impl Row {
             runs_mbps: mbps.iter().map(|v| round(*v, 3)).collect(),
             runs_started_s: samples.iter().map(|s| round(s.started_s, 1)).collect(),
             runs_retransmits: samples.iter().filter_map(|s| s.retransmits).collect(),
+            runs_steal_percent: samples
+                .iter()
+                .filter_map(|s| s.steal_percent.map(|v| round(v, 1)))
+                .collect(),
             median_mbps: st.map(|s| round(s.0, 3)),
             min_mbps: st.map(|s| round(s.1, 3)),
             max_mbps: st.map(|s| round(s.2, 3)),
@@ -1320,6 +1358,7 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
         }
         out += "\n";
     }
+    out += &steal_lines(rows, label);
     if !failures.is_empty() {
         out += "\nfailures:\n";
         for (f, tests) in failures {
@@ -1331,6 +1370,36 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
         }
     }
     out
+}
+
+/// The host's CPU steal during each system's runs (all its tests), median
+/// and largest, so that a row measured while the hypervisor ran other
+/// guests shows as such; empty when no run could read /proc/stat.
+fn steal_lines(rows: &[Row], label: impl Fn(&Row) -> String) -> String {
+    let mut by: Vec<(String, Vec<f64>)> = Vec::new();
+    for r in rows.iter().filter(|r| !r.runs_steal_percent.is_empty()) {
+        let name = label(r);
+        match by.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => v.extend(&r.runs_steal_percent),
+            None => by.push((name, r.runs_steal_percent.clone())),
+        }
+    }
+    if by.is_empty() {
+        return String::new();
+    }
+    let mut out =
+        "\nCPU steal during the runs (time the hypervisor gave other guests, % of all CPU \
+                   time; a system whose runs had much more than the others' ran on a slower \
+                   machine):"
+            .to_string();
+    for (name, v) in &by {
+        let max = v.iter().copied().fold(0.0, f64::max);
+        out += &format!(
+            "\n  {name}: median {:.1}, max {max:.1}",
+            median(v).unwrap_or(0.0)
+        );
+    }
+    out + "\n"
 }
 
 /// The issue-17 ratios read off one run: for each espgate row (`label`
@@ -1652,6 +1721,7 @@ fn measure(lab: &mut Lab, topo: &Topology, test: Test, settings: &Settings) -> R
     }
     let args = test.client_args(secs, settings.iperf_window);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let cpu_before = read_cpu_steal_total();
     let r = netlab::iperf3(
         lab,
         &topo.ha,
@@ -1662,6 +1732,7 @@ fn measure(lab: &mut Lab, topo: &Topology, test: Test, settings: &Settings) -> R
         Duration::from_secs(u64::from(secs) + 30),
         pin.map(|p| p.iperf3_cpu),
     )?;
+    let steal = cpu_before.zip(read_cpu_steal_total());
     let (mbps, pps, loss_percent) = parse_iperf(test, &r.json)?;
     let mut cpu = BTreeMap::new();
     for (name, pct) in r.cpu {
@@ -1685,6 +1756,7 @@ fn measure(lab: &mut Lab, topo: &Topology, test: Test, settings: &Settings) -> R
             Test::Tcp | Test::TcpStreams(_) => tcp_retransmits(&r.json),
             Test::Udp(_) => None,
         },
+        steal_percent: steal.and_then(|(b, a)| steal_percent(b, a)),
     })
 }
 
@@ -2665,7 +2737,61 @@ mod tests {
                 .collect(),
             started_s: mbps / 1000.0,
             retransmits: pps.is_none().then_some(7),
+            steal_percent: None,
         }
+    }
+
+    /// The `cpu` line of /proc/stat gives steal (the 8th number) and the
+    /// total of the first eight; a short or garbled line gives nothing.
+    #[test]
+    fn cpu_steal_is_read_from_proc_stat() {
+        let stat = "cpu  218247 0 66418 117267 1459 0 20592 8157 0 0\n\
+                    cpu0 109000 0 33000 58000 700 0 10000 4000 0 0\n";
+        assert_eq!(
+            cpu_steal_total(stat),
+            Some((8157, 218247 + 66418 + 117267 + 1459 + 20592 + 8157))
+        );
+        assert_eq!(cpu_steal_total("cpu  1 2 3\n"), None);
+        assert_eq!(cpu_steal_total("cpu  1 2 3 4 5 6 x 8\n"), None);
+        assert_eq!(cpu_steal_total("intr 5\n"), None);
+        assert_eq!(steal_percent((100, 1000), (150, 1200)), Some(25.0));
+        assert_eq!(steal_percent((100, 1000), (100, 1000)), None);
+        assert_eq!(steal_percent((100, 1000), (90, 1200)), None);
+    }
+
+    /// Each system's runs' steal is summed up under the table; a row
+    /// without readings adds nothing.
+    #[test]
+    fn the_runs_steal_is_shown_per_system() {
+        let s = settings();
+        let row = |sys: &System, test: Test, steal: &[Option<f64>]| {
+            let samples: Vec<Sample> = steal
+                .iter()
+                .map(|st| Sample {
+                    steal_percent: *st,
+                    ..sample(1000.0, None, &[])
+                })
+                .collect();
+            Row::new(sys, test, &samples, None, &s)
+        };
+        let esp = System::Espgate("aes128gcm16".into());
+        let r = vec![
+            row(
+                &System::Plain,
+                Test::Tcp,
+                &[Some(1.0), Some(2.0), Some(3.0)],
+            ),
+            row(&esp, Test::Tcp, &[Some(40.04), Some(2.0), None]),
+            row(&esp, Test::Udp(64), &[Some(1.0)]),
+        ];
+        assert_eq!(r[1].runs_steal_percent, [40.0, 2.0]);
+        let text = render_table(&r, &s, 3);
+        assert!(
+            text.contains("  plain: median 2.0, max 3.0\n  espgate: median 2.0, max 40.0\n"),
+            "{text}"
+        );
+        let none = vec![row(&System::Plain, Test::Tcp, &[None])];
+        assert!(!render_table(&none, &s, 1).contains("CPU steal"));
     }
 
     #[test]
