@@ -60,8 +60,12 @@ def test_bench_esp_table_and_one_direction(espgate):
     assert lines[0].split()[:3] == ["suite", "size", "direction"]
     # The notes: what the columns mean, and which library ran AES-GCM.
     assert any(line.startswith("AES-GCM: aws-lc") or line.startswith("AES-GCM: ring") for line in lines), lines
+    # And the hypervisor's share of the CPU while it ran (/proc/stat).
+    steal = [line for line in lines if line.startswith("CPU steal during the bench: ")]
+    assert len(steal) == 1, lines
+    assert 0 <= float(steal[0].split()[5]) <= 100, steal
     body = [line.split() for line in lines[1:]
-            if line and not line.startswith("vs raw") and not line.startswith("AES-GCM:")]
+            if line and not line.startswith(("vs raw", "AES-GCM:", "CPU steal"))]
     assert [(b[0], b[1], b[2]) for b in body] == [("aes256gcm16", "512", "outbound"), ("null", "512", "outbound")]
 
 

@@ -29,10 +29,10 @@ needs_tools = pytest.mark.skipif(
     not shutil.which("iperf3") or not shutil.which("ping"),
     reason="needs iperf3 and ping (scripts/setup.sh installs them)")
 
-KEYS = {"system", "suite", "test", "runs", "runs_mbps", "runs_started_s", "runs_retransmits",
+KEYS = {"system", "suite", "test", "runs", "runs_mbps", "runs_started_s", "runs_retransmits", "runs_steal_percent",
         "median_mbps", "min_mbps", "max_mbps", "median_pps", "loss_percent", "ratio_to_plain", "cpu",
         "cpu_s_per_gbit", "version", "error", "settings"}
-SETTINGS = {"mtu", "offloads", "workers", "batch", "socket_buffer", "mss_clamp", "time_s"}
+SETTINGS = {"mtu", "offloads", "workers", "batch", "socket_buffer", "mss_clamp", "time_s", "iperf_window"}
 
 
 def namespaces(prefix):
@@ -80,6 +80,8 @@ def check_rows(rows, systems, tests, espgate_bin):
         want = 1 if r["test"].startswith("tcp") else 0
         assert len(r["runs_retransmits"]) == want, r
         assert all(isinstance(n, int) and n >= 0 for n in r["runs_retransmits"]), r
+        # The hypervisor's share of the CPU during each run (/proc/stat).
+        assert len(r["runs_steal_percent"]) == 1 and 0 <= r["runs_steal_percent"][0] <= 100, r
         if r["system"] == "plain":
             assert r["ratio_to_plain"] == 1.0, r
             assert r["cpu"] == {}, r
@@ -140,6 +142,24 @@ def test_several_streams_over_per_cpu_sas(espgate):
                for x in rows), rows
     bad = bench(espgate, "--tests", "tcp1")
     assert bad.returncode != 0 and "--tests tcp1" in bad.stderr, bad.stderr
+
+
+@needs_tools
+def test_iperf_window_is_given_to_every_system(espgate):
+    """--iperf-window: iperf3's socket buffers for every system alike, in
+    each row's settings and the table's header; without it, null; a size
+    outside 4 KiB-1 GiB is refused before anything is set up."""
+    r = bench(espgate, "--time", "1", "--runs", "1", "--tests", "udp64", "--json", "--iperf-window", "1048576")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(r.stdout)
+    check_rows(rows, ["plain", "espgate"], ["udp64"], espgate)
+    assert all(x["settings"]["iperf_window"] == 1048576 for x in rows), rows
+    t = bench(espgate, "--time", "1", "--runs", "1", "--tests", "udp64", "--iperf-window", "1048576")
+    assert t.returncode == 0, t.stdout + t.stderr
+    assert "iperf3 -w 1048576 (every system)" in t.stdout, t.stdout
+    assert "CPU steal during the runs" in t.stdout, t.stdout
+    bad = bench(espgate, "--iperf-window", "100")
+    assert bad.returncode != 0 and "--iperf-window" in bad.stderr, bad.stderr
 
 
 @needs_tools

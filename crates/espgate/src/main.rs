@@ -489,11 +489,16 @@ fn run_bench(what: BenchCmd) -> Result<ExitCode> {
             eprint!("\r\x1b[K{s}");
         }
     };
+    let cpu_before = espgate_lab::bench::tunnel::read_cpu_steal_total();
     let rows = if is_esp {
         bench::esp(&p, progress)?
     } else {
         bench::crypto(&p, progress)?
     };
+    // The hypervisor's share while this ran: what the spread cannot say.
+    let steal = cpu_before
+        .zip(espgate_lab::bench::tunnel::read_cpu_steal_total())
+        .and_then(|(b, a)| espgate_lab::bench::tunnel::steal_percent(b, a));
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
@@ -516,6 +521,12 @@ fn run_bench(what: BenchCmd) -> Result<ExitCode> {
             println!(
                 "AES-GCM: {}",
                 espgate_core::crypto::GcmImpl::current().describe()
+            );
+        }
+        if let Some(st) = steal {
+            println!(
+                "CPU steal during the bench: {st:.1} % of all CPU time (time the hypervisor \
+                 gave other guests; with much of it, ns/packet and the spread are the host's)"
             );
         }
         if costs {

@@ -947,7 +947,8 @@ pub fn steal_percent(before: (u64, u64), after: (u64, u64)) -> Option<f64> {
     (total > 0).then(|| 100.0 * steal as f64 / total as f64)
 }
 
-fn read_cpu_steal_total() -> Option<(u64, u64)> {
+/// [`cpu_steal_total`] of this machine's /proc/stat now.
+pub fn read_cpu_steal_total() -> Option<(u64, u64)> {
     cpu_steal_total(&std::fs::read_to_string("/proc/stat").ok()?)
 }
 
