@@ -12,6 +12,7 @@ is bounded.
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,8 +32,10 @@ needs_tools = pytest.mark.skipif(
 
 KEYS = {"system", "suite", "test", "runs", "runs_mbps", "runs_started_s", "runs_retransmits", "runs_steal_percent",
         "median_mbps", "min_mbps", "max_mbps", "median_pps", "loss_percent", "ratio_to_plain", "cpu",
-        "cpu_s_per_gbit", "version", "error", "settings"}
-SETTINGS = {"mtu", "offloads", "workers", "batch", "socket_buffer", "mss_clamp", "time_s", "iperf_window"}
+        "cpu_s_per_gbit", "version", "error", "settings", "runs_host_b_drops_pps",
+        "runs_gateway_b_drops_pps", "median_sent_pps", "median_reached_pps", "reached_ratio_to_plain"}
+SETTINGS = {"mtu", "offloads", "workers", "batch", "socket_buffer", "mss_clamp", "time_s", "iperf_window",
+            "udp_rate_mbps"}
 
 
 def namespaces(prefix):
@@ -113,8 +116,23 @@ def check_rows(rows, systems, tests, espgate_bin):
             # Delivered rate and packet rate agree (iperf3 counts payload bytes).
             size = int(r["test"][3:])
             assert r["median_mbps"] * 1e6 / 8 / r["median_pps"] == pytest.approx(size, rel=0.05)
+            # Full socket buffers in host B's and gateway B's namespaces,
+            # one reading per run; what reached host B's socket is what was
+            # delivered plus what it dropped.
+            for k in ("runs_host_b_drops_pps", "runs_gateway_b_drops_pps"):
+                assert len(r[k]) == 1 and r[k][0] >= 0, r
+            assert r["median_reached_pps"] == pytest.approx(
+                r["median_pps"] + r["runs_host_b_drops_pps"][0], abs=1), r
+            # What iperf3 sent: delivered and lost.
+            assert r["median_sent_pps"] == pytest.approx(
+                r["median_pps"] / (1 - r["loss_percent"] / 100), rel=0.01, abs=1), r
+            if r["system"] == "plain":
+                assert r["reached_ratio_to_plain"] == 1.0, r
         else:
             assert r["median_pps"] is None and r["loss_percent"] is None
+            assert r["runs_host_b_drops_pps"] == r["runs_gateway_b_drops_pps"] == [], r
+            assert r["median_reached_pps"] is None and r["reached_ratio_to_plain"] is None, r
+            assert r["median_sent_pps"] is None, r
 
 
 @needs_tools
@@ -160,6 +178,52 @@ def test_iperf_window_is_given_to_every_system(espgate):
     assert "CPU steal during the runs" in t.stdout, t.stdout
     bad = bench(espgate, "--iperf-window", "100")
     assert bad.returncode != 0 and "--iperf-window" in bad.stderr, bad.stderr
+
+
+@needs_tools
+def test_udp_loss_at_the_receivers_socket_is_counted(espgate):
+    """With iperf3's socket buffers at 4 KiB the receiving iperf3 cannot
+    keep up with a 64-byte flood: host B's namespace counts the datagrams
+    its socket dropped (RcvbufErrors). They are part of what iperf3 itself
+    reports lost (sent minus received), never more; the table names them."""
+    r = bench(espgate, "--time", "1", "--runs", "1", "--tests", "udp64", "--json", "--iperf-window", "4096")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(r.stdout)
+    check_rows(rows, ["plain", "espgate"], ["udp64"], espgate)
+    for x in rows:
+        drops = x["runs_host_b_drops_pps"][0]
+        assert drops > 0, x
+        loss = x["loss_percent"] / 100
+        assert loss < 1, x
+        lost_pps = x["median_pps"] / (1 - loss) - x["median_pps"]
+        assert drops <= 1.1 * lost_pps + 100, (drops, lost_pps, x)
+        assert x["median_pps"] < x["median_reached_pps"] <= 1.1 * x["median_sent_pps"] + 100, x
+    t = bench(espgate, "--time", "1", "--runs", "1", "--tests", "udp64", "--iperf-window", "4096")
+    assert t.returncode == 0, t.stdout + t.stderr
+    assert "UDP: where the datagrams went" in t.stdout, t.stdout
+    assert re.search(r"espgate udp64: sent \d+/s, \d+/s reached host B's socket \(\d\.\d{3} of those sent, "
+                     r"\d\.\d{3} of plain's\), its full buffer dropped [1-9]\d*/s; gateway B's sockets "
+                     r"dropped \d+/s", t.stdout), t.stdout
+
+
+@needs_tools
+def test_udp_rate_is_given_to_every_system(espgate):
+    """--udp-rate: the UDP tests are sent at that rate (iperf3 -b) by every
+    system alike: what iperf3 sent matches it; the header and the settings
+    show it; 0 is refused before anything is set up."""
+    r = bench(espgate, "--time", "1", "--runs", "1", "--tests", "udp64", "--json", "--udp-rate", "20")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(r.stdout)
+    check_rows(rows, ["plain", "espgate"], ["udp64"], espgate)
+    for x in rows:
+        assert x["settings"]["udp_rate_mbps"] == 20, x
+        # 20 Mbit/s of 64-byte payloads: 39 062 datagrams a second.
+        assert x["median_sent_pps"] == pytest.approx(20e6 / 8 / 64, rel=0.25), x
+    t = bench(espgate, "--time", "1", "--runs", "1", "--tests", "udp64", "--udp-rate", "20")
+    assert t.returncode == 0, t.stdout + t.stderr
+    assert "UDP sent at 20 Mbit/s (every system)" in t.stdout, t.stdout
+    bad = bench(espgate, "--udp-rate", "0")
+    assert bad.returncode != 0 and "--udp-rate" in bad.stderr, bad.stderr
 
 
 @needs_tools

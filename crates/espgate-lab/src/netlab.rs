@@ -12,6 +12,7 @@
 //! on SIGINT / SIGTERM.
 
 use anyhow::{anyhow, bail, Context, Result};
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -103,6 +104,27 @@ pub fn run(cmd: &mut Command) -> Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The `Udp:` counters of a /proc/net/snmp text.
+pub fn parse_snmp_udp(text: &str) -> BTreeMap<String, u64> {
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("Udp:")).collect();
+    let [names, values, ..] = lines.as_slice() else {
+        return BTreeMap::new();
+    };
+    names
+        .split_whitespace()
+        .skip(1)
+        .zip(values.split_whitespace().skip(1))
+        .filter_map(|(n, v)| Some((n.to_string(), v.parse().ok()?)))
+        .collect()
+}
+
+/// The `Udp:` counters of namespace `ns` now (its /proc/net/snmp; `None`
+/// where it cannot be read).
+pub fn ns_udp_counters(ns: &str) -> Option<BTreeMap<String, u64>> {
+    let m = parse_snmp_udp(&run(&mut in_ns(ns, &["cat", "/proc/net/snmp"])).ok()?);
+    (!m.is_empty()).then_some(m)
 }
 
 /// Like [`run`], but kills `cmd` and fails when it takes longer than

@@ -52,8 +52,8 @@
 
 use super::tunnel::{self, Settings, Test};
 use crate::netlab::{
-    self, in_ns, on_path, random_hex, require_root, write_private, Lab, Topology, GW_A, GW_B,
-    HOST_B, NET_A, NET_B,
+    self, in_ns, on_path, parse_snmp_udp, random_hex, require_root, write_private, Lab, Topology,
+    GW_A, GW_B, HOST_B, NET_A, NET_B,
 };
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use espgate_api::control::{Client, Request};
@@ -1227,6 +1227,7 @@ fn start_esp_gateways(lab: &mut Lab, topo: &Topology, exe: &Path) -> Result<Gate
         scrape_hz: 0,
         pin: None,
         iperf_window: None,
+        udp_rate_mbps: None,
     };
     let (ab, ba) = (random_hex(20)?, random_hex(20)?);
     let conf = |local, remote, lts, rts, spis, k_in: &str, k_out: &str| {
@@ -1365,20 +1366,6 @@ fn snapshot(sock: &Path, pid: u32) -> Result<Snapshot> {
         ticks: netlab::cpu_ticks(pid),
         at: Some(Instant::now()),
     })
-}
-
-/// The `Udp:` counters of a /proc/net/snmp text.
-pub fn parse_snmp_udp(text: &str) -> BTreeMap<String, u64> {
-    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("Udp:")).collect();
-    let [names, values, ..] = lines.as_slice() else {
-        return BTreeMap::new();
-    };
-    names
-        .split_whitespace()
-        .skip(1)
-        .zip(values.split_whitespace().skip(1))
-        .filter_map(|(n, v)| Some((n.to_string(), v.parse().ok()?)))
-        .collect()
 }
 
 /// The counters that grew from `before` to `after`, by how much.

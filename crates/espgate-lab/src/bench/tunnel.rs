@@ -111,8 +111,12 @@ CPU 0 (iperf3 -A) and every gateway process of every system to the other CPUs (t
 before each run), so each system runs on the same CPUs. --iperf-window BYTES gives iperf3's
 sockets of every system buffers of that size (-w, both ends; at most net.core.rmem_max): a
 receiver whose default buffer overflows when datagrams arrive in bursts loses them, and a run
-with and one without shows how much of a UDP test's loss that is. All are in the header and
-in each JSON row's \"settings\".
+with and one without shows how much of a UDP test's loss that is. --udp-rate MBITS sends the
+UDP tests at that rate (iperf3 -b MBITSM) instead of as fast as iperf3 can, for every system
+alike: an unlimited sender takes a whole CPU, and more than that when it costs it less per
+datagram, as it does into a gateway's TUN than into the kernel's forwarding; at plain routing's
+own rate every system gets the same offered load. All are in the header and in each JSON row's
+\"settings\".
 
 Scaling over cores (gateway.workers 1..N) needs more CPUs than this 2-vCPU machine has, and
 more than one flow: a TUN queue, and so a worker, carries a whole flow. On a bigger host run
@@ -125,7 +129,11 @@ counter is shared) and compare median Mbit/s and CPU s/Gbit between the runs
 runs_started_s (each run's start, seconds into the bench), runs_retransmits (tcp: the
 sender's retransmitted segments per run), runs_steal_percent (each run's CPU steal: time the
 hypervisor gave other guests, % of all CPU time, from /proc/stat; summed up per system under
-the table), median_mbps, min_mbps, max_mbps, median_pps and
+the table), runs_host_b_drops_pps and runs_gateway_b_drops_pps (udp: each run's datagrams/s
+dropped for a full socket buffer in host B's namespace, the receiving iperf3, and in gateway
+B's, from /proc/net/snmp), median_sent_pps (udp: what iperf3 sent), median_reached_pps and
+reached_ratio_to_plain (udp: delivered plus host B's drops, what reached its socket),
+median_mbps, min_mbps, max_mbps, median_pps and
 loss_percent (UDP; null for tcp), ratio_to_plain, cpu {process: %}, cpu_s_per_gbit, error
 (null unless it failed), settings, and for espgate with an AES-GCM suite aes_gcm (the library
 that ran it, aws-lc or ring, also shown after the suite above the table).
@@ -209,6 +217,12 @@ pub struct Args {
     /// arrival shows as the difference to a run without it.
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(4096..=1 << 30))]
     pub iperf_window: Option<u32>,
+    /// The UDP tests' sending rate, Mbit/s of payload (iperf3 -b), for
+    /// every system alike [default: as fast as iperf3 can send]. An
+    /// unlimited sender's CPU is taken from the receiver on a small
+    /// machine; a fixed rate gives each system the same offered load.
+    #[arg(long, value_name = "MBITS", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub udp_rate: Option<u32>,
     /// The espgate binary the gateways run [default: this one], e.g. an
     /// older build to compare with.
     #[arg(long, value_name = "PATH")]
@@ -273,18 +287,22 @@ impl Test {
         Ok(Test::Udp(n))
     }
 
-    /// iperf3 client arguments for a run of `secs` seconds, with socket
-    /// buffers of `window` bytes (-w; the server takes them from the
-    /// client) when given.
-    fn client_args(&self, secs: u32, window: Option<u32>) -> Vec<String> {
-        let mut a = vec!["-t".to_string(), secs.to_string()];
-        if let Some(w) = window {
+    /// iperf3 client arguments for a run of `s.time_s` seconds, with
+    /// socket buffers of `s.iperf_window` bytes (-w; the server takes
+    /// them from the client) when given, and UDP sent at `s.udp_rate_mbps`
+    /// (else unlimited).
+    fn client_args(&self, s: &Settings) -> Vec<String> {
+        let mut a = vec!["-t".to_string(), s.time_s.to_string()];
+        if let Some(w) = s.iperf_window {
             a.extend(["-w".to_string(), w.to_string()]);
         }
         match self {
             Test::Tcp => {}
             Test::TcpStreams(n) => a.extend(["-P".to_string(), n.to_string()]),
-            Test::Udp(n) => a.extend(["-u", "-l", &n.to_string(), "-b", "0"].map(String::from)),
+            Test::Udp(n) => {
+                let rate = s.udp_rate_mbps.map_or("0".to_string(), |r| format!("{r}M"));
+                a.extend(["-u", "-l", &n.to_string(), "-b", &rate].map(String::from));
+            }
         }
         a.extend(["--connect-timeout", "5000"].map(String::from));
         a
@@ -693,6 +711,9 @@ pub struct Settings {
     /// iperf3's socket buffers (-w) in bytes, every system alike (`None`:
     /// the kernel's defaults).
     pub iperf_window: Option<u32>,
+    /// The UDP tests' sending rate in Mbit/s (iperf3 -b), every system
+    /// alike (`None`: unlimited).
+    pub udp_rate_mbps: Option<u32>,
 }
 
 /// Where `--pin` puts the processes.
@@ -738,9 +759,12 @@ impl Settings {
         let window = self
             .iperf_window
             .map_or(String::new(), |w| format!("; iperf3 -w {w} (every system)"));
+        let rate = self.udp_rate_mbps.map_or(String::new(), |r| {
+            format!("; UDP sent at {r} Mbit/s (every system)")
+        });
         format!(
             "mtu {}, offloads {}, workers {}{}, batch {}, sockbuf {}, mss-clamp {}, encap {} \
-             (all but mtu: espgate only){pin}{window}",
+             (all but mtu: espgate only){pin}{window}{rate}",
             self.mtu,
             onoff(self.offloads),
             opt(self.workers.map(|v| v.to_string())),
@@ -873,6 +897,7 @@ impl Options {
                     None
                 },
                 iperf_window: args.iperf_window,
+                udp_rate_mbps: args.udp_rate,
             },
             exe: match &args.gateway_binary {
                 Some(p) => {
@@ -924,6 +949,55 @@ pub struct Sample {
     /// in /proc/stat), % of all CPU time (`None` where it cannot be read).
     /// A run with much steal measured a slower machine than its neighbours.
     pub steal_percent: Option<f64>,
+    /// UDP: datagrams per second dropped for a full receive buffer (the
+    /// `RcvbufErrors` counter of /proc/net/snmp) in host B's namespace
+    /// and in gateway B's, during the run ([`BufferDrops`]; `None` for TCP
+    /// or where the counters could not be read).
+    pub buffer_drops: Option<BufferDrops>,
+}
+
+/// Where a UDP run lost datagrams to a full socket buffer, per second.
+/// Host B's is the receiving iperf3's socket: the endpoint, which the
+/// datagrams reached but which did not read them in time, not the path.
+/// Gateway B's are the tunnel's own sockets there (0 for plain routing,
+/// whose gateways forward in the kernel).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct BufferDrops {
+    /// Datagrams/s host B's socket dropped.
+    pub host_b_pps: f64,
+    /// Datagrams/s gateway B's UDP sockets dropped.
+    pub gateway_b_pps: f64,
+}
+
+impl BufferDrops {
+    /// The drops per second between two readings of the `Udp:` counters
+    /// of host B's and gateway B's namespaces (`before` and `after`, each
+    /// `(host B, gateway B)`) over a run of `secs` seconds; `None` when a
+    /// reading lacks the counter or went backwards.
+    pub fn between(
+        before: (&BTreeMap<String, u64>, &BTreeMap<String, u64>),
+        after: (&BTreeMap<String, u64>, &BTreeMap<String, u64>),
+        secs: f64,
+    ) -> Option<BufferDrops> {
+        let per_s = |b: &BTreeMap<String, u64>, a: &BTreeMap<String, u64>| -> Option<f64> {
+            let d = a
+                .get("RcvbufErrors")?
+                .checked_sub(*b.get("RcvbufErrors")?)?;
+            (secs > 0.0).then(|| d as f64 / secs)
+        };
+        Some(BufferDrops {
+            host_b_pps: per_s(before.0, after.0)?,
+            gateway_b_pps: per_s(before.1, after.1)?,
+        })
+    }
+}
+
+/// The `Udp:` counters of host B's and gateway B's namespaces now.
+fn udp_counters(topo: &Topology) -> Option<(BTreeMap<String, u64>, BTreeMap<String, u64>)> {
+    Some((
+        netlab::ns_udp_counters(&topo.hb)?,
+        netlab::ns_udp_counters(&topo.gb)?,
+    ))
 }
 
 /// Steal and total CPU time (clock ticks, all CPUs) from the `cpu` line of
@@ -1053,6 +1127,21 @@ pub struct Row {
     /// Each run's CPU steal, % of all CPU time ([`Sample::steal_percent`];
     /// runs where /proc/stat could not be read are left out).
     pub runs_steal_percent: Vec<f64>,
+    /// UDP: each run's datagrams/s dropped by host B's full socket buffer
+    /// (the receiving iperf3: the endpoint, not the path;
+    /// [`BufferDrops`]). Empty for TCP and where not read.
+    pub runs_host_b_drops_pps: Vec<f64>,
+    /// UDP: the same for gateway B's UDP sockets (the tunnel's own).
+    pub runs_gateway_b_drops_pps: Vec<f64>,
+    /// UDP: median datagrams/s the sending iperf3 sent (delivered and
+    /// lost, as iperf3 counts them from its sequence numbers).
+    pub median_sent_pps: Option<f64>,
+    /// UDP: median datagrams/s that reached host B's socket: those
+    /// delivered plus those its full buffer dropped. What the path
+    /// carried, whether or not the receiving application kept up.
+    pub median_reached_pps: Option<f64>,
+    /// median_reached_pps / plain routing's of the same test.
+    pub reached_ratio_to_plain: Option<f64>,
     /// Median Mbit/s.
     pub median_mbps: Option<f64>,
     /// Slowest run.
@@ -1134,6 +1223,24 @@ impl Row {
                 .iter()
                 .filter_map(|s| s.steal_percent.map(|v| round(v, 1)))
                 .collect(),
+            runs_host_b_drops_pps: samples
+                .iter()
+                .filter_map(|s| s.buffer_drops.map(|d| d.host_b_pps.round()))
+                .collect(),
+            runs_gateway_b_drops_pps: samples
+                .iter()
+                .filter_map(|s| s.buffer_drops.map(|d| d.gateway_b_pps.round()))
+                .collect(),
+            median_sent_pps: median(&of(|s| {
+                let (pps, kept) = (s.pps?, 1.0 - s.loss_percent? / 100.0);
+                (kept > 0.0).then(|| pps / kept)
+            }))
+            .filter(|_| udp)
+            .map(|v| v.round()),
+            median_reached_pps: median(&of(|s| Some(s.pps? + s.buffer_drops?.host_b_pps)))
+                .filter(|_| udp)
+                .map(|v| v.round()),
+            reached_ratio_to_plain: None,
             median_mbps: st.map(|s| round(s.0, 3)),
             min_mbps: st.map(|s| round(s.1, 3)),
             max_mbps: st.map(|s| round(s.2, 3)),
@@ -1186,22 +1293,27 @@ fn round(v: f64, digits: i32) -> f64 {
 }
 
 /// Sets each row's ratio_to_plain: its median / the median of the plain
-/// row of the same test (none when either is missing or plain's is 0).
+/// row of the same test (none when either is missing or plain's is 0);
+/// likewise reached_ratio_to_plain from median_reached_pps.
 pub fn fill_ratios(rows: &mut [Row]) {
-    let plain: BTreeMap<String, f64> = rows
-        .iter()
-        .filter(|r| r.system == "plain")
-        .filter_map(|r| Some((r.test.clone(), r.median_mbps?)))
-        .collect();
+    let plain = |f: fn(&Row) -> Option<f64>| -> BTreeMap<String, f64> {
+        rows.iter()
+            .filter(|r| r.system == "plain")
+            .filter_map(|r| Some((r.test.clone(), f(r)?)))
+            .collect()
+    };
+    let (mbps, reached) = (plain(|r| r.median_mbps), plain(|r| r.median_reached_pps));
+    let ratio = |r: &Row, v: Option<f64>, of: &BTreeMap<String, f64>| match (v, of.get(&r.test)) {
+        (Some(m), Some(p)) if *p > 0.0 => Some(if r.system == "plain" {
+            1.0
+        } else {
+            round(m / p, 4)
+        }),
+        _ => None,
+    };
     for r in rows.iter_mut() {
-        r.ratio_to_plain = match (r.median_mbps, plain.get(&r.test)) {
-            (Some(m), Some(p)) if *p > 0.0 => Some(if r.system == "plain" {
-                1.0
-            } else {
-                round(m / p, 4)
-            }),
-            _ => None,
-        };
+        r.ratio_to_plain = ratio(r, r.median_mbps, &mbps);
+        r.reached_ratio_to_plain = ratio(r, r.median_reached_pps, &reached);
     }
 }
 
@@ -1359,6 +1471,7 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
         }
         out += "\n";
     }
+    out += &buffer_drop_lines(rows, label);
     out += &steal_lines(rows, label);
     if !failures.is_empty() {
         out += "\nfailures:\n";
@@ -1371,6 +1484,50 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
         }
     }
     out
+}
+
+/// For each UDP row, where datagrams were lost to full socket buffers
+/// (medians per second): at host B's socket, the endpoint, and at
+/// gateway B's, and what reached host B's socket against plain routing;
+/// empty when no row has the readings.
+fn buffer_drop_lines(rows: &[Row], label: impl Fn(&Row) -> String) -> String {
+    let mut lines = Vec::new();
+    for r in rows.iter().filter(|r| !r.runs_host_b_drops_pps.is_empty()) {
+        let mut line = format!("\n  {} {}:", label(r), r.test);
+        if let Some(sent) = r.median_sent_pps {
+            line += &format!(" sent {sent:.0}/s,");
+        }
+        if let Some(v) = r.median_reached_pps {
+            line += &format!(" {v:.0}/s reached host B's socket");
+            let mut of = Vec::new();
+            if let Some(sent) = r.median_sent_pps.filter(|s| *s > 0.0) {
+                of.push(format!("{:.3} of those sent", v / sent));
+            }
+            if let Some(q) = r.reached_ratio_to_plain.filter(|_| r.system != "plain") {
+                of.push(format!("{q:.3} of plain's"));
+            }
+            if !of.is_empty() {
+                line += &format!(" ({})", of.join(", "));
+            }
+            line += ",";
+        }
+        line += &format!(
+            " its full buffer dropped {:.0}/s; gateway B's sockets dropped {:.0}/s",
+            median(&r.runs_host_b_drops_pps).unwrap_or(0.0),
+            median(&r.runs_gateway_b_drops_pps).unwrap_or(0.0),
+        );
+        lines.push(line);
+    }
+    if lines.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\nUDP: where the datagrams went (medians; drops for a full socket buffer are \
+         RcvbufErrors in /proc/net/snmp). Host B's socket is the receiving iperf3: what it \
+         dropped reached the host and was lost because the application did not read in time, \
+         not on the path; gateway B's sockets are the tunnel's own:{}\n",
+        lines.concat()
+    )
 }
 
 /// The host's CPU steal during each system's runs (all its tests), median
@@ -1720,8 +1877,10 @@ fn measure(lab: &mut Lab, topo: &Topology, test: Test, settings: &Settings) -> R
     if let Some(p) = pin {
         pin_gateways(&procs, &p.gateway_cpus)?;
     }
-    let args = test.client_args(secs, settings.iperf_window);
+    let args = test.client_args(settings);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let udp = matches!(test, Test::Udp(_));
+    let udp_before = if udp { udp_counters(topo) } else { None };
     let cpu_before = read_cpu_steal_total();
     let r = netlab::iperf3(
         lab,
@@ -1734,6 +1893,9 @@ fn measure(lab: &mut Lab, topo: &Topology, test: Test, settings: &Settings) -> R
         pin.map(|p| p.iperf3_cpu),
     )?;
     let steal = cpu_before.zip(read_cpu_steal_total());
+    let buffer_drops = udp_before
+        .zip(udp_counters(topo))
+        .and_then(|(b, a)| BufferDrops::between((&b.0, &b.1), (&a.0, &a.1), f64::from(secs)));
     let (mbps, pps, loss_percent) = parse_iperf(test, &r.json)?;
     let mut cpu = BTreeMap::new();
     for (name, pct) in r.cpu {
@@ -1758,6 +1920,7 @@ fn measure(lab: &mut Lab, topo: &Topology, test: Test, settings: &Settings) -> R
             Test::Udp(_) => None,
         },
         steal_percent: steal.and_then(|(b, a)| steal_percent(b, a)),
+        buffer_drops,
     })
 }
 
@@ -2713,6 +2876,7 @@ mod tests {
         Settings {
             pin: None,
             iperf_window: None,
+            udp_rate_mbps: None,
             mtu: 1500,
             offloads: true,
             workers: None,
@@ -2739,11 +2903,116 @@ mod tests {
             started_s: mbps / 1000.0,
             retransmits: pps.is_none().then_some(7),
             steal_percent: None,
+            buffer_drops: None,
         }
     }
 
-    /// The `cpu` line of /proc/stat gives steal (the 8th number) and the
-    /// total of the first eight; a short or garbled line gives nothing.
+    /// The drops per second come from the growth of `RcvbufErrors` in
+    /// each namespace; a missing counter or one that went backwards (the
+    /// namespace was made anew) gives no reading rather than a wrong one.
+    #[test]
+    fn buffer_drops_are_the_rcvbuf_errors_growth() {
+        let m = |v: u64| -> BTreeMap<String, u64> {
+            [("RcvbufErrors".to_string(), v), ("InDatagrams".into(), 9)]
+                .into_iter()
+                .collect()
+        };
+        let d = BufferDrops::between((&m(100), &m(7)), (&m(2100), &m(7)), 10.0);
+        assert_eq!(
+            d,
+            Some(BufferDrops {
+                host_b_pps: 200.0,
+                gateway_b_pps: 0.0
+            })
+        );
+        assert_eq!(
+            BufferDrops::between((&m(100), &m(7)), (&m(50), &m(7)), 10.0),
+            None
+        );
+        let none = BTreeMap::new();
+        assert_eq!(
+            BufferDrops::between((&m(1), &none), (&m(2), &m(3)), 10.0),
+            None
+        );
+        assert_eq!(
+            BufferDrops::between((&m(1), &m(1)), (&m(2), &m(3)), 0.0),
+            None
+        );
+    }
+
+    /// A UDP row sums up where its datagrams were lost and what reached
+    /// host B's socket, against plain routing's; TCP rows and rows without
+    /// readings add nothing.
+    #[test]
+    fn buffer_drops_are_shown_per_udp_row() {
+        let s = settings();
+        // Each run: delivered datagrams/s, loss %, (host B, gateway B) drops/s.
+        type Run = (f64, f64, Option<(f64, f64)>);
+        let row = |sys: &System, test: Test, runs: &[Run]| {
+            let samples: Vec<Sample> = runs
+                .iter()
+                .map(|(pps, loss, d)| Sample {
+                    loss_percent: Some(*loss),
+                    buffer_drops: d.map(|(h, g)| BufferDrops {
+                        host_b_pps: h,
+                        gateway_b_pps: g,
+                    }),
+                    ..sample(pps * 0.512, Some(*pps), &[])
+                })
+                .collect();
+            Row::new(sys, test, &samples, None, &s)
+        };
+        let esp = System::Espgate("aes128gcm16".into());
+        let mut r = vec![
+            row(
+                &System::Plain,
+                Test::Udp(64),
+                &[(300_000.0, 20.0, Some((60_000.0, 0.0))); 3],
+            ),
+            row(
+                &esp,
+                Test::Udp(64),
+                &[
+                    (100_000.0, 75.0, Some((250_000.0, 10.0))),
+                    (140_000.0, 60.0, Some((210_000.0, 0.0))),
+                    (120_000.0, 70.0, None),
+                ],
+            ),
+            row(&esp, Test::Tcp, &[(0.0, 0.0, None)]),
+        ];
+        fill_ratios(&mut r);
+        assert_eq!(r[1].runs_host_b_drops_pps, [250_000.0, 210_000.0]);
+        assert_eq!(r[1].runs_gateway_b_drops_pps, [10.0, 0.0]);
+        // Sent: 400 000, 350 000 and 400 000 a second.
+        assert_eq!(r[1].median_sent_pps, Some(400_000.0));
+        // Runs 1 and 2 have readings: 350 000 reached host B each time.
+        assert_eq!(r[1].median_reached_pps, Some(350_000.0));
+        assert_eq!(r[0].median_reached_pps, Some(360_000.0));
+        assert_eq!(r[1].reached_ratio_to_plain, Some(round(350.0 / 360.0, 4)));
+        assert_eq!(r[0].reached_ratio_to_plain, Some(1.0));
+        assert_eq!(r[2].median_reached_pps, None);
+        assert_eq!(r[2].median_sent_pps, None);
+        let text = render_table(&r, &s, 3);
+        assert!(
+            text.contains(
+                "  plain udp64: sent 375000/s, 360000/s reached host B's socket (0.960 of those \
+                 sent), its full buffer dropped 60000/s; gateway B's sockets dropped 0/s\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "  espgate udp64: sent 400000/s, 350000/s reached host B's socket (0.875 of those \
+                 sent, 0.972 of plain's), its full buffer dropped 230000/s; gateway B's sockets \
+                 dropped 5/s\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("espgate tcp:"), "{text}");
+        let tcp_only = vec![r[2].clone()];
+        assert!(!render_table(&tcp_only, &s, 1).contains("where the datagrams went"));
+    }
+
     #[test]
     fn cpu_steal_is_read_from_proc_stat() {
         let stat = "cpu  218247 0 66418 117267 1459 0 20592 8157 0 0\n\
@@ -3375,6 +3644,7 @@ log line
                 scrape: 0,
                 pin: false,
                 iperf_window: None,
+                udp_rate: None,
                 gateway_binary: None,
                 relay: false,
             };
@@ -3466,8 +3736,14 @@ log line
 
     #[test]
     fn udp_tests_ask_iperf3_for_unlimited_rate_and_the_payload_size() {
+        let s = |secs: u32, window: Option<u32>, rate: Option<u32>| Settings {
+            time_s: secs,
+            iperf_window: window,
+            udp_rate_mbps: rate,
+            ..settings()
+        };
         assert_eq!(
-            Test::Udp(1400).client_args(5, None),
+            Test::Udp(1400).client_args(&s(5, None, None)),
             [
                 "-t",
                 "5",
@@ -3480,11 +3756,19 @@ log line
                 "5000"
             ]
         );
-        assert_eq!(Test::Tcp.client_args(1, None)[..2], ["-t", "1"]);
+        assert_eq!(Test::Tcp.client_args(&s(1, None, None))[..2], ["-t", "1"]);
         assert_eq!(
-            Test::Udp(64).client_args(1, Some(4 << 20))[..4],
+            Test::Udp(64).client_args(&s(1, Some(4 << 20), None))[..4],
             ["-t", "1", "-w", "4194304"]
         );
+        // --udp-rate: UDP at that many Mbit/s; TCP is not limited.
+        assert_eq!(
+            Test::Udp(64).client_args(&s(1, None, Some(240)))[2..7],
+            ["-u", "-l", "64", "-b", "240M"]
+        );
+        assert!(!Test::Tcp
+            .client_args(&s(1, None, Some(240)))
+            .contains(&"-b".to_string()));
         assert_eq!(Test::parse("udp64").unwrap().name(), "udp64");
     }
 
@@ -3496,11 +3780,23 @@ log line
         assert_eq!(t, Test::TcpStreams(4));
         assert_eq!(t.name(), "tcp4");
         assert_eq!(
-            t.client_args(3, None),
+            t.client_args(&Settings {
+                time_s: 3,
+                ..settings()
+            }),
             ["-t", "3", "-P", "4", "--connect-timeout", "5000"]
         );
         assert_eq!(Test::parse("tcp64").unwrap(), Test::TcpStreams(64));
-        assert_eq!(Test::parse("tcp").unwrap().client_args(3, None).len(), 4);
+        assert_eq!(
+            Test::parse("tcp")
+                .unwrap()
+                .client_args(&Settings {
+                    time_s: 3,
+                    ..settings()
+                })
+                .len(),
+            4
+        );
         for bad in ["tcp1", "tcp0", "tcp65", "tcpx", "tcp-2"] {
             let e = Test::parse(bad).unwrap_err().to_string();
             assert!(
