@@ -202,7 +202,7 @@ def test_udp_loss_at_the_receivers_socket_is_counted(espgate):
     assert t.returncode == 0, t.stdout + t.stderr
     assert "UDP: where the datagrams went" in t.stdout, t.stdout
     assert re.search(r"espgate udp64: sent \d+/s, \d+/s reached host B's socket \(\d\.\d{3} of those sent, "
-                     r"\d\.\d{3} of plain's\), its full buffer dropped [1-9]\d*/s; gateway B's sockets "
+                     r"\d\.\d{3} of plain's\), its full buffer dropped [1-9]\d*/s; gateway B's UDP sockets "
                      r"dropped \d+/s", t.stdout), t.stdout
 
 

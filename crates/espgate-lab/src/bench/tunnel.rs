@@ -1131,7 +1131,8 @@ pub struct Row {
     /// (the receiving iperf3: the endpoint, not the path;
     /// [`BufferDrops`]). Empty for TCP and where not read.
     pub runs_host_b_drops_pps: Vec<f64>,
-    /// UDP: the same for gateway B's UDP sockets (the tunnel's own).
+    /// UDP: the same for gateway B's UDP sockets (the tunnel's own; a
+    /// raw ESP socket's drops are not in this counter).
     pub runs_gateway_b_drops_pps: Vec<f64>,
     /// UDP: median datagrams/s the sending iperf3 sent (delivered and
     /// lost, as iperf3 counts them from its sequence numbers).
@@ -1512,7 +1513,7 @@ fn buffer_drop_lines(rows: &[Row], label: impl Fn(&Row) -> String) -> String {
             line += ",";
         }
         line += &format!(
-            " its full buffer dropped {:.0}/s; gateway B's sockets dropped {:.0}/s",
+            " its full buffer dropped {:.0}/s; gateway B's UDP sockets dropped {:.0}/s",
             median(&r.runs_host_b_drops_pps).unwrap_or(0.0),
             median(&r.runs_gateway_b_drops_pps).unwrap_or(0.0),
         );
@@ -1525,7 +1526,8 @@ fn buffer_drop_lines(rows: &[Row], label: impl Fn(&Row) -> String) -> String {
         "\nUDP: where the datagrams went (medians; drops for a full socket buffer are \
          RcvbufErrors in /proc/net/snmp). Host B's socket is the receiving iperf3: what it \
          dropped reached the host and was lost because the application did not read in time, \
-         not on the path; gateway B's sockets are the tunnel's own:{}\n",
+         not on the path; gateway B's UDP sockets are the tunnel's own (a raw ESP socket's drops \
+         are not counted):{}\n",
         lines.concat()
     )
 }
@@ -2996,15 +2998,15 @@ mod tests {
         assert!(
             text.contains(
                 "  plain udp64: sent 375000/s, 360000/s reached host B's socket (0.960 of those \
-                 sent), its full buffer dropped 60000/s; gateway B's sockets dropped 0/s\n"
+                 sent), its full buffer dropped 60000/s; gateway B's UDP sockets dropped 0/s\n"
             ),
             "{text}"
         );
         assert!(
             text.contains(
                 "  espgate udp64: sent 400000/s, 350000/s reached host B's socket (0.875 of those \
-                 sent, 0.972 of plain's), its full buffer dropped 230000/s; gateway B's sockets \
-                 dropped 5/s\n"
+                 sent, 0.972 of plain's), its full buffer dropped 230000/s; gateway B's UDP \
+                 sockets dropped 5/s\n"
             ),
             "{text}"
         );
