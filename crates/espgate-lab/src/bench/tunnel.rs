@@ -1522,12 +1522,34 @@ fn buffer_drop_lines(rows: &[Row], label: impl Fn(&Row) -> String) -> String {
     if lines.is_empty() {
         return String::new();
     }
+    // Rows that lost more than they delivered, most of it at host B's
+    // socket: their delivered figure measures the receiving application.
+    let endpoint_bound: Vec<String> = rows
+        .iter()
+        .filter(|r| r.system != "plain")
+        .filter_map(|r| {
+            let (sent, pps) = (r.median_sent_pps?, r.median_pps?);
+            let dropped = median(&r.runs_host_b_drops_pps)?;
+            let lost = sent - pps;
+            (lost > pps && dropped > lost / 2.0).then(|| format!("{} {}", label(r), r.test))
+        })
+        .collect();
+    let hint = if endpoint_bound.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "\n  Most of the loss of {} was at host B's socket: the receiving application, not \
+             the path. --udp-rate MBITS (the same offered load for every system) or \
+             --iperf-window BYTES shows what the path delivers.",
+            endpoint_bound.join(", ")
+        )
+    };
     format!(
         "\nUDP: where the datagrams went (medians; drops for a full socket buffer are \
          RcvbufErrors in /proc/net/snmp). Host B's socket is the receiving iperf3: what it \
          dropped reached the host and was lost because the application did not read in time, \
          not on the path; gateway B's UDP sockets are the tunnel's own (a raw ESP socket's drops \
-         are not counted):{}\n",
+         are not counted):{}{hint}\n",
         lines.concat()
     )
 }
@@ -3011,6 +3033,17 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("espgate tcp:"), "{text}");
+        assert!(
+            text.contains(
+                "\n  Most of the loss of espgate udp64 was at host B's socket: the receiving \
+                 application, not the path."
+            ),
+            "{text}"
+        );
+        // Where the tunnel loses most of it, no such hint.
+        let mut lossy = r.clone();
+        lossy[1].runs_host_b_drops_pps = vec![1_000.0];
+        assert!(!render_table(&lossy, &s, 3).contains("Most of the loss"));
         let tcp_only = vec![r[2].clone()];
         assert!(!render_table(&tcp_only, &s, 1).contains("where the datagrams went"));
     }
