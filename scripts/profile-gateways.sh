@@ -1,16 +1,18 @@
 #!/bin/bash
-# Where the two espgate gateways spend their CPU in a TCP tunnel run:
+# Where the two espgate gateways spend their CPU in a tunnel run:
 # `perf record` (software clock, call graphs) on gateway A (sending) and
 # gateway B (receiving) for 6 s in the middle of a 20 s
-# `bench tunnel --tests tcp` run, then a flat report of each.
+# `bench tunnel --tests $TEST` run (default tcp; e.g. TEST=udp64), then a
+# flat report of each.
 #
-#   scripts/profile-gateways.sh [espgate binary] [output directory]
+#   [TEST=udp64] scripts/profile-gateways.sh [espgate binary] [output directory]
 #
 # The espgate binary should carry symbols (the release profile keeps
 # debuginfo). Needs `perf` (Debian: linux-perf).
 set -euo pipefail
 bin=${1:-target/release/espgate}
 dir=${2:-/tmp/espgate-profile}
+test=${TEST:-tcp}
 mkdir -p "$dir"
 record() {
     local gw=$1 pid=""
@@ -26,7 +28,7 @@ record() {
 }
 record a & pa=$!
 record b & pb=$!
-"$bin" bench tunnel --tests tcp --runs 1 --time 20 --prefix egp 2>&1 | tail -8
+"$bin" bench tunnel --tests "$test" --runs 1 --time 20 --prefix egp 2>&1 | tail -8
 wait $pa $pb
 for gw in a b; do
     echo "== gateway $gw ($([ $gw = a ] && echo sending || echo receiving))"
