@@ -423,14 +423,14 @@ fn same_outcome(
 }
 
 /// The same packet through `Sad::decapsulate_from_probed` on a fresh
-/// SAD, loaded as the daemon loads a datagram: the bytes before `k`
+/// SAD whose SAs have the lifetime limits `life` (as the reference's), loaded as the daemon loads a datagram: the bytes before `k`
 /// (the outer header it adds) copied in, the rest with
 /// `PacketBuf::load_head` into a buffer of stale bytes, for `k` at the
 /// start and halfway. The outcome, the SAs and the bytes are what
 /// `Sad::decapsulate` gave; no stale byte reaches the result.
-fn lazily(pkt: &[u8], reference: &Res, ref_out: &[u8]) {
+fn lazily(pkt: &[u8], reference: &Res, ref_out: &[u8], life: Lifetime) {
     for k in [0, pkt.len() / 2] {
-        let (mut sad, _) = build_sad();
+        let (mut sad, _) = build_sad_with(life);
         let mut b = PacketBuf::from_packet(&vec![0xa5; pkt.len() + 64]);
         b.load_head(&pkt[k..]);
         b.push_front(k)[..k].copy_from_slice(&pkt[..k]);
@@ -454,18 +454,19 @@ fn lazily(pkt: &[u8], reference: &Res, ref_out: &[u8]) {
 /// a sequence number already seen), which processing refuses as a replay;
 /// an observing node looks at the outermost layer only and accepts it, as
 /// processing did, so both leave that SA's window alike.
-fn outer_layer_passed(pkt: &[u8], id: SaId) -> bool {
-    let (mut sad, _) = build_sad();
+fn outer_layer_passed(pkt: &[u8], id: SaId, life: Lifetime) -> bool {
+    let (mut sad, _) = build_sad_with(life);
     let mut b = PacketBuf::from_packet(pkt);
     let mut applied = Vec::new();
     let _ = sad.decapsulate_into(&mut b, &CLASSIFIER, T0, &mut applied);
     applied.first() == Some(&id)
 }
 
-/// The same packet through `Sad::decapsulate_gated` on a fresh SAD, the
+/// The same packet through `Sad::decapsulate_gated` on a fresh SAD (SAs
+/// with the lifetime limits `life`, as the reference's), the
 /// gate answering as `gate` says; `reference` and `ref_out` are what
 /// `Sad::decapsulate` gave on another fresh SAD.
-fn gated(pkt: &[u8], reference: &Res, ref_out: &[u8], gate: u8) {
+fn gated(pkt: &[u8], reference: &Res, ref_out: &[u8], gate: u8, life: Lifetime) {
     if gate == 0 {
         return;
     }
@@ -475,7 +476,7 @@ fn gated(pkt: &[u8], reference: &Res, ref_out: &[u8], gate: u8) {
         2 => InGate::ObserveDrop(why),
         _ => InGate::Process,
     };
-    let (mut sad, ids) = build_sad();
+    let (mut sad, ids) = build_sad_with(life);
     let mut b = PacketBuf::from_packet(pkt);
     // Left over from an earlier packet: must be cleared.
     let mut applied = vec![SaId(u32::MAX); 2];
@@ -532,7 +533,7 @@ fn gated(pkt: &[u8], reference: &Res, ref_out: &[u8], gate: u8) {
     let Some(id) = observed else { return };
     assert_eq!(Some(id), outer);
     if let Err(w) = reference {
-        if w.sa == Some(id) && !outer_layer_passed(pkt, id) {
+        if w.sa == Some(id) && !outer_layer_passed(pkt, id, life) {
             assert!(
                 !matches!(w.reason, DropReason::Replay | DropReason::Integrity),
                 "observed, but processing failed {w:?}"
@@ -540,9 +541,21 @@ fn gated(pkt: &[u8], reference: &Res, ref_out: &[u8], gate: u8) {
         }
     }
     // The observed packet is now a replay for that SA.
+    let expired = sad
+        .get_mut(id)
+        .is_some_and(|sa| sa.lifetime().is_hard_expired());
     let (again, out) = decap(&mut sad, pkt);
     let i = ids.iter().position(|x| *x == id).unwrap();
-    if inbound_configs()[i].replay_window == 0 {
+    if expired {
+        // Observing counted the packet against the SA's lifetime, as
+        // processing does; a hard limit reached refuses it now, before
+        // its replay check.
+        assert_eq!(
+            again.map_err(|e| (e.reason, e.sa)),
+            Err((DropReason::SaExpired, Some(id))),
+            "observed up to its hard limit, the SA accepted the packet again"
+        );
+    } else if inbound_configs()[i].replay_window == 0 {
         assert_eq!(again, *reference, "window 0: observing changed the result");
         if again.is_ok() {
             assert_eq!(out, ref_out);
@@ -587,8 +600,8 @@ fn raw(data: &[u8], gate: u8) {
     sad_bookkeeping(&mut sad, &ids, data.len());
     let (r, out) = decap(&mut sad, data);
     generic(&sad, data, &r, &out);
-    gated(data, &r, &out, gate);
-    lazily(data, &r, &out);
+    gated(data, &r, &out, gate, Lifetime::default());
+    lazily(data, &r, &out, Lifetime::default());
 }
 
 fn stacked(c: &mut Cursor<'_>, mutate: bool, gate: u8) {
@@ -665,8 +678,11 @@ fn stacked(c: &mut Cursor<'_>, mutate: bool, gate: u8) {
         let (r, out) = decap(&mut sad, &wire);
         generic(&sad, &wire, &r, &out);
         check_expect("valid", &expect, &r, &out, &wire);
-        gated(&wire, &r, &out, gate);
-        lazily(&wire, &r, &out);
+        // On SADs with the same lifetime limits: a packet of two layers of
+        // one SA with a hard limit of one packet is refused at the second
+        // with SaExpired, where no limit would let it on further.
+        gated(&wire, &r, &out, gate, lifetime(profile));
+        lazily(&wire, &r, &out, lifetime(profile));
         if profile != 0 && expect != Expect::Unknown {
             if let Ok(InboundResult::Packet(ids)) = &r {
                 if check_lifetime(&mut sad, ids, &wire, profile) {
@@ -703,8 +719,8 @@ fn stacked(c: &mut Cursor<'_>, mutate: bool, gate: u8) {
     }
     let (r, out) = decap(&mut sad, &pkt);
     generic(&sad, &pkt, &r, &out);
-    gated(&pkt, &r, &out, gate);
-    lazily(&pkt, &r, &out);
+    gated(&pkt, &r, &out, gate, Lifetime::default());
+    lazily(&pkt, &r, &out, Lifetime::default());
     if let (Expect::Packet(ids, want), Ok(InboundResult::Packet(got))) = (&expect, &r) {
         if ids == got {
             if tunnel_end {
@@ -920,8 +936,8 @@ fn crafted(c: &mut Cursor<'_>, gate: u8) {
     let (r, out) = decap(&mut sad, &pkt);
     generic(&sad, &pkt, &r, &out);
     check_expect("crafted", &expect, &r, &out, &pkt);
-    gated(&pkt, &r, &out, gate);
-    lazily(&pkt, &r, &out);
+    gated(&pkt, &r, &out, gate, Lifetime::default());
+    lazily(&pkt, &r, &out, Lifetime::default());
 }
 
 fuzz_target!(|data: &[u8]| {
