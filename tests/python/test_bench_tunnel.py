@@ -33,7 +33,8 @@ needs_tools = pytest.mark.skipif(
 KEYS = {"system", "suite", "test", "runs", "runs_mbps", "runs_started_s", "runs_retransmits", "runs_steal_percent",
         "median_mbps", "min_mbps", "max_mbps", "median_pps", "loss_percent", "ratio_to_plain", "cpu",
         "cpu_s_per_gbit", "version", "error", "settings", "runs_host_b_drops_pps",
-        "runs_gateway_b_drops_pps", "median_sent_pps", "median_reached_pps", "reached_ratio_to_plain"}
+        "runs_gateway_b_drops_pps", "median_sent_pps", "median_reached_pps", "reached_ratio_to_plain", "runs_round",
+        "paired_ratio_to_plain"}
 SETTINGS = {"mtu", "offloads", "workers", "batch", "socket_buffer", "mss_clamp", "time_s", "iperf_window",
             "udp_rate_mbps"}
 
@@ -79,6 +80,10 @@ def check_rows(rows, systems, tests, espgate_bin):
         assert r["min_mbps"] <= r["median_mbps"] <= r["max_mbps"], r
         assert r["runs_mbps"][0] == r["median_mbps"]
         assert len(r["runs_started_s"]) == 1 and r["runs_started_s"][0] >= 0, r
+        # One round: the ratio to plain routing's run of that round is the
+        # ratio of the medians.
+        assert r["runs_round"] == [1], r
+        assert r["paired_ratio_to_plain"] == pytest.approx(r["ratio_to_plain"], abs=1e-4), r
         # TCP: the sender's retransmissions, one count per run; none for UDP.
         want = 1 if r["test"].startswith("tcp") else 0
         assert len(r["runs_retransmits"]) == want, r
@@ -244,6 +249,13 @@ def test_runs_are_rounds_that_interleave_the_systems(espgate):
         assert x["runs"] == 2 and len(x["runs_mbps"]) == 2, x
         assert x["min_mbps"] <= x["median_mbps"] <= x["max_mbps"], x
         assert x["median_mbps"] == pytest.approx(sum(x["runs_mbps"]) / 2, rel=1e-3), x
+        assert x["runs_round"] == [1, 2], x
+    # espgate's run over plain routing's of the same round, then the median
+    # of the two rounds' ratios (not the ratio of the medians).
+    pe, ee = rows["plain"]["runs_mbps"], rows["espgate"]["runs_mbps"]
+    paired = (ee[0] / pe[0] + ee[1] / pe[1]) / 2
+    assert rows["espgate"]["paired_ratio_to_plain"] == pytest.approx(paired, abs=1e-4), rows
+    assert rows["plain"]["paired_ratio_to_plain"] == 1.0, rows
 
 
 @needs_tools
@@ -364,6 +376,13 @@ def test_peer_json(espgate, peer):
     assert t.returncode == 0, t.stdout + t.stderr
     assert "failures:" not in t.stdout, t.stdout
     assert mine[0]["version"] in t.stdout, t.stdout
+    # Round by round, espgate against each system: two ratios, their median.
+    for other in ("plain", peer):
+        m = re.search(rf"^  espgate tcp / {re.escape(other)}: ([0-9.]+)\*?, ([0-9.]+)\*? "
+                      rf"\(median ([0-9.]+)\)$", t.stdout, re.M)
+        assert m, t.stdout
+        a, b, mid = (float(x) for x in m.groups())
+        assert a > 0 and b > 0 and abs(mid - (a + b) / 2) <= 0.011, m.group(0)
     print(json.dumps(mine, indent=1))
 
 

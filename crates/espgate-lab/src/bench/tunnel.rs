@@ -13,7 +13,10 @@
 //! delivered packet rate and the loss, the ratio to plain routing's median
 //! of the same test in the same run, and the CPU of the gateway processes
 //! (every process in the two gateway namespaces) during the test. Every
-//! row says which version of its system was measured.
+//! row says which version of its system was measured. Below the table,
+//! espgate's run is also set against each other system's run of the same
+//! round ([`paired_ratios`]), round by round: on a host whose load drifts,
+//! those pairs, taken back to back, show how much one run can be trusted.
 //!
 //! A system that fails to come up is reported as failed, with the reason,
 //! and the run goes on with the others.
@@ -73,13 +76,17 @@ iperf3 runs from host A to host B. Tests: tcp is one TCP stream (iperf3 -t TIME)
 N-byte UDP payloads as fast as iperf3 can (-u -l N -b 0) and reports what the RECEIVER got:
 its Mbit/s, packets per second and loss %. The runs are rounds: each round brings up every
 system in turn and runs each test once on it, so a drift in the host's load during the bench
-falls on all systems alike (--json gives each run's start time). Each row: median, min and
-max over the runs, the ratio of the median to plain routing's median of the same test in
-this run, and the CPU of each gateway process (median over the runs, % of one core;
+falls on all systems alike (--json gives each run's start time and round). Each row: median,
+min and max over the runs, the ratio of the median to plain routing's median of the same test
+in this run, and the CPU of each gateway process (median over the runs, % of one core;
 NAME@gwA / NAME@gwB), and the efficiency figure CPU s/Gbit: the gateway processes' CPU
 seconds (both sides) per gigabit delivered, fair on a small machine where the systems
 saturate the CPUs, not the link. Kernel work done for a gateway outside its process
-(softirq receive) is not in it.
+(softirq receive) is not in it. Below the table, with two rounds or more, espgate's run over
+each other system's run of the same round, round by round, and their median: runs taken back
+to back, so a drift of the host's load between rounds drops out of each ratio, and the spread
+of the ratios shows how far one run can be trusted; a pair where either run had more than 10 %
+CPU steal (time the hypervisor gave other guests) is marked with *.
 
 Systems: plain (kernel forwarding, no encryption); espgate (two `espgate up` with generated
 manual keys, ESP-in-UDP or with --encap none raw ESP, --suite); with --peers:
@@ -126,7 +133,8 @@ counter is shared) and compare median Mbit/s and CPU s/Gbit between the runs
 (docs/PERFORMANCE.md, \"The scaling curve on a bigger host\").
 
 --json prints one JSON list of rows: system, version, suite (espgate), test, runs, runs_mbps,
-runs_started_s (each run's start, seconds into the bench), runs_retransmits (tcp: the
+runs_started_s (each run's start, seconds into the bench), runs_round (each run's round, 1..N),
+runs_retransmits (tcp: the
 sender's retransmitted segments per run), runs_steal_percent (each run's CPU steal: time the
 hypervisor gave other guests, % of all CPU time, from /proc/stat; summed up per system under
 the table), runs_host_b_drops_pps and runs_gateway_b_drops_pps (udp: each run's datagrams/s
@@ -134,7 +142,8 @@ dropped for a full socket buffer in host B's namespace, the receiving iperf3, an
 B's, from /proc/net/snmp), median_sent_pps (udp: what iperf3 sent), median_reached_pps and
 reached_ratio_to_plain (udp: delivered plus host B's drops, what reached its socket),
 median_mbps, min_mbps, max_mbps, median_pps and
-loss_percent (UDP; null for tcp), ratio_to_plain, cpu {process: %}, cpu_s_per_gbit, error
+loss_percent (UDP; null for tcp), ratio_to_plain, paired_ratio_to_plain (the median over the
+rounds of the row's run / plain routing's run of the same round), cpu {process: %}, cpu_s_per_gbit, error
 (null unless it failed), settings, and for espgate with an AES-GCM suite aes_gcm (the library
 that ran it, aws-lc or ring, also shown after the suite above the table).
 
@@ -941,6 +950,9 @@ pub struct Sample {
     pub rss_mib: BTreeMap<String, f64>,
     /// When the run started, seconds after the bench began.
     pub started_s: f64,
+    /// The round it was measured in (1, 2, …; see `measure_all`): runs
+    /// of the same round were taken back to back.
+    pub round: usize,
     /// TCP: segments the sender retransmitted (iperf3's
     /// `end.sum_sent.retransmits`; `None` for UDP or where iperf3 does
     /// not report it).
@@ -1122,6 +1134,9 @@ pub struct Row {
     /// When each of those runs started, seconds after the bench began
     /// (the rounds interleave the systems: see `measure_all`).
     pub runs_started_s: Vec<f64>,
+    /// The round of each of those runs (1, 2, …): two systems' runs of
+    /// the same round were taken back to back ([`paired_ratios`]).
+    pub runs_round: Vec<usize>,
     /// TCP: each run's retransmitted segments (empty for UDP).
     pub runs_retransmits: Vec<u64>,
     /// Each run's CPU steal, % of all CPU time ([`Sample::steal_percent`];
@@ -1155,6 +1170,11 @@ pub struct Row {
     pub loss_percent: Option<f64>,
     /// median_mbps / plain routing's median_mbps of the same test.
     pub ratio_to_plain: Option<f64>,
+    /// The median, over the rounds where both have a run, of this row's
+    /// run / plain routing's run of the same round and test
+    /// ([`paired_ratios`]): the ratio with the drift between rounds left
+    /// out. `None` without such a round.
+    pub paired_ratio_to_plain: Option<f64>,
     /// Median CPU of each gateway process over the runs, % of one core.
     pub cpu: BTreeMap<String, f64>,
     /// Efficiency: CPU seconds the gateway processes (both sides) spent
@@ -1219,6 +1239,7 @@ impl Row {
             runs: samples.len(),
             runs_mbps: mbps.iter().map(|v| round(*v, 3)).collect(),
             runs_started_s: samples.iter().map(|s| round(s.started_s, 1)).collect(),
+            runs_round: samples.iter().map(|s| s.round).collect(),
             runs_retransmits: samples.iter().filter_map(|s| s.retransmits).collect(),
             runs_steal_percent: samples
                 .iter()
@@ -1256,6 +1277,7 @@ impl Row {
                 None
             },
             ratio_to_plain: None,
+            paired_ratio_to_plain: None,
             cpu_s_per_gbit: None,
             cpu: cpu_runs
                 .into_iter()
@@ -1312,10 +1334,53 @@ pub fn fill_ratios(rows: &mut [Row]) {
         }),
         _ => None,
     };
-    for r in rows.iter_mut() {
+    let paired: Vec<Option<f64>> = rows
+        .iter()
+        .map(|r| {
+            let p = rows
+                .iter()
+                .find(|p| p.system == "plain" && p.test == r.test)?;
+            let v: Vec<f64> = paired_ratios(r, p).iter().map(|x| x.0).collect();
+            median(&v).map(|m| round(m, 4))
+        })
+        .collect();
+    for (r, paired) in rows.iter_mut().zip(paired) {
         r.ratio_to_plain = ratio(r, r.median_mbps, &mbps);
         r.reached_ratio_to_plain = ratio(r, r.median_reached_pps, &reached);
+        r.paired_ratio_to_plain = paired;
     }
+}
+
+/// CPU steal (% of all CPU time) above which a run is marked in the
+/// round-by-round ratios: a tenth of the machine given to other guests
+/// is more than the spread of a quiet host's runs.
+pub const STEAL_NOTED_PERCENT: f64 = 10.0;
+
+/// `a`'s run over `b`'s run of the same round, for each round where both
+/// have a successful run with Mbit/s above 0, in round order: (ratio,
+/// whether either run had more than [`STEAL_NOTED_PERCENT`] CPU steal).
+/// The two runs of a round were taken back to back, so a drift of the
+/// host's load from one round to the next, which moves both medians,
+/// does not enter these ratios; their spread is what single runs vary.
+pub fn paired_ratios(a: &Row, b: &Row) -> Vec<(f64, bool)> {
+    // A run's steal, where every run of the row has a reading (the lists
+    // then line up; runs without one are left out of runs_steal_percent).
+    let steal = |r: &Row, i: usize| {
+        (r.runs_steal_percent.len() == r.runs_mbps.len())
+            .then(|| r.runs_steal_percent[i])
+            .is_some_and(|s| s > STEAL_NOTED_PERCENT)
+    };
+    let mut out = Vec::new();
+    for (i, (ra, ma)) in a.runs_round.iter().zip(&a.runs_mbps).enumerate() {
+        let Some(j) = b.runs_round.iter().position(|rb| rb == ra) else {
+            continue;
+        };
+        let mb = b.runs_mbps[j];
+        if *ma > 0.0 && mb > 0.0 {
+            out.push((ma / mb, steal(a, i) || steal(b, j)));
+        }
+    }
+    out
 }
 
 fn fmt_opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
@@ -1448,6 +1513,7 @@ pub fn render_table(rows: &[Row], settings: &Settings, runs: usize) -> String {
     }
     out += &t.render();
     out += &against_others(rows, label);
+    out += &round_by_round(rows, label);
     // Peak memory per system: the largest over its tests.
     let mut mem: Vec<(String, BTreeMap<String, f64>)> = Vec::new();
     for r in rows.iter().filter(|r| !r.peak_rss_mib.is_empty()) {
@@ -1611,6 +1677,50 @@ fn against_others(rows: &[Row], label: impl Fn(&Row) -> String) -> String {
     }
     format!(
         "\nespgate's median / each other system's median, same test, same run:\n{}\n",
+        lines.join("\n")
+    )
+}
+
+/// For each espgate row, its run over each other system's run of the
+/// same test and round ([`paired_ratios`]), round by round, with their
+/// median; empty when no pair has two rounds (one round's ratio is the
+/// medians' ratio, already shown).
+fn round_by_round(rows: &[Row], label: impl Fn(&Row) -> String) -> String {
+    let mut lines = Vec::new();
+    for e in rows.iter().filter(|r| r.system == "espgate") {
+        for o in rows
+            .iter()
+            .filter(|o| o.test == e.test && o.system != "espgate")
+        {
+            let pairs = paired_ratios(e, o);
+            if pairs.len() < 2 {
+                continue;
+            }
+            // The table's precision: 3 digits against plain routing, 2
+            // against the others.
+            let digits = if o.system == "plain" { 3 } else { 2 };
+            let each: Vec<String> = pairs
+                .iter()
+                .map(|(v, stolen)| format!("{v:.digits$}{}", if *stolen { "*" } else { "" }))
+                .collect();
+            let mid = median(&pairs.iter().map(|p| p.0).collect::<Vec<_>>()).unwrap_or(0.0);
+            lines.push(format!(
+                "  {} {} / {}: {} (median {mid:.digits$})",
+                label(e),
+                e.test,
+                label(o),
+                each.join(", ")
+            ));
+        }
+    }
+    if lines.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\nRound by round: espgate's run / the other system's run of the same round (taken back \
+         to back, so a drift of the host's load between rounds drops out; their spread is what \
+         single runs vary; * a run of the pair had more than {STEAL_NOTED_PERCENT:.0} % CPU \
+         steal):\n{}\n",
         lines.join("\n")
     )
 }
@@ -1792,7 +1902,11 @@ fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) ->
                 progress(&what);
                 let at = t0.elapsed().as_secs_f64();
                 match measure(lab, &topo, *test, &opts.settings) {
-                    Ok(s) => g.plain[ti].0.push(Sample { started_s: at, ..s }),
+                    Ok(s) => g.plain[ti].0.push(Sample {
+                        started_s: at,
+                        round: run,
+                        ..s
+                    }),
                     Err(e) => {
                         netlab::check_interrupt()?;
                         g.plain[ti].1.get_or_insert_with(|| format!("{e:#}"));
@@ -1809,7 +1923,11 @@ fn measure_all(lab: &mut Lab, opts: &Options, progress: &mut dyn FnMut(&str)) ->
                     let sc = &mut g.scraped[ti];
                     match (r, n) {
                         (Ok(s), Ok(n)) => {
-                            sc.0.push(Sample { started_s: at, ..s });
+                            sc.0.push(Sample {
+                                started_s: at,
+                                round: run,
+                                ..s
+                            });
                             sc.2 += n;
                         }
                         (Err(e), _) | (_, Err(e)) => {
@@ -1937,8 +2055,10 @@ fn measure(lab: &mut Lab, topo: &Topology, test: Test, settings: &Settings) -> R
         loss_percent,
         cpu,
         rss_mib,
-        // Set by the caller, which knows when the bench began.
+        // Set by the caller, which knows when the bench began and which
+        // round this is.
         started_s: 0.0,
+        round: 0,
         retransmits: match test {
             Test::Tcp | Test::TcpStreams(_) => tcp_retransmits(&r.json),
             Test::Udp(_) => None,
@@ -2925,6 +3045,7 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), *v / 10.0))
                 .collect(),
             started_s: mbps / 1000.0,
+            round: 1,
             retransmits: pps.is_none().then_some(7),
             steal_percent: None,
             buffer_drops: None,
@@ -3219,6 +3340,10 @@ mod tests {
                 &s,
             ),
         ];
+        // As measure_all numbers them: each system's i-th run in round i.
+        for r in &mut rows {
+            r.runs_round = (1..=r.runs).collect();
+        }
         fill_ratios(&mut rows);
         for r in &mut rows {
             r.version = Some(match r.system.as_str() {
@@ -3319,6 +3444,9 @@ espgate       udp512        450.0       450.0       450.0     100000    1.0%    
 wireguard-go  tcp      failed: wireguard-go did not come up: no interface
 wireguard-go  udp512   failed: wireguard-go did not come up: no interface
 
+Round by round: espgate's run / the other system's run of the same round (taken back to back, so a drift of the host's load between rounds drops out; their spread is what single runs vary; * a run of the pair had more than 10 % CPU steal):
+  espgate tcp / plain: 0.278, 0.200, 0.273 (median 0.273)
+
 peak resident memory (VmHWM), MiB:
   espgate: espgate@gwA 10.0, espgate@gwB 7.0
 
@@ -3364,6 +3492,72 @@ log line
         // Nothing beside espgate: no such lines.
         r.retain(|x| x.system == "espgate" || x.system == "plain");
         assert!(!render_table(&r, &s, 1).contains("each other system"));
+    }
+
+    /// Runs are paired by round, not by position: a failed run leaves its
+    /// round out of every pair it would be in, and a run with much steal
+    /// marks its pairs.
+    #[test]
+    fn runs_are_set_against_the_other_systems_run_of_the_same_round() {
+        let s = settings();
+        // Each run: (round, Mbit/s, steal %).
+        let row = |sys: &System, runs: &[(usize, f64, f64)]| {
+            let samples: Vec<Sample> = runs
+                .iter()
+                .map(|(round, mbps, steal)| Sample {
+                    round: *round,
+                    steal_percent: Some(*steal),
+                    ..sample(*mbps, None, &[])
+                })
+                .collect();
+            Row::new(sys, Test::Tcp, &samples, None, &s)
+        };
+        let esp = System::Espgate("aes128gcm16".into());
+        let mut r = vec![
+            row(
+                &System::Plain,
+                &[(1, 10000.0, 1.0), (2, 8000.0, 30.0), (3, 12000.0, 2.0)],
+            ),
+            row(
+                &System::RelayGcm,
+                &[(1, 6000.0, 1.0), (2, 5000.0, 1.0), (3, 4000.0, 1.0)],
+            ),
+            // Round 3's run failed.
+            row(&esp, &[(1, 3000.0, 1.0), (2, 4000.0, 1.0)]),
+            // One round in common with espgate: no round-by-round line.
+            row(&System::Peer(Peer::WireguardGo), &[(2, 1000.0, 1.0)]),
+        ];
+        assert_eq!(r[2].runs_round, [1, 2]);
+        let pairs = paired_ratios(&r[2], &r[0]);
+        assert_eq!(pairs, [(0.3, false), (0.5, true)]);
+        assert_eq!(
+            paired_ratios(&r[0], &r[2]),
+            [(10.0 / 3.0, false), (2.0, true)]
+        );
+        fill_ratios(&mut r);
+        assert_eq!(r[0].paired_ratio_to_plain, Some(1.0));
+        assert_eq!(r[1].paired_ratio_to_plain, Some(0.6));
+        assert_eq!(r[2].paired_ratio_to_plain, Some(0.4));
+        // The medians' ratio mixes rounds: 3500 / 10000.
+        assert_eq!(r[2].ratio_to_plain, Some(0.35));
+        let text = render_table(&r, &s, 3);
+        let want = "  espgate tcp / plain: 0.300, 0.500* (median 0.400)\n  \
+                    espgate tcp / relay-gcm: 0.50, 0.80 (median 0.65)\n";
+        assert!(text.contains(want), "{text}");
+        assert!(!text.contains("/ wireguard-go:"), "{text}");
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v[2]["runs_round"], serde_json::json!([1, 2]));
+        assert_eq!(v[2]["paired_ratio_to_plain"], 0.4);
+        // A row whose runs do not all have a steal reading marks nothing:
+        // its readings cannot be matched to its runs.
+        r[0].runs_steal_percent.pop();
+        assert_eq!(paired_ratios(&r[2], &r[0]), [(0.3, false), (0.5, false)]);
+        // One round: nothing beyond the medians' ratio to show.
+        let one = vec![
+            row(&System::Plain, &[(1, 10000.0, 1.0)]),
+            row(&esp, &[(1, 3000.0, 1.0)]),
+        ];
+        assert!(!render_table(&one, &s, 1).contains("Round by round"));
     }
 
     #[test]
