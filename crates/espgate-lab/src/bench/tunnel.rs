@@ -133,19 +133,18 @@ counter is shared) and compare median Mbit/s and CPU s/Gbit between the runs
 (docs/PERFORMANCE.md, \"The scaling curve on a bigger host\").
 
 --json prints one JSON list of rows: system, version, suite (espgate), test, runs, runs_mbps,
-runs_started_s (each run's start, seconds into the bench), runs_round (each run's round, 1..N),
-runs_retransmits (tcp: the
-sender's retransmitted segments per run), runs_steal_percent (each run's CPU steal: time the
-hypervisor gave other guests, % of all CPU time, from /proc/stat; summed up per system under
-the table), runs_host_b_drops_pps and runs_gateway_b_drops_pps (udp: each run's datagrams/s
-dropped for a full socket buffer in host B's namespace, the receiving iperf3, and in gateway
-B's, from /proc/net/snmp), median_sent_pps (udp: what iperf3 sent), median_reached_pps and
-reached_ratio_to_plain (udp: delivered plus host B's drops, what reached its socket),
-median_mbps, min_mbps, max_mbps, median_pps and
+runs_started_s (each run's start, seconds into the bench), runs_round (each run's round,
+1..N), runs_retransmits (tcp: the sender's retransmitted segments per run), runs_steal_percent
+(each run's CPU steal: time the hypervisor gave other guests, % of all CPU time, from
+/proc/stat; summed up per system under the table), runs_host_b_drops_pps and
+runs_gateway_b_drops_pps (udp: each run's datagrams/s dropped for a full socket buffer in host
+B's namespace, the receiving iperf3, and in gateway B's, from /proc/net/snmp), median_sent_pps
+(udp: what iperf3 sent), median_reached_pps and reached_ratio_to_plain (udp: delivered plus
+host B's drops, what reached its socket), median_mbps, min_mbps, max_mbps, median_pps and
 loss_percent (UDP; null for tcp), ratio_to_plain, paired_ratio_to_plain (the median over the
-rounds of the row's run / plain routing's run of the same round), cpu {process: %}, cpu_s_per_gbit, error
-(null unless it failed), settings, and for espgate with an AES-GCM suite aes_gcm (the library
-that ran it, aws-lc or ring, also shown after the suite above the table).
+rounds of the row's run / plain routing's run of the same round), cpu {process: %},
+cpu_s_per_gbit, error (null unless it failed), settings, and for espgate with an AES-GCM suite
+aes_gcm (the library that ran it, aws-lc or ring, also shown after the suite above the table).
 
 Needs root, iproute2, ping and iperf3. Removes everything it made (namespaces, processes,
 its work directory), also on error and on Ctrl-C; a progress line is shown on stderr when
