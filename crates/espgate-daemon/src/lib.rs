@@ -389,6 +389,7 @@ pub fn run_hooked(
                     on_fail: &on_fail,
                     start,
                     batch: g.batch,
+                    mtu: usize::from(g.mtu),
                     gso,
                     costs: cells.clone(),
                     ike: ike_tx.clone(),

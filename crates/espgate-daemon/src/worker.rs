@@ -133,6 +133,9 @@ pub struct Worker<'a> {
     pub batch: usize,
     /// Send ESP-in-UDP in `UDP_SEGMENT` batches.
     pub gso: bool,
+    /// The outer MTU (`gateway.mtu`, never less than the TUN's): each
+    /// slot of the send batch is sized to hold one protected packet of it.
+    pub mtu: usize,
     /// Per-stage cost accounting cells (on or off at run time).
     pub costs: Arc<CostCells>,
     /// Where IKE datagrams from the NAT-T socket go (when IKE runs).
@@ -227,12 +230,18 @@ struct TxBatch {
 }
 
 impl TxBatch {
-    fn new(gso: bool, max: usize) -> TxBatch {
+    /// A batch of up to `max` packets, each slot holding one protected
+    /// packet of up to `mtu` bytes (head- and tailroom are the buffer's
+    /// own) without growing.
+    fn new(gso: bool, max: usize, mtu: usize) -> TxBatch {
         TxBatch {
-            // Room for a TUN read with its virtio-net header, so that no
-            // buffer ever grows on the hot path.
+            // Slots of one packet each, not of a 64 KiB TUN read (the
+            // reads go to a buffer of their own, `seg_src` in
+            // `run_inner`): a batch's sealed packets then lie in about
+            // 130 KiB of memory instead of 4 MiB, which the kernel's copy
+            // of them in the UDP send finds still in the cache.
             bufs: (0..GSO_MAX)
-                .map(|_| PacketBuf::with_capacity(MAX_PACKET + VNET_HDR_LEN))
+                .map(|_| PacketBuf::with_capacity(mtu))
                 .collect(),
             span: [(0, 0); GSO_MAX],
             next: [0; GSO_MAX],
@@ -488,11 +497,13 @@ impl<'a> Worker<'a> {
             .map(|_| RecvBatch::new(RECV_SLOTS, GRO_BUF));
         let mut raw_rx =
             (!sockets.raw_rx.is_empty()).then(|| RecvBatch::new(RECV_SLOTS, MAX_PACKET));
-        let mut tx = TxBatch::new(self.gso, self.batch);
-        // With a vnet header: the super-segment being cut (TSO/USO reads)
-        // and the TCP segments (UDP datagrams too, with USO) being
-        // coalesced for the TUN.
+        let mut tx = TxBatch::new(self.gso, self.batch, self.mtu);
+        // Every TUN read, with its virtio-net header if any: a packet, or
+        // a super-segment (TSO/USO) cut in place here. One buffer, so
+        // that the reads land in memory still in the cache.
         let mut seg_src = PacketBuf::with_capacity(MAX_PACKET + VNET_HDR_LEN);
+        // The TCP segments (UDP datagrams too, with USO) being coalesced
+        // for the TUN.
         let mut co = Coalescer::with_udp(self.udp_gro);
         // When each connection last sent something (NAT keepalives).
         let mut last_tx = vec![Duration::ZERO; lock(self.engine).connections().len()];
@@ -720,9 +731,8 @@ impl Round<'_> {
         let room = MAX_PACKET + if vnet { VNET_HDR_LEN } else { 0 };
         let mut result = Ok(());
         for _ in 0..self.w.batch {
-            let buf = &mut tx.bufs[tx.n];
             let t = self.cost_clock();
-            let n = match self.w.tun.read(buf.prepare(room)) {
+            let n = match self.w.tun.read(seg_src.prepare(room)) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -732,24 +742,24 @@ impl Round<'_> {
                     break;
                 }
             };
-            buf.truncate(n);
+            seg_src.truncate(n);
             self.cost_received(t, Dir::Outbound);
             // One clock reading per read, as `on_udp` takes one per
             // `recvmmsg`: a super-segment's tens of segments share it (a
             // reading per packet was about 1 % of all CPU time in the TCP test).
             self.clock = Some(self.w.start.elapsed());
             if !vnet {
-                self.protect(tx, last_tx, None);
+                self.protect(tx, last_tx, seg_src.as_mut_slice());
                 continue;
             }
-            let Some(h) = VirtioNetHdr::parse(buf.as_slice()) else {
+            let Some(h) = VirtioNetHdr::parse(seg_src.as_slice()) else {
                 self.counters.tun_rx.incr();
                 self.io_drop(DropReason::BadOffload, |f| {
                     write!(f, "TUN read of {n} bytes: shorter than a virtio-net header")
                 });
                 continue;
             };
-            buf.trim_front(VNET_HDR_LEN);
+            seg_src.trim_front(VNET_HDR_LEN);
             let Some(info) = gso_info(&h) else {
                 self.counters.tun_rx.incr();
                 self.io_drop(DropReason::BadOffload, |f| {
@@ -760,7 +770,7 @@ impl Round<'_> {
             if info.kind == GsoKind::None {
                 if info.needs_csum {
                     let (at, off) = (usize::from(info.csum_start), usize::from(info.csum_offset));
-                    if let Err(d) = offload::complete_checksum(buf.as_mut_slice(), at, off) {
+                    if let Err(d) = offload::complete_checksum(seg_src.as_mut_slice(), at, off) {
                         self.counters.tun_rx.incr();
                         self.io_drop(d, |f| {
                             write!(f, "TUN packet with a partial checksum at {at}+{off}")
@@ -768,12 +778,11 @@ impl Round<'_> {
                         continue;
                     }
                 }
-                self.protect(tx, last_tx, None);
+                self.protect(tx, last_tx, seg_src.as_mut_slice());
                 continue;
             }
-            // A super-segment: cut it in place in a buffer of its own,
-            // each segment sealed from there into the batch's next slot.
-            std::mem::swap(&mut tx.bufs[tx.n], seg_src);
+            // A super-segment: cut in place where it was read, each
+            // segment sealed from there into the batch's next slot.
             let mut segs = match Segmenter::new(seg_src.as_mut_slice(), &info) {
                 Ok(s) => s,
                 Err(d) => {
@@ -786,7 +795,7 @@ impl Round<'_> {
             self.counters.tso_reads.incr();
             while let Some(r) = segs.next_in_place() {
                 match r {
-                    Ok(clear) => self.protect(tx, last_tx, Some(clear)),
+                    Ok(clear) => self.protect(tx, last_tx, clear),
                     Err(d) => {
                         self.counters.tun_rx.incr();
                         self.io_drop(d, |f| f.write_str("cutting a TUN super-segment"));
@@ -800,21 +809,17 @@ impl Round<'_> {
         result
     }
 
-    /// Protects a clear packet into the batch's next slot and adds it to
-    /// the GSO run (raw ESP/AH: to the `sendmmsg` run). The packet
-    /// is `clear` (a segment cut in place), else already in that slot.
-    fn protect(&mut self, tx: &mut TxBatch, last_tx: &mut [Duration], clear: Option<&mut [u8]>) {
+    /// Protects the clear packet `clear` (a TUN read, or a segment of one
+    /// cut in place) into the batch's next slot and adds it to the GSO
+    /// run (raw ESP/AH: to the `sendmmsg` run).
+    fn protect(&mut self, tx: &mut TxBatch, last_tx: &mut [Duration], clear: &mut [u8]) {
         let buf = &mut tx.bufs[tx.n];
         let now = self.now();
-        let r = match (self.costs.as_deref_mut(), clear) {
-            (None, None) => self.engine.outbound(buf, now),
-            (None, Some(p)) => self.engine.outbound_from(p, buf, now),
-            (Some(c), p) => {
+        let r = match self.costs.as_deref_mut() {
+            None => self.engine.outbound_from(clear, buf, now),
+            Some(c) => {
                 c.begin(Dir::Outbound);
-                match p {
-                    None => self.engine.outbound_probed(buf, now, c),
-                    Some(p) => self.engine.outbound_from_probed(p, buf, now, c),
-                }
+                self.engine.outbound_from_probed(clear, buf, now, c)
             }
         };
         let ci = match r {
@@ -1472,7 +1477,7 @@ mod tests {
     #[test]
     fn a_batch_gathers_each_peers_packets_and_keeps_their_order() {
         let (p, q) = (at("192.0.2.2:4500"), at("192.0.2.3:4500"));
-        let mut tx = TxBatch::new(true, 12);
+        let mut tx = TxBatch::new(true, 12, 1500);
         let pushes = [
             (p, 0, 100),    // 0: run 0
             (q, 0, 100),    // 1: run 1
@@ -1510,7 +1515,7 @@ mod tests {
         // segments would complete p's.
         assert!(!completes(&tx, q, 100) && !completes(&tx, p, 100));
         assert!(completes(&tx, p, 101));
-        let mut short = TxBatch::new(true, 8);
+        let mut short = TxBatch::new(true, 8, 1500);
         push(&mut short, q, 0, (0, 100));
         assert!(!completes(&short, q, 100));
         push(&mut short, q, 0, (0, 50));
@@ -1529,7 +1534,7 @@ mod tests {
 
         // A peer whose run is further back than RUN_LOOKBACK runs starts
         // a new one (the search per packet stays bounded).
-        let mut many = TxBatch::new(true, 64);
+        let mut many = TxBatch::new(true, 64, 1500);
         let peer = |k: usize| at(&format!("192.0.2.{}:4500", 10 + k));
         for k in 0..RUN_LOOKBACK {
             push(&mut many, peer(k), 0, (0, 100));
@@ -1541,7 +1546,7 @@ mod tests {
         push(&mut many, peer(1), 0, (0, 100));
         assert_eq!(many.nruns, RUN_LOOKBACK + 3, "the 17th is not");
 
-        let mut off = TxBatch::new(false, 64);
+        let mut off = TxBatch::new(false, 64, 1500);
         for _ in 0..3 {
             push(&mut off, p, 0, (0, 100));
         }
@@ -1572,7 +1577,7 @@ mod tests {
     fn send_all(outs: &[Out], gso: bool, max: usize) -> Vec<Vec<(Run, Vec<usize>)>> {
         let dst = |d: u8| SocketAddr::new(IpAddr::V4([198, 51, 100, d].into()), 4500);
         let src = |s: bool| s.then(|| IpAddr::V4([203, 0, 113, 1].into()));
-        let mut tx = TxBatch::new(gso, max);
+        let mut tx = TxBatch::new(gso, max, 1500);
         let mut ids = [usize::MAX; GSO_MAX];
         let mut sent = Vec::new();
         let mut send = |tx: &mut TxBatch, ids: &[usize; GSO_MAX]| {
