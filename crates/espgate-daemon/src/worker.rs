@@ -236,7 +236,7 @@ impl TxBatch {
     fn new(gso: bool, max: usize, mtu: usize) -> TxBatch {
         TxBatch {
             // Slots of one packet each, not of a 64 KiB TUN read (the
-            // reads go to a buffer of their own, `seg_src` in
+            // reads go to a buffer of their own, `tun_read` in
             // `run_inner`): a batch's sealed packets then lie in about
             // 130 KiB of memory instead of 4 MiB, which the kernel's copy
             // of them in the UDP send finds still in the cache.
@@ -501,7 +501,7 @@ impl<'a> Worker<'a> {
         // Every TUN read, with its virtio-net header if any: a packet, or
         // a super-segment (TSO/USO) cut in place here. One buffer, so
         // that the reads land in memory still in the cache.
-        let mut seg_src = PacketBuf::with_capacity(MAX_PACKET + VNET_HDR_LEN);
+        let mut tun_read = PacketBuf::with_capacity(MAX_PACKET + VNET_HDR_LEN);
         // The TCP segments (UDP datagrams too, with USO) being coalesced
         // for the TUN.
         let mut co = Coalescer::with_udp(self.udp_gro);
@@ -538,7 +538,7 @@ impl<'a> Worker<'a> {
                 // are counted (`hot_path_allocs`), and there should be none.
                 let hot = crate::alloc_count::hot();
                 if polls.ready(Source::Tun) {
-                    round.on_tun(&mut tx, &mut last_tx, &mut seg_src)?;
+                    round.on_tun(&mut tx, &mut last_tx, &mut tun_read)?;
                 }
                 if let (true, Some(rx)) = (polls.ready(Source::Udp), udp_rx.as_mut()) {
                     round.on_udp(rx, &mut in_buf, &mut co);
@@ -725,14 +725,14 @@ impl Round<'_> {
         &mut self,
         tx: &mut TxBatch,
         last_tx: &mut [Duration],
-        seg_src: &mut PacketBuf,
+        tun_read: &mut PacketBuf,
     ) -> Result<()> {
         let vnet = self.w.vnet;
         let room = MAX_PACKET + if vnet { VNET_HDR_LEN } else { 0 };
         let mut result = Ok(());
         for _ in 0..self.w.batch {
             let t = self.cost_clock();
-            let n = match self.w.tun.read(seg_src.prepare(room)) {
+            let n = match self.w.tun.read(tun_read.prepare(room)) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -742,24 +742,24 @@ impl Round<'_> {
                     break;
                 }
             };
-            seg_src.truncate(n);
+            tun_read.truncate(n);
             self.cost_received(t, Dir::Outbound);
             // One clock reading per read, as `on_udp` takes one per
             // `recvmmsg`: a super-segment's tens of segments share it (a
             // reading per packet was about 1 % of all CPU time in the TCP test).
             self.clock = Some(self.w.start.elapsed());
             if !vnet {
-                self.protect(tx, last_tx, seg_src.as_mut_slice());
+                self.protect(tx, last_tx, tun_read.as_mut_slice());
                 continue;
             }
-            let Some(h) = VirtioNetHdr::parse(seg_src.as_slice()) else {
+            let Some(h) = VirtioNetHdr::parse(tun_read.as_slice()) else {
                 self.counters.tun_rx.incr();
                 self.io_drop(DropReason::BadOffload, |f| {
                     write!(f, "TUN read of {n} bytes: shorter than a virtio-net header")
                 });
                 continue;
             };
-            seg_src.trim_front(VNET_HDR_LEN);
+            tun_read.trim_front(VNET_HDR_LEN);
             let Some(info) = gso_info(&h) else {
                 self.counters.tun_rx.incr();
                 self.io_drop(DropReason::BadOffload, |f| {
@@ -770,7 +770,7 @@ impl Round<'_> {
             if info.kind == GsoKind::None {
                 if info.needs_csum {
                     let (at, off) = (usize::from(info.csum_start), usize::from(info.csum_offset));
-                    if let Err(d) = offload::complete_checksum(seg_src.as_mut_slice(), at, off) {
+                    if let Err(d) = offload::complete_checksum(tun_read.as_mut_slice(), at, off) {
                         self.counters.tun_rx.incr();
                         self.io_drop(d, |f| {
                             write!(f, "TUN packet with a partial checksum at {at}+{off}")
@@ -778,16 +778,16 @@ impl Round<'_> {
                         continue;
                     }
                 }
-                self.protect(tx, last_tx, seg_src.as_mut_slice());
+                self.protect(tx, last_tx, tun_read.as_mut_slice());
                 continue;
             }
             // A super-segment: cut in place where it was read, each
             // segment sealed from there into the batch's next slot.
-            let mut segs = match Segmenter::new(seg_src.as_mut_slice(), &info) {
+            let mut segs = match Segmenter::new(tun_read.as_mut_slice(), &info) {
                 Ok(s) => s,
                 Err(d) => {
                     self.counters.tun_rx.incr();
-                    let len = seg_src.len();
+                    let len = tun_read.len();
                     self.io_drop(d, |f| write!(f, "TUN super-segment of {len} bytes ({h:?})"));
                     continue;
                 }
